@@ -1,0 +1,208 @@
+"""The typed contract between planning (pure) and execution (Ray, engines, MLflow).
+
+Hydra's DictConfig is converted once, at the entry, into these frozen dataclasses; nothing below
+the entry sees a DictConfig. Planning builds `ServerGroup`s of `RunSpec`s; execution turns each
+`RunSpec` into exactly one `RunResult`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+# Fields marked NOT_IDENTITY (names, paths) never enter run_hash / ServerSpec.key.
+NOT_IDENTITY = {"identity": False}
+
+
+class EngineKind(str, enum.Enum):
+    REFERENCE = "reference"
+    SGLANG = "sglang"
+
+
+class Algorithm(str, enum.Enum):
+    """`--speculative-algorithm` values (SGLang names); NONE means no speculation flag at all."""
+
+    NONE = "NONE"
+    NGRAM = "NGRAM"
+    STANDALONE = "STANDALONE"
+    EAGLE = "EAGLE"
+    EAGLE3 = "EAGLE3"
+    DFLASH = "DFLASH"
+
+
+class ProbeKind(str, enum.Enum):
+    PREDICTABLE = "predictable"
+    NOVEL = "novel"
+    FILE = "file"
+
+
+class AttentionKind(str, enum.Enum):
+    GQA = "gqa"
+    MLA = "mla"
+
+
+class RunState(str, enum.Enum):
+    """MLflow run statuses we produce."""
+
+    FINISHED = "FINISHED"
+    FAILED = "FAILED"
+    KILLED = "KILLED"
+
+
+class FailureReason(str, enum.Enum):
+    ENGINE_START_FAILED = "engine_start_failed"
+    ENGINE_DIED = "engine_died"
+    TIMEOUT = "timeout"
+    NODE_LOST = "node_lost"
+    BAD_RESPONSE = "bad_response"
+    INTERRUPTED = "interrupted"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str = field(metadata=NOT_IDENTITY)  # config-group name, e.g. "tiny", "qwen3-8b"
+    path: str  # built-in name ("tiny") or a checkpoint directory / HF id
+    max_context_len: int  # tokens
+    num_layers: int
+    hidden_size: int
+    num_q_heads: int
+    num_kv_heads: int  # 1 for MLA (one latent head)
+    head_dim: int  # K head dim (MLA: 576 = 512 latent + 64 rope)
+    v_head_dim: int  # V head dim (MLA: 512)
+    attention_kind: AttentionKind = AttentionKind.GQA
+    dtype: str = "float32"  # KV/weights dtype the engine runs in
+    load_format: str = "dummy"  # "dummy" (seeded random weights) or "auto"
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K+V bytes one token occupies across all layers (MLA: one shared latent row)."""
+        elt = {"float32": 4, "float16": 2, "bfloat16": 2}[self.dtype]
+        per_layer = self.num_kv_heads * (self.head_dim if self.attention_kind is AttentionKind.MLA
+                                         else self.head_dim + self.v_head_dim)
+        return self.num_layers * per_layer * elt
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    name: str = field(metadata=NOT_IDENTITY)  # config-group name: none, ngram, oracle, ...
+    algorithm: Algorithm
+    draft_model_path: str | None = None  # the oracle sets this to the target's own path
+    num_steps: int = 0  # tree depth
+    topk: int = 1  # tree breadth
+    num_draft_tokens: int = 0  # max tree nodes
+    is_oracle: bool = False  # the target drafts for itself: commit must be num_steps + 1
+    extra_args: tuple[str, ...] = ()  # additional engine argv, e.g. DFLASH block size
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    name: str = field(metadata=NOT_IDENTITY)  # config-group name
+    backend: str  # --attention-backend
+    decode_backend: str | None = None
+    prefill_backend: str | None = None
+    draft_backend: str | None = None  # --speculative-draft-attention-backend
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    kind: EngineKind
+    version: str  # engine version the flag set targets ("0.5.23" for SGLang; ours for the reference)
+    device: str = "cpu"  # reference engine: cpu | cuda
+    startup_timeout_s: float = 300.0
+    request_timeout_s: float = 600.0
+    extra_args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """Everything that determines one engine process. Runs with equal ServerSpecs share a server."""
+
+    engine: EngineSpec
+    model: ModelSpec
+    drafter: DrafterSpec
+    attention: AttentionSpec
+    page_size: int
+    context_length: int  # the server's --context-length (covers every run of its group)
+    seed: int = 0
+    tp_size: int = 1
+    nnodes: int = 1
+    host: str = "127.0.0.1"
+
+    @property
+    def key(self) -> str:
+        return stable_hash(self)[:12]
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    kind: ProbeKind
+    context_len: int  # prompt tokens to build
+    gen_tokens: int  # tokens to generate (temperature 0, ignore_eos)
+    sentence: str = "The cat sat on the mat. "  # predictable
+    path: str | None = field(default=None, metadata=NOT_IDENTITY)  # file probe: text or JSONL
+    content_sha256: str | None = None  # file probe: identity is the file's content, not its path
+    seed: int = 0  # novel text
+    temperature: float = 0.0
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    job_index: int  # position in the Hydra multirun (JobReturns come back in this order)
+    server: ServerSpec
+    probe: ProbeSpec
+    run_hash: str  # stable_hash of (server, probe) — never of names, paths or the sweep
+    name: str  # human name: "ctx=16k probe=predictable drafter=ngram page=1 attn=torch"
+    params: tuple[tuple[str, str], ...] = ()  # flattened resolved config, for MLflow params
+    overrides: tuple[str, ...] = ()  # this job's Hydra overrides
+
+
+@dataclass(frozen=True)
+class ServerGroup:
+    server: ServerSpec
+    runs: tuple[RunSpec, ...]
+
+    @property
+    def group_id(self) -> str:
+        return self.server.key
+
+
+@dataclass
+class RunResult:
+    """Exactly one per RunSpec; failures are data, not exceptions."""
+
+    run: RunSpec
+    state: RunState
+    reason: FailureReason | None = None
+    message: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)
+    series: dict[str, list[float]] = field(default_factory=dict)  # e.g. "commit_len" per step
+    artifacts: dict[str, str] = field(default_factory=dict)  # file name -> text (continuation, steps CSV, log tail)
+    tags: dict[str, str] = field(default_factory=dict)  # node, GPU, engine version, attempt
+    started_at: float = 0.0  # unix seconds
+    ended_at: float = 0.0
+    engine_time_s: float = 0.0  # wall time spent inside the engine for this run (probe requests)
+
+
+def _canonical(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return {f.name: _canonical(getattr(obj, f.name)) for f in dataclasses.fields(obj)
+                if f.metadata.get("identity", True)}
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, (list, tuple)):
+        return [_canonical(x) for x in obj]
+    if isinstance(obj, dict):
+        return {str(k): _canonical(v) for k, v in sorted(obj.items())}
+    return obj
+
+
+def stable_hash(*parts: Any) -> str:
+    """sha256 of the canonical JSON of dataclasses/enums/primitives."""
+    blob = json.dumps([_canonical(p) for p in parts], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
