@@ -206,3 +206,50 @@ def stable_hash(*parts: Any) -> str:
     """sha256 of the canonical JSON of dataclasses/enums/primitives."""
     blob = json.dumps([_canonical(p) for p in parts], sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()
+
+
+# --- Driver-side settings (not part of any run's identity) -------------------------------------
+
+
+class ClusterKind(str, enum.Enum):
+    LOCAL = "local"  # embedded: a local `ray.init()` with logical GPUs
+    RAY = "ray"  # an existing Ray cluster: `ray.init(address=...)`
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    kind: ClusterKind = ClusterKind.LOCAL
+    address: str | None = None  # kind=ray: "auto" or "ray://head:10001"
+    num_cpus: int | None = None  # kind=local: ray.init(num_cpus=...); None = Ray's default
+    num_gpus: int | None = None  # kind=local: logical GPUs to advertise; None = Ray's detection
+    object_store_memory_mb: int | None = None  # kind=local; None = Ray's default
+    include_dashboard: bool = False
+    namespace: str = "specsweep"
+    gpus_per_server: int = 0  # GPUs each ServerWorker asks for (0 on the CPU reference engine)
+    max_retries: int = 1  # re-queues of a run after node loss
+
+
+@dataclass(frozen=True)
+class TrackingSettings:
+    uri: str = "sqlite:///mlflow.db"  # resolved at the entry: relative sqlite paths made absolute
+    experiment_name: str | None = None  # None → the sweep name
+
+
+@dataclass(frozen=True)
+class ExecutionSettings:
+    """What execution needs besides the Plan: where to run, where to record, whether to resume."""
+
+    sweep_name: str
+    cluster: ClusterSettings = field(default_factory=ClusterSettings)
+    tracking: TrackingSettings = field(default_factory=TrackingSettings)
+    resume: bool = True  # skip run_hashes already FINISHED in the experiment
+    work_dir: str = "."  # the user's original working directory (absolute), for logs/artifacts
+    progress: bool = True  # live progress line + final table on the driver
+
+    @property
+    def tracking_uri(self) -> str:
+        return self.tracking.uri
+
+    @property
+    def experiment_name(self) -> str:
+        return self.tracking.experiment_name or self.sweep_name
