@@ -1,0 +1,415 @@
+"""Split-KV tree-verify attention over a paged KV cache (Triton).
+
+For each request b, T query tokens (one decode token, or a draft tree being verified) attend to
+  (a) the cached prefix of L_b tokens, read through a paged pool, every query sees all of it, and
+  (b) the T new tokens themselves, under a tree (ancestor) mask over the T x T block.
+
+API (keyword-only; shapes are checked):
+
+    verify_attention(
+        q=...,            # [B, T, Hq, Dk]            fp16 / bf16 / fp32, last dim contiguous
+        k_buffer=...,     # [slots, Hkv, Dk]          the flat per-layer pool (a page is page_size rows)
+        v_buffer=...,     # [slots, Hkv, Dv] or None  None = MLA: V is k_buffer[..., :Dv] (one latent head)
+        k_new=...,        # [B, T, Hkv, Dk]           keys of the T new tokens
+        v_new=...,        # [B, T, Hkv, Dv] or None   None = MLA: V is k_new[..., :Dv]
+        tree_mask=...,    # [B, T, T] bool            [b, i, j]: query i sees new token j (diagonal included)
+        sm_scale=...,     # float
+        out=...,          # [B, T, Hq, Dv]            written
+        workspace=...,    # VerifyWorkspace from allocate_workspace(), reused across calls / graph replays
+        # prefix addressing, one of:
+        kv_indptr=..., kv_indices=...,                     # SGLang: [B+1] int32 cumsum, per-token slot ids int32
+        page_table=..., prefix_lens=..., page_size=...,    # FlashInfer / reference engine: [B, max_pages] int32
+                                                           # page ids, [B] int32 lengths, rows per page
+    ) -> out
+
+Slot s of the pool is row s of k_buffer; page p holds slots p * page_size .. p * page_size + page_size - 1.
+GQA needs Hq % Hkv == 0 and Dk = Dv in {16, ..., 256} (powers of two). MLA needs Hkv = 1 and
+Dk = Dv + Dpe with Dv and Dpe powers of two (DeepSeek: 576 = 512 + 64).
+
+Design. Grid = (m-blocks, B * Hkv, num_splits + 1). One program owns BLOCK_M rows of the
+(draft token t, query head g of the KV group) matrix of one KV head, so every KV tile it loads is used by
+all Hq/Hkv heads x T tokens at once (tl.dot; for MLA 16 heads x T rows). Programs 0..num_splits-1 each
+stream one contiguous slice of the prefix; program num_splits handles the T new tokens under the tree
+mask. Each writes an fp32 partial output and its log2-sum-exp into the workspace; `_verify_merge_kernel`
+combines them. The grid depends only on static shapes (B, T, heads, num_splits), and the prefix lengths
+are read on the device, so the two launches can be captured in a CUDA graph and replayed as the prefix
+grows. Block sizes come from the device's per-block shared-memory limit (sm_90 ~227 KB, sm_120 ~100 KB).
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+__all__ = ["VerifyWorkspace", "VerifyConfig", "allocate_workspace", "pick_config", "verify_attention"]
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _verify_attention_kernel(
+    q_ptr, k_buffer_ptr, v_buffer_ptr, k_new_ptr, v_new_ptr, tree_mask_ptr,
+    kv_indices_ptr, kv_indptr_ptr, prefix_lens_ptr,
+    part_out_ptr, part_lse_ptr,
+    qk_scale,  # sm_scale * log2(e)
+    num_splits,
+    stride_qb, stride_qt, stride_qh,
+    stride_kbs, stride_kbh,
+    stride_vbs, stride_vbh,
+    stride_knb, stride_knt, stride_knh,
+    stride_vnb, stride_vnt, stride_vnh,
+    stride_mb, stride_mt,
+    stride_ptb,
+    stride_pob, stride_pot, stride_poh, stride_pos,
+    stride_plb, stride_plt, stride_plh,
+    NUM_KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,  # Hq // Hkv
+    T: tl.constexpr,
+    BLOCK_T: tl.constexpr,  # pow2 >= max(T, 16)
+    BLOCK_D: tl.constexpr,  # main key dims (= Dv for MLA)
+    BLOCK_DPE: tl.constexpr,  # extra key dims (MLA rope), 0 if none
+    BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    USE_INDPTR: tl.constexpr,  # kv_indptr/kv_indices (token slots) vs page_table/prefix_lens
+    V_IS_K: tl.constexpr,  # MLA: V = first BLOCK_DV dims of the K row
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    split = tl.program_id(2)
+    b = pid_bh // NUM_KV_HEADS
+    kvh = pid_bh % NUM_KV_HEADS
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # row = t * GROUP + g
+    mask_m = offs_m < T * GROUP
+    offs_t = offs_m // GROUP
+    offs_h = kvh * GROUP + offs_m % GROUP
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+
+    q_row = q_ptr + b * stride_qb + offs_t[:, None] * stride_qt + offs_h[:, None] * stride_qh
+    q = tl.load(q_row + offs_d[None, :], mask=mask_m[:, None], other=0.0)  # [M, D]
+    if BLOCK_DPE > 0:
+        offs_dpe = BLOCK_D + tl.arange(0, BLOCK_DPE)
+        q_pe = tl.load(q_row + offs_dpe[None, :], mask=mask_m[:, None], other=0.0)  # [M, DPE]
+
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # finite: exp2(-inf - m_i) = 0, alpha = 1
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+
+    if split < num_splits:
+        if USE_INDPTR:
+            idx_start = tl.load(kv_indptr_ptr + b)
+            prefix_len = tl.load(kv_indptr_ptr + b + 1) - idx_start
+        else:
+            idx_start = b * stride_ptb
+            prefix_len = tl.load(prefix_lens_ptr + b)
+        per_split = tl.cdiv(tl.cdiv(prefix_len, num_splits), BLOCK_N) * BLOCK_N
+        lo = split * per_split
+        hi = tl.minimum(lo + per_split, prefix_len)
+        k_head = k_buffer_ptr + kvh * stride_kbh
+        v_head = v_buffer_ptr + kvh * stride_vbh
+        for start_n in range(lo, hi, BLOCK_N):
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            mask_n = offs_n < hi
+            if PAGE_SIZE == 1:
+                slot = tl.load(kv_indices_ptr + idx_start + offs_n, mask=mask_n, other=0).to(tl.int64)
+            else:
+                page = tl.load(kv_indices_ptr + idx_start + offs_n // PAGE_SIZE, mask=mask_n, other=0)
+                slot = page.to(tl.int64) * PAGE_SIZE + offs_n % PAGE_SIZE
+            k_row = k_head + slot[:, None] * stride_kbs
+            k = tl.load(k_row + offs_d[None, :], mask=mask_n[:, None], other=0.0)  # [N, D]
+            qk = tl.dot(q, tl.trans(k))
+            if BLOCK_DPE > 0:
+                k_pe = tl.load(k_row + offs_dpe[None, :], mask=mask_n[:, None], other=0.0)
+                qk = tl.dot(q_pe, tl.trans(k_pe), qk)
+            qk = tl.where(mask_n[None, :], qk * qk_scale, float("-inf"))
+            if V_IS_K:
+                v = k
+            else:
+                v = tl.load(v_head + slot[:, None] * stride_vbs + offs_dv[None, :], mask=mask_n[:, None],
+                            other=0.0)
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(qk - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+            m_i = m_new
+    else:
+        offs_j = tl.arange(0, BLOCK_T)
+        mask_j = offs_j < T
+        k_row = k_new_ptr + b * stride_knb + offs_j[:, None] * stride_knt + kvh * stride_knh
+        k = tl.load(k_row + offs_d[None, :], mask=mask_j[:, None], other=0.0)  # [BLOCK_T, D]
+        qk = tl.dot(q, tl.trans(k))
+        if BLOCK_DPE > 0:
+            k_pe = tl.load(k_row + offs_dpe[None, :], mask=mask_j[:, None], other=0.0)
+            qk = tl.dot(q_pe, tl.trans(k_pe), qk)
+        visible = tl.load(tree_mask_ptr + b * stride_mb + offs_t[:, None] * stride_mt + offs_j[None, :],
+                          mask=mask_m[:, None] & mask_j[None, :], other=0)
+        qk = tl.where(visible != 0, qk * qk_scale, float("-inf"))
+        if V_IS_K:
+            v = k
+        else:
+            v = tl.load(v_new_ptr + b * stride_vnb + offs_j[:, None] * stride_vnt + kvh * stride_vnh
+                        + offs_dv[None, :], mask=mask_j[:, None], other=0.0)
+        m_i = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.exp2(qk - m_i[:, None])
+        l_i = tl.sum(p, 1)
+        acc = tl.dot(p.to(v.dtype), v)
+
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
+    part_out = (part_out_ptr + b * stride_pob + offs_t[:, None] * stride_pot + offs_h[:, None] * stride_poh
+                + split * stride_pos + offs_dv[None, :])
+    tl.store(part_out, acc / l_safe[:, None], mask=mask_m[:, None])
+    tl.store(part_lse_ptr + b * stride_plb + offs_t * stride_plt + offs_h * stride_plh + split, lse, mask=mask_m)
+
+
+@triton.jit
+def _verify_merge_kernel(
+    part_out_ptr, part_lse_ptr, out_ptr,
+    num_parts,
+    stride_pob, stride_pot, stride_poh, stride_pos,
+    stride_plb, stride_plt, stride_plh,
+    stride_ob, stride_ot, stride_oh,
+    T: tl.constexpr,
+    NUM_Q_HEADS: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_S: tl.constexpr,  # pow2 >= num_parts
+):
+    pid = tl.program_id(0)
+    b = pid // (T * NUM_Q_HEADS)
+    t = (pid // NUM_Q_HEADS) % T
+    h = pid % NUM_Q_HEADS
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    lse_row = part_lse_ptr + b * stride_plb + t * stride_plt + h * stride_plh
+    lse = tl.load(lse_row + offs_s, mask=offs_s < num_parts, other=float("-inf"))
+    lse_max = tl.max(lse, 0)
+    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # nothing visible: output 0
+    denom = tl.sum(tl.exp2(lse - lse_max), 0)
+    o_row = part_out_ptr + b * stride_pob + t * stride_pot + h * stride_poh
+    acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
+    for s in range(0, num_parts):
+        w = tl.exp2(tl.load(lse_row + s) - lse_max)
+        acc += w * tl.load(o_row + s * stride_pos + offs_dv)
+    acc = acc / tl.where(denom > 0, denom, 1.0)
+    tl.store(out_ptr + b * stride_ob + t * stride_ot + h * stride_oh + offs_dv, acc.to(out_ptr.dtype.element_ty))
+
+
+@dataclass(frozen=True)
+class VerifyConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True)
+class VerifyWorkspace:
+    """fp32 partials of every split plus the new-token part; allocate once for the largest shapes."""
+
+    part_out: Tensor  # [B_max, T_max, Hq, max_splits + 1, Dv] fp32
+    part_lse: Tensor  # [B_max, T_max, Hq, max_splits + 1] fp32 (log2 domain)
+
+    @property
+    def max_splits(self) -> int:
+        return self.part_lse.shape[-1] - 1
+
+
+@functools.lru_cache(maxsize=None)
+def _device_limits(device_index: int) -> tuple[int, int]:
+    """(shared memory bytes per block, multiprocessor count); CPU / interpreter: a small device."""
+    if not torch.cuda.is_available():
+        return 101376, 8
+    props = torch.cuda.get_device_properties(device_index)
+    smem = getattr(props, "shared_memory_per_block_optin", 0) or 101376
+    return int(smem), int(props.multi_processor_count)
+
+
+def _device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else (torch.cuda.current_device() if device.type == "cuda" else 0)
+
+
+def _smem_bytes(cfg: VerifyConfig, dk: int, dv: int, v_is_k: bool, elt: int) -> int:
+    kv_row = dk + (0 if v_is_k else dv)
+    return elt * (cfg.num_stages * cfg.block_n * kv_row + cfg.block_m * dk + cfg.block_m * cfg.block_n)
+
+
+def pick_config(*, rows: int, dk: int, dv: int, v_is_k: bool, elt: int, smem_limit: int) -> VerifyConfig:
+    """Largest tile that fits the per-block shared-memory limit. rows = T * Hq / Hkv."""
+    block_m = min(64 if dv >= 256 else 128, max(16, triton.next_power_of_2(rows)))
+    if dv >= 512:  # MLA: the [M, 512] fp32 accumulator bounds M
+        candidates = [VerifyConfig(block_m, 64, 8, 2), VerifyConfig(block_m, 32, 8, 3), VerifyConfig(block_m, 32, 8, 2),
+                      VerifyConfig(min(block_m, 32), 32, 4, 2), VerifyConfig(16, 16, 4, 1)]
+    else:
+        candidates = [VerifyConfig(block_m, 64, 4 if block_m <= 64 else 8, 4), VerifyConfig(block_m, 64, 4, 3),
+                      VerifyConfig(block_m, 32, 4, 3), VerifyConfig(min(block_m, 64), 32, 4, 2),
+                      VerifyConfig(16, 16, 4, 1)]
+    for cfg in candidates:
+        if _smem_bytes(cfg, dk, dv, v_is_k, elt) <= smem_limit:
+            return cfg
+    return candidates[-1]
+
+
+def _num_splits(*, batch: int, num_kv_heads: int, m_blocks: int, sm_count: int, max_splits: int) -> int:
+    programs = batch * num_kv_heads * m_blocks
+    return max(1, min(max_splits, triton.cdiv(2 * sm_count, programs)))
+
+
+def allocate_workspace(
+    *, max_batch: int, max_tokens: int, num_q_heads: int, v_head_dim: int, device: torch.device | str,
+    max_splits: int | None = None,
+) -> VerifyWorkspace:
+    """Workspace for any call with B <= max_batch and T <= max_tokens (allocate once, before graph capture)."""
+    device = torch.device(device)
+    if max_splits is None:
+        max_splits = 2 * _device_limits(_device_index(device))[1]
+    shape = (max_batch, max_tokens, num_q_heads, max_splits + 1)
+    return VerifyWorkspace(
+        part_out=torch.empty(*shape, v_head_dim, device=device, dtype=torch.float32),
+        part_lse=torch.empty(*shape, device=device, dtype=torch.float32),
+    )
+
+
+def _verify_attention_launch(
+    q: Tensor, k_buffer: Tensor, v_buffer: Tensor, k_new: Tensor, v_new: Tensor, tree_mask: Tensor,
+    kv_indices: Tensor, kv_indptr: Tensor, prefix_lens: Tensor, page_table_stride: int,
+    out: Tensor, workspace: VerifyWorkspace, sm_scale: float, page_size: int, use_indptr: bool, v_is_k: bool,
+    config: VerifyConfig | None, num_splits: int | None,
+) -> None:
+    batch, num_tokens, num_q_heads, dk = q.shape
+    num_kv_heads = k_buffer.shape[1]
+    dv = out.shape[-1]
+    group = num_q_heads // num_kv_heads
+    block_d, block_dpe = (dv, dk - dv) if v_is_k else (dk, 0)
+    smem_limit, sm_count = _device_limits(_device_index(q.device))
+    rows = num_tokens * group
+    if config is None:
+        config = pick_config(rows=rows, dk=dk, dv=dv, v_is_k=v_is_k, elt=q.element_size(), smem_limit=smem_limit)
+    m_blocks = triton.cdiv(rows, config.block_m)
+    if num_splits is None:
+        num_splits = _num_splits(batch=batch, num_kv_heads=num_kv_heads, m_blocks=m_blocks, sm_count=sm_count,
+                                 max_splits=workspace.max_splits)
+    assert 1 <= num_splits <= workspace.max_splits
+    po, pl = workspace.part_out, workspace.part_lse
+    _verify_attention_kernel[(m_blocks, batch * num_kv_heads, num_splits + 1)](
+        q, k_buffer, v_buffer, k_new, v_new, tree_mask,
+        kv_indices, kv_indptr, prefix_lens,
+        po, pl,
+        sm_scale * _LOG2E,
+        num_splits,
+        q.stride(0), q.stride(1), q.stride(2),
+        k_buffer.stride(0), k_buffer.stride(1),
+        v_buffer.stride(0), v_buffer.stride(1),
+        k_new.stride(0), k_new.stride(1), k_new.stride(2),
+        v_new.stride(0), v_new.stride(1), v_new.stride(2),
+        tree_mask.stride(0), tree_mask.stride(1),
+        page_table_stride,
+        po.stride(0), po.stride(1), po.stride(2), po.stride(3),
+        pl.stride(0), pl.stride(1), pl.stride(2),
+        NUM_KV_HEADS=num_kv_heads, GROUP=group, T=num_tokens, BLOCK_T=max(16, triton.next_power_of_2(num_tokens)),
+        BLOCK_D=block_d, BLOCK_DPE=block_dpe, BLOCK_DV=dv,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, PAGE_SIZE=page_size,
+        USE_INDPTR=use_indptr, V_IS_K=v_is_k,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    _verify_merge_kernel[(batch * num_tokens * num_q_heads,)](
+        po, pl, out,
+        num_splits + 1,
+        po.stride(0), po.stride(1), po.stride(2), po.stride(3),
+        pl.stride(0), pl.stride(1), pl.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        T=num_tokens, NUM_Q_HEADS=num_q_heads, BLOCK_DV=dv,
+        BLOCK_S=triton.next_power_of_2(num_splits + 1),
+        num_warps=4 if dv >= 256 else 2,
+    )
+
+
+def _is_pow2(x: int) -> bool:
+    return x > 0 and x & (x - 1) == 0
+
+
+def verify_attention(
+    *,
+    q: Tensor,
+    k_buffer: Tensor,
+    v_buffer: Tensor | None,
+    k_new: Tensor,
+    v_new: Tensor | None,
+    tree_mask: Tensor,
+    sm_scale: float,
+    out: Tensor,
+    workspace: VerifyWorkspace,
+    kv_indptr: Tensor | None = None,
+    kv_indices: Tensor | None = None,
+    page_table: Tensor | None = None,
+    prefix_lens: Tensor | None = None,
+    page_size: int = 1,
+    config: VerifyConfig | None = None,
+    num_splits: int | None = None,
+) -> Tensor:
+    """Attention of T new tokens over a paged prefix plus themselves (tree mask). See the module docstring.
+
+    config / num_splits override the tile and split heuristics (benchmarks, tuning); leave them None.
+    """
+    assert q.dim() == 4, f"q must be [B, T, Hq, Dk], got {tuple(q.shape)}"
+    batch, num_tokens, num_q_heads, dk = q.shape
+    assert k_buffer.dim() == 3 and k_buffer.shape[2] == dk, f"k_buffer must be [slots, Hkv, {dk}]"
+    num_kv_heads = k_buffer.shape[1]
+    assert num_q_heads % num_kv_heads == 0, f"Hq={num_q_heads} is not a multiple of Hkv={num_kv_heads}"
+    assert 1 <= num_tokens <= 64, f"T={num_tokens} outside 1..64"
+    assert out.shape[:3] == (batch, num_tokens, num_q_heads), f"out must be [B, T, Hq, Dv], got {tuple(out.shape)}"
+    dv = out.shape[3]
+    assert out.dtype == q.dtype and k_buffer.dtype == q.dtype and k_new.dtype == q.dtype, "dtypes must match q"
+    assert k_new.shape == (batch, num_tokens, num_kv_heads, dk), f"k_new must be [B, T, Hkv, Dk]"
+    v_is_k = v_buffer is None
+    if v_is_k:
+        assert v_new is None, "MLA (v_buffer=None) takes v_new=None: V is the first Dv dims of K"
+        assert num_kv_heads == 1 and dv < dk and _is_pow2(dv) and _is_pow2(dk - dv), \
+            f"MLA needs Hkv=1 and Dk = Dv + Dpe, both powers of two; got Hkv={num_kv_heads} Dk={dk} Dv={dv}"
+        v_buffer, v_new = k_buffer, k_new  # unused by the kernel
+    else:
+        assert v_buffer.shape == (k_buffer.shape[0], num_kv_heads, dv), f"v_buffer must be [slots, Hkv, {dv}]"
+        assert v_new is not None and v_new.shape == (batch, num_tokens, num_kv_heads, dv), "v_new must be [B,T,Hkv,Dv]"
+        assert dv == dk and _is_pow2(dk) and 16 <= dk <= 256, f"GQA needs Dk = Dv, a power of two in 16..256"
+        assert v_buffer.dtype == q.dtype and v_new.dtype == q.dtype, "dtypes must match q"
+    for name, t in [("q", q), ("k_buffer", k_buffer), ("v_buffer", v_buffer), ("k_new", k_new), ("v_new", v_new),
+                    ("out", out)]:
+        assert t.stride(-1) == 1, f"{name} must be contiguous in its last dim"
+        assert t.device == q.device, f"{name} is on {t.device}, q on {q.device}"
+    assert tree_mask.shape == (batch, num_tokens, num_tokens) and tree_mask.dtype == torch.bool, \
+        "tree_mask must be bool [B, T, T]"
+    assert tree_mask.stride(2) == 1, "tree_mask must be contiguous in its last dim"
+    assert workspace.part_out.shape[0] >= batch and workspace.part_out.shape[1] >= num_tokens \
+        and workspace.part_out.shape[2] == num_q_heads and workspace.part_out.shape[4] == dv, \
+        "workspace too small: allocate_workspace(max_batch>=B, max_tokens>=T, num_q_heads=Hq, v_head_dim=Dv)"
+    use_indptr = kv_indptr is not None
+    if use_indptr:
+        assert page_table is None and prefix_lens is None and page_size == 1, \
+            "kv_indptr/kv_indices are per-token slots: pass page_size=1 and no page_table"
+        assert kv_indices is not None and kv_indptr.shape == (batch + 1,), "kv_indptr must be [B+1]"
+        assert kv_indptr.dtype == torch.int32 and kv_indices.dtype == torch.int32, "kv_indptr/kv_indices must be int32"
+        page_table_stride = 0
+        prefix_lens = kv_indptr
+        indices = kv_indices
+    else:
+        assert page_table is not None and prefix_lens is not None, "pass kv_indptr+kv_indices or page_table+prefix_lens"
+        assert page_table.dim() == 2 and page_table.shape[0] == batch and page_table.stride(1) == 1, \
+            "page_table must be [B, max_pages], contiguous rows"
+        assert prefix_lens.shape == (batch,), "prefix_lens must be [B]"
+        assert page_table.dtype == torch.int32 and prefix_lens.dtype == torch.int32, "page_table/prefix_lens: int32"
+        assert page_size >= 1, "page_size must be >= 1"
+        page_table_stride = page_table.stride(0)
+        indices = page_table
+        kv_indptr = prefix_lens
+    _verify_attention_launch(q, k_buffer, v_buffer, k_new, v_new, tree_mask.view(torch.uint8), indices, kv_indptr,
+                             prefix_lens, page_table_stride, out, workspace, sm_scale, page_size, use_indptr,
+                             v_is_k, config, num_splits)
+    return out
