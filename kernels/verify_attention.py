@@ -46,7 +46,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-__all__ = ["VerifyWorkspace", "VerifyConfig", "allocate_workspace", "pick_config", "verify_attention"]
+__all__ = ["VerifyWorkspace", "VerifyConfig", "allocate_workspace", "kernel_is_interpreted", "pick_config",
+           "verify_attention"]
 
 _LOG2E = 1.4426950408889634
 
@@ -332,6 +333,11 @@ def _verify_attention_launch(
     )
 
 
+def kernel_is_interpreted() -> bool:
+    """True when Triton's CPU interpreter runs the kernels (TRITON_INTERPRET=1 before this module was imported)."""
+    return not isinstance(_verify_attention_kernel, triton.runtime.JITFunction)
+
+
 def _is_pow2(x: int) -> bool:
     return x > 0 and x & (x - 1) == 0
 
@@ -356,6 +362,8 @@ def verify_attention(
     num_splits: int | None = None,
 ) -> Tensor:
     """Attention of T new tokens over a paged prefix plus themselves (tree mask). See the module docstring.
+
+    On a CPU tensor without Triton's interpreter this falls back to `kernels.reference` (same result, slow).
 
     config / num_splits override the tile and split heuristics (benchmarks, tuning); leave them None.
     """
@@ -390,6 +398,13 @@ def verify_attention(
     assert workspace.part_out.shape[0] >= batch and workspace.part_out.shape[1] >= num_tokens \
         and workspace.part_out.shape[2] == num_q_heads and workspace.part_out.shape[4] == dv, \
         "workspace too small: allocate_workspace(max_batch>=B, max_tokens>=T, num_q_heads=Hq, v_head_dim=Dv)"
+    if q.device.type != "cuda" and not kernel_is_interpreted():
+        from kernels.reference import verify_attention_reference
+
+        return verify_attention_reference(
+            q=q, k_buffer=k_buffer, v_buffer=None if v_is_k else v_buffer, k_new=k_new,
+            v_new=None if v_is_k else v_new, tree_mask=tree_mask, sm_scale=sm_scale, out=out, kv_indptr=kv_indptr,
+            kv_indices=kv_indices, page_table=page_table, prefix_lens=prefix_lens, page_size=page_size)
     use_indptr = kv_indptr is not None
     if use_indptr:
         assert page_table is None and prefix_lens is None and page_size == 1, \

@@ -1,0 +1,119 @@
+"""verify_attention against the torch reference, through Triton's interpreter on CPU (compiled on a GPU).
+
+fp16 / fp32 only: the interpreter's bf16 loads are broken. Small shapes so the suite stays quick; MLA is shrunk to
+Dk = 32 + 16 / Dv = 32 except for one case at the real 576 / 512.
+"""
+import pytest
+import torch
+
+from kernels.problems import Layout, make_problem
+from kernels.reference import verify_attention_reference
+from kernels.verify_attention import (VerifyConfig, allocate_workspace, kernel_is_interpreted, verify_attention)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+GQA = Layout(4, 2, 32, 32, mla=False)
+MHA = Layout(2, 2, 16, 16, mla=False)
+MLA_SMALL = Layout(16, 1, 48, 32, mla=True)
+TOL = {torch.float16: 3e-3, torch.float32: 1e-3}  # fp32 dots may run as tf32 on a GPU
+
+
+def rel_err(out, ref):
+    return ((out.float() - ref).norm() / ref.norm()).item()
+
+
+def check(problem, *, dtype=torch.float16, indptr=False, max_splits=4, **kw):
+    args = problem.attention_args()
+    addressing = problem.indptr_args() if indptr else problem.table_args()
+    b, t, hq, _ = args["q"].shape
+    out = problem.new_out()
+    ws = allocate_workspace(max_batch=b, max_tokens=t, num_q_heads=hq, v_head_dim=problem.layout.v_head_dim,
+                            device=DEVICE, max_splits=max_splits)
+    verify_attention(**args, **addressing, out=out, workspace=ws, **kw)
+    ref = verify_attention_reference(**args, **addressing, v_head_dim=problem.layout.v_head_dim)
+    assert not out.isnan().any(), "unwritten or NaN output"
+    err = rel_err(out, ref)
+    assert err < TOL[dtype], f"relative error {err:.2e}"
+    return out
+
+
+def test_runs_through_interpreter_on_cpu():
+    assert DEVICE == "cuda" or kernel_is_interpreted(), "on CPU the kernel must run in Triton's interpreter"
+
+
+@pytest.mark.parametrize("layout", [GQA, MHA, MLA_SMALL], ids=["gqa4-2", "mha", "mla-small"])
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+@pytest.mark.parametrize("num_tokens,tree", [(1, "chain"), (5, "random"), (8, "chain")])
+def test_matches_reference(layout, page_size, num_tokens, tree):
+    problem = make_problem(layout=layout, prefix_lens=[37, 130, 1], num_tokens=num_tokens, page_size=page_size,
+                           dtype=torch.float16, device=DEVICE, tree=tree, seed=page_size * 100 + num_tokens)
+    check(problem)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_sglang_indptr_addressing(page_size):
+    problem = make_problem(layout=GQA, prefix_lens=[77, 3], num_tokens=4, page_size=page_size,
+                           dtype=torch.float16, device=DEVICE, tree="random", seed=7)
+    out_indptr = check(problem, indptr=True)
+    out_table = check(problem)
+    torch.testing.assert_close(out_indptr, out_table, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_gqa_head_dims(head_dim):
+    problem = make_problem(layout=Layout(4, 1, head_dim, head_dim, mla=False), prefix_lens=[45], num_tokens=3,
+                           page_size=16, dtype=torch.float16, device=DEVICE, tree="random", seed=head_dim)
+    check(problem)
+
+
+def test_mla_full_dims():
+    problem = make_problem(layout=Layout(16, 1, 576, 512, mla=True), prefix_lens=[19, 40], num_tokens=2,
+                           page_size=1, dtype=torch.float16, device=DEVICE, seed=3)
+    check(problem)
+
+
+def test_larger_tree_spans_several_row_blocks():
+    problem = make_problem(layout=MLA_SMALL, prefix_lens=[50], num_tokens=20, page_size=1,
+                           dtype=torch.float16, device=DEVICE, tree="random", seed=11)
+    check(problem, config=VerifyConfig(block_m=64, block_n=16, num_warps=4, num_stages=1))
+
+
+def test_empty_prefix_and_more_splits_than_tiles():
+    problem = make_problem(layout=GQA, prefix_lens=[0, 5, 300], num_tokens=3, page_size=1,
+                           dtype=torch.float16, device=DEVICE, tree="random", seed=5)
+    check(problem, max_splits=16, num_splits=16)
+    check(problem, num_splits=1)
+
+
+def test_fp32():
+    problem = make_problem(layout=GQA, prefix_lens=[61], num_tokens=6, page_size=16, dtype=torch.float32,
+                           device=DEVICE, tree="random", seed=9)
+    check(problem, dtype=torch.float32)
+
+
+def test_reference_matches_dense_attention():
+    problem = make_problem(layout=GQA, prefix_lens=[29], num_tokens=5, page_size=4, dtype=torch.float32,
+                           device="cpu", tree="random", seed=13)
+    args = problem.attention_args()
+    ref = verify_attention_reference(**args, **problem.table_args())
+    slots = problem.indptr_args()["kv_indices"].long()
+    keys = torch.cat([args["k_buffer"][slots], args["k_new"][0]])  # [L+T, Hkv, D]
+    vals = torch.cat([args["v_buffer"][slots], args["v_new"][0]])
+    group = GQA.num_q_heads // GQA.num_kv_heads
+    keys, vals = (x.repeat_interleave(group, 1).transpose(0, 1) for x in (keys, vals))
+    mask = torch.cat([torch.ones(5, 29, dtype=torch.bool), args["tree_mask"][0]], dim=1)
+    dense = torch.nn.functional.scaled_dot_product_attention(
+        args["q"][0].transpose(0, 1), keys, vals, attn_mask=mask, scale=problem.sm_scale)
+    torch.testing.assert_close(ref[0], dense.transpose(0, 1), rtol=1e-4, atol=1e-5)
+
+
+def test_rejects_bad_shapes():
+    problem = make_problem(layout=GQA, prefix_lens=[8], num_tokens=2, page_size=1, dtype=torch.float16,
+                           device=DEVICE)
+    args = problem.attention_args()
+    ws = allocate_workspace(max_batch=1, max_tokens=2, num_q_heads=4, v_head_dim=32, device=DEVICE, max_splits=2)
+    with pytest.raises(AssertionError, match="tree_mask"):
+        verify_attention(**{**args, "tree_mask": args["tree_mask"].int()}, **problem.table_args(),
+                         out=problem.new_out(), workspace=ws)
+    with pytest.raises(AssertionError, match="workspace too small"):
+        small = allocate_workspace(max_batch=1, max_tokens=1, num_q_heads=4, v_head_dim=32, device=DEVICE)
+        verify_attention(**args, **problem.table_args(), out=problem.new_out(), workspace=small)
