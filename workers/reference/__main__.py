@@ -1,0 +1,17 @@
+"""`python -m workers.reference --model-path tiny --load-format dummy --port N ...` (see --help)."""
+from __future__ import annotations
+
+import logging
+
+from .args import parse_args
+from .server import run_server
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run_server(args)
+
+
+if __name__ == "__main__":
+    main()

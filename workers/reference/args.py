@@ -1,0 +1,125 @@
+"""Command line: SGLang's flag names wherever SGLang has the flag; validated once, exit 2 on bad input."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .attention import ATTENTION_BACKENDS
+from .config import BUILTIN_CONFIGS
+
+ALGORITHMS = ("NONE", "NGRAM", "STANDALONE")
+IGNORED = ("--mem-fraction-static", "--tp-size", "--max-running-requests", "--log-level-http",
+           "--trust-remote-code", "--disable-cuda-graph", "--skip-server-warmup")
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def context_int(text: str) -> int:
+    """SGLang's human-readable ints: 32k = 32000, 32Ki = 32768."""
+    t = text.strip()
+    for suffix, mult in (("Ki", 1024), ("Mi", 1024 ** 2), ("k", 1000), ("K", 1000), ("M", 1000 ** 2)):
+        if t.endswith(suffix):
+            return positive_int(str(int(float(t[: -len(suffix)]) * mult)))
+    return positive_int(t)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Errors are one line on stderr and exit status 2."""
+
+    def error(self, message: str):
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(
+        prog="python -m workers.reference", allow_abbrev=False,
+        description="specsweep reference engine: a small PyTorch speculative-decoding server with SGLang's "
+                    "flag names and HTTP API. Serves ONE request at a time (batch 1, requests queue on a "
+                    "lock); no prefix cache.",
+    )
+    m = p.add_argument_group("model")
+    m.add_argument("--model-path", required=True,
+                   help=f"built-in config ({', '.join(BUILTIN_CONFIGS)}) or a Qwen3 safetensors checkpoint dir")
+    m.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "dummy"],
+                   help="dummy = deterministic random weights seeded by --random-seed")
+    m.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="auto = float32")
+    m.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    m.add_argument("--random-seed", type=int, default=0)
+    m.add_argument("--context-length", type=context_int, default=None,
+                   help="max prompt + new tokens per request (default: the model's max_position_embeddings)")
+    m.add_argument("--tokenizer-path", default=None, help="accepted; the model path's tokenizer is used")
+    kv = p.add_argument_group("KV cache and attention")
+    kv.add_argument("--page-size", type=positive_int, default=1)
+    kv.add_argument("--max-total-tokens", type=positive_int, default=None,
+                    help="KV pool size in tokens (default: context length + draft headroom)")
+    kv.add_argument("--attention-backend", default="torch", choices=sorted(ATTENTION_BACKENDS))
+    kv.add_argument("--chunked-prefill-size", type=int, default=2048, help="tokens per prefill chunk; <= 0: one chunk")
+    s = p.add_argument_group("speculative decoding")
+    s.add_argument("--speculative-algorithm", default=None, type=str.upper, choices=ALGORITHMS)
+    s.add_argument("--speculative-draft-model-path", "--speculative-draft-model", default=None,
+                   help="STANDALONE draft: a built-in config (e.g. tiny-draft), a checkpoint dir, or the target "
+                        "itself (the oracle)")
+    s.add_argument("--speculative-draft-load-format", default=None, choices=["auto", "safetensors", "dummy"])
+    s.add_argument("--speculative-num-steps", type=positive_int, default=None, help="tree depth (default 3)")
+    s.add_argument("--speculative-eagle-topk", type=positive_int, default=None, help="tree branching (default 1)")
+    s.add_argument("--speculative-num-draft-tokens", type=positive_int, default=None,
+                   help="max tree nodes incl. the root (default num_steps*topk+1; num_steps+1 when topk is 1)")
+    s.add_argument("--speculative-ngram-min-match-window-size", type=positive_int, default=1)
+    s.add_argument("--speculative-ngram-max-match-window-size", type=positive_int, default=12)
+    s.add_argument("--speculative-ngram-max-bfs-breadth", type=positive_int, default=None,
+                   help="NGRAM: tree breadth when --speculative-eagle-topk is not given")
+    srv = p.add_argument_group("server")
+    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--port", type=int, default=30000)
+    srv.add_argument("--enable-metrics", action="store_true", help="accepted; /metrics is always on")
+    srv.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    srv.add_argument("--served-model-name", default=None)
+    for flag in IGNORED:
+        if flag in ("--trust-remote-code", "--disable-cuda-graph", "--skip-server-warmup"):
+            srv.add_argument(flag, action="store_true", help="accepted and ignored")
+        else:
+            srv.add_argument(flag, default=None, help="accepted and ignored")
+    return p
+
+
+def resolve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """Cross-field defaults and checks (SGLang's rules where they apply); parser.error -> exit 2."""
+    algo = args.speculative_algorithm or "NONE"
+    args.speculative_algorithm = algo
+    if algo == "NONE":
+        return args
+    if algo == "STANDALONE" and not args.speculative_draft_model_path:
+        parser.error("--speculative-algorithm STANDALONE needs --speculative-draft-model-path")
+    if args.speculative_eagle_topk is None:
+        args.speculative_eagle_topk = (args.speculative_ngram_max_bfs_breadth or 1) if algo == "NGRAM" else 1
+    if args.speculative_num_steps is None:
+        args.speculative_num_steps = 3
+    steps, topk = args.speculative_num_steps, args.speculative_eagle_topk
+    if topk == 1:
+        args.speculative_num_draft_tokens = steps + 1  # as SGLang: forced for chains
+    elif args.speculative_num_draft_tokens is None:
+        args.speculative_num_draft_tokens = steps * topk + 1
+    if args.speculative_num_draft_tokens < 2:
+        parser.error("--speculative-num-draft-tokens must be >= 2 (the root plus at least one draft)")
+    if args.speculative_ngram_min_match_window_size > args.speculative_ngram_max_match_window_size:
+        parser.error("--speculative-ngram-min-match-window-size exceeds --speculative-ngram-max-match-window-size")
+    return args
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for flag, path in (("--model-path", args.model_path),
+                       ("--speculative-draft-model-path", args.speculative_draft_model_path)):
+        if path is not None and path not in BUILTIN_CONFIGS and not (Path(path) / "config.json").is_file():
+            parser.error(f"{flag} {path!r} is neither a built-in config ({', '.join(BUILTIN_CONFIGS)}) "
+                         f"nor a directory with a config.json")
+    return resolve(args, parser)

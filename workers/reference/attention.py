@@ -1,0 +1,127 @@
+"""Attention backends behind one small interface, chosen by `--attention-backend`.
+
+A backend sees, per layer, the queries and the fresh K/V of the T new tokens of the (single) request,
+that layer's whole K/V pool and `AttentionMetadata`: the page table, the prefix length, the per-token
+slots of the prefix and the T x T tree (ancestor) mask. Prefill chunks, decode steps and tree verifies
+are all this one call: the prefix is visible to every new token (minus a sliding window), the new
+tokens see each other through `tree_mask`. The model stores the new K/V in the pool itself.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class AttentionMetadata:
+    """One forward of one request (batch 1). Built once per forward, shared by all layers."""
+
+    positions: Tensor      # [T] int64, RoPE positions of the new tokens (prefix_len + tree depth)
+    new_slots: Tensor      # [T] int64, pool slots the new tokens' K/V are written to
+    prefix_slots: Tensor   # [P] int64, pool slots of the cached prefix, position order
+    prefix_len: int        # P
+    tree_mask: Tensor      # [T, T] bool, True where new token i may attend new token j (causal for chains)
+    page_table: Tensor     # [num_pages] int64, the request's pages (for kernels that walk pages)
+    page_size: int
+    _visible: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def num_new(self) -> int:
+        return self.positions.numel()
+
+    def key_positions(self) -> Tensor:
+        """[P + T] positions of all keys: the prefix, then the new tokens."""
+        prefix = torch.arange(self.prefix_len, device=self.positions.device)
+        return torch.cat([prefix, self.positions])
+
+    def visible(self, window: int | None) -> Tensor:
+        """[T, P + T] bool: which keys each new token attends to (cached per window size)."""
+        cache = self._visible
+        if window not in cache:
+            mask = torch.ones(self.num_new, self.prefix_len + self.num_new, dtype=torch.bool,
+                              device=self.positions.device)
+            mask[:, self.prefix_len:] = self.tree_mask
+            if window is not None:
+                mask &= (self.positions[:, None] - self.key_positions()[None, :]) < window
+            cache[window] = mask
+        return cache[window]
+
+
+class AttentionBackend:
+    """Interface. `forward` returns the attention output [T, Hq, D] in q's dtype."""
+
+    name = "base"
+
+    def __init__(self, device: torch.device | str = "cpu"):
+        self.device = torch.device(device)
+
+    def forward(self, q: Tensor, k_new: Tensor, v_new: Tensor, k_pool: Tensor, v_pool: Tensor,
+                meta: AttentionMetadata, *, scale: float, window: int | None) -> Tensor:
+        # q: [T, Hq, D]; k_new, v_new: [T, Hkv, D]; k_pool, v_pool: [S, Hkv, D]
+        raise NotImplementedError
+
+
+ATTENTION_BACKENDS: dict[str, Callable[..., AttentionBackend]] = {}
+
+
+def register_attention_backend(name: str):
+    def wrap(cls):
+        ATTENTION_BACKENDS[name] = cls
+        cls.name = name
+        return cls
+    return wrap
+
+
+def create_attention_backend(name: str, device: torch.device | str = "cpu") -> AttentionBackend:
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; choose from {sorted(ATTENTION_BACKENDS)}")
+    return ATTENTION_BACKENDS[name](device)
+
+
+@register_attention_backend("torch")
+class TorchAttentionBackend(AttentionBackend):
+    """Gather the prefix through its slots, append the new K/V, masked SDPA in fp32."""
+
+    def forward(self, q, k_new, v_new, k_pool, v_pool, meta, *, scale, window):
+        keys = torch.cat([k_pool.index_select(0, meta.prefix_slots), k_new.to(k_pool.dtype)])  # [P+T, Hkv, D]
+        vals = torch.cat([v_pool.index_select(0, meta.prefix_slots), v_new.to(v_pool.dtype)])
+        out = F.scaled_dot_product_attention(
+            q.float().transpose(0, 1).unsqueeze(0),      # [1, Hq, T, D]
+            keys.float().transpose(0, 1).unsqueeze(0),   # [1, Hkv, P+T, D]
+            vals.float().transpose(0, 1).unsqueeze(0),
+            attn_mask=meta.visible(window), scale=scale, enable_gqa=True,
+        )  # [1, Hq, T, D]
+        return out[0].transpose(0, 1).to(q.dtype)
+
+
+@register_attention_backend("specsweep_verify")
+class SpecsweepVerifyBackend(AttentionBackend):
+    """This project's Triton verify kernel (`kernels.verify_attention`), full-attention layers only."""
+
+    def __init__(self, device="cpu"):
+        super().__init__(device)
+        if self.device.type != "cuda" or not torch.cuda.is_available():
+            raise RuntimeError("attention backend 'specsweep_verify' needs CUDA + kernels.verify_attention "
+                               "(use --device cuda on a GPU machine, or --attention-backend torch)")
+        from kernels import verify_attention  # noqa: F401  (fails early if the kernel is missing)
+        self._kernel = verify_attention
+        self._fallback = TorchAttentionBackend(device)
+
+    def forward(self, q, k_new, v_new, k_pool, v_pool, meta, *, scale, window):
+        if window is not None:
+            return self._fallback.forward(q, k_new, v_new, k_pool, v_pool, meta, scale=scale, window=window)
+        out = self._kernel.verify_attention(
+            q=q.unsqueeze(0), k_buffer=k_pool, v_buffer=v_pool, k_new=k_new.unsqueeze(0),
+            v_new=v_new.unsqueeze(0), tree_mask=meta.tree_mask.unsqueeze(0), sm_scale=scale,
+            page_table=meta.page_table.unsqueeze(0),
+            prefix_lens=torch.tensor([meta.prefix_len], device=q.device, dtype=torch.int32),
+            page_size=meta.page_size,
+        )  # [1, T, Hq, D]
+        return out[0].to(q.dtype)

@@ -1,0 +1,239 @@
+"""Engine: builds the target (and draft) runners from the resolved args and runs one request at a time.
+
+Batch 1: requests are served strictly one after another (a lock); there is no continuous batching
+and no prefix cache (`cached_tokens` is always 0).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .attention import create_attention_backend
+from .config import load_config
+from .model import build_model
+from .runner import ModelRunner
+from .speculative import Drafter, ModelDrafter, NgramDrafter, sample, verify_tree
+from .tokenizer import load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class RequestError(ValueError):
+    """A request the engine refuses (HTTP 400)."""
+
+
+class Cancelled(RuntimeError):
+    """The engine is shutting down."""
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    ignore_eos: bool = False
+    stop: list[str] = field(default_factory=list)
+    sampling_seed: int | None = None
+
+
+@dataclass
+class Output:
+    output_ids: list[int]
+    meta_info: dict
+
+
+@dataclass
+class Stats:
+    """Cumulative since start; read by /metrics and /server_info."""
+
+    num_requests: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    spec_verify_calls: int = 0
+    spec_accepted_tokens: int = 0  # drafts + bonus, over all verify steps
+    e2e_seconds: float = 0.0
+    ttft_seconds: float = 0.0
+
+
+def _dtype(args) -> torch.dtype:
+    name = "float32" if args.dtype == "auto" else args.dtype
+    return DTYPES[name]
+
+
+class Engine:
+    def __init__(self, args):
+        self.args = args
+        self.device = torch.device(args.device)
+        self.config = load_config(args.model_path)
+        self.tokenizer = load_tokenizer(args.model_path)
+        self.context_length = args.context_length or self.config.max_position_embeddings
+        self.algorithm = (args.speculative_algorithm or "NONE").upper()
+        self.num_steps, self.topk, self.num_draft_tokens = args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens
+        torch.manual_seed(args.random_seed)
+        dtype = _dtype(args)
+        self.model = build_model(self.config, args.model_path, args.load_format, args.random_seed, dtype, self.device)
+        self.target = self._runner(self.model)
+        self.drafter = self._build_drafter(dtype)
+        self.eos_id = self.config.eos_token_id if self.config.eos_token_id is not None else getattr(self.tokenizer, "eos_token_id", None)
+        self.lock = threading.Lock()
+        self.stats = Stats()
+        self.cancelled = threading.Event()
+
+    def _runner(self, model) -> ModelRunner:
+        a = self.args
+        headroom = (self.num_draft_tokens or 1) + 2 * a.page_size
+        max_seq = self.context_length + headroom
+        return ModelRunner(model, create_attention_backend(a.attention_backend, self.device), page_size=a.page_size,
+                           max_total_tokens=max(a.max_total_tokens or 0, max_seq), max_seq_tokens=max_seq,
+                           chunked_prefill_size=a.chunked_prefill_size, device=self.device)
+
+    def _build_drafter(self, dtype) -> Drafter | None:
+        a = self.args
+        if self.algorithm == "NONE":
+            return None
+        if self.algorithm == "NGRAM":
+            return NgramDrafter(self.num_steps, self.topk, self.num_draft_tokens,
+                                a.speculative_ngram_min_match_window_size, a.speculative_ngram_max_match_window_size)
+        path = a.speculative_draft_model_path
+        draft_cfg = load_config(path)
+        if draft_cfg.vocab_size != self.config.vocab_size:
+            raise ValueError(f"draft vocab {draft_cfg.vocab_size} != target vocab {self.config.vocab_size}")
+        draft_format = a.speculative_draft_load_format or a.load_format
+        if path == a.model_path and draft_format == a.load_format:
+            draft_model = self.model  # the oracle: same weights, its own KV pool
+        else:
+            draft_model = build_model(draft_cfg, path, draft_format, a.random_seed, dtype, self.device)
+        return ModelDrafter(self._runner(draft_model), self.num_steps, self.topk, self.num_draft_tokens)
+
+    # ---- requests -------------------------------------------------------------------------------
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+    def check(self, input_ids: list[int], params: SamplingParams) -> None:
+        if not input_ids:
+            raise RequestError("the prompt is empty")
+        bad = [t for t in input_ids if not 0 <= t < self.config.vocab_size]
+        if bad:
+            raise RequestError(f"input_ids out of range [0, {self.config.vocab_size}): {bad[:5]}")
+        if params.max_new_tokens < 1:
+            raise RequestError(f"max_new_tokens must be >= 1, got {params.max_new_tokens}")
+        total = len(input_ids) + params.max_new_tokens
+        if total > self.context_length:
+            raise RequestError(f"the request needs {len(input_ids)} prompt + {params.max_new_tokens} new = "
+                               f"{total} tokens, more than the context length {self.context_length}")
+
+    def generate(self, input_ids: list[int], params: SamplingParams,
+                 on_tokens: Callable[[list[int]], None] | None = None) -> Output:
+        """Greedy/sampled generation with or without speculation. on_tokens(all_output_ids) after each step."""
+        self.check(input_ids, params)
+        with self.lock:
+            return self._generate(input_ids, params, on_tokens)
+
+    def _generate(self, input_ids, params, on_tokens) -> Output:
+        t0 = time.perf_counter()
+        gen = torch.Generator().manual_seed(params.sampling_seed if params.sampling_seed is not None else self.args.random_seed)
+        seq = self.target.new_sequence()
+        steps: list[dict] = []
+        out: list[int] = []
+        try:
+            logits = self.target.extend(seq, input_ids)
+            out.append(sample(logits, params.temperature, gen)[0])
+            ttft = time.perf_counter() - t0
+            if on_tokens:
+                on_tokens(out)
+            if self.drafter:
+                self.drafter.start(input_ids)
+            finish = self._finish_reason(out, params)
+            while finish is None:
+                if self.cancelled.is_set():
+                    raise Cancelled("the engine is shutting down")
+                out.extend(self._step(seq, input_ids + out, params.temperature, gen, steps))
+                finish = self._finish_reason(out, params)
+                if on_tokens:
+                    on_tokens(out)
+        finally:
+            seq.release()
+            if self.drafter:
+                self.drafter.finish()
+        e2e = time.perf_counter() - t0
+        self._account(len(input_ids), len(out), steps, ttft, e2e)
+        return Output(out, self._meta(input_ids, out, finish, steps, ttft, e2e))
+
+    def _step(self, seq, context, temperature, gen, steps) -> list[int]:
+        if self.drafter is None:
+            hidden = self.target.forward(seq, torch.tensor(context[-1:]))
+            return sample(self.target.model.logits(hidden), temperature, gen)
+        tree = self.drafter.propose(context)
+        res = verify_tree(self.target, seq, tree, temperature, gen)
+        steps.append({"accept_len": len(res.committed), "accepted_drafts": res.accepted,
+                      "proposed_drafts": res.tree_nodes - 1, "tree_depth": res.tree_depth,
+                      "tree_nodes": res.tree_nodes, "verify_s": res.verify_s})
+        return res.committed
+
+    def _finish_reason(self, out: list[int], params: SamplingParams) -> dict | None:
+        """Trims `out` in place at the first EOS / stop string / length limit; returns SGLang's finish_reason."""
+        if not params.ignore_eos and self.eos_id is not None and self.eos_id in out:
+            del out[out.index(self.eos_id) + 1:]
+            return {"type": "stop", "matched": self.eos_id}
+        text = self.decode(out) if params.stop else ""
+        for stop in (s for s in params.stop if s and s in text):
+            for n in range(1, len(out) + 1):
+                if stop in self.decode(out[:n]):
+                    del out[n:]
+                    return {"type": "stop", "matched": stop}
+        if len(out) >= params.max_new_tokens:
+            del out[params.max_new_tokens:]
+            return {"type": "length", "length": params.max_new_tokens}
+        return None
+
+    def _meta(self, input_ids, out, finish, steps, ttft, e2e) -> dict:
+        meta = {"id": uuid.uuid4().hex, "finish_reason": finish, "prompt_tokens": len(input_ids),
+                "completion_tokens": len(out), "cached_tokens": 0, "e2e_latency": e2e, "ttft": ttft,
+                "first_token_latency": ttft}
+        if self.drafter is not None and steps:
+            verify_ct = len(steps)
+            correct = sum(s["accepted_drafts"] for s in steps)
+            proposed = sum(s["proposed_drafts"] for s in steps)
+            hist = [0] * (max(self.num_steps, max(s["accepted_drafts"] for s in steps)) + 1)
+            for s in steps:
+                hist[s["accepted_drafts"]] += 1
+            meta.update({
+                "spec_verify_ct": verify_ct, "spec_accept_length": len(out) / verify_ct,
+                "spec_accept_rate": correct / proposed if proposed else 0.0,
+                "spec_num_correct_drafts": correct, "spec_num_proposed_drafts": proposed,
+                "spec_correct_drafts_histogram": hist,
+                "spec_steps": [{k: s[k] for k in ("accept_len", "tree_depth", "tree_nodes", "verify_s")} for s in steps],
+            })
+        return meta
+
+    def _account(self, prompt_len, out_len, steps, ttft, e2e) -> None:
+        st = self.stats
+        st.num_requests += 1
+        st.prompt_tokens += prompt_len
+        st.generation_tokens += out_len
+        st.spec_verify_calls += len(steps)
+        st.spec_accepted_tokens += sum(s["accept_len"] for s in steps)
+        st.ttft_seconds += ttft
+        st.e2e_seconds += e2e
+
+    def flush_cache(self) -> None:
+        """No prefix cache to drop; resets the page pools (only between requests)."""
+        with self.lock:
+            self.target.pool.flush()
+            if isinstance(self.drafter, ModelDrafter):
+                self.drafter.runner.pool.flush()
+
+    def avg_spec_accept_length(self) -> float:
+        st = self.stats
+        return st.spec_accepted_tokens / st.spec_verify_calls if st.spec_verify_calls else 0.0

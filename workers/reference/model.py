@@ -1,0 +1,176 @@
+"""Qwen3-style decoder: GQA + RoPE + q/k RMSNorm, SwiGLU MLP, RMSNorm, LM head; HF parameter names."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .attention import AttentionBackend, AttentionMetadata
+from .config import ModelConfig
+from .kv_cache import KVPool
+
+logger = logging.getLogger(__name__)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rope_cos_sin(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    # positions: [T] -> cos, sin: [T, 1, D] (fp32, half-split layout as HF's rotate_half)
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
+    freqs = positions.float()[:, None] * inv_freq[None, :]  # [T, D/2]
+    emb = torch.cat([freqs, freqs], dim=-1)[:, None, :]
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    # x: [T, H, D]
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int):
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.window = cfg.window_of(layer_id)
+        self.scale = cfg.head_dim ** -0.5
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=bias)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], pool: KVPool, meta: AttentionMetadata,
+                backend: AttentionBackend) -> Tensor:
+        # x: [T, hidden]
+        T = x.shape[0]
+        q = self.q_norm(self.q_proj(x).view(T, self.num_heads, self.head_dim))     # [T, Hq, D]
+        k = self.k_norm(self.k_proj(x).view(T, self.num_kv_heads, self.head_dim))  # [T, Hkv, D]
+        v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        out = backend.forward(q, k, v, pool.k[self.layer_id], pool.v[self.layer_id], meta,
+                              scale=self.scale, window=self.window)  # [T, Hq, D]
+        pool.store(self.layer_id, meta.new_slots, k, v)
+        return self.o_proj(out.reshape(T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int):
+        super().__init__()
+        self.self_attn = Attention(cfg, layer_id)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, rope, pool, meta, backend):
+        x = x + self.self_attn(self.input_layernorm(x), rope, pool, meta, backend)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    """`forward` runs the new tokens of one request against its paged KV and returns hidden states."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.model = DecoderModel(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @torch.inference_mode()
+    def forward(self, tokens: Tensor, meta: AttentionMetadata, pool: KVPool, backend: AttentionBackend) -> Tensor:
+        # tokens: [T] -> final hidden states [T, hidden] (normed)
+        x = self.model.embed_tokens(tokens)
+        rope = rope_cos_sin(meta.positions, self.config.head_dim, self.config.rope_theta)
+        for layer in self.model.layers:
+            x = layer(x, rope, pool, meta, backend)
+        return self.model.norm(x)
+
+    @torch.inference_mode()
+    def logits(self, hidden: Tensor) -> Tensor:
+        return self.lm_head(hidden).float()  # [T, vocab]
+
+
+def init_dummy_weights(model: CausalLM, seed: int) -> None:
+    """Deterministic random weights, scaled so the logits are sharp (std ~4) and context matters."""
+    gen = torch.Generator().manual_seed(seed)
+    cfg = model.config
+    for name, p in sorted(model.named_parameters()):
+        if name.endswith("norm.weight"):
+            init = torch.ones(p.shape)
+        elif name.endswith(".bias"):
+            init = torch.zeros(p.shape)
+        elif "embed_tokens" in name:
+            init = torch.randn(p.shape, generator=gen)
+        elif name == "lm_head.weight":
+            init = torch.randn(p.shape, generator=gen) * (4.0 / cfg.hidden_size ** 0.5)
+        else:  # [out, in] projections: unit gain, so every layer moves the residual stream
+            init = torch.randn(p.shape, generator=gen) / p.shape[1] ** 0.5
+        with torch.no_grad():
+            p.copy_(init.to(p.dtype))
+
+
+def load_safetensors(model: CausalLM, model_dir: str | Path) -> None:
+    from safetensors.torch import load_file
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {model_dir}")
+    state = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [m for m in missing if not (m == "lm_head.weight" and model.config.tie_word_embeddings)]
+    if missing:
+        raise ValueError(f"checkpoint {model_dir} lacks {missing[:5]}{'...' if len(missing) > 5 else ''}")
+    if unexpected:
+        logger.warning("ignoring %d unexpected tensors, e.g. %s", len(unexpected), unexpected[:3])
+
+
+def build_model(cfg: ModelConfig, model_path: str, load_format: str, seed: int, dtype: torch.dtype,
+                device: torch.device | str) -> CausalLM:
+    model = CausalLM(cfg)
+    if load_format == "dummy":
+        init_dummy_weights(model, seed)
+    else:
+        load_safetensors(model, model_path)
+    return model.to(device=device, dtype=dtype).eval()

@@ -1,0 +1,237 @@
+"""HTTP server (FastAPI + uvicorn) speaking SGLang's subset: /health /generate /flush_cache /server_info /metrics.
+
+The model loads and warms up in a background thread; /health answers 503 until that is done.
+Generation runs in a worker thread, one request at a time (the engine's lock).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from .engine import Cancelled, Engine, RequestError, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+VERSION = "specsweep-reference 0.1.0"
+
+
+class ServerState:
+    def __init__(self, args):
+        self.args = args
+        self.engine: Engine | None = None
+        self.ready = threading.Event()
+        self.load_error: str | None = None
+        self.start_time = time.time()
+
+    def load(self) -> None:
+        """Build the engine and run one warm-up generation (stats are reset after it)."""
+        try:
+            t0 = time.perf_counter()
+            engine = Engine(self.args)
+            engine.generate(list(range(1, 9)), SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True))
+            engine.stats = type(engine.stats)()
+            self.engine = engine
+            self.ready.set()
+            logger.info("engine ready in %.1f s (model %s, algorithm %s)", time.perf_counter() - t0,
+                        self.args.model_path, engine.algorithm)
+        except Exception as exc:  # keep serving 503 with the reason rather than dying silently
+            self.load_error = f"{type(exc).__name__}: {exc}"
+            logger.exception("engine failed to load")
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "code": status}}, status_code=status)
+
+
+def _parse_sampling(raw) -> SamplingParams:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise RequestError("sampling_params must be an object (batches are not supported: batch size 1)")
+    try:
+        stop = raw.get("stop") or []
+        stop = [stop] if isinstance(stop, str) else list(stop)
+        if not all(isinstance(s, str) for s in stop):
+            raise RequestError("sampling_params.stop must be a string or a list of strings")
+        seed = raw.get("sampling_seed")
+        return SamplingParams(
+            max_new_tokens=int(raw.get("max_new_tokens", 128)),
+            temperature=float(raw.get("temperature", 1.0)),
+            ignore_eos=bool(raw.get("ignore_eos", False)),
+            stop=stop, sampling_seed=None if seed is None else int(seed),
+        )
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, RequestError):
+            raise
+        raise RequestError(f"bad sampling_params: {exc}") from exc
+
+
+def _parse_prompt(body: dict, engine: Engine) -> list[int]:
+    text, ids = body.get("text"), body.get("input_ids")
+    if (text is None) == (ids is None):
+        raise RequestError("give exactly one of text or input_ids")
+    if text is not None:
+        if not isinstance(text, str):
+            raise RequestError("text must be a string (batches are not supported: batch size 1)")
+        return engine.encode(text)
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise RequestError("input_ids must be a list of ints (batches are not supported: batch size 1)")
+    return ids
+
+
+def _metrics_text(engine: Engine | None, model_name: str) -> str:
+    st = engine.stats if engine else None
+    label = f'{{model_name="{model_name}"}}'
+    rows = [
+        ("sglang:prompt_tokens_total", "counter", "Prompt tokens processed", st.prompt_tokens if st else 0),
+        ("sglang:generation_tokens_total", "counter", "Generated tokens", st.generation_tokens if st else 0),
+        ("sglang:cached_tokens_total", "counter", "Prefix-cache hit tokens (no prefix cache: 0)", 0),
+        ("sglang:num_requests_total", "counter", "Finished requests", st.num_requests if st else 0),
+        ("sglang:spec_verify_calls_total", "counter", "Speculative verify forwards", st.spec_verify_calls if st else 0),
+        ("sglang:spec_accept_length", "gauge", "Tokens committed per verify step since start",
+         engine.avg_spec_accept_length() if engine else 0.0),
+        ("sglang:num_running_reqs", "gauge", "Requests running", int(engine.lock.locked()) if engine else 0),
+        ("sglang:e2e_request_latency_seconds_sum", "counter", "Sum of end-to-end latencies", st.e2e_seconds if st else 0.0),
+        ("sglang:e2e_request_latency_seconds_count", "counter", "Requests timed", st.num_requests if st else 0),
+        ("sglang:time_to_first_token_seconds_sum", "counter", "Sum of times to first token", st.ttft_seconds if st else 0.0),
+        ("sglang:time_to_first_token_seconds_count", "counter", "Requests timed", st.num_requests if st else 0),
+    ]
+    lines = []
+    for name, kind, help_, value in rows:
+        lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name}{label} {value}"]
+    return "\n".join(lines) + "\n"
+
+
+def create_app(state: ServerState) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app):
+        yield
+        if state.engine is not None:
+            state.engine.cancelled.set()  # let a running generation stop at its next step
+
+    app = FastAPI(title="specsweep reference engine", version=VERSION, lifespan=lifespan)
+    model_name = state.args.served_model_name or state.args.model_path
+
+    @app.get("/health")
+    @app.get("/health_generate")
+    @app.get("/ready")
+    async def health():
+        if state.ready.is_set():
+            return Response(status_code=200)
+        return _error(503, state.load_error or "starting: loading the model and warming up")
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache():
+        if not state.ready.is_set():
+            return _error(503, "not ready")
+        if state.engine.lock.locked():
+            return _error(400, "cannot flush the cache while a request is running")
+        await run_in_threadpool(state.engine.flush_cache)
+        return PlainTextResponse("Cache flushed.\n")
+
+    @app.get("/server_info")
+    @app.get("/get_server_info")
+    async def server_info():
+        engine = state.engine
+        info = dict(vars(state.args))
+        info.update({
+            "version": VERSION, "engine": "specsweep-reference", "startup_time": state.start_time,
+            "ready": state.ready.is_set(), "max_batch_size": 1,
+            "context_length": engine.context_length if engine else state.args.context_length,
+            "internal_states": [{
+                "avg_spec_accept_length": engine.avg_spec_accept_length() if engine else 0.0,
+                "spec_verify_calls": engine.stats.spec_verify_calls if engine else 0,
+                "num_requests": engine.stats.num_requests if engine else 0,
+                "effective_max_running_requests_per_dp": 1,
+            }],
+        })
+        return JSONResponse(info)
+
+    @app.get("/metrics")
+    async def metrics():
+        return PlainTextResponse(_metrics_text(state.engine, model_name),
+                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.post("/generate")
+    async def generate(request: Request):
+        if not state.ready.is_set():
+            return _error(503, state.load_error or "not ready: the model is loading")
+        engine = state.engine
+        try:
+            body = json.loads(await request.body())
+            if not isinstance(body, dict):
+                raise RequestError("the body must be a JSON object")
+            input_ids = _parse_prompt(body, engine)
+            params = _parse_sampling(body.get("sampling_params"))
+            engine.check(input_ids, params)
+        except json.JSONDecodeError as exc:
+            return _error(400, f"malformed JSON: {exc}")
+        except RequestError as exc:
+            return _error(400, str(exc))
+        if body.get("stream"):
+            return StreamingResponse(_stream(engine, input_ids, params), media_type="text/event-stream")
+        try:
+            out = await run_in_threadpool(engine.generate, input_ids, params)
+        except RequestError as exc:
+            return _error(400, str(exc))
+        except Cancelled as exc:
+            return _error(503, str(exc))
+        except Exception as exc:
+            logger.exception("generation failed")
+            return _error(500, f"generation failed: {type(exc).__name__}: {exc}")
+        return JSONResponse({"text": engine.decode(out.output_ids), "output_ids": out.output_ids,
+                             "meta_info": out.meta_info})
+
+    return app
+
+
+async def _stream(engine: Engine, input_ids: list[int], params: SamplingParams):
+    """SGLang SSE: `data: {json}\\n\\n` per step (cumulative text and output_ids), then `data: [DONE]`."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+    t0 = time.perf_counter()
+
+    def on_tokens(ids):
+        loop.call_soon_threadsafe(queue.put_nowait, ("step", list(ids)))
+
+    def work():
+        try:
+            out = engine.generate(input_ids, params, on_tokens)
+            loop.call_soon_threadsafe(queue.put_nowait, ("done", out))
+        except Exception as exc:  # reported in-band: the status line is already sent
+            logger.exception("streamed generation failed")
+            loop.call_soon_threadsafe(queue.put_nowait, ("error", f"{type(exc).__name__}: {exc}"))
+
+    threading.Thread(target=work, daemon=True).start()
+    while True:
+        kind, payload = await queue.get()
+        if kind == "step":
+            chunk = {"text": engine.decode(payload), "output_ids": payload,
+                     "meta_info": {"prompt_tokens": len(input_ids), "completion_tokens": len(payload),
+                                   "finish_reason": None, "e2e_latency": time.perf_counter() - t0}}
+        elif kind == "done":
+            chunk = {"text": engine.decode(payload.output_ids), "output_ids": payload.output_ids,
+                     "meta_info": payload.meta_info}
+        else:
+            chunk = {"error": {"message": payload}}
+        yield f"data: {json.dumps(chunk)}\n\n"
+        if kind != "step":
+            break
+    yield "data: [DONE]\n\n"
+
+
+def run_server(args) -> None:
+    import uvicorn
+
+    state = ServerState(args)
+    threading.Thread(target=state.load, name="engine-load", daemon=True).start()
+    uvicorn.run(create_app(state), host=args.host, port=args.port, log_level=args.log_level,
+                timeout_graceful_shutdown=5)
