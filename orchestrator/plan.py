@@ -1,11 +1,22 @@
-"""Planning: pure functions from typed run configs to a `Plan` of server groups."""
+"""Planning: pure functions from typed, validated run configs to a `Plan` of server groups.
+
+Expand (one `RunSpec` per job) → drop points above the model's context → group by `ServerSpec` →
+resume filter. No Ray, MLflow, engine or Hydra here.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import logging
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-from orchestrator.spec import RunSpec, ServerGroup
+from orchestrator.spec import RunSpec, ServerGroup, ServerSpec, stable_hash
+from orchestrator.validate import check_context
+
+if TYPE_CHECKING:
+    from orchestrator.schema import RunConfig
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -24,3 +35,95 @@ class Plan:
     @property
     def num_runs(self) -> int:
         return sum(len(g.runs) for g in self.groups)
+
+
+@dataclass(frozen=True)
+class NotRun:
+    """Hydra return value of a job that planning left out (dropped, or skipped on resume)."""
+
+    run: RunSpec | None
+    reason: str
+
+
+# Override keys the standard name already shows, or that never change a result.
+_NAMED_KEYS = {"context_len", "probe", "drafter", "page_size", "attention", "sweep"}
+_UNNAMED_PREFIXES = ("hydra", "tracking", "cluster", "resume", "progress", "sweep_name")
+
+
+def format_tokens(n: int) -> str:
+    """1024 → "1k", 189440 → "185k", 1000 → "1000"."""
+    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
+def build_name(rc: RunConfig) -> str:
+    """`ctx=16k probe=predictable drafter=ngram page=1 attn=torch`, plus any other overridden key."""
+    parts = [f"ctx={format_tokens(rc.probe.context_len)}", f"probe={rc.probe.kind.value}",
+             f"drafter={rc.drafter.name}", f"page={rc.page_size}", f"attn={rc.attention.name}"]
+    for o in rc.overrides:
+        key = o.split("=", 1)[0].lstrip("+~")
+        if key not in _NAMED_KEYS and not key.startswith(_UNNAMED_PREFIXES):
+            parts.append(o.lstrip("+~"))
+    return " ".join(parts)
+
+
+def build_server(rc: RunConfig) -> ServerSpec:
+    """The engine a run needs. No context_len in it: one server covers every context of a sweep."""
+    return ServerSpec(engine=rc.engine, model=rc.model, drafter=rc.drafter, attention=rc.attention,
+                      page_size=rc.page_size, context_length=rc.server_context_len or rc.model.max_context_len,
+                      seed=rc.seed, tp_size=rc.tp_size)
+
+
+def build_run(rc: RunConfig, job_index: int) -> RunSpec:
+    server = build_server(rc)
+    return RunSpec(job_index=job_index, server=server, probe=rc.probe, run_hash=stable_hash(server, rc.probe),
+                   name=build_name(rc), params=rc.params, overrides=rc.overrides)
+
+
+def group_runs(runs: Iterable[RunSpec]) -> tuple[ServerGroup, ...]:
+    """One group per distinct ServerSpec, ordered by each group's first job; runs in job order."""
+    by_server: dict[ServerSpec, list[RunSpec]] = {}
+    for run in sorted(runs, key=lambda r: r.job_index):
+        by_server.setdefault(run.server, []).append(run)
+    return tuple(ServerGroup(server, tuple(rs)) for server, rs in by_server.items())
+
+
+def _drop_summary(dropped: Sequence[tuple[RunSpec, str]], total: int) -> str:
+    per_model: dict[tuple[str, int], set[int]] = {}
+    for run, _ in dropped:
+        m = run.server.model
+        per_model.setdefault((m.name, m.max_context_len), set()).add(run.probe.context_len)
+    what = "; ".join(f"model {name} max_context_len {mx}: context_len "
+                     + ", ".join(str(c) for c in sorted(ctxs)) for (name, mx), ctxs in per_model.items())
+    return (f"dropped {len(dropped)} of {total} grid points whose context_len + gen_tokens exceeds the "
+            f"model's maximum ({what})")
+
+
+def plan_sweep(sweep_name: str, configs: Sequence[RunConfig], *, drop_over_max: bool = True,
+               base_config: dict[str, Any] | None = None, overrides: Sequence[str] = (),
+               first_job_index: int = 0) -> Plan:
+    """Configs must be validated. `drop_over_max`: leave out points above the model's context (a sweep)
+    with one log line; a single run validates that instead."""
+    runs, dropped = [], []
+    for i, rc in enumerate(configs):
+        run = build_run(rc, first_job_index + i)
+        problem = check_context(rc) if drop_over_max else None
+        if problem:
+            dropped.append((run, f"{problem.key}={problem.value}: needs {problem.allowed}"))
+        else:
+            runs.append(run)
+    if dropped:
+        log.info(_drop_summary(dropped, len(configs)))
+    return Plan(sweep_name=sweep_name, groups=group_runs(runs), dropped=tuple(dropped),
+                base_config=base_config, overrides=tuple(overrides))
+
+
+def plan_resume(plan: Plan, finished_hashes: Iterable[str]) -> tuple[Plan, int]:
+    """Leave out runs whose run_hash is already FINISHED; groups left empty disappear."""
+    finished = set(finished_hashes)
+    groups, skipped = [], 0
+    for g in plan.groups:
+        keep = tuple(r for r in g.runs if r.run_hash not in finished)
+        skipped += len(g.runs) - len(keep)
+        if keep:
+            groups.append(replace(g, runs=keep))
+    return replace(plan, groups=tuple(groups)), skipped

@@ -1,0 +1,47 @@
+"""Hydra discovers this launcher by scanning the `hydra_plugins` namespace package.
+
+The class is a shell: `launch()` hands every job of the multirun at once to
+`orchestrator.launcher_core`, which validates, plans and executes them as one sweep.
+"""
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.utils import JobReturn
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig
+
+
+@dataclass
+class SpecsweepLauncherConf:
+    _target_: str = "hydra_plugins.specsweep_launcher.specsweep_launcher.SpecsweepLauncher"
+    dry_run: bool = False  # validate and plan only: log the plan, start nothing
+
+
+ConfigStore.instance().store(group="hydra/launcher", name="specsweep", node=SpecsweepLauncherConf,
+                             provider="specsweep")
+
+
+class SpecsweepLauncher(Launcher):
+    def __init__(self, dry_run: bool = False) -> None:
+        self.dry_run = dry_run
+        self.config: Optional[DictConfig] = None
+        self.hydra_context: Optional[HydraContext] = None
+        self.task_function: Optional[TaskFunction] = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config = config
+        self.hydra_context = hydra_context
+        self.task_function = task_function
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from orchestrator import launcher_core
+
+        assert self.config is not None and self.hydra_context is not None
+        return launcher_core.launch(launcher=self, job_overrides=job_overrides,
+                                    initial_job_idx=initial_job_idx)
+
+    def __repr__(self) -> Any:
+        return f"SpecsweepLauncher(dry_run={self.dry_run})"

@@ -1,0 +1,282 @@
+"""The config schema (structured configs in Hydra's ConfigStore) and the one conversion
+DictConfig → `RunConfig` (frozen dataclasses) done at the entry.
+
+The `*Conf` dataclasses give Hydra the keys and types: an unknown key or a wrong type is Hydra's
+own error at composition. Kinds are plain strings there (OmegaConf matches enums by member name,
+`REFERENCE`, not by value); `to_run_config` turns them into the enums of `orchestrator.spec`,
+reporting each bad value as a `Problem` with what is allowed.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from orchestrator.spec import (
+    Algorithm,
+    AttentionKind,
+    AttentionSpec,
+    ClusterKind,
+    ClusterSettings,
+    DrafterSpec,
+    EngineKind,
+    EngineSpec,
+    ModelSpec,
+    ProbeKind,
+    ProbeSpec,
+    TrackingSettings,
+)
+from orchestrator.validate import ConfigError, Problem
+
+DTYPES = ("float32", "float16", "bfloat16")
+DEVICES = ("cpu", "cuda")
+
+
+# --- Schema: what Hydra composes against -------------------------------------------------------
+
+
+@dataclass
+class EngineConf:
+    kind: str = MISSING  # reference | sglang
+    version: str = MISSING
+    device: str = "cpu"
+    startup_timeout_s: float = 300.0
+    request_timeout_s: float = 600.0
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class ModelConf:
+    name: str = MISSING
+    path: str = MISSING
+    max_context_len: int = MISSING
+    num_layers: int = MISSING
+    hidden_size: int = MISSING
+    num_q_heads: int = MISSING
+    num_kv_heads: int = MISSING
+    head_dim: int = MISSING
+    v_head_dim: int = MISSING
+    attention_kind: str = "gqa"  # gqa | mla
+    dtype: str = "float32"
+    load_format: str = "dummy"
+
+
+@dataclass
+class DrafterConf:
+    name: str = MISSING
+    algorithm: str = "NONE"  # Algorithm value
+    draft_model_path: Optional[str] = None
+    num_steps: int = 0
+    topk: int = 1
+    num_draft_tokens: int = 0
+    is_oracle: bool = False
+    extra_args: list[str] = field(default_factory=list)
+
+
+@dataclass
+class AttentionConf:
+    name: str = MISSING
+    backend: str = MISSING
+    decode_backend: Optional[str] = None
+    prefill_backend: Optional[str] = None
+    draft_backend: Optional[str] = None
+
+
+@dataclass
+class ProbeConf:
+    kind: str = MISSING  # predictable | novel | file
+    sentence: str = "The cat sat on the mat. "
+    path: Optional[str] = None
+
+
+@dataclass
+class ClusterConf:
+    kind: str = "local"  # local | ray
+    address: Optional[str] = None
+    num_cpus: Optional[int] = None
+    num_gpus: Optional[int] = None
+    object_store_memory_mb: Optional[int] = None
+    include_dashboard: bool = False
+    namespace: str = "specsweep"
+    gpus_per_server: int = 0
+    max_retries: int = 1
+
+
+@dataclass
+class TrackingConf:
+    uri: str = "sqlite:///mlflow.db"
+    experiment_name: Optional[str] = None
+
+
+@dataclass
+class SpecsweepConf:
+    engine: EngineConf = MISSING
+    model: ModelConf = MISSING
+    drafter: DrafterConf = MISSING
+    attention: AttentionConf = MISSING
+    probe: ProbeConf = MISSING
+    cluster: ClusterConf = field(default_factory=ClusterConf)
+    tracking: TrackingConf = field(default_factory=TrackingConf)
+    sweep_name: str = "default"
+    context_len: int = 1024
+    gen_tokens: int = 64
+    page_size: int = 16
+    seed: int = 0
+    resume: bool = True
+    server_context_len: Optional[int] = None  # None = the model's max_context_len
+    tp_size: int = 1
+    progress: bool = True
+
+
+def register_configs() -> None:
+    """Put the schema in Hydra's ConfigStore (`conf/config.yaml` lists `specsweep_schema` first)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="specsweep_schema", node=SpecsweepConf)
+
+
+# --- The typed run config ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One grid point, fully typed. Nothing below the entry sees a DictConfig."""
+
+    sweep_name: str
+    engine: EngineSpec
+    model: ModelSpec
+    drafter: DrafterSpec
+    attention: AttentionSpec
+    probe: ProbeSpec
+    page_size: int
+    seed: int
+    tp_size: int
+    server_context_len: int | None
+    cluster: ClusterSettings
+    tracking: TrackingSettings
+    resume: bool
+    progress: bool
+    params: tuple[tuple[str, str], ...] = ()  # flattened resolved config
+    overrides: tuple[str, ...] = ()  # this job's Hydra overrides
+
+
+class _Problems:
+    """Collects conversion problems so one pass reports every bad value."""
+
+    def __init__(self, overrides: tuple[str, ...]):
+        self.overrides = overrides
+        self.items: list[Problem] = []
+
+    def enum(self, key: str, value: Any, kind: type[enum.Enum]) -> Any:
+        try:
+            return kind(value)
+        except ValueError:
+            allowed = "one of " + ", ".join(m.value for m in kind)
+            self.items.append(Problem(key, value, allowed, self.overrides))
+            return None
+
+    def choice(self, key: str, value: Any, allowed: tuple[str, ...]) -> Any:
+        if value not in allowed:
+            self.items.append(Problem(key, value, "one of " + ", ".join(allowed), self.overrides))
+        return value
+
+
+def flatten(node: Any, prefix: str = "") -> dict[str, str]:
+    """{"model.name": "tiny", "drafter.extra_args": "[]", ...} from a resolved container."""
+    if isinstance(node, dict):
+        out: dict[str, str] = {}
+        for k, v in node.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: str(node)}
+
+
+def absolute_tracking_uri(uri: str, cwd: str) -> str:
+    """`sqlite:///mlflow.db` → `sqlite:////<cwd>/mlflow.db`: Ray workers have other working dirs."""
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri[len(prefix):].startswith("/"):
+        return prefix + str(Path(cwd, uri[len(prefix):]).resolve())
+    return uri
+
+
+def _file_digest(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def to_run_config(cfg: DictConfig, overrides: tuple[str, ...] = (), cwd: str | None = None) -> RunConfig:
+    """Convert one composed job config. Raises `ConfigError` listing every bad value it finds."""
+    cwd = cwd or os.getcwd()
+    p = _Problems(tuple(overrides))
+    if OmegaConf.is_missing(cfg.probe, "path"):
+        p.items.append(Problem("probe.path", "???", "a text or JSONL file path", p.overrides))
+    if OmegaConf.is_missing(cfg.tracking, "uri"):
+        p.items.append(Problem("tracking.uri", "???", "an MLflow tracking URI, e.g. http://host:5000",
+                               p.overrides))
+    if p.items:
+        raise ConfigError(p.items)
+    c: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
+    c.pop("hydra", None)
+    e, m, d, a, pr, cl, tr = (c[k] for k in ("engine", "model", "drafter", "attention", "probe",
+                                              "cluster", "tracking"))
+
+    engine = EngineSpec(
+        kind=p.enum("engine.kind", e["kind"], EngineKind),
+        version=str(e["version"]),
+        device=p.choice("engine.device", e["device"], DEVICES),
+        startup_timeout_s=float(e["startup_timeout_s"]),
+        request_timeout_s=float(e["request_timeout_s"]),
+        extra_args=tuple(e["extra_args"]),
+        env=tuple(sorted(e["env"].items())),
+    )
+    model = ModelSpec(
+        name=m["name"], path=m["path"], max_context_len=m["max_context_len"], num_layers=m["num_layers"],
+        hidden_size=m["hidden_size"], num_q_heads=m["num_q_heads"], num_kv_heads=m["num_kv_heads"],
+        head_dim=m["head_dim"], v_head_dim=m["v_head_dim"],
+        attention_kind=p.enum("model.attention_kind", m["attention_kind"], AttentionKind),
+        dtype=p.choice("model.dtype", m["dtype"], DTYPES), load_format=m["load_format"],
+    )
+    drafter = DrafterSpec(
+        name=d["name"], algorithm=p.enum("drafter.algorithm", d["algorithm"], Algorithm),
+        draft_model_path=d["draft_model_path"], num_steps=d["num_steps"], topk=d["topk"],
+        num_draft_tokens=d["num_draft_tokens"], is_oracle=d["is_oracle"],
+        extra_args=tuple(d["extra_args"]),
+    )
+    attention = AttentionSpec(name=a["name"], backend=a["backend"], decode_backend=a["decode_backend"],
+                              prefill_backend=a["prefill_backend"], draft_backend=a["draft_backend"])
+    probe_kind = p.enum("probe.kind", pr["kind"], ProbeKind)
+    probe_path, digest = None, None
+    if probe_kind is ProbeKind.FILE:
+        if not pr["path"]:
+            p.items.append(Problem("probe.path", pr["path"], "a text or JSONL file path", p.overrides))
+        else:
+            probe_path = str(Path(cwd, pr["path"]).resolve())
+            if Path(probe_path).is_file():
+                digest = _file_digest(probe_path)
+            else:
+                p.items.append(Problem("probe.path", pr["path"], "an existing file", p.overrides))
+    probe = ProbeSpec(kind=probe_kind, context_len=c["context_len"], gen_tokens=c["gen_tokens"],
+                      sentence=pr["sentence"], path=probe_path, content_sha256=digest, seed=c["seed"])
+    cluster = ClusterSettings(
+        kind=p.enum("cluster.kind", cl["kind"], ClusterKind), address=cl["address"],
+        num_cpus=cl["num_cpus"], num_gpus=cl["num_gpus"],
+        object_store_memory_mb=cl["object_store_memory_mb"], include_dashboard=cl["include_dashboard"],
+        namespace=cl["namespace"], gpus_per_server=cl["gpus_per_server"], max_retries=cl["max_retries"],
+    )
+    tracking = TrackingSettings(uri=absolute_tracking_uri(tr["uri"], cwd),
+                                experiment_name=tr["experiment_name"])
+    if p.items:
+        raise ConfigError(p.items)
+    return RunConfig(
+        sweep_name=c["sweep_name"], engine=engine, model=model, drafter=drafter, attention=attention,
+        probe=probe, page_size=c["page_size"], seed=c["seed"], tp_size=c["tp_size"],
+        server_context_len=c["server_context_len"], cluster=cluster, tracking=tracking,
+        resume=c["resume"], progress=c["progress"],
+        params=tuple(sorted(flatten(c).items())), overrides=tuple(overrides),
+    )

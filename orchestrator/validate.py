@@ -1,0 +1,221 @@
+"""Validation of typed run configs, before any Ray, MLflow or engine work.
+
+Every rule returns `Problem(key, value, allowed)`; a sweep collects the problems of all its points
+and raises one `ConfigError` listing each. Engine rules follow what the engines themselves reject
+(SGLang 0.5.23, `shared/docs/sglang-facts.md` §1; the reference engine's flag subset).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterable
+
+from orchestrator.spec import Algorithm, AttentionKind, EngineKind, ProbeKind
+
+if TYPE_CHECKING:
+    from orchestrator.schema import RunConfig
+
+
+@dataclass(frozen=True)
+class Problem:
+    key: str  # dotted config key, e.g. "page_size", "attention.backend"
+    value: Any
+    allowed: str  # what would be accepted, in words
+    overrides: tuple[str, ...] = ()  # the job's Hydra overrides (which grid point)
+
+    def __str__(self) -> str:
+        return f"{self.key}={self.value!r}: allowed {self.allowed}"
+
+
+class ConfigError(ValueError):
+    """Every problem of a config or a sweep, grouped by grid point."""
+
+    def __init__(self, problems: Iterable[Problem]):
+        self.problems = tuple(problems)
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        points: dict[tuple[str, ...], list[Problem]] = {}
+        for p in self.problems:
+            points.setdefault(p.overrides, []).append(p)
+        lines = [f"invalid config: {len(self.problems)} problem(s) in {len(points)} grid point(s)"]
+        for overrides, problems in points.items():
+            where = " ".join(overrides) if overrides else "(no overrides)"
+            lines.append(f"  [{where}]")
+            lines.extend(f"    {p}" for p in problems)
+        return "\n".join(lines)
+
+
+# Reference engine: what workers/reference accepts.
+REFERENCE_BACKENDS = ("torch", "specsweep_verify")
+REFERENCE_ALGORITHMS = (Algorithm.NONE, Algorithm.NGRAM, Algorithm.STANDALONE)
+# SGLang 0.5.23 (`arg_groups/choices.py`), plus this project's kernel plugin.
+SGLANG_BACKENDS = (
+    "triton", "torch_native", "flex_attention", "dsa", "nsa", "qsa", "dsv4", "compressed", "fa3", "fa4",
+    "flashinfer", "llada2_cfg_flashinfer", "flashmla", "trtllm_mla", "cutedsl_mla", "tokenspeed_mla",
+    "trtllm_mha", "hpc_ops", "minicpm_flashattn", "minicpm_flashinfer", "aiter", "wave", "intel_amx",
+    "ascend", "intel_xpu", "specsweep_verify",
+)
+SGLANG_DRAFT_BACKENDS = ("flashinfer", "fa3", "fa4", "triton", "ascend", "trtllm_mha", "intel_xpu")
+# Backends the EAGLE-family draft worker has (`speculative/draft_utils.py`).
+SGLANG_EAGLE_DRAFT_WORKER_BACKENDS = (
+    "flashinfer", "triton", "intel_amx", "intel_xpu", "aiter", "fa3", "hybrid_linear_attn", "flashmla",
+    "trtllm_mha", "trtllm_mla", "cutedsl_mla", "dsa", "nsa", "ascend", "fa4", "dsv4",
+)
+SGLANG_PAGED_TREE_BACKENDS = ("flashinfer", "fa3", "triton")  # topk > 1 with page_size > 1
+EAGLE_FAMILY = (Algorithm.EAGLE, Algorithm.EAGLE3, Algorithm.STANDALONE)
+NEEDS_DRAFT_PATH = (Algorithm.STANDALONE, Algorithm.EAGLE3, Algorithm.DFLASH)
+
+
+def check_context(rc: RunConfig) -> Problem | None:
+    """context_len + gen_tokens must fit the model (a sweep drops such points instead)."""
+    total = rc.probe.context_len + rc.probe.gen_tokens
+    if total > rc.model.max_context_len:
+        return Problem("context_len", rc.probe.context_len,
+                       f"context_len + gen_tokens ({rc.probe.gen_tokens}) <= model {rc.model.name}'s "
+                       f"max_context_len {rc.model.max_context_len}", rc.overrides)
+    return None
+
+
+def validate_run(rc: RunConfig, *, check_max_context: bool = True) -> list[Problem]:
+    """Every problem of one grid point. In a sweep, `check_max_context=False`: over-max points are
+    dropped at planning, not errors."""
+    out: list[Problem] = []
+
+    def bad(key: str, value: Any, allowed: str) -> None:
+        out.append(Problem(key, value, allowed, rc.overrides))
+
+    def at_least(key: str, value: int, low: int) -> None:
+        if value < low:
+            bad(key, value, f"an integer >= {low}")
+
+    at_least("page_size", rc.page_size, 1)
+    at_least("context_len", rc.probe.context_len, 1)
+    at_least("gen_tokens", rc.probe.gen_tokens, 1)
+    at_least("tp_size", rc.tp_size, 1)
+    if rc.server_context_len is not None:
+        at_least("server_context_len", rc.server_context_len, 1)
+        if rc.server_context_len > rc.model.max_context_len:
+            bad("server_context_len", rc.server_context_len,
+                f"null or <= model max_context_len {rc.model.max_context_len}")
+    if check_max_context and rc.probe.context_len >= 1 and (p := check_context(rc)):
+        out.append(p)
+    out += _model_problems(rc)
+    out += _drafter_problems(rc)
+    if rc.engine.kind is EngineKind.REFERENCE:
+        out += _reference_problems(rc)
+    elif rc.engine.kind is EngineKind.SGLANG:
+        out += _sglang_problems(rc)
+    if rc.probe.kind is ProbeKind.PREDICTABLE and not rc.probe.sentence:
+        bad("probe.sentence", rc.probe.sentence, "a non-empty sentence")
+    if rc.cluster.address is None and rc.cluster.kind.value == "ray":
+        bad("cluster.address", None, "a Ray address (e.g. auto or ray://head:10001) when cluster.kind=ray")
+    if not rc.tracking.uri:
+        bad("tracking.uri", rc.tracking.uri, "an MLflow tracking URI")
+    return out
+
+
+def _model_problems(rc: RunConfig) -> list[Problem]:
+    m, out = rc.model, []
+    for key in ("max_context_len", "num_layers", "hidden_size", "num_q_heads", "num_kv_heads", "head_dim",
+                "v_head_dim"):
+        if getattr(m, key) < 1:
+            out.append(Problem(f"model.{key}", getattr(m, key), "an integer >= 1", rc.overrides))
+    if m.attention_kind is AttentionKind.MLA and m.num_kv_heads != 1:
+        out.append(Problem("model.num_kv_heads", m.num_kv_heads, "1 for MLA (one latent head)", rc.overrides))
+    elif m.num_kv_heads >= 1 and m.num_q_heads % m.num_kv_heads:
+        out.append(Problem("model.num_kv_heads", m.num_kv_heads,
+                           f"a divisor of model.num_q_heads ({m.num_q_heads})", rc.overrides))
+    return out
+
+
+def _drafter_problems(rc: RunConfig) -> list[Problem]:
+    d, out = rc.drafter, []
+
+    def bad(key: str, value: Any, allowed: str) -> None:
+        out.append(Problem(f"drafter.{key}", value, allowed, rc.overrides))
+
+    if d.algorithm is Algorithm.NONE:
+        return out
+    if d.algorithm in NEEDS_DRAFT_PATH and not d.draft_model_path:
+        example = "tiny-draft" if rc.engine.kind is EngineKind.REFERENCE else "a checkpoint dir or HF id"
+        bad("draft_model_path", d.draft_model_path,
+            f"a draft model path for {d.algorithm.value} (e.g. drafter.draft_model_path={example})")
+    for key in ("num_steps", "topk", "num_draft_tokens"):
+        if getattr(d, key) < 1:
+            bad(key, getattr(d, key), f"an integer >= 1 with algorithm {d.algorithm.value}")
+    if d.algorithm in EAGLE_FAMILY and d.topk == 1 and d.num_steps >= 1 \
+            and d.num_draft_tokens != d.num_steps + 1:
+        bad("num_draft_tokens", d.num_draft_tokens,
+            f"num_steps + 1 = {d.num_steps + 1} when topk = 1 (the engine forces it)")
+    if d.is_oracle and d.draft_model_path != rc.model.path:
+        bad("draft_model_path", d.draft_model_path, f"the target's own path {rc.model.path!r} for the oracle")
+    if d.is_oracle and d.algorithm is not Algorithm.STANDALONE:
+        bad("algorithm", d.algorithm.value, "STANDALONE for the oracle")
+    return out
+
+
+def _reference_problems(rc: RunConfig) -> list[Problem]:
+    out, a = [], rc.attention
+    if rc.drafter.algorithm not in REFERENCE_ALGORITHMS:
+        out.append(Problem("drafter.algorithm", rc.drafter.algorithm.value,
+                           "one of " + ", ".join(x.value for x in REFERENCE_ALGORITHMS)
+                           + " on engine=reference (EAGLE3/DFLASH need engine=sglang)", rc.overrides))
+    for key in ("backend", "decode_backend", "prefill_backend", "draft_backend"):
+        value = getattr(a, key)
+        if value is not None and value not in REFERENCE_BACKENDS:
+            out.append(Problem(f"attention.{key}", value,
+                               "one of " + ", ".join(REFERENCE_BACKENDS) + " on engine=reference", rc.overrides))
+    uses_kernel = "specsweep_verify" in (a.backend, a.decode_backend, a.prefill_backend, a.draft_backend)
+    if uses_kernel and rc.engine.device != "cuda":
+        out.append(Problem("engine.device", rc.engine.device,
+                           "cuda with attention=specsweep_verify (or attention=torch on cpu)", rc.overrides))
+    if rc.tp_size != 1:
+        out.append(Problem("tp_size", rc.tp_size, "1 on engine=reference", rc.overrides))
+    return out
+
+
+def _sglang_problems(rc: RunConfig) -> list[Problem]:
+    out, a, d = [], rc.attention, rc.drafter
+
+    def bad(key: str, value: Any, allowed: str) -> None:
+        out.append(Problem(key, value, allowed, rc.overrides))
+
+    for key in ("backend", "decode_backend", "prefill_backend"):
+        value = getattr(a, key)
+        if value is not None and value not in SGLANG_BACKENDS:
+            bad(f"attention.{key}", value, "one of " + ", ".join(SGLANG_BACKENDS))
+    if a.draft_backend is not None and a.draft_backend not in SGLANG_DRAFT_BACKENDS:
+        bad("attention.draft_backend", a.draft_backend, "one of " + ", ".join(SGLANG_DRAFT_BACKENDS))
+    if rc.engine.device != "cuda":
+        bad("engine.device", rc.engine.device, "cuda on engine=sglang")
+    if d.algorithm is Algorithm.NONE:
+        return out
+    target_backends = {a.backend, a.decode_backend or a.backend, a.prefill_backend or a.backend}
+    if "flex_attention" in target_backends:
+        bad("attention.backend", "flex_attention", "a backend other than flex_attention with speculation")
+    if "trtllm_mha" in target_backends and d.topk > 1:
+        bad("drafter.topk", d.topk, "1 with attention trtllm_mha")
+    if d.algorithm is Algorithm.DFLASH:
+        if d.num_steps != 1:
+            bad("drafter.num_steps", d.num_steps, "1 with DFLASH (linear block verify)")
+        if d.topk != 1:
+            bad("drafter.topk", d.topk, "1 with DFLASH (no tree variant in SGLang 0.5.23)")
+        draft = a.draft_backend or a.prefill_backend or a.backend
+        if draft not in SGLANG_DRAFT_BACKENDS:
+            bad("attention.draft_backend", a.draft_backend,
+                f"one of {', '.join(SGLANG_DRAFT_BACKENDS)} for the DFLASH draft worker "
+                f"(the target's prefill backend {draft!r} is not one)")
+    if d.algorithm in EAGLE_FAMILY:
+        if d.topk > 1 and rc.page_size > 1 and a.backend not in SGLANG_PAGED_TREE_BACKENDS:
+            bad("attention.backend", a.backend,
+                f"one of {', '.join(SGLANG_PAGED_TREE_BACKENDS)} when drafter.topk > 1 and page_size > 1 "
+                f"(or page_size=1)")
+        draft = a.draft_backend or a.backend
+        if draft not in SGLANG_EAGLE_DRAFT_WORKER_BACKENDS:
+            bad("attention.draft_backend", a.draft_backend,
+                f"a draft-worker backend ({', '.join(SGLANG_DRAFT_BACKENDS)}) when attention.backend is "
+                f"{a.backend!r}, which the {d.algorithm.value} draft worker does not support")
+    if d.algorithm is Algorithm.NGRAM and d.topk > 1 and rc.page_size > 1 and a.backend != "flashinfer":
+        bad("attention.backend", a.backend, "flashinfer when NGRAM topk > 1 and page_size > 1 (or page_size=1)")
+    return out
