@@ -1,0 +1,75 @@
+"""The report on a real MLflow SQLite store: table, plots and diagnosis land on the parent run."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import pytest
+
+from orchestrator.report import ReportError, main, resolve_parent, write_report
+
+
+@pytest.fixture
+def store(tmp_path):
+    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("synthetic", artifact_location=str(tmp_path / "artifacts"))
+    parent = client.create_run(exp, run_name="synthetic sweep")
+    for i, (ctx, drafter) in enumerate([(1024, "ngram"), (16384, "ngram"), (1024, "oracle"), (16384, "oracle")]):
+        oracle = drafter == "oracle"
+        commit = 5.0 if oracle else (3.0 if ctx == 1024 else 1.2)  # ngram collapses on predictable text
+        child = client.create_run(exp, run_name=f"ctx={ctx // 1024}k probe=predictable drafter={drafter}",
+                                  tags={"mlflow.parentRunId": parent.info.run_id})
+        rid = child.info.run_id
+        params = {"context_len": ctx, "probe.kind": "predictable", "drafter.name": drafter,
+                  "drafter.is_oracle": oracle, "drafter.num_steps": 4, "attention.name": "torch", "page_size": 16}
+        client.log_batch(rid, params=[Param(k, str(v)) for k, v in params.items()],
+                         metrics=[Metric("commit_len_mean", commit, 0, 0), Metric("decode_tok_s", 100.0 - i, 0, 0),
+                                  Metric("verify_step_ms", 1.0 + ctx / 4096, 0, 0)]
+                         + [Metric("commit_len", commit, 0, s) for s in range(5)],
+                         tags=[RunTag("run_hash", f"h{i}")])
+        client.set_terminated(rid, "FINISHED")
+    failed = client.create_run(exp, run_name="ctx=4k probe=novel drafter=ngram",
+                               tags={"mlflow.parentRunId": parent.info.run_id, "failure_reason": "engine_died"})
+    client.set_terminated(failed.info.run_id, "FAILED")
+    client.set_terminated(parent.info.run_id, "FINISHED")
+    return uri, client, parent.info.run_id
+
+
+def test_report_artifacts_and_diagnosis(store, tmp_path):
+    uri, client, parent_id = store
+    report = write_report(client, parent_id, print_summary=False)
+    assert [f.cause.value for f in report.findings] == ["drafting bug at long context"]
+    names = {a.path for a in client.list_artifacts(parent_id)} | \
+        {a.path for a in client.list_artifacts(parent_id, "report")}
+    for f in ("diagnosis.md", "report/summary.csv", "report/summary.md", "report/summary.html",
+              "report/commit_len_vs_context.png", "report/decode_tok_s_vs_context.png",
+              "report/verify_step_ms_vs_context.png", "report/accept_length_histogram.png"):
+        assert f in names
+    diag = (tmp_path / "dl").mkdir() or client.download_artifacts(parent_id, "diagnosis.md", str(tmp_path / "dl"))
+    text = open(diag).read()
+    assert "drafting bug at long context" in text and "commit_len_mean=1.2" in text
+    table = client.download_artifacts(parent_id, "report/summary.csv", str(tmp_path / "dl"))
+    rows = list(csv.DictReader(io.StringIO(open(table).read())))
+    assert len(rows) == 5
+    assert {r["status"] for r in rows} == {"FINISHED", "FAILED (engine_died)"}
+    png = client.download_artifacts(parent_id, "report/commit_len_vs_context.png", str(tmp_path / "dl"))
+    assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_resolve_by_sweep_name_and_errors(store):
+    uri, client, parent_id = store
+    assert resolve_parent(client, "synthetic") == (parent_id, "synthetic")
+    assert resolve_parent(client, parent_id) == (parent_id, "synthetic")
+    with pytest.raises(ReportError, match="neither a run id nor a sweep name; sweeps here: .*synthetic"):
+        resolve_parent(client, "nope")
+
+
+def test_cli(store, caplog):
+    uri, client, parent_id = store
+    assert main(["synthetic", "--tracking-uri", uri]) == 0
+    assert main(["missing-sweep", "--tracking-uri", uri]) == 2
