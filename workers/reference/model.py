@@ -129,11 +129,14 @@ class CausalLM(nn.Module):
 
 
 def init_dummy_weights(model: CausalLM, seed: int) -> None:
-    """Deterministic random weights, scaled so the logits are sharp (std ~4) and context matters."""
+    """Deterministic random weights, scaled so the logits are sharp (std ~4) and attention is peaked
+    (q_norm gain 3), which keeps greedy output from falling into short loops."""
     gen = torch.Generator().manual_seed(seed)
     cfg = model.config
     for name, p in sorted(model.named_parameters()):
-        if name.endswith("norm.weight"):
+        if name.endswith("q_norm.weight"):
+            init = torch.full(p.shape, 3.0)
+        elif name.endswith("norm.weight"):
             init = torch.ones(p.shape)
         elif name.endswith(".bias"):
             init = torch.zeros(p.shape)

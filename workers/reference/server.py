@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
 import threading
 import time
 from contextlib import asynccontextmanager
@@ -231,7 +232,15 @@ async def _stream(engine: Engine, input_ids: list[int], params: SamplingParams):
 def run_server(args) -> None:
     import uvicorn
 
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            super().handle_exit(sig, frame)
+            captured = getattr(self, "_captured_signals", None)
+            if sig == signal.SIGTERM and captured and sig in captured:
+                captured.remove(sig)  # SIGTERM is the normal way to stop: exit 0 once shut down
+
     state = ServerState(args)
     threading.Thread(target=state.load, name="engine-load", daemon=True).start()
-    uvicorn.run(create_app(state), host=args.host, port=args.port, log_level=args.log_level,
-                timeout_graceful_shutdown=5)
+    config = uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level=args.log_level,
+                            timeout_graceful_shutdown=5)
+    Server(config).run()
