@@ -1,0 +1,134 @@
+"""Probe prompts (exact lengths, determinism, novel text), metric arithmetic, and a real engine round trip."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from orchestrator.spec import EngineKind, ProbeKind, ProbeSpec
+from workers.engine import EngineProcess
+from workers.errors import BadResponse
+from workers.probe import (NOVEL_NGRAM, Generation, ProbeClient, build_prompt, measure, novel_text, novel_words,
+                           run_probe)
+from workers.reference.tokenizer import ByteTokenizer
+from workers.testing import tiny_server
+
+REF = EngineKind.REFERENCE
+
+
+@pytest.mark.parametrize("kind", [ProbeKind.PREDICTABLE, ProbeKind.NOVEL])
+@pytest.mark.parametrize("n", [1, 7, 1000, 16_384])
+def test_prompt_has_exactly_context_len_tokens(kind, n):
+    prompt = build_prompt(ProbeSpec(kind=kind, context_len=n, gen_tokens=4), REF)
+    assert prompt.text is None and len(prompt.input_ids) == n
+    assert all(0 <= i < 256 for i in prompt.input_ids)
+
+
+def test_predictable_repeats_the_sentence():
+    prompt = build_prompt(ProbeSpec(kind=ProbeKind.PREDICTABLE, context_len=240, gen_tokens=4), REF)
+    assert ByteTokenizer().decode(list(prompt.input_ids)) == ("The cat sat on the mat. " * 10)
+
+
+def test_novel_is_deterministic_per_seed():
+    a = build_prompt(ProbeSpec(kind=ProbeKind.NOVEL, context_len=5000, gen_tokens=4, seed=1), REF)
+    b = build_prompt(ProbeSpec(kind=ProbeKind.NOVEL, context_len=5000, gen_tokens=4, seed=1), REF)
+    c = build_prompt(ProbeSpec(kind=ProbeKind.NOVEL, context_len=5000, gen_tokens=4, seed=2), REF)
+    assert a == b and a != c
+
+
+def test_novel_words_never_repeat_an_ngram():
+    it = novel_words(seed=0)
+    words = [next(it) for _ in range(40_000)]  # ~ 250k bytes: more than the longest sweep context
+    grams = [tuple(words[i:i + NOVEL_NGRAM]) for i in range(len(words) - NOVEL_NGRAM + 1)]
+    assert len(set(grams)) == len(grams)
+    assert len(set(words)) > 300  # not a tiny vocabulary cycling
+
+
+def test_novel_text_reads_as_sentences():
+    text = novel_text(3, 400)
+    assert len(text) >= 400 and text[0].isupper() and text.rstrip().endswith(".")
+
+
+def test_file_probe_text_and_jsonl(tmp_path):
+    txt = tmp_path / "book.txt"
+    txt.write_text("Zwölf Boxkämpfer jagen Viktor quer über den großen Sylter Deich. ")
+    jsonl = tmp_path / "docs.jsonl"
+    jsonl.write_text("\n".join(json.dumps({"text": t}) for t in ["first doc", "second doc"]) + "\n")
+    p = build_prompt(ProbeSpec(kind=ProbeKind.FILE, context_len=1001, gen_tokens=1, path=str(txt)), REF)
+    assert len(p.input_ids) == 1001  # multi-byte characters may be cut: ids, not text, are exact
+    q = build_prompt(ProbeSpec(kind=ProbeKind.FILE, context_len=21, gen_tokens=1, path=str(jsonl)), REF)
+    assert ByteTokenizer().decode(list(q.input_ids)) == "first doc\n\nsecond doc"
+
+
+def test_sglang_without_tokenizer_sends_text():
+    p = build_prompt(ProbeSpec(kind=ProbeKind.PREDICTABLE, context_len=100, gen_tokens=1), EngineKind.SGLANG,
+                     model_path="/nonexistent/model")
+    assert p.input_ids is None and len(p.text) == 400
+
+
+def _gen(meta, text="abc", ttft=None, e2e=1.0):
+    return Generation(text=text, output_ids=[1, 2, 3], meta_info=meta, client_ttft_s=ttft, client_e2e_s=e2e)
+
+
+def test_measure_spec_metrics():
+    steps = [{"accept_len": a, "tree_depth": 4, "tree_nodes": 5, "verify_s": v}
+             for a, v in [(5, 0.010), (1, 0.030), (3, 0.020)]]
+    meta = {"prompt_tokens": 100, "completion_tokens": 11, "e2e_latency": 2.5, "ttft": 0.5, "spec_verify_ct": 3,
+            "spec_num_correct_drafts": 6, "spec_num_proposed_drafts": 12, "spec_steps": steps}
+    m = measure(_gen(meta), expect_spec=True)
+    assert m.metrics["decode_tok_s"] == pytest.approx(10 / 2.0)
+    assert m.metrics["commit_len_mean"] == pytest.approx(3.0)
+    assert m.metrics["verify_steps"] == 3 and m.metrics["accept_rate"] == 0.5
+    assert m.metrics["verify_step_ms"] == pytest.approx(20.0)
+    assert m.metrics["tree_depth_mean"] == 4 and m.metrics["tree_nodes_mean"] == 5
+    assert m.series["commit_len"] == [5.0, 1.0, 3.0]
+    assert m.artifacts["steps.csv"].splitlines()[0] == "step,accept_len,tree_depth,tree_nodes,verify_s"
+    assert m.artifacts["continuation.txt"] == "abc"
+
+
+def test_measure_falls_back_to_client_ttft_and_sglang_counters():
+    meta = {"prompt_tokens": 10, "completion_tokens": 9, "e2e_latency": 1.2, "spec_verify_ct": 4}
+    m = measure(_gen(meta, ttft=0.2), expect_spec=True)
+    assert m.metrics["ttft_s"] == 0.2 and m.metrics["commit_len_mean"] == 2.0  # (9 - 1) / 4
+
+
+@pytest.mark.parametrize("meta,expect_spec", [
+    ({"completion_tokens": 3}, False),
+    ({"prompt_tokens": 3, "completion_tokens": "x"}, False),
+    ({"prompt_tokens": 3, "completion_tokens": 3}, True),
+    ({"prompt_tokens": 3, "completion_tokens": 3, "spec_steps": [{"tree_depth": 1}]}, True),
+])
+def test_measure_rejects_missing_fields(meta, expect_spec):
+    with pytest.raises(BadResponse):
+        measure(_gen(meta), expect_spec=expect_spec)
+
+
+@pytest.fixture(scope="module")
+def oracle_engine(tmp_path_factory):
+    log = tmp_path_factory.mktemp("engine") / "engine.log"
+    with EngineProcess.for_server(tiny_server("oracle", num_steps=4), log) as engine:
+        yield engine
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", [ProbeKind.PREDICTABLE, ProbeKind.NOVEL])
+def test_run_probe_against_the_reference_engine(oracle_engine, kind):
+    probe = ProbeSpec(kind=kind, context_len=300, gen_tokens=21)
+    m = run_probe(oracle_engine.base_url, probe, REF, expect_spec=True, timeout_s=60)
+    assert m.metrics["prompt_tokens"] == 300 and m.metrics["completion_tokens"] == 21
+    assert m.metrics["commit_len_mean"] == 5.0  # oracle: num_steps + 1 on every step
+    assert set(m.series["commit_len"]) == {5.0} and m.metrics["accept_rate"] == 1.0
+    assert 0 < m.metrics["ttft_s"] < m.metrics["e2e_s"] and m.metrics["decode_tok_s"] > 0
+    assert len(m.artifacts["steps.csv"].splitlines()) == m.metrics["verify_steps"] + 1
+    assert not m.notes
+
+
+@pytest.mark.slow
+def test_non_streaming_generate_and_bad_request(oracle_engine):
+    client = ProbeClient(oracle_engine.base_url, timeout_s=60)
+    prompt = build_prompt(ProbeSpec(kind=ProbeKind.PREDICTABLE, context_len=50, gen_tokens=5), REF)
+    gen = client.generate(prompt, 5, stream=False)
+    assert gen.client_ttft_s is None and len(gen.output_ids) == 5
+    with pytest.raises(BadResponse, match="400"):
+        client.generate(prompt, 0)

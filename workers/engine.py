@@ -1,0 +1,322 @@
+"""Engine processes: argv per engine kind, and an owner that starts, health-checks and always stops one.
+
+Public API:
+
+    build_engine_argv(server: ServerSpec, port: int) -> list[str]
+        argv for the server's engine kind (SGLang flag names for every engine).
+    adapter_for(kind: EngineKind) -> EngineAdapter
+        the per-engine seam: argv, health path, extra env. REFERENCE is complete; SGLANG is basic.
+    EngineProcess(command: Callable[[int], list[str]], log_path, *, host, env, startup_timeout_s, grace_s)
+    EngineProcess.for_server(server: ServerSpec, log_path, **kw) -> EngineProcess
+        with EngineProcess.for_server(server, "engine.log") as engine:   # start + wait for /health 200
+            engine.base_url, engine.pid, engine.check_alive(), engine.log_tail(100)
+        # leaving the block stops it: SIGTERM to its process group, grace, SIGKILL, wait
+
+Errors (workers.errors): EngineStartFailed (exited or never healthy during start), EngineTimeout (its
+subclass: no /health 200 within startup_timeout_s), EngineDied (exited after it was healthy); each carries
+the log tail.
+
+No orphans: the engine runs in its own session/process group with PR_SET_PDEATHSIG=SIGKILL (Linux), so it
+dies with the process that started it even when that process is SIGKILLed (a Ray actor killed, a driver
+killed). The death signal follows the *thread* that forked, so start engines from a long-lived thread
+(the main thread of an actor or driver). Every live EngineProcess is also stopped at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import ctypes.util
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import Callable, Mapping, Protocol
+
+import requests
+
+from orchestrator.spec import Algorithm, EngineKind, ServerSpec
+from workers.errors import EngineDied, EngineStartFailed, EngineTimeout
+
+logger = logging.getLogger(__name__)
+
+PR_SET_PDEATHSIG = 1
+
+
+# ---------------------------------------------------------------- adapters: one per EngineKind
+
+
+class EngineAdapter(Protocol):
+    kind: EngineKind
+    health_path: str
+
+    def build_argv(self, server: ServerSpec, port: int) -> list[str]: ...
+
+    def env(self, server: ServerSpec) -> dict[str, str]: ...
+
+
+def _common_flags(server: ServerSpec, port: int) -> list[str]:
+    """Flags both engines share, with SGLang's names."""
+    m, d, a = server.model, server.drafter, server.attention
+    argv = ["--model-path", m.path, "--load-format", m.load_format, "--page-size", str(server.page_size),
+            "--attention-backend", a.backend, "--context-length", str(server.context_length), "--dtype", m.dtype]
+    for flag, value in (("--decode-attention-backend", a.decode_backend),
+                        ("--prefill-attention-backend", a.prefill_backend),
+                        ("--speculative-draft-attention-backend", a.draft_backend)):
+        if value:
+            argv += [flag, value]
+    if d.algorithm is not Algorithm.NONE:
+        argv += ["--speculative-algorithm", d.algorithm.value]
+        if d.draft_model_path:
+            argv += ["--speculative-draft-model-path", d.draft_model_path]
+        if d.num_steps:
+            argv += ["--speculative-num-steps", str(d.num_steps)]
+        if d.topk:
+            argv += ["--speculative-eagle-topk", str(d.topk)]
+        if d.num_draft_tokens:
+            argv += ["--speculative-num-draft-tokens", str(d.num_draft_tokens)]
+        argv += list(d.extra_args)
+    argv += ["--random-seed", str(server.seed), "--host", server.host, "--port", str(port)]
+    return argv
+
+
+class ReferenceAdapter:
+    kind = EngineKind.REFERENCE
+    health_path = "/health"
+
+    def build_argv(self, server: ServerSpec, port: int) -> list[str]:
+        argv = [sys.executable, "-m", "workers.reference"] + _common_flags(server, port)
+        if server.engine.device != "cpu":
+            argv += ["--device", server.engine.device]
+        return argv + list(server.engine.extra_args)
+
+    def env(self, server: ServerSpec) -> dict[str, str]:
+        # one intra-op thread per engine: engines share a few cores with Ray and each other
+        return {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+
+
+class SGLangAdapter:
+    """Basic `sglang.launch_server` argv; full SGLang support (telemetry, log patterns) is a later issue."""
+
+    kind = EngineKind.SGLANG
+    health_path = "/health"
+
+    def build_argv(self, server: ServerSpec, port: int) -> list[str]:
+        argv = [sys.executable, "-m", "sglang.launch_server"] + _common_flags(server, port)
+        argv += ["--tp-size", str(server.tp_size)]
+        if server.nnodes > 1:
+            argv += ["--nnodes", str(server.nnodes)]
+        return argv + ["--enable-metrics"] + list(server.engine.extra_args)
+
+    def env(self, server: ServerSpec) -> dict[str, str]:
+        return {}
+
+
+_ADAPTERS: dict[EngineKind, EngineAdapter] = {EngineKind.REFERENCE: ReferenceAdapter(),
+                                              EngineKind.SGLANG: SGLangAdapter()}
+
+
+def adapter_for(kind: EngineKind) -> EngineAdapter:
+    return _ADAPTERS[kind]
+
+
+def build_engine_argv(server: ServerSpec, port: int) -> list[str]:
+    return adapter_for(server.engine.kind).build_argv(server, port)
+
+
+# ---------------------------------------------------------------- the process owner
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True) \
+    if sys.platform.startswith("linux") else None
+
+
+def _die_with_parent(parent_pid: int) -> Callable[[], None]:
+    def preexec() -> None:  # runs in the child between fork and exec
+        if _libc is not None:
+            _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os._exit(1)
+    return preexec
+
+
+_LIVE: "weakref.WeakSet[EngineProcess]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for engine in list(_LIVE):
+        engine.stop(grace_s=2.0)
+
+
+class EngineProcess:
+    """Owns one engine subprocess. `start()` returns only once /health answers 200; `stop()` is idempotent."""
+
+    def __init__(self, command: Callable[[int], list[str]], log_path: str | os.PathLike, *,
+                 host: str = "127.0.0.1", health_path: str = "/health", env: Mapping[str, str] | None = None,
+                 startup_timeout_s: float = 300.0, grace_s: float = 10.0, port_attempts: int = 3):
+        self.command = command
+        self.log_path = Path(log_path)
+        self.host = host
+        self.health_path = health_path
+        self.env = dict(env or {})
+        self.startup_timeout_s = startup_timeout_s
+        self.grace_s = grace_s
+        self.port_attempts = port_attempts
+        self.port: int | None = None
+        self.argv: list[str] = []
+        self.proc: subprocess.Popen | None = None
+        self.started_at = 0.0
+        self.ready_s = 0.0  # seconds from spawn to the first /health 200
+        self._lock = threading.Lock()
+        self._http = requests.Session()
+        self._http.trust_env = False  # never route 127.0.0.1 through a proxy from the environment
+
+    @classmethod
+    def for_server(cls, server: ServerSpec, log_path: str | os.PathLike, **kw) -> "EngineProcess":
+        adapter = adapter_for(server.engine.kind)
+        env = {**adapter.env(server), **dict(server.engine.env), **kw.pop("env", {})}
+        kw.setdefault("startup_timeout_s", server.engine.startup_timeout_s)
+        return cls(lambda port: adapter.build_argv(server, port), log_path, host=server.host,
+                   health_path=adapter.health_path, env=env, **kw)
+
+    # -- lifecycle
+
+    def __enter__(self) -> "EngineProcess":
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> "EngineProcess":
+        for attempt in range(1, self.port_attempts + 1):
+            try:
+                self._spawn()
+                self._wait_healthy()
+                return self
+            except EngineStartFailed as e:
+                self.stop()
+                if attempt < self.port_attempts and "address already in use" in e.log_tail.lower():
+                    logger.info("port %s was taken; retrying on another", self.port)
+                    continue
+                raise
+        raise AssertionError("unreachable")
+
+    def _spawn(self) -> None:
+        self.port = free_port(self.host)
+        self.argv = [str(a) for a in self.command(self.port)]
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        with open(self.log_path, "ab") as log:
+            log.write(f"$ {' '.join(self.argv)}\n".encode())
+            log.flush()
+            self.started_at = time.time()
+            self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                         env=env, start_new_session=True, close_fds=True,
+                                         preexec_fn=_die_with_parent(os.getpid()))
+        _LIVE.add(self)
+        logger.info("engine pid %d on %s: %s", self.proc.pid, self.base_url, " ".join(self.argv))
+
+    def _wait_healthy(self) -> None:
+        deadline = self.started_at + self.startup_timeout_s
+        interval = 0.05
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                raise EngineStartFailed(f"engine exited with code {code} during start ({self._argv0()})",
+                                        self.log_tail())
+            if self.healthy(timeout_s=2.0):
+                self.ready_s = time.time() - self.started_at
+                logger.info("engine pid %d healthy after %.1f s", self.proc.pid, self.ready_s)
+                return
+            if time.time() > deadline:
+                raise EngineTimeout(f"engine not healthy after {self.startup_timeout_s:.0f} s ({self._argv0()})",
+                                    self.log_tail())
+            time.sleep(interval)
+            interval = min(interval * 1.5, 0.5)
+
+    def healthy(self, timeout_s: float = 2.0) -> bool:
+        try:
+            return self._http.get(self.base_url + self.health_path, timeout=timeout_s).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def stop(self, grace_s: float | None = None) -> int | None:
+        """SIGTERM to the process group, wait `grace_s`, SIGKILL, wait. Returns the exit code."""
+        with self._lock:
+            proc = self.proc
+            if proc is None:
+                return None
+            grace = self.grace_s if grace_s is None else grace_s
+            if proc.poll() is None:
+                _signal_group(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=grace)
+                except subprocess.TimeoutExpired:
+                    logger.warning("engine pid %d ignored SIGTERM for %.0f s; SIGKILL", proc.pid, grace)
+                    _signal_group(proc.pid, signal.SIGKILL)
+                    proc.wait()
+            _signal_group(proc.pid, signal.SIGKILL)  # stragglers the leader left in its group
+            _LIVE.discard(self)
+            self._http.close()
+            return proc.returncode
+
+    # -- state
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def poll(self) -> int | None:
+        return self.proc.poll() if self.proc else None
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def check_alive(self) -> None:
+        """Raise EngineDied (with the log tail) if the process has exited."""
+        code = self.poll()
+        if self.proc is not None and code is not None:
+            raise EngineDied(f"engine pid {self.proc.pid} exited with code {code}", self.log_tail())
+
+    def log_tail(self, lines: int = 100, max_bytes: int = 64_000) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - max_bytes))
+                data = f.read()
+        except OSError:
+            return ""
+        return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
+
+    def _argv0(self) -> str:
+        return " ".join(self.argv[:3])
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)  # start_new_session: the group id is the leader's pid
+    except (ProcessLookupError, PermissionError):
+        pass

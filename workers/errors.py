@@ -1,0 +1,61 @@
+"""The worker side's short exception hierarchy. Every error maps to one `FailureReason` and carries the
+engine's log tail, so the run that hit it becomes a FAILED record with the reason and the tail.
+
+    WorkerError
+    ├── EngineError
+    │   ├── EngineStartFailed   the process exited, or never became healthy, during start
+    │   ├── EngineDied          the process exited after it was healthy (e.g. mid-probe)
+    │   └── EngineTimeout       /health did not answer 200 within the startup timeout
+    └── ProbeError
+        ├── BadResponse         an HTTP error status, or a body missing required fields
+        └── ProbeTimeout        a request ran past its timeout
+"""
+
+from __future__ import annotations
+
+from orchestrator.spec import FailureReason
+
+
+class WorkerError(RuntimeError):
+    reason: FailureReason = FailureReason.BAD_RESPONSE
+
+    def __init__(self, message: str, log_tail: str = ""):
+        super().__init__(message)
+        self.message = message
+        self.log_tail = log_tail
+
+    def __str__(self) -> str:
+        if not self.log_tail:
+            return self.message
+        return f"{self.message}\n--- engine log tail ---\n{self.log_tail}"
+
+    def __reduce__(self):  # crosses Ray's process boundary intact
+        return (type(self), (self.message, self.log_tail))
+
+
+class EngineError(WorkerError):
+    pass
+
+
+class EngineStartFailed(EngineError):
+    reason = FailureReason.ENGINE_START_FAILED
+
+
+class EngineDied(EngineError):
+    reason = FailureReason.ENGINE_DIED
+
+
+class EngineTimeout(EngineStartFailed):
+    """Startup timeout. A subclass of EngineStartFailed: the group's runs fail as engine_start_failed."""
+
+
+class ProbeError(WorkerError):
+    pass
+
+
+class BadResponse(ProbeError):
+    reason = FailureReason.BAD_RESPONSE
+
+
+class ProbeTimeout(ProbeError):
+    reason = FailureReason.TIMEOUT

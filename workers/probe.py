@@ -1,0 +1,413 @@
+"""Probes: build a prompt of exactly `context_len` tokens, generate `gen_tokens` greedily, measure.
+
+Public API:
+
+    build_prompt(probe: ProbeSpec, engine: EngineKind, model_path: str | None = None) -> Prompt
+        predictable = the sentence repeated; novel = seeded words with no repeated word n-gram
+        (NOVEL_NGRAM); file = a text file, or JSONL whose lines carry "text". For the reference engine the
+        prompt is `input_ids` from its byte tokenizer (exact length); for SGLang, ids from the model's
+        tokenizer when `transformers` can load it, else text (~CHARS_PER_TOKEN chars a token) and the
+        engine's reported prompt_tokens is what gets recorded.
+    ProbeClient(base_url, timeout_s)
+        .flush_cache()                       POST /flush_cache
+        .generate(prompt, gen_tokens, temperature=0.0, stream=True) -> Generation
+        .server_info() -> dict               GET /server_info
+    measure(gen: Generation, expect_spec: bool) -> Measurement
+        metrics (DESIGN.md names), series {"commit_len": [...]}, artifacts {"continuation.txt", "steps.csv"}
+    run_probe(base_url, probe, engine, *, expect_spec, timeout_s, model_path=None) -> Measurement
+        flush, build, generate, measure: what a ServerWorker does per RunSpec.
+
+Every HTTP call has a timeout. A response without the fields we need raises BadResponse; a request past
+its timeout raises ProbeTimeout (workers.errors).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import requests
+
+from orchestrator.spec import EngineKind, ProbeKind, ProbeSpec
+from workers.errors import BadResponse, ProbeTimeout
+from workers.reference.tokenizer import ByteTokenizer
+
+logger = logging.getLogger(__name__)
+
+NOVEL_NGRAM = 3  # no word trigram appears twice in novel text
+CHARS_PER_TOKEN = 4  # SGLang without a local tokenizer: a rough text length per requested token
+CONNECT_TIMEOUT_S = 5.0
+
+_BYTE_TOKENIZER = ByteTokenizer()
+
+_VOCAB = tuple("""
+able about above across act add after again against age ago agree air all allow almost alone along already
+also always among amount and animal answer any appear apply area argue arm army around arrive art ask away
+baby back bad bag ball bank bar base bear beat beautiful bed before begin behind believe best better between
+big bill bird black blood blue board boat body book born both box boy break bring brother brown build burn
+business buy call camera campaign can car card care carry case catch cause cell center chair chance change
+charge check child choice church city civil claim class clear close coach cold collect color come common
+community company compare contain control cost could country couple course court cover create crime cultural
+cup current cut dark data daughter day dead deal death debate decade decide deep defense degree describe design
+detail develop die different dinner direction discover discuss disease doctor dog door down draw dream drive
+drop drug during early east easy eat economy edge effect effort eight either election else employee end energy
+enjoy enough enter entire environment evening event every evidence exactly example expect experience expert
+explain eye face fact factor fail fall family far fast father fear federal feel few field fight figure fill film
+final find fine finger finish fire firm first fish five floor fly focus follow food foot force foreign forget
+form former forward four free friend front fruit full fund future game garden gas general girl give glass goal
+good green ground group grow guess gun guy hair half hand hang happen happy hard hat head health hear heart heat
+heavy help here high hill history hit hold home hope horse hospital hot hotel hour house huge human hundred
+idea image imagine impact improve include increase indeed inside instead interest island issue item job join
+judge jump just keep key kid kill kind kitchen know lake land language large last late laugh law lawyer lay lead
+learn leave left leg legal less letter level lie life light like likely line list listen little live local long
+look lose loss lot love low machine magazine main maintain major make manage many map market marriage material
+matter maybe mean measure media medical meet member memory mention message metal method middle might military
+milk mind minute miss model modern moment money month moon morning mother mountain mouth move movie much music
+must name nation natural nature near need network never new news next nice night nine noise north note nothing
+notice number ocean offer office often oil old once one open option orange order other outside over owner page
+pain paint paper parent park part party pass past patient pattern pay peace people per perform period person
+phone physical pick picture piece place plan plant play point police policy poor popular position power
+practice prepare present press pretty prevent price private problem process produce program project protect
+prove provide public pull purpose push quality question quick quiet race radio rain raise range rate reach read
+ready real reason receive record red reduce region relate remain remember remove report rest result return reveal
+rich right rise risk river road rock role room rule run safe same save say scene school science score sea season
+seat second section see seek sell send sense serve service set seven shake share she shoot short shot shoulder
+show side sign silver simple since sing single sister sit site six size skill skin small smile snow social soft
+soldier some son song soon sort sound south space speak special spend sport spring staff stage stand star start
+state station stay step still stock stone stop store story street strong student study style subject success
+such suddenly summer sun support sure surface system table take talk task teach team tell ten term test than
+thank theory thing think third three through throw time today together tonight top total tough toward town trade
+train travel tree trial trip trouble true truth try turn two type under unit until up upon use usual valley value
+various very victim view visit voice vote wait walk wall want war watch water wave way weapon wear week weight
+well west what wheel when where which while white whole why wide wife will win wind window winter wish with
+within without woman wonder wood word work world worry write wrong yard year yellow yes yet young
+""".split())
+
+
+# ---------------------------------------------------------------- prompt text
+
+
+def predictable_text(sentence: str, min_chars: int) -> str:
+    reps = -(-min_chars // max(1, len(sentence)))
+    return sentence * max(1, reps)
+
+
+def novel_words(seed: int, n: int = NOVEL_NGRAM) -> Iterator[str]:
+    """Seeded words from _VOCAB in which no word n-gram occurs twice (a redraw replaces a repeat)."""
+    rng = random.Random(seed)
+    seen: set[tuple[str, ...]] = set()
+    window: list[str] = []
+    while True:
+        for _ in range(1000):
+            word = rng.choice(_VOCAB)
+            gram = tuple(window[-(n - 1):] + [word]) if n > 1 else (word,)
+            if len(gram) < n or gram not in seen:
+                break
+        else:  # cannot happen before ~len(_VOCAB)**n words; never loop forever
+            raise RuntimeError(f"novel text exhausted its {n}-grams")
+        if len(gram) == n:
+            seen.add(gram)
+        window.append(word)
+        del window[:-(n - 1) or None]
+        yield word
+
+
+def novel_text(seed: int, min_chars: int) -> str:
+    """Sentences of 8-15 seeded words, capitalised and ended with a period, at least `min_chars` long."""
+    rng = random.Random(seed ^ 0x5EED)
+    parts: list[str] = []
+    total = 0
+    words = novel_words(seed)
+    while total < min_chars:
+        sentence = [next(words) for _ in range(rng.randint(8, 15))]
+        text = " ".join(sentence).capitalize() + ". "
+        parts.append(text)
+        total += len(text)
+    return "".join(parts)
+
+
+def file_text(path: str | Path) -> str:
+    """A text file as is, or the "text" fields of a JSONL file joined by blank lines."""
+    p = Path(path)
+    raw = p.read_text(encoding="utf-8")
+    if p.suffix in (".jsonl", ".ndjson"):
+        texts = [json.loads(line)["text"] for line in raw.splitlines() if line.strip()]
+        raw = "\n\n".join(texts)
+    if not raw:
+        raise ValueError(f"probe file {path} has no text")
+    return raw
+
+
+def probe_text(probe: ProbeSpec, min_chars: int) -> str:
+    if probe.kind is ProbeKind.PREDICTABLE:
+        return predictable_text(probe.sentence, min_chars)
+    if probe.kind is ProbeKind.NOVEL:
+        return novel_text(probe.seed, min_chars)
+    text = file_text(probe.path)
+    if len(text) < min_chars:
+        logger.warning("probe file %s has %d chars, fewer than the %d needed; repeating it",
+                       probe.path, len(text), min_chars)
+        text = text * -(-min_chars // len(text))
+    return text
+
+
+# ---------------------------------------------------------------- tokenisation
+
+
+def byte_encode(text: str) -> list[int]:
+    """The reference engine's own byte tokenizer: one token per UTF-8 byte, no BOS prepended."""
+    return _BYTE_TOKENIZER.encode(text)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    input_ids: tuple[int, ...] | None = None
+    text: str | None = None
+
+    @property
+    def num_tokens(self) -> int | None:
+        return len(self.input_ids) if self.input_ids is not None else None
+
+    def body(self) -> dict[str, Any]:
+        return {"input_ids": list(self.input_ids)} if self.input_ids is not None else {"text": self.text}
+
+
+def build_prompt(probe: ProbeSpec, engine: EngineKind, model_path: str | None = None) -> Prompt:
+    n = probe.context_len
+    if engine is EngineKind.REFERENCE:
+        ids = byte_encode(probe_text(probe, n))  # >= n bytes: every char is >= 1 byte
+        return Prompt(input_ids=tuple(ids[:n]))
+    tokenizer = _hf_tokenizer(model_path)
+    if tokenizer is not None:
+        text = probe_text(probe, n * CHARS_PER_TOKEN)
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        while len(ids) < n:
+            text = probe_text(probe, 2 * len(text))
+            ids = tokenizer.encode(text, add_special_tokens=False)
+        return Prompt(input_ids=tuple(ids[:n]))
+    return Prompt(text=probe_text(probe, n * CHARS_PER_TOKEN)[:n * CHARS_PER_TOKEN])
+
+
+def _hf_tokenizer(model_path: str | None):
+    if not model_path:
+        return None
+    try:
+        from transformers import AutoTokenizer
+        return AutoTokenizer.from_pretrained(model_path)
+    except Exception as e:  # no transformers, no local files, no network: text with reported counts
+        logger.info("no tokenizer for %s (%s); sending text", model_path, type(e).__name__)
+        return None
+
+
+# ---------------------------------------------------------------- HTTP client
+
+
+@dataclass
+class Generation:
+    text: str
+    output_ids: list[int]
+    meta_info: dict[str, Any]
+    client_ttft_s: float | None  # first streamed chunk carrying tokens, measured here
+    client_e2e_s: float
+
+
+class ProbeClient:
+    def __init__(self, base_url: str, timeout_s: float = 600.0):
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.http = requests.Session()
+        self.http.trust_env = False
+
+    def close(self) -> None:
+        self.http.close()
+
+    def flush_cache(self) -> None:
+        r = self._call("POST", "/flush_cache", timeout=60.0)
+        if r.status_code != 200:
+            raise BadResponse(f"/flush_cache answered {r.status_code}: {r.text[:200]}")
+
+    def server_info(self) -> dict[str, Any]:
+        r = self._call("GET", "/server_info", timeout=30.0)
+        if r.status_code != 200:
+            raise BadResponse(f"/server_info answered {r.status_code}")
+        return r.json()
+
+    def generate(self, prompt: Prompt, gen_tokens: int, temperature: float = 0.0,
+                 stream: bool = True) -> Generation:
+        body = {**prompt.body(), "stream": stream,
+                "sampling_params": {"max_new_tokens": gen_tokens, "temperature": temperature, "ignore_eos": True}}
+        t0 = time.perf_counter()
+        deadline = t0 + self.timeout_s
+        r = self._call("POST", "/generate", json=body, stream=stream, timeout=self.timeout_s)
+        with r:
+            if r.status_code != 200:
+                raise BadResponse(f"/generate answered {r.status_code}: {r.text[:500]}")
+            if "text/event-stream" not in r.headers.get("content-type", ""):
+                out = _json(r)
+                return _generation([out], None, time.perf_counter() - t0)
+            chunks, ttft = [], None
+            try:
+                for line in r.iter_lines(decode_unicode=True):
+                    if time.perf_counter() > deadline:
+                        raise ProbeTimeout(f"/generate ran past {self.timeout_s:.0f} s")
+                    if not line or not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    chunk = json.loads(data)
+                    if "error" in chunk:
+                        raise BadResponse(f"/generate stream reported an error: {str(chunk['error'])[:300]}")
+                    if ttft is None and (chunk.get("output_ids") or chunk.get("text")):
+                        ttft = time.perf_counter() - t0
+                    chunks.append(chunk)
+            except requests.exceptions.Timeout as e:
+                raise ProbeTimeout(f"/generate stream stalled past {self.timeout_s:.0f} s: {e}") from e
+            except (requests.exceptions.ChunkedEncodingError, requests.exceptions.ConnectionError) as e:
+                raise BadResponse(f"/generate stream broke: {e}") from e
+            except json.JSONDecodeError as e:
+                raise BadResponse(f"/generate sent a chunk that is not JSON: {e}") from e
+            if not chunks:
+                raise BadResponse("/generate stream ended without a chunk")
+            return _generation(chunks, ttft, time.perf_counter() - t0)
+
+    def _call(self, method: str, path: str, timeout: float, **kw) -> requests.Response:
+        try:
+            return self.http.request(method, self.base_url + path, timeout=(CONNECT_TIMEOUT_S, timeout), **kw)
+        except requests.exceptions.Timeout as e:
+            raise ProbeTimeout(f"{method} {path} timed out after {timeout:.0f} s") from e
+        except requests.exceptions.RequestException as e:
+            raise BadResponse(f"{method} {path} failed: {e}") from e
+
+
+def _json(r: requests.Response) -> dict[str, Any]:
+    try:
+        out = r.json()
+    except ValueError as e:
+        raise BadResponse(f"/generate body is not JSON: {r.text[:200]}") from e
+    if isinstance(out, list) and len(out) == 1:
+        out = out[0]
+    if not isinstance(out, dict):
+        raise BadResponse(f"/generate body is not an object: {str(out)[:200]}")
+    return out
+
+
+def _generation(chunks: list[dict[str, Any]], ttft: float | None, e2e: float) -> Generation:
+    last = chunks[-1]
+    meta = last.get("meta_info")
+    if not isinstance(meta, dict):
+        raise BadResponse(f"/generate response has no meta_info: {str(last)[:200]}")
+    n = meta.get("completion_tokens")
+    ids = list(last.get("output_ids") or [])
+    text = last.get("text") or ""
+    if len(chunks) > 1 and isinstance(n, int) and len(ids) < n:  # incremental chunks: concatenate
+        ids = [i for c in chunks for i in (c.get("output_ids") or [])]
+        text = "".join(c.get("text") or "" for c in chunks)
+    return Generation(text=text, output_ids=ids, meta_info=meta, client_ttft_s=ttft, client_e2e_s=e2e)
+
+
+# ---------------------------------------------------------------- metrics
+
+
+_STEP_FIELDS = ("accept_len", "tree_depth", "tree_nodes", "verify_s")
+
+
+@dataclass
+class Measurement:
+    metrics: dict[str, float]
+    series: dict[str, list[float]] = field(default_factory=dict)
+    artifacts: dict[str, str] = field(default_factory=dict)
+    engine_time_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def _number(meta: dict, key: str) -> float:
+    v = meta.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise BadResponse(f"meta_info.{key} is missing or not a number: {v!r}")
+    return float(v)
+
+
+def measure(gen: Generation, expect_spec: bool) -> Measurement:
+    """DESIGN.md metrics from one /generate. `expect_spec`: the server speculates, so spec fields must be there."""
+    meta = gen.meta_info
+    prompt_tokens = _number(meta, "prompt_tokens")
+    completion = _number(meta, "completion_tokens")
+    e2e = float(meta["e2e_latency"]) if isinstance(meta.get("e2e_latency"), (int, float)) else gen.client_e2e_s
+    ttft = next((float(meta[k]) for k in ("ttft", "ttft_s", "first_token_latency")
+                 if isinstance(meta.get(k), (int, float))), gen.client_ttft_s)
+    m: dict[str, float] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "e2e_s": e2e}
+    if ttft is not None:
+        m["ttft_s"] = ttft
+        if completion > 1 and e2e > ttft:
+            m["decode_tok_s"] = (completion - 1) / (e2e - ttft)
+    out = Measurement(metrics=m, engine_time_s=gen.client_e2e_s)
+    out.artifacts["continuation.txt"] = gen.text
+
+    steps = meta.get("spec_steps")
+    if expect_spec and not steps and "spec_verify_ct" not in meta:
+        raise BadResponse("speculating server sent neither meta_info.spec_steps nor spec_verify_ct")
+    if steps:
+        if not isinstance(steps, list) or not all(isinstance(s, dict) and "accept_len" in s for s in steps):
+            raise BadResponse(f"meta_info.spec_steps is malformed: {str(steps)[:200]}")
+        commit = [float(s["accept_len"]) for s in steps]
+        out.series["commit_len"] = commit
+        m["commit_len_mean"] = statistics.fmean(commit)
+        m["verify_steps"] = float(len(steps))
+        for key, name in (("tree_depth", "tree_depth_mean"), ("tree_nodes", "tree_nodes_mean")):
+            vals = [float(s[key]) for s in steps if isinstance(s.get(key), (int, float))]
+            if vals:
+                m[name] = statistics.fmean(vals)
+        verify = [float(s["verify_s"]) for s in steps if isinstance(s.get("verify_s"), (int, float))]
+        if verify:
+            m["verify_step_ms"] = 1000.0 * statistics.median(verify)
+        out.artifacts["steps.csv"] = _steps_csv(steps)
+    elif "spec_verify_ct" in meta:
+        verify_ct = _number(meta, "spec_verify_ct")
+        m["verify_steps"] = verify_ct
+        if verify_ct > 0:  # SGLang counts the prefill token in completion_tokens: strict per-verify figure
+            m["commit_len_mean"] = (completion - 1) / verify_ct
+    proposed = meta.get("spec_num_proposed_drafts")
+    if isinstance(proposed, (int, float)) and proposed > 0:
+        m["accept_rate"] = _number(meta, "spec_num_correct_drafts") / float(proposed)
+    elif isinstance(meta.get("spec_accept_rate"), (int, float)):
+        m["accept_rate"] = float(meta["spec_accept_rate"])
+    return out
+
+
+def _steps_csv(steps: list[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(("step",) + _STEP_FIELDS)
+    for i, s in enumerate(steps):
+        w.writerow((i,) + tuple(s.get(k, "") for k in _STEP_FIELDS))
+    return buf.getvalue()
+
+
+def run_probe(base_url: str, probe: ProbeSpec, engine: EngineKind, *, expect_spec: bool,
+              timeout_s: float = 600.0, model_path: str | None = None, flush: bool = True,
+              prompt: Prompt | None = None) -> Measurement:
+    client = ProbeClient(base_url, timeout_s)
+    try:
+        if flush:
+            client.flush_cache()
+        prompt = prompt or build_prompt(probe, engine, model_path)
+        gen = client.generate(prompt, probe.gen_tokens, probe.temperature)
+    finally:
+        client.close()
+    out = measure(gen, expect_spec)
+    if prompt.num_tokens is not None and out.metrics["prompt_tokens"] != prompt.num_tokens:
+        out.notes.append(f"sent {prompt.num_tokens} prompt tokens, engine reports {out.metrics['prompt_tokens']:.0f}")
+    if out.metrics["completion_tokens"] != probe.gen_tokens:
+        out.notes.append(f"asked {probe.gen_tokens} tokens, engine generated {out.metrics['completion_tokens']:.0f}")
+    for note in out.notes:
+        logger.warning("%s: %s", base_url, note)
+    return out

@@ -1,0 +1,183 @@
+"""One server group on one node: start its engine, run its RunSpecs in order, stop the engine.
+
+Plain Python (no Ray): `orchestrator.execute.ServerWorker` is a thin Ray actor around `GroupRunner`, and
+tests drive it directly.
+
+    runner = GroupRunner(server, log_dir, restarts=1)
+    runner.start() -> EngineInfo           # never raises: a start failure is remembered
+    runner.run(spec: RunSpec, attempt=1) -> RunResult   # never raises: failures are data
+    runner.stop() -> EngineInfo
+
+Failure policy, per run:
+- the engine could not start (exit, timeout): every run of the group FAILED `engine_start_failed`, log tail;
+- the engine died during a run: that run FAILED `engine_died`, log tail; the next run restarts the engine
+  (at most `restarts` times per group; after that the remaining runs are FAILED `engine_died`);
+- an HTTP timeout: `timeout`; a response without the fields we need: `bad_response`.
+
+Each result's tags carry `engine_start` (which start of this group's engine served it, 1-based) and
+`engine_pid`, so a sweep can be checked for exactly one start per ServerSpec.
+
+Test hook: with SPECSWEEP_PID_DIR set, `<dir>/run-<job_index>.pid` holds the serving engine's pid while
+that run's probe is in flight (written before the request, removed after).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.spec import Algorithm, FailureReason, RunResult, RunSpec, RunState, ServerSpec
+from workers.engine import EngineProcess
+from workers.errors import EngineDied, EngineStartFailed, WorkerError
+from workers.probe import run_probe
+
+logger = logging.getLogger(__name__)
+
+PID_DIR_ENV = "SPECSWEEP_PID_DIR"
+LOG_TAIL_ARTIFACT = "engine_log_tail.txt"
+
+
+@dataclass
+class EngineInfo:
+    group_id: str
+    engine_starts: int  # start attempts so far, failed ones included
+    alive: bool
+    pid: int | None = None
+    base_url: str | None = None
+    startup_s: float = 0.0  # seconds spent starting engines (all attempts)
+    error: str | None = None
+    log_path: str = ""
+
+
+class GroupRunner:
+    def __init__(self, server: ServerSpec, log_dir: str | os.PathLike, *, restarts: int = 1,
+                 grace_s: float = 10.0):
+        self.server = server
+        self.group_id = server.key
+        self.log_path = Path(log_dir) / f"engine-{self.group_id}.log"
+        self.restarts_left = restarts
+        self.grace_s = grace_s
+        self.engine: EngineProcess | None = None
+        self.engine_starts = 0
+        self.startup_s = 0.0
+        self.start_error: EngineStartFailed | None = None
+        self.dead_error: EngineDied | None = None  # the engine died and the restart budget is spent
+        self.host = socket.gethostname()
+
+    # -- engine lifecycle
+
+    def start(self) -> EngineInfo:
+        if self.engine is None and self.start_error is None:
+            self._start_engine()
+        return self.info()
+
+    def _start_engine(self) -> None:
+        self.engine_starts += 1
+        self.engine = EngineProcess.for_server(self.server, self.log_path, grace_s=self.grace_s)
+        t0 = time.perf_counter()
+        try:
+            self.engine.start()
+        except EngineStartFailed as e:
+            self.start_error = e
+            self.engine = None
+            logger.error("group %s: engine start %d failed: %s", self.group_id, self.engine_starts, e.message)
+        finally:
+            self.startup_s += time.perf_counter() - t0
+
+    def stop(self) -> EngineInfo:
+        if self.engine is not None:
+            self.engine.stop()
+        info = self.info()
+        self.engine = None
+        return info
+
+    def info(self) -> EngineInfo:
+        e = self.engine
+        return EngineInfo(group_id=self.group_id, engine_starts=self.engine_starts, alive=bool(e and e.alive),
+                          pid=e.pid if e else None, base_url=e.base_url if e else None, startup_s=self.startup_s,
+                          error=self.start_error.message if self.start_error else None,
+                          log_path=str(self.log_path))
+
+    # -- runs
+
+    def run(self, spec: RunSpec, attempt: int = 1) -> RunResult:
+        result = RunResult(run=spec, state=RunState.FINISHED, started_at=time.time(),
+                           tags=self._tags(attempt))
+        try:
+            self._ensure_engine()
+            engine = self.engine
+            result.tags.update(engine_start=str(self.engine_starts), engine_pid=str(engine.pid))
+            marker = self._mark(spec, engine.pid)
+            try:
+                m = run_probe(engine.base_url, spec.probe, self.server.engine.kind,
+                              expect_spec=self.server.drafter.algorithm is not Algorithm.NONE,
+                              timeout_s=self.server.engine.request_timeout_s, model_path=self.server.model.path)
+            finally:
+                if marker:
+                    marker.unlink(missing_ok=True)
+            result.metrics, result.series, result.engine_time_s = m.metrics, m.series, m.engine_time_s
+            result.artifacts.update(m.artifacts)
+            if m.notes:
+                result.message = "; ".join(m.notes)
+        except WorkerError as e:
+            e = self._explain(e)
+            result.state, result.reason, result.message = RunState.FAILED, e.reason, e.message
+            tail = e.log_tail or (self.engine.log_tail() if self.engine else "")
+            if tail:
+                result.artifacts[LOG_TAIL_ARTIFACT] = tail
+            logger.warning("run %d (%s) FAILED %s: %s", spec.job_index, spec.name, e.reason.value, e.message)
+        result.tags["engine_start"] = result.tags.get("engine_start", str(self.engine_starts))
+        if result.reason:
+            result.tags["failure_reason"] = result.reason.value
+        result.ended_at = time.time()
+        return result
+
+    def _ensure_engine(self) -> None:
+        if self.start_error is not None:
+            raise self.start_error
+        if self.dead_error is not None:
+            raise EngineDied(f"{self.dead_error.message}; the group's restart budget is spent",
+                             self.dead_error.log_tail)
+        if self.engine is None:
+            self._start_engine()
+        elif not self.engine.alive:
+            died = EngineDied(f"engine pid {self.engine.pid} exited with code {self.engine.poll()} between runs",
+                              self.engine.log_tail())
+            self.engine.stop()
+            if self.restarts_left <= 0:
+                self.engine, self.dead_error = None, died
+                raise died
+            self.restarts_left -= 1
+            logger.warning("group %s: %s; restarting it", self.group_id, died.message)
+            self._start_engine()
+        if self.start_error is not None:
+            raise self.start_error
+
+    def _explain(self, e: WorkerError) -> WorkerError:
+        """A broken request to an engine that has exited (or is exiting) is the engine dying."""
+        if isinstance(e, EngineStartFailed) or self.engine is None:
+            return e
+        deadline = time.monotonic() + 2.0
+        while self.engine.alive and time.monotonic() < deadline and not isinstance(e, EngineDied):
+            time.sleep(0.05)
+        if not self.engine.alive and not isinstance(e, EngineDied):
+            return EngineDied(f"engine pid {self.engine.pid} exited with code {self.engine.poll()} "
+                              f"during the run ({e.message})", self.engine.log_tail())
+        return e
+
+    def _tags(self, attempt: int) -> dict[str, str]:
+        s = self.server
+        return {"server_group": self.group_id, "engine": s.engine.kind.value, "engine_version": s.engine.version,
+                "host": self.host, "attempt": str(attempt)}
+
+    def _mark(self, spec: RunSpec, pid: int) -> Path | None:
+        d = os.environ.get(PID_DIR_ENV)
+        if not d:
+            return None
+        path = Path(d) / f"run-{spec.job_index}.pid"
+        path.write_text(str(pid))
+        return path
