@@ -9,6 +9,7 @@ reporting each bad value as a `Problem` with what is allowed.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import hashlib
 import os
@@ -135,6 +136,11 @@ class SpecsweepConf:
     progress: bool = True
 
 
+_SECTIONS: dict[str, type] = {"engine": EngineConf, "model": ModelConf, "drafter": DrafterConf,
+                              "attention": AttentionConf, "probe": ProbeConf, "cluster": ClusterConf,
+                              "tracking": TrackingConf}
+
+
 def register_configs() -> None:
     """Put the schema in Hydra's ConfigStore (`conf/config.yaml` lists `specsweep_schema` first)."""
     from hydra.core.config_store import ConfigStore
@@ -206,6 +212,17 @@ def absolute_tracking_uri(uri: str, cwd: str) -> str:
     return uri
 
 
+def _unknown_keys(node: dict[str, Any], schema: type, prefix: str, p: _Problems) -> None:
+    """Keys added with `+key=...` bypass the schema at composition: report them here."""
+    fields = {f.name: f.type for f in dataclasses.fields(schema)}
+    for key, value in node.items():
+        if key not in fields:
+            p.items.append(Problem(prefix + key, value, f"a key of {schema.__name__}: " + ", ".join(fields),
+                                   p.overrides))
+        elif isinstance(value, dict) and dataclasses.is_dataclass(_SECTIONS.get(key)) and not prefix:
+            _unknown_keys(value, _SECTIONS[key], f"{key}.", p)
+
+
 def _file_digest(path: str) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
@@ -214,15 +231,11 @@ def to_run_config(cfg: DictConfig, overrides: tuple[str, ...] = (), cwd: str | N
     """Convert one composed job config. Raises `ConfigError` listing every bad value it finds."""
     cwd = cwd or os.getcwd()
     p = _Problems(tuple(overrides))
-    if OmegaConf.is_missing(cfg.probe, "path"):
-        p.items.append(Problem("probe.path", "???", "a text or JSONL file path", p.overrides))
-    if OmegaConf.is_missing(cfg.tracking, "uri"):
-        p.items.append(Problem("tracking.uri", "???", "an MLflow tracking URI, e.g. http://host:5000",
-                               p.overrides))
-    if p.items:
-        raise ConfigError(p.items)
     c: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
     c.pop("hydra", None)
+    _unknown_keys(c, SpecsweepConf, "", p)
+    if p.items:
+        raise ConfigError(p.items)
     e, m, d, a, pr, cl, tr = (c[k] for k in ("engine", "model", "drafter", "attention", "probe",
                                               "cluster", "tracking"))
 
