@@ -45,8 +45,10 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.runtime.errors import OutOfResources
 
-__all__ = ["VerifyWorkspace", "VerifyConfig", "allocate_workspace", "kernel_is_interpreted", "pick_config",
+__all__ = ["VerifyWorkspace", "VerifyConfig", "allocate_workspace", "candidate_configs", "kernel_is_interpreted",
+           "pick_config",
            "verify_attention"]
 
 _LOG2E = 1.4426950408889634
@@ -181,26 +183,31 @@ def _verify_merge_kernel(
     stride_ob, stride_ot, stride_oh,
     T: tl.constexpr,
     NUM_Q_HEADS: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
+    BLOCK_DV: tl.constexpr,  # dims of Dv handled by this program
     BLOCK_S: tl.constexpr,  # pow2 >= num_parts
+    BLOCK_SC: tl.constexpr,  # parts per loaded chunk
 ):
     pid = tl.program_id(0)
     b = pid // (T * NUM_Q_HEADS)
     t = (pid // NUM_Q_HEADS) % T
     h = pid % NUM_Q_HEADS
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_dv = tl.arange(0, BLOCK_DV)
+    offs_dv = tl.program_id(1) * BLOCK_DV + tl.arange(0, BLOCK_DV)
     lse_row = part_lse_ptr + b * stride_plb + t * stride_plt + h * stride_plh
-    lse = tl.load(lse_row + offs_s, mask=offs_s < num_parts, other=float("-inf"))
-    lse_max = tl.max(lse, 0)
+    offs_s = tl.arange(0, BLOCK_S)
+    lse_max = tl.max(tl.load(lse_row + offs_s, mask=offs_s < num_parts, other=float("-inf")), 0)
     lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # nothing visible: output 0
-    denom = tl.sum(tl.exp2(lse - lse_max), 0)
     o_row = part_out_ptr + b * stride_pob + t * stride_pot + h * stride_poh
     acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
-    for s in range(0, num_parts):
-        w = tl.exp2(tl.load(lse_row + s) - lse_max)
-        acc += w * tl.load(o_row + s * stride_pos + offs_dv)
-    acc = acc / tl.where(denom > 0, denom, 1.0)
+    denom = tl.zeros([BLOCK_SC], dtype=tl.float32)
+    for s0 in range(0, num_parts, BLOCK_SC):
+        offs_sc = s0 + tl.arange(0, BLOCK_SC)
+        mask_sc = offs_sc < num_parts
+        w = tl.exp2(tl.load(lse_row + offs_sc, mask=mask_sc, other=float("-inf")) - lse_max)  # [SC]
+        o = tl.load(o_row + offs_sc[:, None] * stride_pos + offs_dv[None, :], mask=mask_sc[:, None], other=0.0)
+        acc += tl.sum(w[:, None] * o, 0)
+        denom += w
+    total = tl.sum(denom, 0)
+    acc = acc / tl.where(total > 0, total, 1.0)
     tl.store(out_ptr + b * stride_ob + t * stride_ot + h * stride_oh + offs_dv, acc.to(out_ptr.dtype.element_ty))
 
 
@@ -243,25 +250,34 @@ def _smem_bytes(cfg: VerifyConfig, dk: int, dv: int, v_is_k: bool, elt: int) -> 
     return elt * (cfg.num_stages * cfg.block_n * kv_row + cfg.block_m * dk + cfg.block_m * cfg.block_n)
 
 
-def pick_config(*, rows: int, dk: int, dv: int, v_is_k: bool, elt: int, smem_limit: int) -> VerifyConfig:
-    """Largest tile that fits the per-block shared-memory limit. rows = T * Hq / Hkv."""
+def candidate_configs(*, rows: int, dk: int, dv: int, v_is_k: bool, elt: int, smem_limit: int) -> list[VerifyConfig]:
+    """Tiles in order of preference that fit the per-block shared-memory limit. rows = T * Hq / Hkv."""
     block_m = min(64 if dv >= 256 else 128, max(16, triton.next_power_of_2(rows)))
     if dv >= 512:  # MLA: the [M, 512] fp32 accumulator bounds M
         candidates = [VerifyConfig(block_m, 64, 8, 2), VerifyConfig(block_m, 32, 8, 3), VerifyConfig(block_m, 32, 8, 2),
-                      VerifyConfig(min(block_m, 32), 32, 4, 2), VerifyConfig(16, 16, 4, 1)]
+                      VerifyConfig(min(block_m, 32), 32, 4, 2), VerifyConfig(16, 32, 4, 2), VerifyConfig(16, 16, 4, 1)]
     else:
         candidates = [VerifyConfig(block_m, 64, 4 if block_m <= 64 else 8, 4), VerifyConfig(block_m, 64, 4, 3),
                       VerifyConfig(block_m, 32, 4, 3), VerifyConfig(min(block_m, 64), 32, 4, 2),
                       VerifyConfig(16, 16, 4, 1)]
-    for cfg in candidates:
-        if _smem_bytes(cfg, dk, dv, v_is_k, elt) <= smem_limit:
-            return cfg
-    return candidates[-1]
+    fitting = [cfg for cfg in candidates if _smem_bytes(cfg, dk, dv, v_is_k, elt) <= smem_limit]
+    return fitting or candidates[-1:]
 
 
-def _num_splits(*, batch: int, num_kv_heads: int, m_blocks: int, sm_count: int, max_splits: int) -> int:
+_TOO_LARGE: set[tuple] = set()  # (config, shape key) the compiler rejected for lack of resources
+
+
+def pick_config(*, rows: int, dk: int, dv: int, v_is_k: bool, elt: int, smem_limit: int) -> VerifyConfig:
+    """The preferred tile that fits and that the compiler has not rejected."""
+    key = (rows, dk, dv, v_is_k, elt, smem_limit)
+    configs = candidate_configs(rows=rows, dk=dk, dv=dv, v_is_k=v_is_k, elt=elt, smem_limit=smem_limit)
+    return next((cfg for cfg in configs if (cfg, key) not in _TOO_LARGE), configs[-1])
+
+
+def _num_splits(*, batch: int, num_kv_heads: int, m_blocks: int, slots: int, max_splits: int) -> int:
+    """Enough prefix splits for one full wave: slots = SMs x programs resident per SM."""
     programs = batch * num_kv_heads * m_blocks
-    return max(1, min(max_splits, triton.cdiv(2 * sm_count, programs)))
+    return max(1, min(max_splits, triton.cdiv(slots, programs)))
 
 
 def allocate_workspace(
@@ -271,7 +287,7 @@ def allocate_workspace(
     """Workspace for any call with B <= max_batch and T <= max_tokens (allocate once, before graph capture)."""
     device = torch.device(device)
     if max_splits is None:
-        max_splits = 2 * _device_limits(_device_index(device))[1]
+        max_splits = 4 * _device_limits(_device_index(device))[1]
     shape = (max_batch, max_tokens, num_q_heads, max_splits + 1)
     return VerifyWorkspace(
         part_out=torch.empty(*shape, v_head_dim, device=device, dtype=torch.float32),
@@ -293,10 +309,21 @@ def _verify_attention_launch(
     smem_limit, sm_count = _device_limits(_device_index(q.device))
     rows = num_tokens * group
     if config is None:
-        config = pick_config(rows=rows, dk=dk, dv=dv, v_is_k=v_is_k, elt=q.element_size(), smem_limit=smem_limit)
+        key = dict(rows=rows, dk=dk, dv=dv, v_is_k=v_is_k, elt=q.element_size(), smem_limit=smem_limit)
+        while True:  # our shared-memory estimate is rough: fall back to the next tile if the compiler says no
+            config = pick_config(**key)
+            try:
+                return _verify_attention_launch(q, k_buffer, v_buffer, k_new, v_new, tree_mask, kv_indices, kv_indptr,
+                                                prefix_lens, page_table_stride, out, workspace, sm_scale, page_size,
+                                                use_indptr, v_is_k, config, num_splits)
+            except OutOfResources:
+                if config == candidate_configs(**key)[-1]:
+                    raise
+                _TOO_LARGE.add((config, tuple(key.values())))
     m_blocks = triton.cdiv(rows, config.block_m)
     if num_splits is None:
-        num_splits = _num_splits(batch=batch, num_kv_heads=num_kv_heads, m_blocks=m_blocks, sm_count=sm_count,
+        per_sm = max(1, min(4, smem_limit // _smem_bytes(config, dk, dv, v_is_k, q.element_size())))
+        num_splits = _num_splits(batch=batch, num_kv_heads=num_kv_heads, m_blocks=m_blocks, slots=sm_count * per_sm,
                                  max_splits=workspace.max_splits)
     assert 1 <= num_splits <= workspace.max_splits
     po, pl = workspace.part_out, workspace.part_lse
@@ -321,15 +348,16 @@ def _verify_attention_launch(
         USE_INDPTR=use_indptr, V_IS_K=v_is_k,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
-    _verify_merge_kernel[(batch * num_tokens * num_q_heads,)](
+    block_dv_merge = min(dv, 128)
+    _verify_merge_kernel[(batch * num_tokens * num_q_heads, dv // block_dv_merge)](
         po, pl, out,
         num_splits + 1,
         po.stride(0), po.stride(1), po.stride(2), po.stride(3),
         pl.stride(0), pl.stride(1), pl.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
-        T=num_tokens, NUM_Q_HEADS=num_q_heads, BLOCK_DV=dv,
-        BLOCK_S=triton.next_power_of_2(num_splits + 1),
-        num_warps=4 if dv >= 256 else 2,
+        T=num_tokens, NUM_Q_HEADS=num_q_heads, BLOCK_DV=block_dv_merge,
+        BLOCK_S=triton.next_power_of_2(num_splits + 1), BLOCK_SC=16,
+        num_warps=4,
     )
 
 

@@ -1,0 +1,268 @@
+"""Benchmark verify_attention on a GPU: ceilings, then a checked, timed grid beside the torch reference and SGLang.
+
+    python -m kernels.bench [--out bench.md] [--sglang-wheel .whl/sglang-0.5.10.post1-py3-none-any.whl] [--tune]
+
+For every (layout, prefix, T, page size): build a fresh random problem (bf16, batch 1, pages on a random
+permutation of the pool), check the kernel against the fp32 reference (relative error), then time it with
+`triton.testing.do_bench` (median; L2 flushed between runs). GB/s = unique prefix KV bytes / time; floor =
+max(bytes / copy bandwidth, FLOPs / matmul rate) from kernels.roofline. SGLang's verify path
+(extend_attention_fwd + custom mask) and, at T = 1, its split-KV decode kernel run beside it when the wheel is
+given (loaded by sglang_baseline.py, found next to the wheel or in ../shared/tools). --tune also times a few
+tiles and split counts per row and reports the best. The full table goes to --out, a short one is printed last.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from kernels.problems import GQA_32_8, MLA_16, Layout, make_problem
+from kernels.reference import verify_attention_reference
+from kernels.roofline import load_or_measure_ceilings, floor_seconds, verify_cost
+from kernels.verify_attention import (VerifyConfig, allocate_workspace, candidate_configs, verify_attention)
+
+LAYOUTS = {"mla": MLA_16, "gqa": GQA_32_8}
+
+
+@dataclass
+class Row:
+    layout: str
+    prefix: int
+    tokens: int
+    page: int
+    ours_us: float = math.nan
+    gbps: float = math.nan
+    floor_us: float = math.nan
+    err: float = math.nan
+    ref_us: float = math.nan
+    sgl_verify_us: float = math.nan
+    sgl_verify_err: float = math.nan
+    sgl_decode_us: float = math.nan
+    tuned_us: float = math.nan
+    tuned: str = ""
+    note: str = ""
+    extra: list[str] = field(default_factory=list)
+
+    @property
+    def frac_floor(self) -> float:
+        return self.floor_us / self.ours_us
+
+
+def _bench_us(fn, rep_ms: int = 100) -> float:
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=25, rep=rep_ms, return_mode="median") * 1e3
+
+
+def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    if out.isnan().any():
+        return math.inf
+    return ((out.float() - ref).norm() / ref.norm()).item()
+
+
+def _load_sglang(wheel: str | None):
+    if not wheel:
+        return None
+    for folder in [Path(wheel).parent, Path(__file__).resolve().parents[2] / "shared" / "tools"]:
+        if (folder / "sglang_baseline.py").exists():
+            sys.path.insert(0, str(folder))
+            break
+    from sglang_baseline import load
+
+    return load(wheel)
+
+
+def _sglang_calls(sglang, problem, out_verify: torch.Tensor):
+    """(verify, decode or None) closures calling SGLang's kernels on the same problem (token-granular indices)."""
+    extend_fwd, decode_fwd = sglang
+    args = problem.attention_args()
+    q, kb = args["q"][0], args["k_buffer"]
+    t, hq, dk = q.shape
+    dv = problem.layout.v_head_dim
+    vb = kb[..., :dv] if args["v_buffer"] is None else args["v_buffer"]
+    k_new = args["k_new"][0]
+    v_new = k_new[..., :dv] if args["v_new"] is None else args["v_new"][0]
+    addressing = problem.indptr_args()
+    kv_indptr, kv_indices = addressing["kv_indptr"], addressing["kv_indices"]
+    prefix = problem.prefix_lens[0]
+    dev = q.device
+    qo_indptr = torch.tensor([0, t], device=dev, dtype=torch.int32)
+    mask = torch.ones(t, prefix + t, dtype=torch.bool, device=dev)
+    mask[:, prefix:] = args["tree_mask"][0]
+    mask = mask.flatten()
+    mask_indptr = torch.tensor([0, mask.numel()], device=dev, dtype=torch.int64)
+    o = out_verify[0]
+
+    def verify():
+        extend_fwd(q, k_new, v_new, o, kb, vb, qo_indptr, kv_indptr, kv_indices, mask, False, mask_indptr, t,
+                   1.0, 1.0, sm_scale=problem.sm_scale)
+
+    decode = None
+    if t == 1:
+        splits = 64
+        o1 = torch.empty(1, hq, dv, device=dev, dtype=q.dtype)
+        logits = torch.empty(1, hq, splits, dv, device=dev, dtype=torch.float32)
+        lse = torch.empty(1, hq, splits, device=dev, dtype=torch.float32)
+        nsplit = torch.tensor([splits], device=dev, dtype=torch.int32)
+
+        def decode():
+            decode_fwd(q, kb, vb, o1, kv_indptr, kv_indices, logits, lse, nsplit, splits, problem.sm_scale, 1.0, 1.0)
+    return verify, decode
+
+
+def _tune_candidates(layout: Layout, tokens: int, smem_limit: int) -> list[VerifyConfig]:
+    rows = tokens * layout.num_q_heads // layout.num_kv_heads
+    base = candidate_configs(rows=rows, dk=layout.k_head_dim, dv=layout.v_head_dim, v_is_k=layout.mla, elt=2,
+                             smem_limit=smem_limit)
+    bm = base[0].block_m
+    extra = ([VerifyConfig(bm, 32, 4, 2), VerifyConfig(bm, 64, 4, 2), VerifyConfig(bm, 16, 4, 3)] if layout.mla else
+             [VerifyConfig(bm, 64, 8, 3), VerifyConfig(bm, 128, 8, 3), VerifyConfig(bm, 32, 4, 4)])
+    seen, out = set(), []
+    for cfg in base[:2] + extra:
+        if cfg not in seen:
+            seen.add(cfg)
+            out.append(cfg)
+    return out
+
+
+def bench_row(row: Row, *, ceilings, sglang, tune: bool, with_reference: bool, smem_limit: int) -> Row:
+    layout = LAYOUTS[row.layout]
+    problem = make_problem(layout=layout, prefix_lens=[row.prefix], num_tokens=row.tokens, page_size=row.page,
+                           dtype=torch.bfloat16, device="cuda", tree="chain", seed=row.prefix + row.tokens + row.page)
+    args, addressing = problem.attention_args(), problem.table_args()
+    ws = allocate_workspace(max_batch=1, max_tokens=row.tokens, num_q_heads=layout.num_q_heads,
+                            v_head_dim=layout.v_head_dim, device="cuda")
+    out = problem.new_out()
+    verify_attention(**args, **addressing, out=out, workspace=ws)
+    ref = verify_attention_reference(**args, **addressing, v_head_dim=layout.v_head_dim)
+    row.err = _rel_err(out, ref)
+    run = lambda: verify_attention(**args, **addressing, out=out, workspace=ws)  # noqa: E731
+    row.ours_us = _bench_us(run)
+    nbytes, flops, kv_bytes = verify_cost(layout=layout, prefix_len=row.prefix, num_tokens=row.tokens,
+                                          page_size=row.page)
+    row.gbps = kv_bytes / (row.ours_us * 1e-6) / 1e9
+    row.floor_us = floor_seconds(nbytes=nbytes, flops=flops, ceilings=ceilings) * 1e6
+    if with_reference:
+        row.ref_us = _bench_us(lambda: verify_attention_reference(**args, **addressing, v_head_dim=layout.v_head_dim),
+                               rep_ms=50)
+    if tune:
+        best = (row.ours_us, "default")
+        for cfg in _tune_candidates(layout, row.tokens, smem_limit):
+            for splits in (ws.max_splits // 16, ws.max_splits // 4, ws.max_splits // 2):
+                try:
+                    o2 = problem.new_out()
+                    verify_attention(**args, **addressing, out=o2, workspace=ws, config=cfg, num_splits=splits)
+                    err = _rel_err(o2, ref)
+                    us = _bench_us(lambda: verify_attention(**args, **addressing, out=o2, workspace=ws, config=cfg,
+                                                            num_splits=splits), rep_ms=40)
+                except Exception as exc:  # a tile the compiler rejects is a result, not the end of the run
+                    row.extra.append(f"{cfg} splits={splits}: {type(exc).__name__}")
+                    continue
+                tag = f"m{cfg.block_m} n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} sp{splits}"
+                row.extra.append(f"{tag}: {us:.1f} us err {err:.1e}")
+                if err < 1e-2 and us < best[0]:
+                    best = (us, tag)
+        row.tuned_us, row.tuned = best
+    if sglang is not None:
+        out_sgl = torch.full_like(out, float("nan"))
+        verify, decode = _sglang_calls(sglang, problem, out_sgl)
+        verify()
+        row.sgl_verify_err = _rel_err(out_sgl, ref)
+        row.sgl_verify_us = _bench_us(verify, rep_ms=100)
+        if decode is not None:
+            decode()
+            row.sgl_decode_us = _bench_us(decode)
+    return row
+
+
+def _fmt(x: float, spec: str = ".1f") -> str:
+    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def full_table(rows: list[Row]) -> str:
+    head = ("| layout | prefix | T | page | ours µs | GB/s | floor µs | floor/ours | rel err | torch ref µs "
+            "| SGLang verify µs | speed-up vs verify | SGLang decode µs (T=1) | tuned best µs | tuned config | note |")
+    lines = [head, "|" + "---|" * 16]
+    for r in rows:
+        lines.append(
+            f"| {LAYOUTS[r.layout].name} | {r.prefix} | {r.tokens} | {r.page} | {_fmt(r.ours_us)} | {_fmt(r.gbps, '.0f')} "
+            f"| {_fmt(r.floor_us)} | {_fmt(r.frac_floor, '.0%')} | {_fmt(r.err, '.1e')} | {_fmt(r.ref_us, '.0f')} "
+            f"| {_fmt(r.sgl_verify_us)} | {_fmt(r.sgl_verify_us / r.ours_us, '.0f')}× | {_fmt(r.sgl_decode_us)} "
+            f"| {_fmt(r.tuned_us)} | {r.tuned} | {r.note} |")
+    return "\n".join(lines)
+
+
+def short_table(rows: list[Row]) -> str:
+    lines = ["layout  prefix   T  pg    ours_us   GB/s  floor%   err      sgl_verify  x     sgl_dec"]
+    for r in rows:
+        lines.append(f"{r.layout:<6}{r.prefix:>8}{r.tokens:>4}{r.page:>4}{r.ours_us:>11.1f}{r.gbps:>7.0f}"
+                     f"{_fmt(r.frac_floor, '.0%'):>7}{r.err:>9.1e}{_fmt(r.sgl_verify_us):>12}"
+                     f"{_fmt(r.sgl_verify_us / r.ours_us, '.0f'):>5}{_fmt(r.sgl_decode_us):>10}  {r.note}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="bench-results/kernels.md", help="full table (markdown)")
+    parser.add_argument("--layouts", default="mla,gqa")
+    parser.add_argument("--prefixes", default="4096,32768,131072")
+    parser.add_argument("--tokens", default="1,8,32,64")
+    parser.add_argument("--pages", default="1,16")
+    parser.add_argument("--sglang-wheel", default=None, help="sglang 0.5.10.post1 wheel, for the baseline columns")
+    parser.add_argument("--no-reference", action="store_true", help="skip timing the torch reference")
+    parser.add_argument("--tune", action="store_true", help="also time a few tiles / split counts per row")
+    parser.add_argument("--tune-prefixes", default="131072", help="prefixes whose page-1 rows --tune explores")
+    parser.add_argument("--roofline-cache", default=None, help="JSON cache of measured ceilings (default: ~/.cache)")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("kernels.bench needs a CUDA GPU")
+
+    from kernels.roofline import DEFAULT_CACHE
+    from kernels.verify_attention import _device_limits
+
+    ceilings = load_or_measure_ceilings(cache=Path(args.roofline_cache) if args.roofline_cache else DEFAULT_CACHE)
+    smem_limit, sm_count = _device_limits(torch.cuda.current_device())
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    header = (f"{stamp} · {ceilings.device} · {sm_count} SMs · smem/block {smem_limit // 1024} KB · torch "
+              f"{torch.__version__} · triton {__import__('triton').__version__}\n"
+              f"ceilings: copy {ceilings.copy_gbps:.0f} GB/s (read+write), bf16 matmul {ceilings.matmul_tflops:.0f} "
+              f"TFLOP/s")
+    print(header, flush=True)
+    sglang = _load_sglang(args.sglang_wheel)
+    rows: list[Row] = []
+    out_path = Path(args.out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    for name in args.layouts.split(","):
+        for prefix in map(int, args.prefixes.split(",")):
+            for tokens in map(int, args.tokens.split(",")):
+                for page in map(int, args.pages.split(",")):
+                    row = Row(name, prefix, tokens, page)
+                    t0 = time.time()
+                    try:
+                        tune = args.tune and page == 1 and str(prefix) in args.tune_prefixes.split(",")
+                        bench_row(row, ceilings=ceilings, sglang=sglang, tune=tune,
+                                  with_reference=not args.no_reference, smem_limit=smem_limit)
+                    except Exception as exc:  # one failing row must not lose the others
+                        row.note = f"{type(exc).__name__}: {str(exc)[:120]}"
+                    torch.cuda.empty_cache()
+                    rows.append(row)
+                    print(f"{name} L={prefix} T={tokens} page={page}: ours {row.ours_us:.1f} us "
+                          f"({_fmt(row.frac_floor, '.0%')} of floor {row.floor_us:.1f}), err {row.err:.1e}, "
+                          f"sglang verify {_fmt(row.sgl_verify_us)} decode {_fmt(row.sgl_decode_us)}, "
+                          f"tuned {_fmt(row.tuned_us)} {row.tuned} [{time.time() - t0:.0f}s] {row.note}", flush=True)
+                    detail = "\n".join(f"- {r.layout} L={r.prefix} T={r.tokens} page={r.page}: " + "; ".join(r.extra)
+                                       for r in rows if r.extra)
+                    out_path.write_text(f"{header}\n\n{full_table(rows)}\n\n{detail}\n")
+    print("\n" + header)
+    print(short_table(rows))
+    print(f"full table: {out_path}")
+
+
+if __name__ == "__main__":
+    main()

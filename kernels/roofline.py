@@ -1,0 +1,77 @@
+"""Measured ceilings of the device and the floor of a verify-attention call.
+
+floor = max(bytes / copy bandwidth, FLOPs / bf16 matmul rate). Bandwidth counts bytes read + written by a large
+device-to-device copy; the matmul rate is a large bf16 product on random data. Ceilings are cached per GPU name
+in a JSON file (default ~/.cache/specsweep/roofline.json) so a node measures them once.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from kernels.problems import Layout
+
+__all__ = ["Ceilings", "measure_ceilings", "load_or_measure_ceilings", "verify_cost", "floor_seconds"]
+
+DEFAULT_CACHE = Path(os.environ.get("SPECSWEEP_ROOFLINE_CACHE", "~/.cache/specsweep/roofline.json")).expanduser()
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    device: str
+    copy_gbps: float  # GB/s, read + write
+    matmul_tflops: float  # bf16 dense
+
+
+def measure_ceilings(device: torch.device | str = "cuda", copy_bytes: int = 2 << 30, n: int = 8192) -> Ceilings:
+    from triton.testing import do_bench
+
+    src = torch.randn(copy_bytes // 4, device=device, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    t_copy_ms = do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
+    del src, dst
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    t_mm_ms = do_bench(lambda: a @ b, warmup=25, rep=200, return_mode="median")
+    return Ceilings(device=torch.cuda.get_device_name(device), copy_gbps=2 * copy_bytes / t_copy_ms / 1e6,
+                    matmul_tflops=2 * n**3 / t_mm_ms / 1e9)
+
+
+def load_or_measure_ceilings(device: torch.device | str = "cuda", cache: Path | None = DEFAULT_CACHE,
+                             remeasure: bool = False) -> Ceilings:
+    name = torch.cuda.get_device_name(device)
+    table = {}
+    if cache is not None and cache.exists():
+        table = json.loads(cache.read_text())
+        if name in table and not remeasure:
+            return Ceilings(**table[name])
+    ceilings = measure_ceilings(device)
+    if cache is not None:
+        table[name] = asdict(ceilings)
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps(table, indent=2))
+    return ceilings
+
+
+def verify_cost(*, layout: Layout, prefix_len: int, num_tokens: int, batch: int = 1, elt: int = 2,
+                page_size: int = 1) -> tuple[float, float, float]:
+    """(minimum bytes moved, FLOPs, unique prefix KV bytes) of one call.
+
+    Bytes: the prefix KV once, the T new K/V rows, q, out, the index words. FLOPs: QK^T and PV over prefix + T
+    keys for every query head and token, 2 * Hq * T * (L + T) * (Dk + Dv); masked-out tree entries are counted.
+    """
+    lay = layout
+    kv = batch * prefix_len * lay.kv_bytes_per_token(elt)
+    new_kv = batch * num_tokens * lay.kv_bytes_per_token(elt)
+    q_out = batch * num_tokens * lay.num_q_heads * (lay.k_head_dim + lay.v_head_dim) * elt
+    index = batch * 4 * -(-prefix_len // page_size)
+    flops = 2.0 * batch * lay.num_q_heads * num_tokens * (prefix_len + num_tokens) * (lay.k_head_dim + lay.v_head_dim)
+    return float(kv + new_kv + q_out + index), flops, float(kv)
+
+
+def floor_seconds(*, nbytes: float, flops: float, ceilings: Ceilings) -> float:
+    return max(nbytes / (ceilings.copy_gbps * 1e9), flops / (ceilings.matmul_tflops * 1e12))

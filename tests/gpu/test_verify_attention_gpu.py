@@ -1,0 +1,82 @@
+"""verify_attention on a CUDA GPU in bf16: fresh random inputs, NaN-poisoned outputs, fp32 reference; graph replay."""
+import pytest
+import torch
+
+from kernels.problems import GQA_32_8, MLA_16, Layout, make_problem
+from kernels.reference import verify_attention_reference
+from kernels.verify_attention import allocate_workspace, verify_attention
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+BF16_TOL = 1e-2
+
+
+def rel_err(out, ref):
+    return ((out.float() - ref).norm() / ref.norm()).item()
+
+
+def run_and_check(problem, *, indptr=False, seed_offset=0):
+    args = problem.attention_args()
+    addressing = problem.indptr_args() if indptr else problem.table_args()
+    b, t, hq, _ = args["q"].shape
+    ws = allocate_workspace(max_batch=b, max_tokens=t, num_q_heads=hq, v_head_dim=problem.layout.v_head_dim,
+                            device="cuda")
+    ref = verify_attention_reference(**args, **addressing, v_head_dim=problem.layout.v_head_dim)
+    for _ in range(2):  # poisoned before each run
+        out = problem.new_out()
+        verify_attention(**args, **addressing, out=out, workspace=ws)
+        torch.cuda.synchronize()
+        assert not out.isnan().any(), "unwritten or NaN output"
+        err = rel_err(out, ref)
+        assert err < BF16_TOL, f"relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("layout", [GQA_32_8, MLA_16, Layout(8, 2, 64, 64, False), Layout(8, 4, 256, 256, False)],
+                         ids=["gqa32-8-d128", "mla16", "gqa8-2-d64", "gqa8-4-d256"])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("num_tokens,tree", [(1, "chain"), (8, "chain"), (13, "random"), (64, "random")])
+def test_bf16_matches_fp32_reference(layout, page_size, num_tokens, tree):
+    problem = make_problem(layout=layout, prefix_lens=[3001, 17, 1234], num_tokens=num_tokens, page_size=page_size,
+                           dtype=torch.bfloat16, device="cuda", tree=tree, seed=1000 + page_size + num_tokens)
+    run_and_check(problem)
+
+
+def test_bf16_sglang_indptr_long_prefix():
+    problem = make_problem(layout=MLA_16, prefix_lens=[40_000], num_tokens=8, page_size=1, dtype=torch.bfloat16,
+                           device="cuda", tree="random", seed=77)
+    run_and_check(problem, indptr=True)
+
+
+@pytest.mark.parametrize("layout", [GQA_32_8, MLA_16], ids=["gqa", "mla"])
+def test_cuda_graph_capture_and_replay(layout):
+    """Capture once at one prefix length; replay after the prefix grows and the inputs change in place."""
+    max_pages, page_size, num_tokens = 512, 16, 8
+    problem = make_problem(layout=layout, prefix_lens=[1000, 4000], num_tokens=num_tokens, page_size=page_size,
+                           dtype=torch.bfloat16, device="cuda", tree="random", spare_pages=2 * max_pages, seed=21)
+    args = problem.attention_args()
+    num_pages = args["k_buffer"].shape[0] // page_size
+    table = torch.randperm(num_pages, device="cuda")[:2 * max_pages].view(2, max_pages).int()
+    lens = torch.tensor([1000, 4000], dtype=torch.int32, device="cuda")
+    out = problem.new_out()
+    ws = allocate_workspace(max_batch=2, max_tokens=num_tokens, num_q_heads=layout.num_q_heads,
+                            v_head_dim=layout.v_head_dim, device="cuda")
+    addressing = dict(page_table=table, prefix_lens=lens, page_size=page_size)
+    verify_attention(**args, **addressing, out=out, workspace=ws)  # compile outside the capture
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        verify_attention(**args, **addressing, out=out, workspace=ws)
+    torch.cuda.current_stream().wait_stream(stream)
+    for lens_now in ([1000, 4000], [2345, 8191], [1, 7000]):
+        lens.copy_(torch.tensor(lens_now, dtype=torch.int32))
+        args["q"].copy_(torch.randn_like(args["q"]))
+        args["tree_mask"].copy_(torch.rand_like(args["tree_mask"], dtype=torch.float32) < 0.5)
+        args["tree_mask"].diagonal(dim1=1, dim2=2).fill_(True)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = verify_attention_reference(**args, **addressing, v_head_dim=layout.v_head_dim)
+        assert not out.isnan().any()
+        assert rel_err(out, ref) < BF16_TOL, f"replay at prefix {lens_now}: {rel_err(out, ref):.2e}"
