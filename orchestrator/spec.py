@@ -61,6 +61,7 @@ class FailureReason(str, enum.Enum):
     NODE_LOST = "node_lost"
     BAD_RESPONSE = "bad_response"
     INTERRUPTED = "interrupted"
+    WORKER_ERROR = "worker_error"  # an unexpected exception inside the worker (a bug, not the engine)
 
 
 @dataclass(frozen=True)
