@@ -1,0 +1,103 @@
+"""Every validation rule: the problem names the key, the bad value and what is allowed."""
+
+from __future__ import annotations
+
+import pytest
+from hydra import compose, initialize_config_module
+
+from orchestrator.schema import register_configs, to_run_config
+from orchestrator.validate import ConfigError, Problem, validate_run
+
+
+def run_config(*overrides: str):
+    register_configs()
+    with initialize_config_module("conf", version_base="1.3"):
+        cfg = compose("config", overrides=list(overrides))
+    return to_run_config(cfg, overrides, cwd="/tmp")
+
+
+def problems(*overrides: str, sweep: bool = False) -> dict[str, Problem]:
+    out = validate_run(run_config(*overrides), check_max_context=not sweep)
+    return {p.key: p for p in out}
+
+
+SGLANG = ("engine=sglang", "attention=triton")
+
+
+@pytest.mark.parametrize("overrides", [
+    (), ("drafter=ngram",), ("drafter=none",), ("drafter=draft_model", "drafter.draft_model_path=tiny-draft"),
+    ("context_len=32704",), SGLANG, SGLANG + ("drafter=eagle3", "drafter.draft_model_path=x"),
+    SGLANG + ("drafter=dflash", "drafter.draft_model_path=x"), SGLANG + ("model=deepseek-v3", "drafter=ngram"),
+    ("engine.device=cuda", "attention=specsweep_verify"),
+])
+def test_valid_configs_have_no_problems(overrides):
+    assert problems(*overrides) == {}
+
+
+@pytest.mark.parametrize("key,override,value,allowed", [
+    ("page_size", "page_size=0", 0, ">= 1"),
+    ("gen_tokens", "gen_tokens=0", 0, ">= 1"),
+    ("context_len", "context_len=0", 0, ">= 1"),
+    ("context_len", "context_len=32768", 32768, "max_context_len 32768"),
+    ("tp_size", "tp_size=2", 2, "1 on engine=reference"),
+    ("server_context_len", "server_context_len=65536", 65536, "<= model max_context_len"),
+    ("attention.backend", "attention=triton", "triton", "torch, specsweep_verify"),
+    ("engine.device", "attention=specsweep_verify", "cpu", "cuda"),
+    ("drafter.algorithm", "drafter=eagle3", "EAGLE3", "engine=sglang"),
+    ("drafter.num_draft_tokens", "drafter.num_draft_tokens=7", 7, "num_steps + 1 = 5"),
+    ("model.num_kv_heads", "model.num_kv_heads=3", 3, "divisor"),
+])
+def test_each_rule_names_key_value_allowed(key, override, value, allowed):
+    p = problems(override)[key]
+    assert p.value == value and allowed in p.allowed
+    assert p.overrides == (override,)
+    assert f"{key}={value!r}" in str(p) and allowed in str(p)
+
+
+def test_drafter_needing_a_path_without_one():
+    p = problems("drafter=draft_model")["drafter.draft_model_path"]
+    assert p.value is None and "tiny-draft" in p.allowed  # the reference engine's example
+    for drafter in ("eagle3", "dflash"):
+        assert "drafter.draft_model_path" in problems(*SGLANG, f"drafter={drafter}")
+
+
+def test_oracle_must_draft_with_the_target():
+    assert "target's own path" in problems("drafter.draft_model_path=tiny-draft")["drafter.draft_model_path"].allowed
+
+
+def test_sweep_points_above_max_are_not_errors():
+    assert problems("context_len=65536", sweep=True) == {}
+
+
+def test_sglang_rules():
+    assert "triton" in problems("engine=sglang", "attention=torch")["attention.backend"].allowed
+    assert "cuda" in problems(*SGLANG, "engine.device=cpu")["engine.device"].allowed
+    dflash = (*SGLANG, "drafter=dflash", "drafter.draft_model_path=x")
+    assert problems(*dflash, "drafter.num_steps=2")["drafter.num_steps"].allowed.startswith("1")
+    assert problems(*dflash, "drafter.topk=2")["drafter.topk"].value == 2
+    p = problems("engine=sglang", "attention=torch_native", "drafter=dflash", "drafter.draft_model_path=x")
+    assert "DFLASH draft worker" in p["attention.draft_backend"].allowed
+    # topk > 1 with page_size > 1 needs a paged-tree backend
+    tree = ("engine=sglang", "drafter=eagle3", "drafter.draft_model_path=x", "drafter.topk=4",
+            "drafter.num_draft_tokens=8", "page_size=16")
+    p = problems(*tree, "attention=torch_native", "attention.draft_backend=triton")["attention.backend"]
+    assert p.value == "torch_native" and "flashinfer, fa3, triton" in p.allowed
+    assert problems(*tree, "attention=fa3") == {}
+    assert problems(*tree, "attention=torch_native", "attention.draft_backend=triton", "page_size=1") == {}
+    # the EAGLE draft worker has no torch_native backend unless a draft backend is named
+    p = problems("engine=sglang", "attention=torch_native", "drafter=eagle3", "drafter.draft_model_path=x")
+    assert "draft-worker backend" in p["attention.draft_backend"].allowed
+    assert "attention.draft_backend" in problems(*SGLANG, "attention.draft_backend=torch_native")
+    ngram = ("engine=sglang", "drafter=ngram", "drafter.topk=2", "drafter.num_draft_tokens=8")
+    assert problems(*ngram, "attention=triton")["attention.backend"].allowed.startswith("flashinfer")
+    assert problems(*ngram, "attention=flashinfer") == {}
+
+
+def test_config_error_lists_every_point():
+    err = ConfigError([Problem("page_size", 0, "an integer >= 1", ("page_size=0", "ctx=1")),
+                       Problem("page_size", 0, "an integer >= 1", ("page_size=0", "ctx=2")),
+                       Problem("gen_tokens", 0, "an integer >= 1", ("page_size=0", "ctx=2"))])
+    text = str(err)
+    assert "3 problem(s) in 2 grid point(s)" in text
+    assert "[page_size=0 ctx=1]" in text and "[page_size=0 ctx=2]" in text
+    assert text.count("page_size=0: allowed an integer >= 1") == 2
