@@ -1,0 +1,102 @@
+"""Project-wide test fixtures: a real MLflow server on loopback and a real headless Chromium."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--virtual-time-budget=10000", "--window-size=1400,900"]
+TEST_ARTIFACTS = Path(os.environ.get("SPECSWEEP_TEST_ARTIFACTS", "test-artifacts"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Debian's Chromium; in CI (.ci/run installs it) a missing browser is a failure, elsewhere a skip."""
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail("Chromium is missing in CI: .ci/run must `apt-get install -y chromium`")
+        pytest.skip("Chromium is not installed (apt-get install -y chromium); the browser test needs it")
+    return path
+
+
+@contextlib.contextmanager
+def mlflow_server(backend_store_uri: str, artifacts: Path) -> Iterator[str]:
+    """`mlflow server` on loopback, one worker, no job runners; stopped (TERM, then KILL) on exit."""
+    port = free_port()
+    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_store_uri,
+           "--default-artifact-root", str(artifacts), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    log = open(artifacts.parent / "mlflow-server.log", "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"mlflow server exited {proc.returncode}: "
+                                   + (artifacts.parent / "mlflow-server.log").read_text()[-2000:])
+            with contextlib.suppress(requests.RequestException):
+                if requests.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise TimeoutError("mlflow server not healthy within 90 s")
+            time.sleep(0.5)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, 15)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+        log.close()
+
+
+def chromium_dom(chromium: str, url: str, profile: Path) -> str:
+    """The page's DOM after its scripts ran (virtual time budget)."""
+    out = subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--dump-dom", url],
+                         capture_output=True, text=True, timeout=120)
+    return out.stdout
+
+
+def chromium_screenshot(chromium: str, url: str, path: Path, profile: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--screenshot={path}", url],
+                   capture_output=True, timeout=120)
+    return path
+
+
+@pytest.fixture
+def browser(chromium, tmp_path):
+    """(dom(url), screenshot(url, name)) bound to a fresh profile; screenshots go to ./test-artifacts/."""
+    counter = iter(range(1000))
+
+    def dom(url: str) -> str:
+        return chromium_dom(chromium, url, tmp_path / f"profile-{next(counter)}")
+
+    def screenshot(url: str, name: str) -> Path:
+        return chromium_screenshot(chromium, url, TEST_ARTIFACTS / name, tmp_path / f"profile-{next(counter)}")
+
+    return dom, screenshot
