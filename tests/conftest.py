@@ -100,3 +100,9 @@ def browser(chromium, tmp_path):
         return chromium_screenshot(chromium, url, TEST_ARTIFACTS / name, tmp_path / f"profile-{next(counter)}")
 
     return dom, screenshot
+
+
+@pytest.fixture
+def mlflow_ui():
+    """The `mlflow_server(backend_store_uri, artifacts_dir)` context manager."""
+    return mlflow_server
