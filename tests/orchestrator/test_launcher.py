@@ -1,0 +1,93 @@
+"""The specsweep launcher in-process, with the execution edge swapped out (no Ray, MLflow, engine).
+
+Hydra's `LauncherTestSuite` is not reused: it runs arbitrary task functions over Hydra's own test
+configs, while this launcher never calls the task function; it plans every job of our schema as one
+sweep. Discovery is tested as the suite would, and the launcher's contract (one JobReturn per job, in
+job order, failures as data, all-or-nothing validation) is tested below.
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+from hydra.core.plugins import Plugins
+from hydra.core.utils import JobStatus
+from hydra.plugins.launcher import Launcher
+
+from hydra_plugins.specsweep_launcher.specsweep_launcher import SpecsweepLauncher
+from orchestrator import launcher_core
+from orchestrator.plan import NotRun
+from orchestrator.schema import register_configs
+from orchestrator.spec import FailureReason, RunResult, RunState
+
+
+def test_discovery():
+    assert SpecsweepLauncher.__name__ in [p.__name__ for p in Plugins.instance().discover(Launcher)]
+
+
+@pytest.fixture
+def fake_execution(monkeypatch):
+    """Every third run FAILED; records what execution received."""
+    seen = {}
+
+    def execute_plan(plan, settings):
+        seen["plan"], seen["settings"] = plan, settings
+        results = [RunResult(run=r, state=RunState.FAILED if r.job_index % 3 == 0 else RunState.FINISHED,
+                             reason=FailureReason.ENGINE_DIED if r.job_index % 3 == 0 else None,
+                             metrics={"commit_len_mean": 5.0}) for r in plan.runs]
+        return results[::-1], 0, plan  # results stream back in any order
+
+    monkeypatch.setattr(launcher_core, "execute_plan", execute_plan)
+    return seen
+
+
+def sweep(runner, tmp_path, *overrides):
+    register_configs()
+    with runner(calling_file=None, calling_module="orchestrator", task_function=None, config_path="pkg://conf",
+                config_name="config", overrides=list(overrides), temp_dir=str(tmp_path)) as s:
+        assert len(s.returns) == 1  # one batch: the launcher sees the whole sweep at once
+        return s.returns[0]
+
+
+def test_smoke_sweep_one_jobreturn_per_job_in_order(hydra_sweep_runner, fake_execution, tmp_path):
+    returns = sweep(hydra_sweep_runner, tmp_path, "+sweep=smoke")
+    plan, settings = fake_execution["plan"], fake_execution["settings"]
+    assert plan.num_runs == 8 and len(plan.groups) == 2 and plan.sweep_name == "smoke"
+    assert settings.experiment_name == "smoke" and settings.resume
+    assert settings.tracking_uri.startswith("sqlite:////") and settings.tracking_uri.endswith("/mlflow.db")
+    assert len(returns) == 8
+    for i, ret in enumerate(returns):
+        assert ret.status is JobStatus.COMPLETED  # a FAILED run is data, not a failed Hydra job
+        result = ret.return_value
+        assert isinstance(result, RunResult) and result.run.job_index == i
+        assert result.state is (RunState.FAILED if i % 3 == 0 else RunState.FINISHED)
+        assert list(ret.overrides) == list(result.run.overrides)
+    assert returns[0].overrides == ["context_len=256", "probe=predictable", "drafter=ngram", "+sweep=smoke"]
+
+
+def test_dropped_points_are_not_run(hydra_sweep_runner, fake_execution, tmp_path):
+    returns = sweep(hydra_sweep_runner, tmp_path, "+sweep=smoke", "context_len=1024,65536")
+    assert fake_execution["plan"].num_runs == 4
+    dropped = [r.return_value for r in returns if isinstance(r.return_value, NotRun)]
+    assert len(dropped) == 4 and all("dropped" in d.reason for d in dropped)
+
+
+def test_invalid_points_fail_before_execution(hydra_sweep_runner, fake_execution, tmp_path):
+    with pytest.raises(launcher_core.InvalidConfig) as e:
+        sweep(hydra_sweep_runner, tmp_path, "+sweep=smoke", "page_size=0,16", "gen_tokens=0")
+    assert "plan" not in fake_execution
+    text = str(e.value)
+    assert "24 problem(s) in 16 grid point(s)" in text  # gen_tokens=0 everywhere, page_size=0 in 8
+    assert text.count("page_size=0: allowed an integer >= 1") == 8
+
+
+def test_sweep_level_keys_cannot_vary(hydra_sweep_runner, fake_execution, tmp_path):
+    with pytest.raises(launcher_core.InvalidConfig, match="sweep_name.*one value for the whole sweep"):
+        sweep(hydra_sweep_runner, tmp_path, "+sweep=smoke", "sweep_name=a,b")
+
+
+def test_dry_run_starts_nothing(hydra_sweep_runner, monkeypatch, tmp_path):
+    monkeypatch.setattr(launcher_core, "execute_plan", lambda *a: pytest.fail("dry run executed"))
+    returns = sweep(hydra_sweep_runner, tmp_path, "+sweep=smoke", "hydra.launcher.dry_run=true")
+    assert [r.return_value.reason for r in returns] == ["dry run"] * 8
