@@ -1,0 +1,100 @@
+"""Driver-side progress: a Rich live line (done / failed / total, servers up) and a final table.
+
+    with SweepProgress(total=plan.num_runs, enabled=settings.progress) as progress:
+        progress.server_up(); progress.server_down()
+        progress.add(result)            # one RunResult as it arrives
+    progress.summary(results)           # final Rich table (or log lines when disabled)
+
+When disabled, or when stderr is not a terminal, each result is one `logging` line instead of the live bar.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Sequence
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from orchestrator.spec import RunResult, RunState
+
+logger = logging.getLogger(__name__)
+
+_STYLE = {RunState.FINISHED: "green", RunState.FAILED: "red", RunState.KILLED: "yellow"}
+_COLUMNS = ("prompt_tokens", "commit_len_mean", "decode_tok_s", "ttft_s", "verify_step_ms")
+
+
+class SweepProgress:
+    def __init__(self, total: int, enabled: bool = True, console: Console | None = None):
+        self.total = total
+        self.console = console or Console(stderr=True)
+        self.live_enabled = enabled and self.console.is_terminal
+        self.enabled = enabled
+        self.done = self.failed = self.killed = self.servers_up = 0
+        self.t0 = time.monotonic()
+        self._live: Live | None = None
+
+    def __enter__(self) -> "SweepProgress":
+        if self.live_enabled:
+            self._live = Live(self._line(), console=self.console, refresh_per_second=4, transient=True)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._live is not None:
+            self._live.__exit__(*exc)
+            self._live = None
+
+    def server_up(self) -> None:
+        self.servers_up += 1
+        self._refresh()
+
+    def server_down(self) -> None:
+        self.servers_up = max(0, self.servers_up - 1)
+        self._refresh()
+
+    def add(self, result: RunResult) -> None:
+        self.done += 1
+        self.failed += result.state is RunState.FAILED
+        self.killed += result.state is RunState.KILLED
+        why = f" {result.reason.value}: {result.message}" if result.reason else ""
+        logger.info("[%d/%d] %s %s%s", self.done, self.total, result.state.value, result.run.name, why)
+        self._refresh()
+
+    def _refresh(self) -> None:
+        if self._live is not None:
+            self._live.update(self._line())
+
+    def _line(self) -> Text:
+        line = Text()
+        line.append(f"{self.done}/{self.total} runs", style="bold")
+        line.append(f"  failed {self.failed}", style="red" if self.failed else "dim")
+        if self.killed:
+            line.append(f"  killed {self.killed}", style="yellow")
+        line.append(f"  servers up {self.servers_up}  {time.monotonic() - self.t0:.0f} s", style="dim")
+        return line
+
+    def summary(self, results: Sequence[RunResult]) -> None:
+        ordered = sorted(results, key=lambda r: r.run.job_index)
+        if not self.enabled:
+            return
+        table = Table(title=f"{len(ordered)} runs in {time.monotonic() - self.t0:.1f} s", title_justify="left")
+        table.add_column("#", justify="right")
+        table.add_column("run")
+        table.add_column("state")
+        for col in _COLUMNS:
+            table.add_column(col, justify="right")
+        table.add_column("reason")
+        for r in ordered:
+            table.add_row(str(r.run.job_index), r.run.name, Text(r.state.value, style=_STYLE[r.state]),
+                          *(_fmt(r.metrics.get(c)) for c in _COLUMNS), r.reason.value if r.reason else "")
+        self.console.print(table)
+
+
+def _fmt(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.0f}" if abs(v) >= 100 or float(v).is_integer() else f"{v:.3g}"
