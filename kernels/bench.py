@@ -4,7 +4,8 @@
 
 For every (layout, prefix, T, page size): build a fresh random problem (bf16, batch 1, pages on a random
 permutation of the pool), check the kernel against the fp32 reference (relative error), then time it with
-`triton.testing.do_bench` (median; L2 flushed between runs). GB/s = unique prefix KV bytes / time; floor =
+`triton.testing.do_bench` (median over CUDA-graph replays, so host launch overhead is out, as in a graph-captured engine; L2 flushed
+between runs; the eager time is in the full table). GB/s = unique prefix KV bytes / time; floor =
 max(bytes / copy bandwidth, FLOPs / matmul rate) from kernels.roofline. SGLang's verify path
 (extend_attention_fwd + custom mask) and, at T = 1, its split-KV decode kernel run beside it when the wheel is
 given (loaded by sglang_baseline.py, found next to the wheel or in ../shared/tools). --tune also times a few
@@ -37,6 +38,8 @@ class Row:
     tokens: int
     page: int
     ours_us: float = math.nan
+    eager_us: float = math.nan
+    compiled: str = ""
     gbps: float = math.nan
     floor_us: float = math.nan
     err: float = math.nan
@@ -44,6 +47,7 @@ class Row:
     sgl_verify_us: float = math.nan
     sgl_verify_err: float = math.nan
     sgl_decode_us: float = math.nan
+    sgl_mode: str = ""
     tuned_us: float = math.nan
     tuned: str = ""
     note: str = ""
@@ -58,6 +62,38 @@ def _bench_us(fn, rep_ms: int = 100) -> float:
     from triton.testing import do_bench
 
     return do_bench(fn, warmup=25, rep=rep_ms, return_mode="median") * 1e3
+
+
+def _graph_us(fn, rep_ms: int = 100) -> tuple[float, str]:
+    """Median time of fn replayed from a CUDA graph (no host launch overhead); eager if capture fails."""
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            fn()
+        torch.cuda.synchronize()
+    except Exception as exc:  # noqa: BLE001 - a baseline that cannot be captured is timed eagerly
+        torch.cuda.synchronize()
+        return _bench_us(fn, rep_ms), f"eager ({type(exc).__name__})"
+    return _bench_us(graph.replay, rep_ms), "graph"
+
+
+def _compiled_summary() -> str:
+    from kernels import verify_attention as va
+
+    k = va._last_compiled
+    if k is None:
+        return ""
+    try:
+        ptx = k.asm.get("ptx", "")
+        return (f"regs {k.n_regs} spills {k.n_spills} smem {k.metadata.shared // 1024} KB "
+                f"cp.async {'cp.async' in ptx} wgmma {'wgmma' in ptx}")
+    except Exception as exc:  # noqa: BLE001 - diagnostics only
+        return f"({type(exc).__name__})"
 
 
 def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -142,8 +178,10 @@ def bench_row(row: Row, *, ceilings, sglang, tune: bool, with_reference: bool, s
     verify_attention(**args, **addressing, out=out, workspace=ws)
     ref = verify_attention_reference(**args, **addressing, v_head_dim=layout.v_head_dim)
     row.err = _rel_err(out, ref)
+    row.compiled = _compiled_summary()
     run = lambda: verify_attention(**args, **addressing, out=out, workspace=ws)  # noqa: E731
-    row.ours_us = _bench_us(run)
+    row.ours_us, _ = _graph_us(run)
+    row.eager_us = _bench_us(run)
     nbytes, flops, kv_bytes = verify_cost(layout=layout, prefix_len=row.prefix, num_tokens=row.tokens,
                                           page_size=row.page)
     row.gbps = kv_bytes / (row.ours_us * 1e-6) / 1e9
@@ -153,19 +191,22 @@ def bench_row(row: Row, *, ceilings, sglang, tune: bool, with_reference: bool, s
                                rep_ms=50)
     if tune:
         best = (row.ours_us, "default")
+        sm_count = torch.cuda.get_device_properties(0).multi_processor_count
         for cfg in _tune_candidates(layout, row.tokens, smem_limit):
-            for splits in (ws.max_splits // 16, ws.max_splits // 4, ws.max_splits // 2):
+            m_blocks = -(-row.tokens * layout.num_q_heads // layout.num_kv_heads // cfg.block_m)
+            base = -(-2 * sm_count // (m_blocks * layout.num_kv_heads))
+            for splits in sorted({max(1, base // 2), base, min(2 * base, ws.max_splits)}):
                 try:
                     o2 = problem.new_out()
                     verify_attention(**args, **addressing, out=o2, workspace=ws, config=cfg, num_splits=splits)
                     err = _rel_err(o2, ref)
-                    us = _bench_us(lambda: verify_attention(**args, **addressing, out=o2, workspace=ws, config=cfg,
-                                                            num_splits=splits), rep_ms=40)
+                    us, _ = _graph_us(lambda: verify_attention(**args, **addressing, out=o2, workspace=ws, config=cfg,
+                                                               num_splits=splits), rep_ms=40)
                 except Exception as exc:  # a tile the compiler rejects is a result, not the end of the run
                     row.extra.append(f"{cfg} splits={splits}: {type(exc).__name__}")
                     continue
                 tag = f"m{cfg.block_m} n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} sp{splits}"
-                row.extra.append(f"{tag}: {us:.1f} us err {err:.1e}")
+                row.extra.append(f"{tag}: {us:.1f} us err {err:.1e} [{_compiled_summary()}]")
                 if err < 1e-2 and us < best[0]:
                     best = (us, tag)
         row.tuned_us, row.tuned = best
@@ -174,10 +215,12 @@ def bench_row(row: Row, *, ceilings, sglang, tune: bool, with_reference: bool, s
         verify, decode = _sglang_calls(sglang, problem, out_sgl)
         verify()
         row.sgl_verify_err = _rel_err(out_sgl, ref)
-        row.sgl_verify_us = _bench_us(verify, rep_ms=100)
+        row.sgl_verify_us, mode_v = _graph_us(verify, rep_ms=100)
+        row.sgl_mode = f"verify {mode_v}"
         if decode is not None:
             decode()
-            row.sgl_decode_us = _bench_us(decode)
+            row.sgl_decode_us, mode_d = _graph_us(decode)
+            row.sgl_mode += f", decode {mode_d}"
     return row
 
 
@@ -186,15 +229,16 @@ def _fmt(x: float, spec: str = ".1f") -> str:
 
 
 def full_table(rows: list[Row]) -> str:
-    head = ("| layout | prefix | T | page | ours µs | GB/s | floor µs | floor/ours | rel err | torch ref µs "
-            "| SGLang verify µs | speed-up vs verify | SGLang decode µs (T=1) | tuned best µs | tuned config | note |")
-    lines = [head, "|" + "---|" * 16]
+    head = ("| layout | prefix | T | page | ours µs | GB/s | floor µs | floor/ours | rel err | ours eager µs "
+            "| torch ref µs | SGLang verify µs | speed-up vs verify | SGLang decode µs (T=1) | SGLang timing "
+            "| tuned best µs | tuned config | compiled | note |")
+    lines = [head, "|" + "---|" * 19]
     for r in rows:
         lines.append(
             f"| {LAYOUTS[r.layout].name} | {r.prefix} | {r.tokens} | {r.page} | {_fmt(r.ours_us)} | {_fmt(r.gbps, '.0f')} "
-            f"| {_fmt(r.floor_us)} | {_fmt(r.frac_floor, '.0%')} | {_fmt(r.err, '.1e')} | {_fmt(r.ref_us, '.0f')} "
-            f"| {_fmt(r.sgl_verify_us)} | {_fmt(r.sgl_verify_us / r.ours_us, '.0f')}× | {_fmt(r.sgl_decode_us)} "
-            f"| {_fmt(r.tuned_us)} | {r.tuned} | {r.note} |")
+            f"| {_fmt(r.floor_us)} | {_fmt(r.frac_floor, '.0%')} | {_fmt(r.err, '.1e')} | {_fmt(r.eager_us)} "
+            f"| {_fmt(r.ref_us, '.0f')} | {_fmt(r.sgl_verify_us)} | {_fmt(r.sgl_verify_us / r.ours_us, '.0f')}× "
+            f"| {_fmt(r.sgl_decode_us)} | {r.sgl_mode} | {_fmt(r.tuned_us)} | {r.tuned} | {r.compiled} | {r.note} |")
     return "\n".join(lines)
 
 
@@ -255,7 +299,8 @@ def main(argv: list[str] | None = None) -> None:
                     print(f"{name} L={prefix} T={tokens} page={page}: ours {row.ours_us:.1f} us "
                           f"({_fmt(row.frac_floor, '.0%')} of floor {row.floor_us:.1f}), err {row.err:.1e}, "
                           f"sglang verify {_fmt(row.sgl_verify_us)} decode {_fmt(row.sgl_decode_us)}, "
-                          f"tuned {_fmt(row.tuned_us)} {row.tuned} [{time.time() - t0:.0f}s] {row.note}", flush=True)
+                          f"tuned {_fmt(row.tuned_us)} {row.tuned} [{time.time() - t0:.0f}s] {row.compiled} "
+                          f"{row.sgl_mode} {row.note}", flush=True)
                     detail = "\n".join(f"- {r.layout} L={r.prefix} T={r.tokens} page={r.page}: " + "; ".join(r.extra)
                                        for r in rows if r.extra)
                     out_path.write_text(f"{header}\n\n{full_table(rows)}\n\n{detail}\n")
