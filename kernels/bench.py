@@ -157,8 +157,11 @@ def _tune_candidates(layout: Layout, tokens: int, smem_limit: int) -> list[Verif
     base = candidate_configs(rows=rows, dk=layout.k_head_dim, dv=layout.v_head_dim, v_is_k=layout.mla, elt=2,
                              smem_limit=smem_limit)
     bm = base[0].block_m
-    extra = ([VerifyConfig(bm, 32, 4, 2), VerifyConfig(bm, 64, 4, 2), VerifyConfig(bm, 16, 4, 3)] if layout.mla else
-             [VerifyConfig(bm, 64, 8, 3), VerifyConfig(bm, 128, 8, 3), VerifyConfig(bm, 32, 4, 4)])
+    if layout.mla:
+        extra = ([VerifyConfig(16, 64, 4, 3), VerifyConfig(16, 128, 4, 2), VerifyConfig(16, 32, 4, 3)] if bm == 16 else
+                 [VerifyConfig(bm, 64, 8, 3), VerifyConfig(bm, 64, 4, 2), VerifyConfig(bm, 32, 4, 3)])
+    else:
+        extra = [VerifyConfig(bm, 128, 8, 4), VerifyConfig(bm, 64, 4, 4), VerifyConfig(bm, 128, 4, 3)]
     seen, out = set(), []
     for cfg in base[:2] + extra:
         if cfg not in seen:
