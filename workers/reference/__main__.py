@@ -4,12 +4,13 @@ from __future__ import annotations
 import logging
 
 from .args import parse_args
-from .server import run_server
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .server import run_server  # heavy imports (torch, fastapi) after the flags are valid
+
     run_server(args)
 
 

@@ -5,7 +5,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from .attention import ATTENTION_BACKENDS
 from .config import BUILTIN_CONFIGS
 
 ALGORITHMS = ("NONE", "NGRAM", "STANDALONE")
@@ -60,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     kv.add_argument("--page-size", type=positive_int, default=1)
     kv.add_argument("--max-total-tokens", type=positive_int, default=None,
                     help="KV pool size in tokens (default: context length + draft headroom)")
-    kv.add_argument("--attention-backend", default="torch", choices=sorted(ATTENTION_BACKENDS))
+    kv.add_argument("--attention-backend", default="torch", help="torch (CPU default) or specsweep_verify (CUDA)")
     kv.add_argument("--chunked-prefill-size", type=int, default=2048, help="tokens per prefill chunk; <= 0: one chunk")
     s = p.add_argument_group("speculative decoding")
     s.add_argument("--speculative-algorithm", default=None, type=str.upper, choices=ALGORITHMS)
@@ -122,4 +121,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if path is not None and path not in BUILTIN_CONFIGS and not (Path(path) / "config.json").is_file():
             parser.error(f"{flag} {path!r} is neither a built-in config ({', '.join(BUILTIN_CONFIGS)}) "
                          f"nor a directory with a config.json")
-    return resolve(args, parser)
+    args = resolve(args, parser)
+    from .attention import ATTENTION_BACKENDS  # imports torch: only once the cheap checks passed
+
+    if args.attention_backend not in ATTENTION_BACKENDS:
+        parser.error(f"argument --attention-backend: invalid choice: {args.attention_backend!r} "
+                     f"(choose from {', '.join(sorted(ATTENTION_BACKENDS))})")
+    return args

@@ -148,12 +148,12 @@ class Engine:
         out: list[int] = []
         try:
             logits = self.target.extend(seq, input_ids)
+            if self.drafter:
+                self.drafter.start(input_ids)  # the draft's prefill belongs to the prefill phase
             out.append(sample(logits, params.temperature, gen)[0])
             ttft = time.perf_counter() - t0
             if on_tokens:
                 on_tokens(out)
-            if self.drafter:
-                self.drafter.start(input_ids)
             finish = self._finish_reason(out, params)
             while finish is None:
                 if self.cancelled.is_set():

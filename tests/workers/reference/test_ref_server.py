@@ -1,0 +1,225 @@
+"""HTTP conformance: the engine as a real subprocess on a free port."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+
+pytestmark = pytest.mark.slow
+
+NUM_STEPS = 3
+FLAGS = ["--model-path", "tiny", "--load-format", "dummy", "--page-size", "16", "--attention-backend", "torch",
+         "--context-length", "4096", "--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path",
+         "tiny", "--speculative-num-steps", str(NUM_STEPS), "--speculative-eagle-topk", "1",
+         "--speculative-num-draft-tokens", str(NUM_STEPS + 1), "--random-seed", "0", "--host", "127.0.0.1",
+         "--mem-fraction-static", "0.8", "--enable-metrics"]
+TIMEOUT = 30
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(extra: list[str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "workers.reference", *extra], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=os.getcwd())
+
+
+def stop(proc: subprocess.Popen) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    return proc.returncode
+
+
+@pytest.fixture(scope="module")
+def server():
+    port = free_port()
+    proc = start([*FLAGS, "--port", str(port)])
+    url = f"http://127.0.0.1:{port}"
+    statuses = []
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, f"server exited early: {proc.stdout.read()[-2000:]}"
+            try:
+                statuses.append(requests.get(f"{url}/health", timeout=5).status_code)
+                if statuses[-1] == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.2)
+        else:
+            pytest.fail("server not healthy within 120 s")
+        yield url, proc, statuses
+    finally:
+        stop(proc)
+
+
+def post(url, body, **kw):
+    return requests.post(f"{url}/generate", json=body, timeout=TIMEOUT, **kw)
+
+
+def greedy(n=12, **kw):
+    return {"max_new_tokens": n, "temperature": 0, "ignore_eos": True, **kw}
+
+
+def test_health_is_503_then_200(server):
+    _, _, statuses = server
+    assert statuses[-1] == 200 and set(statuses) <= {200, 503}
+
+
+def test_generate_fields(server):
+    url, _, _ = server
+    r = post(url, {"text": "The cat sat on the mat.", "sampling_params": greedy(12)})
+    assert r.status_code == 200
+    body = r.json()
+    assert set(body) == {"text", "output_ids", "meta_info"}
+    meta = body["meta_info"]
+    assert len(body["output_ids"]) == 12 and isinstance(body["text"], str)
+    for key in ("id", "prompt_tokens", "completion_tokens", "cached_tokens", "e2e_latency", "ttft",
+                "finish_reason", "spec_verify_ct", "spec_accept_length", "spec_accept_rate",
+                "spec_num_correct_drafts", "spec_num_proposed_drafts", "spec_correct_drafts_histogram",
+                "spec_steps"):
+        assert key in meta, key
+    assert meta["prompt_tokens"] == len("The cat sat on the mat.") and meta["completion_tokens"] == 12
+    assert meta["cached_tokens"] == 0 and 0 < meta["ttft"] <= meta["e2e_latency"]
+    assert meta["finish_reason"] == {"type": "length", "length": 12}
+    assert meta["spec_accept_length"] == pytest.approx(12 / meta["spec_verify_ct"])
+    assert meta["spec_accept_rate"] == 1.0  # the oracle
+    for step in meta["spec_steps"]:
+        assert set(step) == {"accept_len", "tree_depth", "tree_nodes", "verify_s"}
+        assert step["accept_len"] == NUM_STEPS + 1 and step["verify_s"] > 0
+
+
+def test_generate_input_ids_matches_text(server):
+    url, _, _ = server
+    a = post(url, {"text": "abc", "sampling_params": greedy(8)}).json()
+    b = post(url, {"input_ids": [97, 98, 99], "sampling_params": greedy(8)}).json()
+    assert a["output_ids"] == b["output_ids"]
+
+
+def test_stop_string(server):
+    url, _, _ = server
+    free = post(url, {"text": "hello", "sampling_params": greedy(16)}).json()
+    stop = free["text"][3:5]
+    r = post(url, {"text": "hello", "sampling_params": greedy(16, stop=stop)}).json()
+    assert r["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+
+
+def test_stream_sse(server):
+    url, _, _ = server
+    r = post(url, {"text": "stream me", "stream": True, "sampling_params": greedy(10)}, stream=True)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = [line for line in r.iter_lines(decode_unicode=True) if line]
+    assert all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]"
+    chunks = [json.loads(e[len("data: "):]) for e in events[:-1]]
+    assert len(chunks) >= 2
+    final = chunks[-1]
+    assert len(final["output_ids"]) == 10 and final["meta_info"]["finish_reason"]["type"] == "length"
+    assert "spec_verify_ct" in final["meta_info"]
+    plain = post(url, {"text": "stream me", "sampling_params": greedy(10)}).json()
+    assert final["output_ids"] == plain["output_ids"] and final["text"] == plain["text"]
+
+
+@pytest.mark.parametrize("data, fragment", [
+    ("{not json", "malformed JSON"),
+    (json.dumps({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 5000}}), "context length 4096"),
+    (json.dumps({"text": "a", "input_ids": [1]}), "exactly one of text or input_ids"),
+    (json.dumps({"sampling_params": {}}), "exactly one of text or input_ids"),
+    (json.dumps({"input_ids": [[1, 2], [3]]}), "batch"),
+    (json.dumps({"input_ids": [1, 99999]}), "out of range"),
+    (json.dumps({"text": "a", "sampling_params": {"max_new_tokens": "many"}}), "bad sampling_params"),
+    (json.dumps([1, 2]), "JSON object"),
+])
+def test_bad_requests_get_400_and_server_stays_healthy(server, data, fragment):
+    url, proc, _ = server
+    r = requests.post(f"{url}/generate", data=data, timeout=TIMEOUT, headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    assert fragment in r.json()["error"]["message"]
+    assert requests.get(f"{url}/health", timeout=TIMEOUT).status_code == 200
+    assert proc.poll() is None
+
+
+def test_flush_cache(server):
+    url, _, _ = server
+    for method in (requests.get, requests.post):
+        r = method(f"{url}/flush_cache", timeout=TIMEOUT)
+        assert r.status_code == 200 and "flushed" in r.text.lower()
+    assert post(url, {"text": "after flush", "sampling_params": greedy(4)}).status_code == 200
+
+
+def test_server_info(server):
+    url, _, _ = server
+    post(url, {"text": "info", "sampling_params": greedy(8)})
+    info = requests.get(f"{url}/server_info", timeout=TIMEOUT).json()
+    assert info["model_path"] == "tiny" and info["page_size"] == 16
+    assert info["speculative_algorithm"] == "STANDALONE" and info["speculative_num_draft_tokens"] == NUM_STEPS + 1
+    assert info["version"] and info["max_batch_size"] == 1
+    assert info["internal_states"][0]["avg_spec_accept_length"] == pytest.approx(NUM_STEPS + 1)
+
+
+def test_metrics(server):
+    url, _, _ = server
+    before = requests.get(f"{url}/metrics", timeout=TIMEOUT).text
+    post(url, {"input_ids": [5, 6, 7], "sampling_params": greedy(8)})
+    text = requests.get(f"{url}/metrics", timeout=TIMEOUT).text
+
+    def value(metrics, name):
+        line = next(l for l in metrics.splitlines() if l.startswith(name + "{"))
+        return float(line.rsplit(" ", 1)[1])
+
+    assert value(text, "sglang:prompt_tokens_total") - value(before, "sglang:prompt_tokens_total") == 3
+    assert value(text, "sglang:generation_tokens_total") - value(before, "sglang:generation_tokens_total") == 8
+    assert value(text, "sglang:num_requests_total") - value(before, "sglang:num_requests_total") == 1
+    assert value(text, "sglang:spec_verify_calls_total") > value(before, "sglang:spec_verify_calls_total")
+    assert "# TYPE sglang:prompt_tokens_total counter" in text
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--model-path", "tiny", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["--model-path", "tiny", "--page-size", "0"], "--page-size"),
+    (["--model-path", "tiny", "--speculative-algorithm", "EAGLE"], "--speculative-algorithm"),
+    (["--model-path", "tiny", "--speculative-algorithm", "STANDALONE"], "needs --speculative-draft-model-path"),
+    (["--model-path", "/no/such/dir"], "--model-path"),
+    (["--model-path", "tiny", "--page"], "unrecognized arguments: --page"),  # no abbreviations
+    (["--model-path", "tiny", "--attention-backend", "flashinfer"], "invalid choice: 'flashinfer'"),
+])
+def test_bad_flags_exit_2_with_one_line(argv, fragment):
+    proc = subprocess.run([sys.executable, "-m", "workers.reference", *argv], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "error:" in lines[0] and fragment in lines[0], proc.stderr
+
+
+def test_sigterm_ends_the_server():
+    port = free_port()
+    proc = start([*FLAGS, "--port", str(port)])
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+        with pytest.raises(requests.ConnectionError):
+            requests.get(f"http://127.0.0.1:{port}/health", timeout=2)
+    finally:
+        stop(proc)
