@@ -31,6 +31,8 @@ class SweepProgress:
     def __init__(self, total: int, enabled: bool = True, console: Console | None = None):
         self.total = total
         self.console = console or Console(stderr=True)
+        if not self.console.is_terminal:
+            self.console.width = max(self.console.width, 160)  # logs and CI: don't fold run names
         self.live_enabled = enabled and self.console.is_terminal
         self.enabled = enabled
         self.done = self.failed = self.killed = self.servers_up = 0

@@ -13,7 +13,8 @@ Public API:
     finished_run_hashes(settings: ExecutionSettings) -> set[str]   module-level helper for the launcher
 
 Layout. Parent: params = resolved base config flattened (`a.b.c`), `overrides`; tags = `specsweep.role=parent`,
-git sha, host, sweep; artifacts = `config.yaml`, `overrides.txt`, `multirun.yaml` when given. Child:
+git sha, host, sweep; artifacts = `config.yaml`, `overrides.txt`, `multirun.yaml` (given, or found in
+Hydra's sweep dir). Child:
 `mlflow.parentRunId`, run name = RunSpec.name, params = RunSpec.params, tags = run_hash, job_index,
 server_group, engine, engine_version, host, git sha, attempt, engine_start, failure_reason; metrics in
 `log_batch` calls, the `commit_len` series with step = decode-step index; artifacts = RunResult.artifacts
@@ -149,6 +150,7 @@ class Tracker:
 
             self.client.log_text(rid, yaml.safe_dump(plan.base_config, sort_keys=False), "config.yaml")
         self.client.log_text(rid, "\n".join(plan.overrides) + "\n", "overrides.txt")
+        multirun_yaml = multirun_yaml or _hydra_multirun_yaml()
         if multirun_yaml:
             self.client.log_text(rid, multirun_yaml, "multirun.yaml")
         try:
@@ -213,6 +215,19 @@ class Tracker:
             self.client.log_batch(run_id, params=chunk)
         for chunk in _chunks(ms, BATCH_METRICS):
             self.client.log_batch(run_id, metrics=chunk)
+
+
+def _hydra_multirun_yaml() -> str | None:
+    """The `multirun.yaml` Hydra wrote in this sweep's directory, when running under a Hydra multirun."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if not HydraConfig.initialized():
+            return None
+        path = Path(HydraConfig.get().sweep.dir) / "multirun.yaml"
+        return path.read_text() if path.is_file() else None
+    except Exception:  # not under Hydra, or no sweep dir: the parent simply has no multirun.yaml
+        return None
 
 
 def finished_run_hashes(settings: ExecutionSettings) -> set[str]:

@@ -1,0 +1,138 @@
+"""End to end: `python -m orchestrator +sweep=smoke` as a real subprocess in a temp cwd — real Hydra launcher,
+local Ray, reference engines, MLflow on SQLite there — then MLflow is read back with `mlflow.search_runs`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+SMOKE_RUNS = 8  # 2 contexts x 2 probes x 2 drafters (conf/sweep/smoke.yaml)
+METRICS = ("prompt_tokens", "completion_tokens", "ttft_s", "e2e_s", "decode_tok_s", "commit_len_mean",
+           "verify_steps", "accept_rate", "tree_depth_mean", "tree_nodes_mean", "verify_step_ms")
+
+
+def _env(**extra) -> dict[str, str]:
+    return {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1", **extra}
+
+
+def _sweep(cwd: Path, *overrides: str, timeout: float = 300, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "orchestrator", "+sweep=smoke", *overrides], cwd=cwd,
+                          env=_env(**env), capture_output=True, text=True, timeout=timeout)
+
+
+def _runs(cwd: Path, experiment: str = "smoke"):
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{cwd}/mlflow.db")
+    df = mlflow.search_runs(experiment_names=[experiment])
+    return df[df["tags.specsweep.role"] == "parent"], df[df["tags.specsweep.role"] == "child"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_smoke_sweep_records_every_point_then_resumes(tmp_path):
+    out = _sweep(tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    parents, children = _runs(tmp_path)
+    assert len(parents) == 1 and parents.iloc[0]["status"] == "FINISHED"
+    assert len(children) == SMOKE_RUNS
+    assert (children["status"] == "FINISHED").all()
+    assert (children["tags.mlflow.parentRunId"] == parents.iloc[0]["run_id"]).all()
+    assert children["tags.run_hash"].nunique() == SMOKE_RUNS
+    for m in METRICS:
+        assert children[f"metrics.{m}"].notna().all(), m
+    assert (children["metrics.commit_len_mean"] >= 1).all()
+    oracle = children[children["params.drafter.is_oracle"].str.lower() == "true"]
+    assert len(oracle) == SMOKE_RUNS // 2
+    steps = oracle["params.drafter.num_steps"].astype(int)
+    assert (oracle["metrics.commit_len_mean"] == steps + 1).all(), oracle["metrics.commit_len_mean"].tolist()
+    # exactly one engine start per distinct ServerSpec
+    servers = children["tags.server_group"].nunique()
+    assert servers == 2 and (children["tags.engine_start"] == "1").all()
+    assert parents.iloc[0]["metrics.engine_starts"] == servers
+    assert children.groupby("tags.server_group")["tags.engine_pid"].nunique().eq(1).all()
+    assert (tmp_path / "mlartifacts").is_dir() and not (tmp_path / "mlruns").exists()
+
+    again = _sweep(tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"skipping {SMOKE_RUNS} run(s)" in again.stdout + again.stderr
+    _, children_after = _runs(tmp_path)
+    assert len(children_after) == SMOKE_RUNS
+
+
+def test_engine_killed_mid_probe_fails_only_that_run(tmp_path):
+    from mlflow import MlflowClient
+
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "+sweep=smoke", "gen_tokens=200",
+                             "hydra.sweeper.params.context_len=256"], cwd=tmp_path,
+                            env=_env(SPECSWEEP_PID_DIR=str(pids)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        marker = pids / "run-0.pid"  # the first run of its server: the engine restarts for the rest
+        deadline = time.monotonic() + 240
+        while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.01)
+        engine_pid = int(marker.read_text())
+        time.sleep(0.2)
+        os.kill(engine_pid, signal.SIGKILL)
+        output, _ = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0, output[-3000:]
+    parents, children = _runs(tmp_path)
+    assert len(children) == 4 and parents.iloc[0]["status"] == "FINISHED"
+    victim = children[children["tags.job_index"] == "0"].iloc[0]
+    rest = children[children["tags.job_index"] != "0"]
+    assert victim["status"] == "FAILED" and victim["tags.failure_reason"] == "engine_died"
+    assert (rest["status"] == "FINISHED").all()
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    tail = client.download_artifacts(victim["run_id"], "engine_log_tail.txt", str(tmp_path))
+    assert "workers.reference" in Path(tail).read_text()
+    same_server = rest[rest["tags.server_group"] == victim["tags.server_group"]]
+    assert (same_server["tags.engine_start"] == "2").all()
+
+
+def test_interrupt_kills_engines_and_records_killed_runs(tmp_path):
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "+sweep=smoke", "gen_tokens=2000",
+                             "hydra.sweeper.params.context_len=256", "sweep_name=interrupted"], cwd=tmp_path,
+                            env=_env(SPECSWEEP_PID_DIR=str(pids)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not list(pids.glob("run-*.pid")) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        engine_pids = [int(p.read_text()) for p in pids.glob("run-*.pid")]
+        assert engine_pids, "no run started"
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode != 0
+    deadline = time.monotonic() + 15
+    while any(_alive(p) for p in engine_pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in engine_pids), "an engine outlived the interrupted sweep"
+    parents, children = _runs(tmp_path, "interrupted")
+    assert len(parents) == 1 and parents.iloc[0]["status"] == "KILLED", output[-3000:]
+    assert len(children) == 4 and (children["status"] == "KILLED").any()
+    assert set(children["status"]) <= {"KILLED", "FINISHED"}
