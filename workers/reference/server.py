@@ -232,14 +232,17 @@ async def _stream(engine: Engine, input_ids: list[int], params: SamplingParams):
 def run_server(args) -> None:
     import uvicorn
 
+    state = ServerState(args)
+
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):
+            if state.engine is not None:
+                state.engine.cancelled.set()  # a running generation stops at its next step
             super().handle_exit(sig, frame)
             captured = getattr(self, "_captured_signals", None)
             if sig == signal.SIGTERM and captured and sig in captured:
                 captured.remove(sig)  # SIGTERM is the normal way to stop: exit 0 once shut down
 
-    state = ServerState(args)
     threading.Thread(target=state.load, name="engine-load", daemon=True).start()
     config = uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=5)
