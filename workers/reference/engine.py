@@ -88,11 +88,14 @@ class Engine:
 
     def _runner(self, model) -> ModelRunner:
         a = self.args
-        headroom = (self.num_draft_tokens or 1) + 2 * a.page_size
-        max_seq = self.context_length + headroom
+        max_seq = self.context_length + self._headroom()
         return ModelRunner(model, create_attention_backend(a.attention_backend, self.device), page_size=a.page_size,
-                           max_total_tokens=max(a.max_total_tokens or 0, max_seq), max_seq_tokens=max_seq,
+                           max_total_tokens=a.max_total_tokens or max_seq, max_seq_tokens=max_seq,
                            chunked_prefill_size=a.chunked_prefill_size, device=self.device)
+
+    def _headroom(self) -> int:
+        """KV positions a request may use past prompt + max_new_tokens: a draft tree, a partial page."""
+        return (self.num_draft_tokens or 1) + 2 * self.args.page_size
 
     def _build_drafter(self, dtype) -> Drafter | None:
         a = self.args
@@ -132,6 +135,9 @@ class Engine:
         if total > self.context_length:
             raise RequestError(f"the request needs {len(input_ids)} prompt + {params.max_new_tokens} new = "
                                f"{total} tokens, more than the context length {self.context_length}")
+        if total + self._headroom() > self.target.pool.num_slots:
+            raise RequestError(f"the request needs {total} tokens (+{self._headroom()} for drafts and pages) but "
+                               f"the KV pool holds {self.target.pool.num_slots} (--max-total-tokens)")
 
     def generate(self, input_ids: list[int], params: SamplingParams,
                  on_tokens: Callable[[list[int]], None] | None = None) -> Output:
