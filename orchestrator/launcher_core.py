@@ -11,6 +11,7 @@ Hydra never re-raises one run's failure. A single run (no sweep) exits 1 when it
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 from typing import TYPE_CHECKING, Any, Sequence
@@ -20,7 +21,7 @@ from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from orchestrator.plan import NotRun, Plan, plan_resume, plan_sweep
-from orchestrator.schema import RunConfig, to_run_config
+from orchestrator.schema import RunConfig, register_configs, to_run_config
 from orchestrator.spec import ExecutionSettings, RunResult, RunSpec, RunState
 from orchestrator.validate import ConfigError, Problem, validate_run
 
@@ -172,6 +173,30 @@ def launch_single(cfg: DictConfig, overrides: Sequence[str]) -> RunResult | NotR
         raise RunFailed(f"run {result.run.name!r} {result.state.value}: "
                         f"{result.reason.value if result.reason else ''} {result.message}".rstrip())
     return result
+
+
+def expand_grid(axes: dict[str, Sequence[Any]], *fixed: str) -> list[list[str]]:
+    """{"context_len": [256, 1024], "drafter": ["ngram", "oracle"]} → one override list per job, in the
+    basic sweeper's order (first key outermost), each ending with `fixed`."""
+    keys = list(axes)
+    return [[f"{k}={v}" for k, v in zip(keys, values)] + list(fixed)
+            for values in itertools.product(*(axes[k] for k in keys))]
+
+
+def plan_jobs(job_overrides: Sequence[Sequence[str]], *, sweep: bool = True,
+              cwd: str | None = None) -> tuple[Plan, ExecutionSettings]:
+    """Compose, validate and plan from Python (tests, benchmarks) without the Hydra app:
+    `plan, settings = plan_jobs(expand_grid({...}, "sweep_name=bench")); run_plan(plan, settings)`.
+    Raises ConfigError like the launcher. Needs no Hydra instance to be initialized."""
+    from hydra import compose, initialize_config_module
+
+    register_configs()
+    cwd = cwd or os.getcwd()
+    with initialize_config_module("conf", version_base="1.3"):
+        jobs = [(compose("config", overrides=list(o)), o) for o in job_overrides]
+    configs = convert_and_validate(jobs, sweep=sweep, cwd=cwd)
+    plan = plan_sweep(configs[0].sweep_name, configs, drop_over_max=sweep, base_config=_task_container(jobs[0][0]))
+    return plan, build_settings(configs[0], cwd)
 
 
 def _task_cfg(cfg: DictConfig) -> DictConfig:

@@ -8,7 +8,7 @@ job order, failures as data, all-or-nothing validation) is tested below.
 
 from __future__ import annotations
 
-import types
+from dataclasses import replace
 
 import pytest
 from hydra.core.plugins import Plugins
@@ -91,3 +91,34 @@ def test_dry_run_starts_nothing(hydra_sweep_runner, monkeypatch, tmp_path):
     monkeypatch.setattr(launcher_core, "execute_plan", lambda *a: pytest.fail("dry run executed"))
     returns = sweep(hydra_sweep_runner, tmp_path, "+sweep=smoke", "hydra.launcher.dry_run=true")
     assert [r.return_value.reason for r in returns] == ["dry run"] * 8
+
+
+def test_plan_jobs_from_python(tmp_path):
+    jobs = launcher_core.expand_grid({"context_len": [256, 1024], "drafter": ["ngram", "oracle"]},
+                                     "sweep_name=bench", "gen_tokens=4")
+    assert jobs[1] == ["context_len=256", "drafter=oracle", "sweep_name=bench", "gen_tokens=4"]
+    plan, settings = launcher_core.plan_jobs(jobs, cwd=str(tmp_path))
+    assert plan.num_runs == 4 and len(plan.groups) == 2 and settings.experiment_name == "bench"
+    assert settings.tracking_uri == f"sqlite:///{tmp_path}/mlflow.db"
+    with pytest.raises(launcher_core.ConfigError, match="page_size"):
+        launcher_core.plan_jobs([["page_size=0"]])
+
+
+def test_execute_plan_resume_skips_finished(monkeypatch, tmp_path):
+    """The edge with MLflow and Ray swapped out: FINISHED hashes never reach execution."""
+    import orchestrator.execute
+    import orchestrator.tracking
+
+    plan, settings = launcher_core.plan_jobs(launcher_core.expand_grid({"drafter": ["ngram", "oracle"]}),
+                                             cwd=str(tmp_path))
+    finished = {plan.groups[0].runs[0].run_hash}
+    monkeypatch.setattr(orchestrator.tracking, "finished_run_hashes", lambda s: finished)
+    ran = []
+    monkeypatch.setattr(orchestrator.execute, "run_plan", lambda p, s: ran.append(p) or
+                        [RunResult(run=r, state=RunState.FINISHED) for r in p.runs])
+    results, skipped, ran_plan = launcher_core.execute_plan(plan, settings)
+    assert skipped == 1 and len(results) == 1 and ran_plan.num_runs == 1 and ran == [ran_plan]
+    out = launcher_core.outcomes(plan.runs, plan, ran_plan, results)
+    assert isinstance(out[0], NotRun) and "resume" in out[0].reason and out[1].state is RunState.FINISHED
+    results, skipped, _ = launcher_core.execute_plan(plan, replace(settings, resume=False))
+    assert skipped == 0 and len(results) == 2
