@@ -110,6 +110,17 @@ def outcomes(all_runs: Sequence[RunSpec], plan: Plan, ran: Plan,
     return by_index
 
 
+def dry_run_outcomes(plan: Plan) -> dict[int, RunResult | NotRun]:
+    """Log the plan server by server; every job's outcome is NotRun."""
+    for g in plan.groups:
+        log.info("server %s (%d runs)", g.group_id, len(g.runs))
+        for r in g.runs:
+            log.info("  #%d %s  run_hash=%s", r.job_index, r.name, r.run_hash[:12])
+    by_index: dict[int, RunResult | NotRun] = {r.job_index: NotRun(r, "dry run") for r in plan.runs}
+    by_index.update({r.job_index: NotRun(r, f"dropped: {why}") for r, why in plan.dropped if r})
+    return by_index
+
+
 def launch(*, launcher: SpecsweepLauncher, job_overrides: Sequence[Sequence[str]],
            initial_job_idx: int) -> list[JobReturn]:
     setup_globals()
@@ -136,15 +147,10 @@ def launch(*, launcher: SpecsweepLauncher, job_overrides: Sequence[Sequence[str]
                       overrides=sweep_overrides, first_job_index=initial_job_idx)
     log.info("plan: %d run(s) on %d server(s)%s", plan.num_runs, len(plan.groups),
              f", {len(plan.dropped)} dropped" if plan.dropped else "")
-    all_runs = [r for r in plan.runs] + [r for r, _ in plan.dropped if r is not None]
+    all_runs = [*plan.runs, *(r for r, _ in plan.dropped if r is not None)]
 
     if launcher.dry_run or not plan.groups:
-        for g in plan.groups:
-            log.info("server %s (%d runs)", g.group_id, len(g.runs))
-            for r in g.runs:
-                log.info("  #%d %s  run_hash=%s", r.job_index, r.name, r.run_hash[:12])
-        by_index: dict[int, RunResult | NotRun] = {r.job_index: NotRun(r, "dry run") for r in plan.runs}
-        by_index.update({r.job_index: NotRun(r, f"dropped: {why}") for r, why in plan.dropped if r})
+        by_index = dry_run_outcomes(plan)
     else:
         results, _, ran = execute_plan(plan, build_settings(configs[0], cwd))
         by_index = outcomes(all_runs, plan, ran, results)
