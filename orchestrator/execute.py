@@ -3,7 +3,8 @@
 Public API:
 
     run_plan(plan: Plan, settings: ExecutionSettings, on_result: Callable[[RunResult], None] | None = None,
-             *, track: bool = True, stats: ExecutionStats | None = None) -> list[RunResult]
+             *, track: bool = True, stats: ExecutionStats | None = None,
+             multirun_yaml: str | None = None) -> list[RunResult]
 
 Exactly one RunResult per RunSpec of `plan`, in job order. `on_result` is called on the driver for each
 result as it arrives. With `track` (the default) the results are also recorded in MLflow
@@ -33,6 +34,7 @@ import os
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -56,6 +58,9 @@ WAIT_TIMEOUT_S = 0.5
 class ExecutionStats:
     wall_s: float = 0.0
     ray_init_s: float = 0.0
+    ray_shutdown_s: float = 0.0
+    tracking_setup_s: float = 0.0  # MLflow import, store/experiment set-up, parent run (overlaps Ray's start)
+    ready_s: float = 0.0  # from the call to Ray up, MLflow ready and every actor submitted
     engine_starts: dict[str, int] = field(default_factory=dict)  # group_id -> engine start attempts
     engine_startup_s: dict[str, float] = field(default_factory=dict)  # group_id -> seconds starting engines
     tracking_s: float = 0.0  # driver seconds spent writing MLflow
@@ -264,18 +269,21 @@ def _sigterm_as_interrupt():
 
 
 def run_plan(plan, settings: ExecutionSettings, on_result: Callable[[RunResult], None] | None = None, *,
-             track: bool = True, stats: ExecutionStats | None = None) -> list[RunResult]:
-    """Run every RunSpec of `plan` (an orchestrator.plan.Plan); see the module docstring."""
+             track: bool = True, stats: ExecutionStats | None = None,
+             multirun_yaml: str | None = None) -> list[RunResult]:
+    """Run every RunSpec of `plan` (an orchestrator.plan.Plan); see the module docstring.
+
+    `multirun_yaml`: the text of Hydra's `<sweep dir>/multirun.yaml`, stored on the parent run.
+    """
     stats = stats if stats is not None else ExecutionStats()
     results: dict[int, RunResult] = {}
     if plan.num_runs == 0:
         return []
     t0 = time.perf_counter()
+    # MLflow set-up (import, schema, parent run) overlaps Ray's start-up: both take seconds
+    pool = ThreadPoolExecutor(1, thread_name_prefix="mlflow-setup")
+    setup = pool.submit(_open_tracker, plan, settings, multirun_yaml, stats, t0) if track else None
     tracker = None
-    if track:
-        from orchestrator.tracking import Tracker
-
-        tracker = Tracker.from_settings(settings)
     log_dir = Path(settings.work_dir).resolve() / "logs" / "engines" / f"{plan.sweep_name}-{time.strftime('%Y%m%d-%H%M%S')}"
     log_dir.mkdir(parents=True, exist_ok=True)
     progress = SweepProgress(plan.num_runs, enabled=settings.progress)
@@ -296,35 +304,53 @@ def run_plan(plan, settings: ExecutionSettings, on_result: Callable[[RunResult],
         if on_result is not None:
             on_result(result)
 
-    parent = tracker.start_parent(plan, work_dir=settings.work_dir) if tracker else contextlib.nullcontext()
-    started_ray = False
-    with _sigterm_as_interrupt(), parent:
-        try:
-            t = time.perf_counter()
-            gpus = max((gpus_for(g, settings.cluster) for g in plan.groups), default=0)
-            started_ray = connect_ray(settings.cluster, gpus)
-            stats.ray_init_s = time.perf_counter() - t
-            logger.info("running %d run(s) on %d server(s); engine logs in %s", plan.num_runs, len(plan.groups),
-                        log_dir)
-            driver = _Driver(settings, log_dir, progress, emit, stats)
-            with progress:
-                try:
-                    for group in plan.groups:
-                        driver.submit(group, group.runs)
-                    driver.loop()
-                except KeyboardInterrupt:
-                    logger.warning("interrupted: stopping %d server(s)", len(driver.slots))
+    started_ray, driver, status = False, None, RunState.FINISHED
+    try:
+        with _sigterm_as_interrupt(), progress:
+            try:
+                t = time.perf_counter()
+                gpus = max((gpus_for(g, settings.cluster) for g in plan.groups), default=0)
+                started_ray = connect_ray(settings.cluster, gpus)
+                stats.ray_init_s = time.perf_counter() - t
+                logger.info("running %d run(s) on %d server(s); engine logs in %s", plan.num_runs,
+                            len(plan.groups), log_dir)
+                driver = _Driver(settings, log_dir, progress, emit, stats)
+                for group in plan.groups:
+                    driver.submit(group, group.runs)
+                tracker = setup.result() if setup else None  # before the first result is emitted
+                stats.ready_s = time.perf_counter() - t0
+                driver.loop()
+            except BaseException as e:
+                status = RunState.KILLED if isinstance(e, KeyboardInterrupt) else RunState.FAILED
+                if driver is not None:
+                    logger.warning("%s: stopping %d server(s)", "interrupted" if status is RunState.KILLED
+                                   else f"execution failed ({type(e).__name__})", len(driver.slots))
                     driver.interrupt()
-                    raise
-        finally:
-            if started_ray:
-                ray.shutdown()
-            stats.wall_s = time.perf_counter() - t0
-            if tracker is not None:
-                with contextlib.suppress(Exception):
-                    tracker.log_parent_metrics(_parent_metrics(results.values(), stats))
-            progress.summary(list(results.values()))
+                raise
+    finally:
+        if started_ray:
+            t = time.perf_counter()
+            ray.shutdown()
+            stats.ray_shutdown_s = time.perf_counter() - t
+        stats.wall_s = time.perf_counter() - t0
+        if tracker is None and setup is not None:
+            with contextlib.suppress(Exception):  # set-up raised: that error is already propagating
+                tracker = setup.result()
+        pool.shutdown(wait=False)
+        if tracker is not None:
+            tracker.log_parent_metrics(_parent_metrics(results.values(), stats))
+            tracker.end_parent(status)
+        progress.summary(list(results.values()))
     return [results[r.job_index] for r in plan.runs if r.job_index in results]
+
+
+def _open_tracker(plan, settings: ExecutionSettings, multirun_yaml: str | None, stats: ExecutionStats, t0: float):
+    from orchestrator.tracking import Tracker
+
+    tracker = Tracker.from_settings(settings)
+    tracker.begin_parent(plan, work_dir=settings.work_dir, multirun_yaml=multirun_yaml)
+    stats.tracking_setup_s = time.perf_counter() - t0
+    return tracker
 
 
 def _parent_metrics(results, stats: ExecutionStats) -> dict[str, float]:

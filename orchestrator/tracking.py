@@ -10,6 +10,7 @@ Public API:
         tracker.log_parent_metrics({"engine_starts": 2.0})
     # leaving the block ends the parent: FINISHED, or KILLED on KeyboardInterrupt, FAILED on another exception;
     # tracker.end_parent(status) ends it explicitly (then the block leaves it as is).
+    tracker.begin_parent(plan, ...) -> str; tracker.end_parent(status)   the same without a with-block
     finished_run_hashes(settings: ExecutionSettings) -> set[str]   module-level helper for the launcher
 
 Layout. Parent: params = resolved base config flattened (`a.b.c`), `overrides`; tags = `specsweep.role=parent`,
@@ -134,6 +135,21 @@ class Tracker:
     def start_parent(self, plan, *, work_dir: str | os.PathLike = ".", multirun_yaml: str | None = None,
                      tags: Mapping[str, str] | None = None) -> Iterator[str]:
         """`plan` is an `orchestrator.plan.Plan` (sweep_name, base_config, overrides, num_runs are read)."""
+        rid = self.begin_parent(plan, work_dir=work_dir, multirun_yaml=multirun_yaml, tags=tags)
+        try:
+            yield rid
+        except KeyboardInterrupt:
+            self.end_parent(RunState.KILLED)
+            raise
+        except BaseException:
+            self.end_parent(RunState.FAILED)
+            raise
+        else:
+            self.end_parent(RunState.FINISHED)
+
+    def begin_parent(self, plan, *, work_dir: str | os.PathLike = ".", multirun_yaml: str | None = None,
+                     tags: Mapping[str, str] | None = None) -> str:
+        """Create the parent run (RUNNING) and return its id; `end_parent` closes it."""
         self.git_sha = git_sha(work_dir)
         run = self.client.create_run(
             self.experiment_id, run_name=f"{plan.sweep_name} {time.strftime('%Y-%m-%d %H:%M:%S')}",
@@ -153,16 +169,7 @@ class Tracker:
         multirun_yaml = multirun_yaml or _hydra_multirun_yaml()
         if multirun_yaml:
             self.client.log_text(rid, multirun_yaml, "multirun.yaml")
-        try:
-            yield rid
-        except KeyboardInterrupt:
-            self.end_parent(RunState.KILLED)
-            raise
-        except BaseException:
-            self.end_parent(RunState.FAILED)
-            raise
-        else:
-            self.end_parent(RunState.FINISHED)
+        return rid
 
     def log_parent_metrics(self, metrics: Mapping[str, float]) -> None:
         if self.parent_run_id:
