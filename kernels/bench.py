@@ -158,10 +158,9 @@ def _tune_candidates(layout: Layout, tokens: int, smem_limit: int) -> list[Verif
                              smem_limit=smem_limit)
     bm = base[0].block_m
     if layout.mla:
-        extra = ([VerifyConfig(16, 64, 4, 3), VerifyConfig(16, 128, 4, 2), VerifyConfig(16, 32, 4, 3)] if bm == 16 else
-                 [VerifyConfig(bm, 64, 8, 3), VerifyConfig(bm, 64, 4, 2), VerifyConfig(bm, 32, 4, 3)])
+        extra = [VerifyConfig(16, 128, 8, 2), VerifyConfig(16, 64, 4, 3)] if bm == 16 else [VerifyConfig(bm, 64, 8, 3)]
     else:
-        extra = [VerifyConfig(bm, 128, 8, 4), VerifyConfig(bm, 64, 4, 4), VerifyConfig(bm, 128, 4, 3)]
+        extra = [VerifyConfig(bm, 128, 8, 3), VerifyConfig(bm, 64, 4, 4), VerifyConfig(min(bm, 64), 128, 4, 3)]
     seen, out = set(), []
     for cfg in base[:2] + extra:
         if cfg not in seen:
@@ -197,8 +196,8 @@ def bench_row(row: Row, *, ceilings, sglang, tune: bool, with_reference: bool, s
         sm_count = torch.cuda.get_device_properties(0).multi_processor_count
         for cfg in _tune_candidates(layout, row.tokens, smem_limit):
             m_blocks = -(-row.tokens * layout.num_q_heads // layout.num_kv_heads // cfg.block_m)
-            base = -(-2 * sm_count // (m_blocks * layout.num_kv_heads))
-            for splits in sorted({max(1, base // 2), base, min(2 * base, ws.max_splits)}):
+            base = max(1, sm_count // (m_blocks * layout.num_kv_heads))
+            for splits in sorted({base, min(2 * base, ws.max_splits), min(3 * base, ws.max_splits)}):
                 try:
                     o2 = problem.new_out()
                     verify_attention(**args, **addressing, out=o2, workspace=ws, config=cfg, num_splits=splits)

@@ -170,43 +170,56 @@ def _verify_attention_kernel(
     lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
     part_out = (part_out_ptr + b * stride_pob + offs_t[:, None] * stride_pot + offs_h[:, None] * stride_poh
                 + split * stride_pos + offs_dv[None, :])
-    tl.store(part_out, acc / l_safe[:, None], mask=mask_m[:, None])
-    tl.store(part_lse_ptr + b * stride_plb + offs_t * stride_plt + offs_h * stride_plh + split, lse, mask=mask_m)
+    zero_m = offs_m * 0  # block-shaped conditions: the interpreter rejects a scalar bool in a mask
+    mask_store = mask_m & (((zero_m + lo) < hi) | ((zero_m + split) == num_splits))  # the merge reads splits with work
+    tl.store(part_out, acc / l_safe[:, None], mask=mask_store[:, None])
+    tl.store(part_lse_ptr + b * stride_plb + offs_t * stride_plt + offs_h * stride_plh + split, lse, mask=mask_store)
 
 
 @triton.jit
 def _verify_merge_kernel(
     part_out_ptr, part_lse_ptr, out_ptr,
-    num_parts,
+    kv_indptr_ptr, prefix_lens_ptr,
+    num_splits,
     stride_pob, stride_pot, stride_poh, stride_pos,
     stride_plb, stride_plt, stride_plh,
     stride_ob, stride_ot, stride_oh,
     T: tl.constexpr,
     NUM_Q_HEADS: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # the attention kernel's, to find its non-empty splits
     BLOCK_DV: tl.constexpr,  # dims of Dv handled by this program
-    BLOCK_S: tl.constexpr,  # pow2 >= num_parts
+    BLOCK_S: tl.constexpr,  # pow2 >= num_splits + 1
     BLOCK_SC: tl.constexpr,  # parts per loaded chunk
+    USE_INDPTR: tl.constexpr,
 ):
     pid = tl.program_id(0)
     b = pid // (T * NUM_Q_HEADS)
     t = (pid // NUM_Q_HEADS) % T
     h = pid % NUM_Q_HEADS
+    if USE_INDPTR:
+        prefix_len = tl.load(kv_indptr_ptr + b + 1) - tl.load(kv_indptr_ptr + b)
+    else:
+        prefix_len = tl.load(prefix_lens_ptr + b)
+    per_split = tl.cdiv(tl.cdiv(prefix_len, num_splits), BLOCK_N) * BLOCK_N
+    num_active = tl.where(prefix_len > 0, tl.cdiv(prefix_len, tl.maximum(per_split, 1)), 0)  # splits with work
     offs_dv = tl.program_id(1) * BLOCK_DV + tl.arange(0, BLOCK_DV)
     lse_row = part_lse_ptr + b * stride_plb + t * stride_plt + h * stride_plh
-    offs_s = tl.arange(0, BLOCK_S)
-    lse_max = tl.max(tl.load(lse_row + offs_s, mask=offs_s < num_parts, other=float("-inf")), 0)
-    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # nothing visible: output 0
     o_row = part_out_ptr + b * stride_pob + t * stride_pot + h * stride_poh
-    acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
+    offs_s = tl.arange(0, BLOCK_S)
+    mask_s = (offs_s < num_active) | (offs_s == num_splits)  # active prefix splits + the new-token part
+    lse_max = tl.max(tl.load(lse_row + offs_s, mask=mask_s, other=float("-inf")), 0)
+    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # nothing visible: output 0
+    w_new = tl.exp2(tl.load(lse_row + num_splits) - lse_max)
+    acc = w_new * tl.load(o_row + num_splits * stride_pos + offs_dv)
     denom = tl.zeros([BLOCK_SC], dtype=tl.float32)
-    for s0 in range(0, num_parts, BLOCK_SC):
+    for s0 in range(0, num_active, BLOCK_SC):
         offs_sc = s0 + tl.arange(0, BLOCK_SC)
-        mask_sc = offs_sc < num_parts
+        mask_sc = offs_sc < num_active
         w = tl.exp2(tl.load(lse_row + offs_sc, mask=mask_sc, other=float("-inf")) - lse_max)  # [SC]
         o = tl.load(o_row + offs_sc[:, None] * stride_pos + offs_dv[None, :], mask=mask_sc[:, None], other=0.0)
         acc += tl.sum(w[:, None] * o, 0)
         denom += w
-    total = tl.sum(denom, 0)
+    total = tl.sum(denom, 0) + w_new
     acc = acc / tl.where(total > 0, total, 1.0)
     tl.store(out_ptr + b * stride_ob + t * stride_ot + h * stride_oh + offs_dv, acc.to(out_ptr.dtype.element_ty))
 
@@ -253,16 +266,23 @@ def _smem_bytes(cfg: VerifyConfig, dk: int, dv: int, v_is_k: bool, elt: int) -> 
 
 def candidate_configs(*, rows: int, dk: int, dv: int, v_is_k: bool, elt: int, smem_limit: int) -> list[VerifyConfig]:
     """Tiles in order of preference that fit the per-block shared-memory limit. rows = T * Hq / Hkv."""
+    # First choices: the fastest of those timed on an H200 (docs/kernels.md); the rest are smaller fallbacks.
     if dv >= 512:  # MLA: the [M, 512] fp32 accumulator bounds M at 64 (8 warps)
         block_m = min(64, max(16, triton.next_power_of_2(rows)))
-        first = [VerifyConfig(16, 64, 4, 2)] if block_m == 16 else []
+        first = [VerifyConfig(16, 128, 4, 2), VerifyConfig(16, 64, 4, 2)] if block_m == 16 else []
         candidates = first + [VerifyConfig(block_m, 64, 8, 2), VerifyConfig(block_m, 32, 8, 3),
                               VerifyConfig(block_m, 32, 8, 2), VerifyConfig(min(block_m, 32), 32, 4, 2),
                               VerifyConfig(16, 32, 4, 2), VerifyConfig(16, 16, 4, 1)]
     else:
         block_m = min(128 if dv <= 128 else 64, max(16, triton.next_power_of_2(rows)))
-        candidates = [VerifyConfig(block_m, 128, 8, 3), VerifyConfig(block_m, 64, 8, 3), VerifyConfig(block_m, 64, 4, 3),
-                      VerifyConfig(min(block_m, 64), 32, 4, 2), VerifyConfig(16, 16, 4, 1)]
+        if rows <= 32:
+            first = [VerifyConfig(block_m, 128, 4, 3)]
+        elif rows <= 128:
+            first = [VerifyConfig(block_m, 64, 4, 4)]
+        else:
+            first = [VerifyConfig(block_m, 128, 8, 3)]
+        candidates = first + [VerifyConfig(block_m, 64, 8, 3), VerifyConfig(block_m, 64, 4, 3),
+                              VerifyConfig(min(block_m, 64), 32, 4, 2), VerifyConfig(16, 16, 4, 1)]
     fitting = [cfg for cfg in candidates if _smem_bytes(cfg, dk, dv, v_is_k, elt) <= smem_limit]
     return fitting or candidates[-1:]
 
@@ -278,10 +298,11 @@ def pick_config(*, rows: int, dk: int, dv: int, v_is_k: bool, elt: int, smem_lim
     return next((cfg for cfg in configs if (cfg, key) not in _TOO_LARGE), configs[-1])
 
 
-def _num_splits(*, batch: int, num_kv_heads: int, m_blocks: int, sm_count: int, max_splits: int) -> int:
-    """About two programs per SM in all; more splits only add workspace traffic (measured on an H200)."""
+def _num_splits(*, batch: int, num_kv_heads: int, m_blocks: int, slots: int, max_splits: int) -> int:
+    """One full wave of prefix programs: slots = SMs x programs resident per SM. More splits only add
+    workspace traffic, and a partial second wave costs a whole one (both measured on an H200)."""
     programs = batch * num_kv_heads * m_blocks
-    return max(1, min(max_splits, triton.cdiv(2 * sm_count, programs)))
+    return max(1, min(max_splits, slots // programs))
 
 
 def allocate_workspace(
@@ -325,18 +346,13 @@ def _verify_attention_launch(
                     raise
                 _TOO_LARGE.add((config, tuple(key.values())))
     m_blocks = triton.cdiv(rows, config.block_m)
-    if num_splits is None:
-        num_splits = _num_splits(batch=batch, num_kv_heads=num_kv_heads, m_blocks=m_blocks, sm_count=sm_count,
-                                 max_splits=workspace.max_splits)
-    assert 1 <= num_splits <= workspace.max_splits
     po, pl = workspace.part_out, workspace.part_lse
-    global _last_compiled
-    _last_compiled = _verify_attention_kernel[(m_blocks, batch * num_kv_heads, num_splits + 1)](
+    args = (
         q, k_buffer, v_buffer, k_new, v_new, tree_mask,
         kv_indices, kv_indptr, prefix_lens,
         po, pl,
         sm_scale * _LOG2E,
-        num_splits,
+        num_splits or 3,  # a placeholder while warming up: 1 and multiples of 16 are specialised
         q.stride(0), q.stride(1), q.stride(2),
         k_buffer.stride(0), k_buffer.stride(1),
         v_buffer.stride(0), v_buffer.stride(1),
@@ -346,23 +362,55 @@ def _verify_attention_launch(
         page_table_stride,
         po.stride(0), po.stride(1), po.stride(2), po.stride(3),
         pl.stride(0), pl.stride(1), pl.stride(2),
+    )
+    constexprs = dict(
         NUM_KV_HEADS=num_kv_heads, GROUP=group, T=num_tokens, BLOCK_T=max(16, triton.next_power_of_2(num_tokens)),
         BLOCK_D=block_d, BLOCK_DPE=block_dpe, BLOCK_DV=dv,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, PAGE_SIZE=page_size,
         USE_INDPTR=use_indptr, V_IS_K=v_is_k,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
+    if num_splits is None:
+        per_sm = _programs_per_sm(args, constexprs, q)
+        num_splits = _num_splits(batch=batch, num_kv_heads=num_kv_heads, m_blocks=m_blocks, slots=sm_count * per_sm,
+                                 max_splits=workspace.max_splits)
+    assert 1 <= num_splits <= workspace.max_splits
+    args = args[:12] + (num_splits,) + args[13:]
+    global _last_compiled
+    _last_compiled = _verify_attention_kernel[(m_blocks, batch * num_kv_heads, num_splits + 1)](*args, **constexprs)
     block_dv_merge = min(dv, 128)
     _verify_merge_kernel[(batch * num_tokens * num_q_heads, dv // block_dv_merge)](
         po, pl, out,
-        num_splits + 1,
+        kv_indptr, prefix_lens,
+        num_splits,
         po.stride(0), po.stride(1), po.stride(2), po.stride(3),
         pl.stride(0), pl.stride(1), pl.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
-        T=num_tokens, NUM_Q_HEADS=num_q_heads, BLOCK_DV=block_dv_merge,
-        BLOCK_S=triton.next_power_of_2(num_splits + 1), BLOCK_SC=16,
+        T=num_tokens, NUM_Q_HEADS=num_q_heads, BLOCK_N=config.block_n, BLOCK_DV=block_dv_merge,
+        BLOCK_S=triton.next_power_of_2(num_splits + 1), BLOCK_SC=16, USE_INDPTR=use_indptr,
         num_warps=4,
     )
+
+
+_OCCUPANCY: dict[tuple, int] = {}
+
+
+def _programs_per_sm(args: tuple, constexprs: dict, q: Tensor) -> int:
+    """Attention programs resident per SM, from the compiled kernel's shared memory, registers and warps."""
+    if kernel_is_interpreted():
+        return 1
+    key = (q.device, q.dtype, tuple(sorted(constexprs.items())))
+    if key not in _OCCUPANCY:
+        compiled = _verify_attention_kernel.warmup(*args, grid=(1,), **constexprs)
+        compiled._init_handles()  # raises OutOfResources when the tile does not fit
+        props = torch.cuda.get_device_properties(q.device)
+        threads = 32 * constexprs["num_warps"]
+        smem = getattr(props, "shared_memory_per_multiprocessor", 233472)
+        regs = getattr(props, "regs_per_multiprocessor", 65536)
+        max_threads = getattr(props, "max_threads_per_multi_processor", 2048)
+        _OCCUPANCY[key] = max(1, min(smem // max(1, compiled.metadata.shared), regs // max(1, compiled.n_regs * threads),
+                                     max_threads // threads))
+    return _OCCUPANCY[key]
 
 
 def kernel_is_interpreted() -> bool:
