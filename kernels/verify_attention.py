@@ -402,14 +402,18 @@ def _programs_per_sm(args: tuple, constexprs: dict, q: Tensor) -> int:
     key = (q.device, q.dtype, tuple(sorted(constexprs.items())))
     if key not in _OCCUPANCY:
         compiled = _verify_attention_kernel.warmup(*args, grid=(1,), **constexprs)
-        compiled._init_handles()  # raises OutOfResources when the tile does not fit
+        try:
+            compiled._init_handles()  # raises OutOfResources when the tile does not fit
+            shared, n_regs = compiled.metadata.shared, compiled.n_regs
+        except AttributeError:  # another Triton's internals: assume one program per SM
+            _OCCUPANCY[key] = 1
+            return 1
         props = torch.cuda.get_device_properties(q.device)
         threads = 32 * constexprs["num_warps"]
         smem = getattr(props, "shared_memory_per_multiprocessor", 233472)
         regs = getattr(props, "regs_per_multiprocessor", 65536)
         max_threads = getattr(props, "max_threads_per_multi_processor", 2048)
-        _OCCUPANCY[key] = max(1, min(smem // max(1, compiled.metadata.shared), regs // max(1, compiled.n_regs * threads),
-                                     max_threads // threads))
+        _OCCUPANCY[key] = max(1, min(smem // max(1, shared), regs // max(1, n_regs * threads), max_threads // threads))
     return _OCCUPANCY[key]
 
 
