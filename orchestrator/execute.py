@@ -151,6 +151,14 @@ class _Driver:
 
     def submit(self, group: ServerGroup, runs: tuple[RunSpec, ...], attempt: int = 1) -> None:
         gpus = gpus_for(group, self.settings.cluster)
+        have = ray.cluster_resources().get("GPU", 0)
+        if gpus > have:  # Ray would queue the actor forever
+            now = time.time()
+            for spec in runs:
+                self.emit(RunResult(run=spec, state=RunState.FAILED, reason=FailureReason.ENGINE_START_FAILED,
+                                    message=f"the server needs {gpus} GPU(s); the Ray cluster has {have:g}",
+                                    started_at=now, ended_at=now, tags={"server_group": group.group_id}))
+            return
         actor = ServerWorker.options(num_cpus=CPUS_PER_SERVER, num_gpus=gpus, max_restarts=0,
                                      name=None).remote(ServerGroup(group.server, runs), str(self.log_dir))
         start_ref = actor.start.remote()

@@ -174,3 +174,14 @@ def test_results_are_recorded_in_mlflow(local_ray, tmp_path):
     assert all(c.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for c in children)
     assert all(c.data.metrics["commit_len_mean"] == 3.0 for c in children)
     assert Tracker(settings.tracking_uri, "t").finished_run_hashes() == {r.run_hash for r in plan.runs}
+
+
+def test_server_needing_more_gpus_than_the_cluster_has_fails_fast(local_ray, tmp_path):
+    from orchestrator.execute import run_plan
+
+    server = tiny_server("none")
+    settings = _settings(tmp_path, cluster=dataclasses.replace(_settings(tmp_path).cluster, gpus_per_server=4))
+    t0 = time.monotonic()
+    (result,) = run_plan(_plan(tiny_group(server, [tiny_run(server, 0)])), settings, track=False)
+    assert result.state is RunState.FAILED and result.reason is FailureReason.ENGINE_START_FAILED
+    assert "4 GPU" in result.message and time.monotonic() - t0 < 10
