@@ -1,8 +1,8 @@
 """`python -m workers.reference.bench`: prefill and decode tokens/s of `tiny` (dummy weights) by context
 length x page size x algorithm (NONE, NGRAM, the oracle). Medians over --repeats requests.
 
-prefill tok/s = prompt_tokens / ttft (the oracle's ttft includes the draft's prefill);
-decode tok/s = (completion_tokens - 1) / (e2e - ttft).
+prefill tok/s = prompt_tokens / ttft (median; the oracle's ttft includes the draft's prefill);
+decode tok/s = mean tokens committed per step / median step time (steps of all repeats pooled).
 """
 from __future__ import annotations
 
@@ -44,22 +44,42 @@ def prompt_ids(engine: Engine, length: int) -> list[int]:
     return ids[:length]
 
 
-def measure(ctx: int, page: int, algo: str, repeats: int, new_tokens: int, chunk: int) -> dict:
+def make_engine(ctx: int, page: int, algo: str, new_tokens: int, chunk: int) -> Engine:
     engine = Engine(parse_args(["--model-path", "tiny", "--load-format", "dummy", "--page-size", str(page),
                                 "--context-length", str(ctx + new_tokens), "--chunked-prefill-size", str(chunk),
                                 *ALGORITHMS[algo]]))
-    ids = prompt_ids(engine, ctx)
+    engine.generate(list(range(1, 65)), SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True))  # warm-up
+    return engine
+
+
+def timed_generate(engine: Engine, ids: list[int], new_tokens: int) -> dict:
+    """One greedy request; per-step wall times from the engine's step callback."""
+    stamps: list[tuple[float, int]] = []
     params = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True)
-    engine.generate(ids[:64], SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True))  # warm-up
-    prefill, decode, accept = [], [], []
+    meta = engine.generate(ids, params, lambda out: stamps.append((time.perf_counter(), len(out)))).meta_info
+    steps = [(t1 - t0, n1 - n0) for (t0, n0), (t1, n1) in zip(stamps, stamps[1:])]
+    return {"prefill_tok_s": meta["prompt_tokens"] / meta["ttft"], "steps": steps,
+            "accept_len": meta.get("spec_accept_length", 1.0)}
+
+
+def measure(ctx: int, algo: str, pages: list[int], repeats: int, new_tokens: int, chunk: int) -> list[dict]:
+    """Requests alternate between the page sizes (A B A B ...) so a noisy neighbour hits both alike.
+    decode tok/s = mean tokens per step / median step time."""
+    engines = {page: make_engine(ctx, page, algo, new_tokens, chunk) for page in pages}
+    ids = prompt_ids(engines[pages[0]], ctx)
+    runs: dict[int, list[dict]] = {page: [] for page in pages}
     for _ in range(repeats):
-        meta = engine.generate(ids, params).meta_info
-        prefill.append(meta["prompt_tokens"] / meta["ttft"])
-        decode.append((meta["completion_tokens"] - 1) / (meta["e2e_latency"] - meta["ttft"]))
-        accept.append(meta.get("spec_accept_length", 1.0))
-    return {"ctx": ctx, "page": page, "algo": algo, "prefill_tok_s": statistics.median(prefill),
-            "prefill_s": ctx / statistics.median(prefill), "decode_tok_s": statistics.median(decode),
-            "accept_len": statistics.median(accept)}
+        for page in pages:
+            runs[page].append(timed_generate(engines[page], ids, new_tokens))
+    rows = []
+    for page in pages:
+        steps = [s for r in runs[page] for s in r["steps"]]
+        per_step = sum(n for _, n in steps) / len(steps)
+        prefill = statistics.median(r["prefill_tok_s"] for r in runs[page])
+        rows.append({"ctx": ctx, "page": page, "algo": algo, "prefill_tok_s": prefill, "prefill_s": ctx / prefill,
+                     "decode_tok_s": per_step / statistics.median(t for t, _ in steps),
+                     "accept_len": statistics.median(r["accept_len"] for r in runs[page])})
+    return rows
 
 
 def format_table(rows: list[dict]) -> str:
@@ -88,22 +108,22 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--page-sizes", type=int, nargs="+", default=[1, 16])
     p.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=list(ALGORITHMS))
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--new-tokens", type=int, default=48)
     p.add_argument("--chunked-prefill-size", type=int, default=2048)
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     header = (f"# {time.strftime('%Y-%m-%d')}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
               f"{cpu_name()}; tiny, dummy weights, fp32, batch 1, {a.new_tokens} new tokens, "
-              f"median of {a.repeats}")
+              f"{a.repeats} requests per cell, page sizes interleaved")
     print(header, flush=True)
     rows = []
     for ctx in a.contexts:
-        for page in a.page_sizes:
-            for algo in a.algorithms:
-                rows.append(measure(ctx, page, algo, a.repeats, a.new_tokens, a.chunked_prefill_size))
-                r = rows[-1]
-                print(f"  ctx={ctx} page={page} {algo}: prefill {r['prefill_tok_s']:.0f} tok/s "
+        for algo in a.algorithms:
+            for r in measure(ctx, algo, a.page_sizes, a.repeats, a.new_tokens, a.chunked_prefill_size):
+                rows.append(r)
+                print(f"  ctx={ctx} page={r['page']} {algo}: prefill {r['prefill_tok_s']:.0f} tok/s "
                       f"({r['prefill_s']:.2f} s), decode {r['decode_tok_s']:.1f} tok/s", flush=True)
+    rows.sort(key=lambda r: (r["ctx"], r["page"], list(ALGORITHMS).index(r["algo"])))
     print(format_table(rows))
     for line in page_ratios(rows):
         print(line)
