@@ -103,25 +103,36 @@ class TorchAttentionBackend(AttentionBackend):
 
 @register_attention_backend("specsweep_verify")
 class SpecsweepVerifyBackend(AttentionBackend):
-    """This project's Triton verify kernel (`kernels.verify_attention`), full-attention layers only."""
+    """This project's Triton verify kernel (`kernels.verify_attention`) for decode and tree verify on
+    full-attention layers; prefill chunks (T > 64) and sliding-window layers use the torch backend."""
+
+    MAX_TOKENS = 64  # the kernel's T limit
 
     def __init__(self, device="cpu"):
         super().__init__(device)
         if self.device.type != "cuda" or not torch.cuda.is_available():
             raise RuntimeError("attention backend 'specsweep_verify' needs CUDA + kernels.verify_attention "
                                "(use --device cuda on a GPU machine, or --attention-backend torch)")
-        from kernels import verify_attention  # noqa: F401  (fails early if the kernel is missing)
+        from kernels import verify_attention  # fails early if the kernel is missing
+
         self._kernel = verify_attention
         self._fallback = TorchAttentionBackend(device)
+        self._workspace = None
 
     def forward(self, q, k_new, v_new, k_pool, v_pool, meta, *, scale, window):
-        if window is not None:
+        T, num_q_heads, head_dim = q.shape
+        if window is not None or T > self.MAX_TOKENS:
             return self._fallback.forward(q, k_new, v_new, k_pool, v_pool, meta, scale=scale, window=window)
-        out = self._kernel.verify_attention(
-            q=q.unsqueeze(0), k_buffer=k_pool, v_buffer=v_pool, k_new=k_new.unsqueeze(0),
-            v_new=v_new.unsqueeze(0), tree_mask=meta.tree_mask.unsqueeze(0), sm_scale=scale,
-            page_table=meta.page_table.unsqueeze(0),
+        if self._workspace is None:  # once, sized for any call: B = 1, T <= 64
+            self._workspace = self._kernel.allocate_workspace(
+                max_batch=1, max_tokens=self.MAX_TOKENS, num_q_heads=num_q_heads, v_head_dim=head_dim,
+                device=q.device)
+        out = torch.empty(1, T, num_q_heads, head_dim, device=q.device, dtype=q.dtype)
+        self._kernel.verify_attention(
+            q=q.unsqueeze(0), k_buffer=k_pool, v_buffer=v_pool, k_new=k_new.to(q.dtype).unsqueeze(0),
+            v_new=v_new.to(q.dtype).unsqueeze(0), tree_mask=meta.tree_mask.unsqueeze(0), sm_scale=scale,
+            out=out, workspace=self._workspace, page_table=meta.page_table.to(torch.int32).unsqueeze(0),
             prefix_lens=torch.tensor([meta.prefix_len], device=q.device, dtype=torch.int32),
             page_size=meta.page_size,
         )  # [1, T, Hq, D]
-        return out[0].to(q.dtype)
+        return out[0]

@@ -12,7 +12,7 @@ import time
 import pytest
 import requests
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 NUM_STEPS = 3
 FLAGS = ["--model-path", "tiny", "--load-format", "dummy", "--page-size", "16", "--attention-backend", "torch",
