@@ -292,6 +292,7 @@ def run_plan(plan, settings: ExecutionSettings, on_result: Callable[[RunResult],
     pool = ThreadPoolExecutor(1, thread_name_prefix="mlflow-setup")
     setup = pool.submit(_open_tracker, plan, settings, multirun_yaml, stats, t0) if track else None
     tracker = None
+    backlog: list[RunResult] = []  # results that came before MLflow was ready
     log_dir = Path(settings.work_dir).resolve() / "logs" / "engines" / f"{plan.sweep_name}-{time.strftime('%Y%m%d-%H%M%S')}"
     log_dir.mkdir(parents=True, exist_ok=True)
     progress = SweepProgress(plan.num_runs, enabled=settings.progress)
@@ -303,14 +304,25 @@ def run_plan(plan, settings: ExecutionSettings, on_result: Callable[[RunResult],
         results[result.run.job_index] = result
         progress.add(result)
         if tracker is not None:
-            t = time.perf_counter()
-            try:
-                tracker.log_result(result)
-            except Exception:  # MLflow trouble must not lose the other results; loud, not silent
-                logger.exception("could not record run %d (%s) in MLflow", result.run.job_index, result.run.name)
-            stats.tracking_s += time.perf_counter() - t
+            record(result)
+        elif setup is not None:
+            backlog.append(result)
         if on_result is not None:
             on_result(result)
+
+    def record(result: RunResult) -> None:
+        t = time.perf_counter()
+        try:
+            tracker.log_result(result)
+        except Exception:  # MLflow trouble must not lose the other results; loud, not silent
+            logger.exception("could not record run %d (%s) in MLflow", result.run.job_index, result.run.name)
+        stats.tracking_s += time.perf_counter() - t
+
+    def tracker_ready():
+        nonlocal tracker
+        tracker = setup.result()
+        while backlog:
+            record(backlog.pop(0))
 
     started_ray, driver, status = False, None, RunState.FINISHED
     try:
@@ -325,7 +337,8 @@ def run_plan(plan, settings: ExecutionSettings, on_result: Callable[[RunResult],
                 driver = _Driver(settings, log_dir, progress, emit, stats)
                 for group in plan.groups:
                     driver.submit(group, group.runs)
-                tracker = setup.result() if setup else None  # before the first result is emitted
+                if setup is not None:
+                    tracker_ready()
                 stats.ready_s = time.perf_counter() - t0
                 driver.loop()
             except BaseException as e:
@@ -343,11 +356,14 @@ def run_plan(plan, settings: ExecutionSettings, on_result: Callable[[RunResult],
         stats.wall_s = time.perf_counter() - t0
         if tracker is None and setup is not None:
             with contextlib.suppress(Exception):  # set-up raised: that error is already propagating
-                tracker = setup.result()
+                tracker_ready()
         pool.shutdown(wait=False)
         if tracker is not None:
-            tracker.log_parent_metrics(_parent_metrics(results.values(), stats))
-            tracker.end_parent(status)
+            try:
+                tracker.log_parent_metrics(_parent_metrics(results.values(), stats))
+                tracker.end_parent(status)
+            except Exception:  # never mask the sweep's own outcome
+                logger.exception("could not close the parent run in MLflow")
         progress.summary(list(results.values()))
     return [results[r.job_index] for r in plan.runs if r.job_index in results]
 

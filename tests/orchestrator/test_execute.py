@@ -182,6 +182,11 @@ def test_server_needing_more_gpus_than_the_cluster_has_fails_fast(local_ray, tmp
     server = tiny_server("none")
     settings = _settings(tmp_path, cluster=dataclasses.replace(_settings(tmp_path).cluster, gpus_per_server=4))
     t0 = time.monotonic()
-    (result,) = run_plan(_plan(tiny_group(server, [tiny_run(server, 0)])), settings, track=False)
+    (result,) = run_plan(_plan(tiny_group(server, [tiny_run(server, 0)])), settings)
     assert result.state is RunState.FAILED and result.reason is FailureReason.ENGINE_START_FAILED
-    assert "4 GPU" in result.message and time.monotonic() - t0 < 10
+    assert "4 GPU" in result.message and time.monotonic() - t0 < 30
+    from mlflow import MlflowClient  # recorded although it failed before MLflow's set-up had finished
+
+    client = MlflowClient(settings.tracking_uri)
+    (child,) = client.search_runs([client.get_experiment_by_name("t").experiment_id], "tags.run_hash != ''")
+    assert child.info.status == "FAILED" and child.data.tags["failure_reason"] == "engine_start_failed"
