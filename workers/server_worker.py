@@ -17,6 +17,10 @@ Failure policy, per run:
 Each result's tags carry `engine_start` (which start of this group's engine served it, 1-based) and
 `engine_pid`, so a sweep can be checked for exactly one start per ServerSpec.
 
+GPU engines (SGLang, or the reference engine on cuda): each run is sampled with `workers.telemetry.GpuSampler`
+over CUDA_VISIBLE_DEVICES (set by Ray from the actor's GPUs): `gpu_*` metrics and series, GPU name and compute
+capability tags.
+
 Test hook: with SPECSWEEP_PID_DIR set, `<dir>/run-<job_index>.pid` holds the serving engine's pid while
 that run's probe is in flight (written before the request, removed after).
 """
@@ -30,10 +34,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.spec import Algorithm, FailureReason, RunResult, RunSpec, RunState, ServerSpec
+from orchestrator.spec import Algorithm, EngineKind, RunResult, RunSpec, RunState, ServerSpec
 from workers.engine import EngineProcess
 from workers.errors import EngineDied, EngineStartFailed, WorkerError
 from workers.probe import run_probe
+from workers.telemetry import GpuSampler, gpu_identity
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +72,9 @@ class GroupRunner:
         self.start_error: EngineStartFailed | None = None
         self.dead_error: EngineDied | None = None  # the engine died and the restart budget is spent
         self.host = socket.gethostname()
+        # GPU engines: NVML telemetry over the GPUs Ray gave this actor (CUDA_VISIBLE_DEVICES)
+        self.on_gpu = server.engine.kind is EngineKind.SGLANG or server.engine.device == "cuda"
+        self.gpu_tags = self._gpu_tags() if self.on_gpu else {}
 
     # -- engine lifecycle
 
@@ -112,14 +120,19 @@ class GroupRunner:
             engine = self.engine
             result.tags.update(engine_start=str(self.engine_starts), engine_pid=str(engine.pid))
             marker = self._mark(spec, engine.pid)
+            sampler = self._sampler() if self.on_gpu else None
             try:
                 m = run_probe(engine.base_url, spec.probe, self.server.engine.kind,
                               expect_spec=self.server.drafter.algorithm is not Algorithm.NONE,
                               timeout_s=self.server.engine.request_timeout_s, model_path=self.server.model.path)
             finally:
+                samples = sampler.stop() if sampler else None
                 if marker:
                     marker.unlink(missing_ok=True)
             result.metrics, result.series, result.engine_time_s = m.metrics, m.series, m.engine_time_s
+            if samples is not None and sampler.available:  # NVML missing or no GPU: nothing recorded
+                result.metrics.update(samples.metrics())
+                result.series.update(samples.series())
             result.artifacts.update(m.artifacts)
             if m.notes:
                 result.message = "; ".join(m.notes)
@@ -172,7 +185,21 @@ class GroupRunner:
     def _tags(self, attempt: int) -> dict[str, str]:
         s = self.server
         return {"server_group": self.group_id, "engine": s.engine.kind.value, "engine_version": s.engine.version,
-                "host": self.host, "attempt": str(attempt)}
+                "host": self.host, "attempt": str(attempt), **self.gpu_tags}
+
+    def _sampler(self) -> GpuSampler | None:
+        try:
+            return GpuSampler(os.environ.get("CUDA_VISIBLE_DEVICES")).start()
+        except Exception as e:  # an NVML error must not fail the run it only observes
+            logger.warning("GPU telemetry failed to start for group %s: %s", self.group_id, e)
+            return None
+
+    def _gpu_tags(self) -> dict[str, str]:
+        try:
+            return gpu_identity(os.environ.get("CUDA_VISIBLE_DEVICES"))
+        except Exception as e:  # NVML present but unhappy: the run goes on without GPU tags
+            logger.warning("no GPU identity for group %s: %s", self.group_id, e)
+            return {}
 
     def _mark(self, spec: RunSpec, pid: int) -> Path | None:
         d = os.environ.get(PID_DIR_ENV)

@@ -1,0 +1,87 @@
+"""GroupRunner without Ray, on the real reference engine: restart budget, start failure, GPU telemetry hook."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+
+import pytest
+
+import workers.server_worker as sw
+from orchestrator.spec import FailureReason, RunState
+from workers.testing import tiny_run, tiny_server
+
+pytestmark = pytest.mark.slow
+
+
+def _kill(runner):
+    os.kill(runner.engine.pid, signal.SIGKILL)
+    runner.engine.proc.wait(10)
+
+
+def test_engine_restarts_once_then_the_budget_is_spent(tmp_path):
+    server = tiny_server("none")
+    runner = sw.GroupRunner(server, tmp_path, restarts=1)
+    try:
+        assert runner.start().alive
+        assert runner.run(tiny_run(server, 0)).state is RunState.FINISHED
+        _kill(runner)  # between runs: restarted silently, the run succeeds
+        second = runner.run(tiny_run(server, 1))
+        assert second.state is RunState.FINISHED and second.tags["engine_start"] == "2"
+        _kill(runner)  # budget spent: this run and the next fail with the reason and the tail
+        for i in (2, 3):
+            r = runner.run(tiny_run(server, i))
+            assert r.state is RunState.FAILED and r.reason is FailureReason.ENGINE_DIED
+            assert "restart budget" in r.message or "between runs" in r.message
+            assert r.artifacts[sw.LOG_TAIL_ARTIFACT]
+        assert runner.engine_starts == 2
+    finally:
+        runner.stop()
+
+
+def test_start_failure_fails_every_run_without_retrying(tmp_path):
+    bad = dataclasses.replace(tiny_server("none"), page_size=0)
+    runner = sw.GroupRunner(bad, tmp_path)
+    info = runner.start()
+    assert not info.alive and "exited" in info.error
+    for i in range(2):
+        r = runner.run(tiny_run(bad, i))
+        assert r.reason is FailureReason.ENGINE_START_FAILED and "--page-size" in r.artifacts[sw.LOG_TAIL_ARTIFACT]
+    assert runner.engine_starts == 1
+
+
+class _FakeSamples:
+    def metrics(self):
+        return {"gpu_util_mean": 50.0}
+
+    def series(self):
+        return {"gpu_util": [40.0, 60.0]}
+
+
+class _FakeSampler:
+    available = True
+
+    def __init__(self, visible):
+        self.visible = visible
+
+    def start(self):
+        return self
+
+    def stop(self):
+        return _FakeSamples()
+
+
+def test_gpu_engines_are_sampled(tmp_path, monkeypatch):
+    monkeypatch.setattr(sw, "GpuSampler", _FakeSampler)
+    monkeypatch.setattr(sw, "gpu_identity", lambda visible: {"gpu_name": "NVIDIA H200"})
+    server = tiny_server("none")
+    runner = sw.GroupRunner(server, tmp_path)
+    runner.on_gpu, runner.gpu_tags = True, runner._gpu_tags()  # the CPU engine stands in for a GPU one
+    try:
+        runner.start()
+        r = runner.run(tiny_run(server, 0))
+    finally:
+        runner.stop()
+    assert r.metrics["gpu_util_mean"] == 50.0 and r.series["gpu_util"] == [40.0, 60.0]
+    assert r.tags["gpu_name"] == "NVIDIA H200"
