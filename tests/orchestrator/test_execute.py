@@ -31,6 +31,8 @@ def pid_dir(tmp_path_factory):
 def local_ray(pid_dir):
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ[PID_DIR_ENV] = str(pid_dir)  # Ray workers inherit the driver's environment at init
+    if ray.is_initialized():  # left over from another module: restart so the workers see PID_DIR_ENV
+        ray.shutdown()
     ray.init(num_cpus=2, object_store_memory=80 * 2**20, include_dashboard=False, log_to_driver=False,
              configure_logging=False)
     yield
