@@ -20,7 +20,12 @@ API (keyword-only; shapes are checked):
         kv_indptr=..., kv_indices=...,                     # SGLang: [B+1] int32 cumsum, per-token slot ids int32
         page_table=..., prefix_lens=..., page_size=...,    # FlashInfer / reference engine: [B, max_pages] int32
                                                            # page ids, [B] int32 lengths, rows per page
+        config=None, num_splits=None,                      # overrides of the tile / split heuristics (tuning)
     ) -> out
+
+Call it once outside a CUDA graph before capturing it (that compiles the kernels and measures their occupancy);
+replays may then change prefix lengths, page tables and inputs in place. On CPU tensors it runs through Triton's
+interpreter when TRITON_INTERPRET=1 was set before import, else it falls back to `kernels.reference`.
 
 Slot s of the pool is row s of k_buffer; page p holds slots p * page_size .. p * page_size + page_size - 1.
 GQA needs Hq % Hkv == 0 and Dk = Dv in {16, ..., 256} (powers of two). MLA needs Hkv = 1 and
@@ -33,12 +38,14 @@ stream one contiguous slice of the prefix; program num_splits handles the T new 
 mask. Each writes an fp32 partial output and its log2-sum-exp into the workspace; `_verify_merge_kernel`
 combines them. The grid depends only on static shapes (B, T, heads, num_splits), and the prefix lengths
 are read on the device, so the two launches can be captured in a CUDA graph and replayed as the prefix
-grows. Block sizes come from the device's per-block shared-memory limit (sm_90 ~227 KB, sm_120 ~100 KB).
+grows. Block sizes come from the device's per-block shared-memory limit (sm_90 ~227 KB, sm_120 ~100 KB), with a
+fall-back to the next smaller tile if the compiler still runs out of resources; the number of splits fills one
+wave of the SMs, counted from the compiled kernel's shared memory, registers and warps. docs/kernels.md has the
+measurements behind the choices.
 """
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 
 import torch
