@@ -433,6 +433,22 @@ class Scheduler:
 # --- embedded Ray job server and the CLI ---------------------------------------------------------
 
 
+def wait_for_job_server(url: str, timeout_s: float = 90.0) -> None:
+    """The dashboard (which hosts the job server) can lag `ray.init` on a loaded machine."""
+    import requests
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if requests.get(url + "/api/version", timeout=2).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        if time.monotonic() > deadline:
+            raise ScheduleError(f"Ray job server at {url} not reachable within {timeout_s:.0f} s")
+        time.sleep(0.5)
+
+
 @contextlib.contextmanager
 def job_server(address: str | None, port: int = 8265) -> Iterator[str]:
     """Yield a Ray job-server URL: the given one, or a local Ray started here with its job server."""
@@ -446,6 +462,7 @@ def job_server(address: str | None, port: int = 8265) -> Iterator[str]:
                    log_to_driver=False, configure_logging=False)
     try:
         url = "http://" + ctx.dashboard_url
+        wait_for_job_server(url)
         log.info("embedded Ray with its job server at %s (jobs end when this process ends)", url)
         yield url
     finally:

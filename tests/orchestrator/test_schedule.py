@@ -22,6 +22,7 @@ from orchestrator.schedule import (
     daemon_lock,
     load_schedules,
     parse_schedule,
+    wait_for_job_server,
 )
 
 T0 = dt.datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
@@ -112,7 +113,9 @@ def job_server_url():
     ctx = ray.init(num_cpus=2, object_store_memory=80 * 2**20, include_dashboard=True,
                    dashboard_host="127.0.0.1", dashboard_port=_free_port(), log_to_driver=False)
     try:
-        yield "http://" + ctx.dashboard_url
+        url = "http://" + ctx.dashboard_url
+        wait_for_job_server(url)
+        yield url
     finally:
         ray.shutdown()
 
