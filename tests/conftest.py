@@ -17,6 +17,13 @@ import requests
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
+# Triton picks interpreted or compiled when a kernel is decorated, so this must precede any import of
+# `kernels.verify_attention`, from whichever test package comes first. On a CUDA machine kernels compile.
+import torch  # noqa: E402
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--virtual-time-budget=10000", "--window-size=1400,900"]
