@@ -10,7 +10,7 @@ Exactly one RunResult per RunSpec of `plan`, in job order. `on_result` is called
 result as it arrives. With `track` (the default) the results are also recorded in MLflow
 (`orchestrator.tracking.Tracker`): a parent run for this invocation and a child run per result, the parent
 closed FINISHED (KILLED on interrupt). `stats`, when given, is filled in (engine starts, start-up seconds,
-wall time) for benchmarks.
+wall time, the parent run id) for benchmarks and the report.
 
 Ray: an existing connection is used as is; otherwise `cluster.kind=local` starts an embedded
 `ray.init()` (logical GPUs when the machine has none but a server asks for some), `cluster.kind=ray`
@@ -64,6 +64,7 @@ class ExecutionStats:
     engine_starts: dict[str, int] = field(default_factory=dict)  # group_id -> engine start attempts
     engine_startup_s: dict[str, float] = field(default_factory=dict)  # group_id -> seconds starting engines
     tracking_s: float = 0.0  # driver seconds spent writing MLflow
+    parent_run_id: str | None = None  # the MLflow parent run of this invocation (e.g. for the report)
 
     @property
     def total_engine_starts(self) -> int:
@@ -372,7 +373,7 @@ def _open_tracker(plan, settings: ExecutionSettings, multirun_yaml: str | None, 
     from orchestrator.tracking import Tracker
 
     tracker = Tracker.from_settings(settings)
-    tracker.begin_parent(plan, work_dir=settings.work_dir, multirun_yaml=multirun_yaml)
+    stats.parent_run_id = tracker.begin_parent(plan, work_dir=settings.work_dir, multirun_yaml=multirun_yaml)
     stats.tracking_setup_s = time.perf_counter() - t0
     return tracker
 

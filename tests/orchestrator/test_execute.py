@@ -159,19 +159,20 @@ def test_lost_worker_requeues_unfinished_runs(local_ray, tmp_path, pid_dir):
 def test_results_are_recorded_in_mlflow(local_ray, tmp_path):
     from mlflow import MlflowClient
 
-    from orchestrator.execute import run_plan
+    from orchestrator.execute import ExecutionStats, run_plan
     from orchestrator.tracking import Tracker
 
     server = tiny_server("oracle", num_steps=2)
     plan = _plan(tiny_group(server, [tiny_run(server, 0), tiny_run(server, 1, ProbeKind.NOVEL)]))
     settings = _settings(tmp_path)
-    run_plan(plan, settings)
+    stats = ExecutionStats()
+    run_plan(plan, settings, stats=stats)
     client = MlflowClient(settings.tracking_uri)
     exp = client.get_experiment_by_name("t")
     runs = client.search_runs([exp.experiment_id])
     parents = [r for r in runs if r.data.tags.get("specsweep.role") == "parent"]
     children = [r for r in runs if r.data.tags.get("specsweep.role") == "child"]
-    assert len(parents) == 1 and len(children) == 2
+    assert len(parents) == 1 and len(children) == 2 and parents[0].info.run_id == stats.parent_run_id
     assert parents[0].info.status == "FINISHED" and parents[0].data.metrics["engine_starts"] == 1
     assert all(c.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for c in children)
     assert all(c.data.metrics["commit_len_mean"] == 3.0 for c in children)
