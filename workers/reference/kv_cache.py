@@ -108,8 +108,8 @@ class PagedSequence:
         indices, root first) at positions base, base+1, ... and roll back every other node."""
         moved = [(base + node, base + depth) for depth, node in enumerate(path) if node != depth]
         if moved:
-            src = torch.tensor([s for s, _ in moved])
-            dst = torch.tensor([d for _, d in moved])
+            src = torch.tensor([s for s, _ in moved], device=self.page_table.device)
+            dst = torch.tensor([d for _, d in moved], device=self.page_table.device)
             self.pool.copy_slots(self._slots_at(src), self._slots_at(dst))
         self.length = base + len(path)
         self.truncate(self.length)

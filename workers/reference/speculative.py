@@ -57,7 +57,7 @@ def sample(logits: Tensor, temperature: float, generator: torch.Generator | None
     # logits: [N, V] -> one token per row
     if temperature <= 0:
         return logits.argmax(-1).tolist()
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    probs = torch.softmax(logits.float().cpu() / temperature, dim=-1)  # the generator lives on the CPU
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1).tolist()
 
 

@@ -38,3 +38,9 @@ def test_verify_kernel_backend_matches_torch(make_engine, dtype, page_size, name
         assert same >= 16, (got.output_ids, expected)
     if name.startswith("oracle"):
         assert got.meta_info["spec_num_correct_drafts"] > 0
+
+
+def test_sampling_on_cuda(make_engine):
+    engine = make_engine("--device", "cuda", "--speculative-algorithm", "NGRAM", "--speculative-eagle-topk", "2")
+    params = SamplingParams(max_new_tokens=16, temperature=0.7, ignore_eos=True, sampling_seed=3)
+    assert engine.generate([1, 2, 3, 1, 2], params).output_ids == engine.generate([1, 2, 3, 1, 2], params).output_ids
