@@ -31,6 +31,7 @@ from orchestrator.spec import (
     ModelSpec,
     ProbeKind,
     ProbeSpec,
+    SGLangOptions,
     TrackingSettings,
 )
 from orchestrator.validate import ConfigError, Problem
@@ -43,6 +44,17 @@ DEVICES = ("cpu", "cuda")
 
 
 @dataclass
+class SGLangConf:
+    """`engine.sglang`: SGLang-only launch settings (ignored by other engines)."""
+
+    mem_fraction_static: Optional[float] = None
+    cuda_graph_max_bs: Optional[int] = None
+    disable_cuda_graph: bool = False
+    max_running_requests: Optional[int] = None
+    log_level: Optional[str] = None
+
+
+@dataclass
 class EngineConf:
     kind: str = MISSING  # reference | sglang
     version: str = MISSING
@@ -51,6 +63,7 @@ class EngineConf:
     request_timeout_s: float = 600.0
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    sglang: SGLangConf = field(default_factory=SGLangConf)
 
 
 @dataclass
@@ -79,6 +92,7 @@ class DrafterConf:
     num_draft_tokens: int = 0
     is_oracle: bool = False
     extra_args: list[str] = field(default_factory=list)
+    draft_window_size: Optional[int] = None  # DFLASH (SGLang): --speculative-draft-window-size
 
 
 @dataclass
@@ -247,6 +261,7 @@ def to_run_config(cfg: DictConfig, overrides: tuple[str, ...] = (), cwd: str | N
         request_timeout_s=float(e["request_timeout_s"]),
         extra_args=tuple(e["extra_args"]),
         env=tuple(sorted(e["env"].items())),
+        sglang=SGLangOptions(**e["sglang"]) if e["kind"] == EngineKind.SGLANG.value else None,
     )
     model = ModelSpec(
         name=m["name"], path=m["path"], max_context_len=m["max_context_len"], num_layers=m["num_layers"],
@@ -259,7 +274,7 @@ def to_run_config(cfg: DictConfig, overrides: tuple[str, ...] = (), cwd: str | N
         name=d["name"], algorithm=p.enum("drafter.algorithm", d["algorithm"], Algorithm),
         draft_model_path=d["draft_model_path"], num_steps=d["num_steps"], topk=d["topk"],
         num_draft_tokens=d["num_draft_tokens"], is_oracle=d["is_oracle"],
-        extra_args=tuple(d["extra_args"]),
+        extra_args=tuple(d["extra_args"]), draft_window_size=d["draft_window_size"],
     )
     attention = AttentionSpec(name=a["name"], backend=a["backend"], decode_backend=a["decode_backend"],
                               prefill_backend=a["prefill_backend"], draft_backend=a["draft_backend"])

@@ -17,6 +17,8 @@ from typing import Any
 
 # Fields marked NOT_IDENTITY (names, paths) never enter run_hash / ServerSpec.key.
 NOT_IDENTITY = {"identity": False}
+# Fields added after run hashes were recorded: left at None they stay out of run_hash, so old hashes hold.
+IDENTITY_IF_SET = {"omit_if_none": True}
 
 
 class EngineKind(str, enum.Enum):
@@ -98,6 +100,7 @@ class DrafterSpec:
     num_draft_tokens: int = 0  # max tree nodes
     is_oracle: bool = False  # the target drafts for itself: commit must be num_steps + 1
     extra_args: tuple[str, ...] = ()  # additional engine argv, e.g. DFLASH block size
+    draft_window_size: int | None = field(default=None, metadata=IDENTITY_IF_SET)  # DFLASH draft window (tokens)
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,17 @@ class AttentionSpec:
 
 
 @dataclass(frozen=True)
+class SGLangOptions:
+    """SGLang-only launch settings (`engine.sglang`); workers/sglang.py turns them into the version's flags."""
+
+    mem_fraction_static: float | None = None  # None: SGLang's own choice
+    cuda_graph_max_bs: int | None = None  # --cuda-graph-max-bs-decode (>= 0.5.20) / --cuda-graph-max-bs (0.5.10)
+    disable_cuda_graph: bool = False
+    max_running_requests: int | None = None  # None: SGLang sets 48 with speculation
+    log_level: str | None = None
+
+
+@dataclass(frozen=True)
 class EngineSpec:
     kind: EngineKind
     version: str  # engine version the flag set targets ("0.5.23" for SGLang; ours for the reference)
@@ -118,6 +132,7 @@ class EngineSpec:
     request_timeout_s: float = 600.0
     extra_args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
+    sglang: SGLangOptions | None = field(default=None, metadata=IDENTITY_IF_SET)  # kind=sglang only
 
 
 @dataclass(frozen=True)
@@ -193,7 +208,8 @@ class RunResult:
 def _canonical(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj):
         return {f.name: _canonical(getattr(obj, f.name)) for f in dataclasses.fields(obj)
-                if f.metadata.get("identity", True)}
+                if f.metadata.get("identity", True)
+                and not (f.metadata.get("omit_if_none") and getattr(obj, f.name) is None)}
     if isinstance(obj, enum.Enum):
         return obj.value
     if isinstance(obj, (list, tuple)):
