@@ -5,7 +5,7 @@ Public API:
     build_engine_argv(server: ServerSpec, port: int) -> list[str]
         argv for the server's engine kind (SGLang flag names for every engine).
     adapter_for(kind: EngineKind) -> EngineAdapter
-        the per-engine seam: argv, health path, extra env. REFERENCE is complete; SGLANG is basic.
+        the per-engine seam: argv, health path, extra env (SGLANG: workers/sglang.py).
     EngineProcess(command: Callable[[int], list[str]], log_path, *, host, env, startup_timeout_s, grace_s)
     EngineProcess.for_server(server: ServerSpec, log_path, **kw) -> EngineProcess
         with EngineProcess.for_server(server, "engine.log") as engine:   # start + wait for /health 200
@@ -43,6 +43,7 @@ import requests
 
 from orchestrator.spec import Algorithm, EngineKind, ServerSpec
 from workers.errors import EngineDied, EngineStartFailed, EngineTimeout
+from workers.sglang import SGLangAdapter
 
 logger = logging.getLogger(__name__)
 
@@ -99,23 +100,6 @@ class ReferenceAdapter:
     def env(self, server: ServerSpec) -> dict[str, str]:
         # one intra-op thread per engine: engines share a few cores with Ray and each other
         return {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-
-
-class SGLangAdapter:
-    """Basic `sglang.launch_server` argv; full SGLang support (telemetry, log patterns) is a later issue."""
-
-    kind = EngineKind.SGLANG
-    health_path = "/health"
-
-    def build_argv(self, server: ServerSpec, port: int) -> list[str]:
-        argv = [sys.executable, "-m", "sglang.launch_server"] + _common_flags(server, port)
-        argv += ["--tp-size", str(server.tp_size)]
-        if server.nnodes > 1:
-            argv += ["--nnodes", str(server.nnodes)]
-        return argv + ["--enable-metrics"] + list(server.engine.extra_args)
-
-    def env(self, server: ServerSpec) -> dict[str, str]:
-        return {}
 
 
 _ADAPTERS: dict[EngineKind, EngineAdapter] = {EngineKind.REFERENCE: ReferenceAdapter(),
