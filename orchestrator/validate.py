@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable
 
-from orchestrator.spec import Algorithm, AttentionKind, EngineKind, ProbeKind
+from orchestrator.spec import Algorithm, AttentionKind, AttentionSpec, EngineKind, ProbeKind
 
 if TYPE_CHECKING:
     from orchestrator.schema import RunConfig
@@ -49,20 +49,6 @@ class ConfigError(ValueError):
 # Reference engine: what workers/reference accepts.
 REFERENCE_BACKENDS = ("torch", "specsweep_verify")
 REFERENCE_ALGORITHMS = (Algorithm.NONE, Algorithm.NGRAM, Algorithm.STANDALONE)
-# SGLang 0.5.23 (`arg_groups/choices.py`), plus this project's kernel plugin.
-SGLANG_BACKENDS = (
-    "triton", "torch_native", "flex_attention", "dsa", "nsa", "qsa", "dsv4", "compressed", "fa3", "fa4",
-    "flashinfer", "llada2_cfg_flashinfer", "flashmla", "trtllm_mla", "cutedsl_mla", "tokenspeed_mla",
-    "trtllm_mha", "hpc_ops", "minicpm_flashattn", "minicpm_flashinfer", "aiter", "wave", "intel_amx",
-    "ascend", "intel_xpu", "specsweep_verify",
-)
-SGLANG_DRAFT_BACKENDS = ("flashinfer", "fa3", "fa4", "triton", "ascend", "trtllm_mha", "intel_xpu")
-# Backends the EAGLE-family draft worker has (`speculative/draft_utils.py`).
-SGLANG_EAGLE_DRAFT_WORKER_BACKENDS = (
-    "flashinfer", "triton", "intel_amx", "intel_xpu", "aiter", "fa3", "hybrid_linear_attn", "flashmla",
-    "trtllm_mha", "trtllm_mla", "cutedsl_mla", "dsa", "nsa", "ascend", "fa4", "dsv4",
-)
-SGLANG_PAGED_TREE_BACKENDS = ("flashinfer", "fa3", "triton")  # topk > 1 with page_size > 1
 EAGLE_FAMILY = (Algorithm.EAGLE, Algorithm.EAGLE3, Algorithm.STANDALONE)
 NEEDS_DRAFT_PATH = (Algorithm.STANDALONE, Algorithm.EAGLE3, Algorithm.DFLASH)
 
@@ -95,7 +81,8 @@ def validate_run(rc: RunConfig, *, check_max_context: bool = True) -> list[Probl
     at_least("tp_size", rc.tp_size, 1)
     if rc.server_context_len is not None:
         at_least("server_context_len", rc.server_context_len, 1)
-        if rc.server_context_len > rc.model.max_context_len:
+        # SGLang may run past the model config's length (workers/sglang.py sets its override env var)
+        if rc.server_context_len > rc.model.max_context_len and rc.engine.kind is not EngineKind.SGLANG:
             bad("server_context_len", rc.server_context_len,
                 f"null or <= model max_context_len {rc.model.max_context_len}")
     if check_max_context and rc.probe.context_len >= 1 and (p := check_context(rc)):
@@ -105,7 +92,7 @@ def validate_run(rc: RunConfig, *, check_max_context: bool = True) -> list[Probl
     if rc.engine.kind is EngineKind.REFERENCE:
         out += _reference_problems(rc)
     elif rc.engine.kind is EngineKind.SGLANG:
-        out += _sglang_problems(rc)
+        out += sglang_problems(rc)
     if rc.probe.kind is ProbeKind.PREDICTABLE and not rc.probe.sentence:
         bad("probe.sentence", rc.probe.sentence, "a non-empty sentence")
     if rc.cluster.address is None and rc.cluster.kind.value == "ray":
@@ -175,47 +162,169 @@ def _reference_problems(rc: RunConfig) -> list[Problem]:
     return out
 
 
-def _sglang_problems(rc: RunConfig) -> list[Problem]:
-    out, a, d = [], rc.attention, rc.drafter
+# ================================================================ SGLang
+# What SGLang itself rejects (or silently overrides) at start-up, checked at plan time instead, per version.
+# Sources: shared/docs/sglang-facts.md §0-§1 and the released wheels (0.5.10 `server_args.py`; 0.5.23
+# `arg_groups/{choices,overrides,speculative_hook,attention_hook}.py`, `speculative/draft_utils.py`).
+# tests/workers/test_sglang_args.py feeds every conf/ combination these rules accept to SGLang's own parser.
+
+
+@dataclass(frozen=True)
+class SGLangRules:
+    version: str
+    backends: tuple[str, ...]  # --attention-backend / --decode- / --prefill- choices, plus our plugin
+    algorithms: tuple[Algorithm, ...]  # --speculative-algorithm values that exist
+    eagle_paged_tree_backends: tuple[str, ...]  # EAGLE family: topk > 1 with page_size > 1
+    ngram_paged_tree_backends: tuple[str, ...]  # NGRAM: topk (= max BFS breadth) > 1 with page_size > 1
+    draft_window: bool  # --speculative-draft-window-size exists
+    cuda_graph_flag: str  # the decode capture-size flag; the other spelling is refused in extra_args
+    wrong_cuda_graph_flags: tuple[str, ...]
+
+
+# This project's attention-backend plugins (kernels/sglang_plugin.py) -> the draft backend the SGLang adapter
+# passes when none is configured (SGLang's draft workers only know their built-in backends).
+SGLANG_PLUGIN_BACKENDS: dict[str, str] = {"specsweep_verify": "triton"}
+
+_SGLANG_0_5_10_BACKENDS = (
+    "triton", "torch_native", "flex_attention", "nsa", "cutlass_mla", "fa3", "fa4", "flashinfer", "flashmla",
+    "trtllm_mla", "trtllm_mha", "dual_chunk_flash_attn", "aiter", "wave", "intel_amx", "ascend", "intel_xpu",
+)
+_SGLANG_0_5_23_BACKENDS = (
+    "triton", "torch_native", "flex_attention", "dsa", "nsa", "qsa", "dsv4", "compressed", "fa3", "fa4",
+    "flashinfer", "llada2_cfg_flashinfer", "flashmla", "trtllm_mla", "cutedsl_mla", "tokenspeed_mla",
+    "trtllm_mha", "hpc_ops", "minicpm_flashattn", "minicpm_flashinfer", "aiter", "wave", "intel_amx",
+    "ascend", "intel_xpu",
+)
+SGLANG_RULES: dict[str, SGLangRules] = {
+    "0.5.10": SGLangRules(
+        version="0.5.10", backends=_SGLANG_0_5_10_BACKENDS + tuple(SGLANG_PLUGIN_BACKENDS),
+        algorithms=(Algorithm.NGRAM, Algorithm.STANDALONE, Algorithm.EAGLE, Algorithm.EAGLE3),
+        eagle_paged_tree_backends=("flashinfer", "fa3"), ngram_paged_tree_backends=("flashinfer",),
+        draft_window=False, cuda_graph_flag="--cuda-graph-max-bs",
+        wrong_cuda_graph_flags=("--cuda-graph-max-bs-decode", "--cuda-graph-max-bs-prefill")),
+    "0.5.23": SGLangRules(
+        version="0.5.23", backends=_SGLANG_0_5_23_BACKENDS + tuple(SGLANG_PLUGIN_BACKENDS),
+        algorithms=(Algorithm.NGRAM, Algorithm.STANDALONE, Algorithm.EAGLE, Algorithm.EAGLE3, Algorithm.DFLASH),
+        eagle_paged_tree_backends=("flashinfer", "fa3", "triton"), ngram_paged_tree_backends=("flashinfer",),
+        draft_window=True, cuda_graph_flag="--cuda-graph-max-bs-decode",
+        wrong_cuda_graph_flags=("--cuda-graph-max-bs",)),  # gone since 0.5.20: "ambiguous option"
+}
+SGLANG_DRAFT_BACKENDS = ("flashinfer", "fa3", "fa4", "triton", "ascend", "trtllm_mha", "intel_xpu")
+# Backends the EAGLE-family draft worker has (`speculative/draft_utils.py`).
+SGLANG_EAGLE_DRAFT_WORKER_BACKENDS = (
+    "flashinfer", "triton", "intel_amx", "intel_xpu", "aiter", "fa3", "hybrid_linear_attn", "flashmla",
+    "trtllm_mha", "trtllm_mla", "cutedsl_mla", "dsa", "nsa", "ascend", "fa4", "dsv4",
+)
+# Page sizes a backend forces (`overrides.py` _mla_backend_page_constraints etc.): SGLang would silently run
+# another page size than the grid point says, so these are errors here.
+SGLANG_BACKEND_PAGE_SIZES: dict[str, tuple[int, ...]] = {
+    "flashmla": (64,), "hpc_ops": (64,), "trtllm_mla": (32, 64), "cutedsl_mla": (32, 64),
+    "trtllm_mha": (16, 32, 64, 128), "intel_xpu": (64, 128),
+}
+REFERENCE_MODEL_PATHS = ("tiny", "tiny-draft")  # built into workers/reference; SGLang cannot load them
+
+
+def sglang_draft_backend(a: AttentionSpec, algorithm: Algorithm) -> str | None:
+    """The `--speculative-draft-attention-backend` the SGLang adapter passes: the configured one, else for a
+    plugin target backend with a draft worker (EAGLE family, DFLASH) the plugin's default draft backend."""
+    if a.draft_backend or algorithm in (Algorithm.NONE, Algorithm.NGRAM):
+        return a.draft_backend
+    for backend in (a.backend, a.decode_backend, a.prefill_backend):
+        if backend in SGLANG_PLUGIN_BACKENDS:
+            return SGLANG_PLUGIN_BACKENDS[backend]
+    return None
+
+
+def _extra_flags(args: tuple[str, ...]) -> set[str]:
+    return {a.split("=", 1)[0] for a in args if a.startswith("--")}
+
+
+def sglang_problems(rc: RunConfig) -> list[Problem]:
+    """Every SGLang-specific problem of one grid point (engine.kind = sglang)."""
+    out: list[Problem] = []
+    a, d, m = rc.attention, rc.drafter, rc.model
 
     def bad(key: str, value: Any, allowed: str) -> None:
         out.append(Problem(key, value, allowed, rc.overrides))
 
-    for key in ("backend", "decode_backend", "prefill_backend"):
-        value = getattr(a, key)
-        if value is not None and value not in SGLANG_BACKENDS:
-            bad(f"attention.{key}", value, "one of " + ", ".join(SGLANG_BACKENDS))
-    if a.draft_backend is not None and a.draft_backend not in SGLANG_DRAFT_BACKENDS:
-        bad("attention.draft_backend", a.draft_backend, "one of " + ", ".join(SGLANG_DRAFT_BACKENDS))
+    rules = SGLANG_RULES.get(rc.engine.version)
+    if rules is None:
+        bad("engine.version", rc.engine.version, "one of " + ", ".join(SGLANG_RULES) + " on engine=sglang")
+        return out
     if rc.engine.device != "cuda":
         bad("engine.device", rc.engine.device, "cuda on engine=sglang")
+    if m.path in REFERENCE_MODEL_PATHS:
+        bad("model.path", m.path, "a checkpoint dir or HF id on engine=sglang (e.g. model=qwen3-8b); "
+            f"{m.path!r} is built into the reference engine")
+    if d.draft_model_path in REFERENCE_MODEL_PATHS:
+        bad("drafter.draft_model_path", d.draft_model_path, "a checkpoint dir or HF id on engine=sglang")
+
+    targets = {"backend": a.backend, "decode_backend": a.decode_backend, "prefill_backend": a.prefill_backend}
+    for key, value in targets.items():
+        if value is not None and value not in rules.backends:
+            bad(f"attention.{key}", value, f"one of {', '.join(rules.backends)} on SGLang {rules.version}")
+    if a.draft_backend is not None and a.draft_backend not in SGLANG_DRAFT_BACKENDS:
+        bad("attention.draft_backend", a.draft_backend, "one of " + ", ".join(SGLANG_DRAFT_BACKENDS))
+    for key, value in {**targets, "draft_backend": a.draft_backend}.items():
+        pages = SGLANG_BACKEND_PAGE_SIZES.get(value)
+        if pages and rc.page_size not in pages:
+            bad("page_size", rc.page_size, f"one of {', '.join(map(str, pages))} with attention.{key}={value} "
+                "(SGLang forces it)")
+
+    opts = rc.engine.sglang
+    if opts is not None:
+        if opts.mem_fraction_static is not None and not 0.0 < opts.mem_fraction_static < 1.0:
+            bad("engine.sglang.mem_fraction_static", opts.mem_fraction_static, "null or a fraction in (0, 1)")
+        for key in ("cuda_graph_max_bs", "max_running_requests"):
+            value = getattr(opts, key)
+            if value is not None and value < 1:
+                bad(f"engine.sglang.{key}", value, "null or an integer >= 1")
+    for key, args in (("engine.extra_args", rc.engine.extra_args), ("drafter.extra_args", d.extra_args)):
+        for flag in sorted(_extra_flags(args) & set(rules.wrong_cuda_graph_flags)):
+            bad(key, flag, f"engine.sglang.cuda_graph_max_bs=N (emitted as {rules.cuda_graph_flag} "
+                f"on SGLang {rules.version})")
+
     if d.algorithm is Algorithm.NONE:
+        return out
+    if d.algorithm not in rules.algorithms:
+        bad("drafter.algorithm", d.algorithm.value,
+            f"one of {', '.join(x.value for x in rules.algorithms)} on SGLang {rules.version}")
         return out
     target_backends = {a.backend, a.decode_backend or a.backend, a.prefill_backend or a.backend}
     if "flex_attention" in target_backends:
         bad("attention.backend", "flex_attention", "a backend other than flex_attention with speculation")
     if "trtllm_mha" in target_backends and d.topk > 1:
         bad("drafter.topk", d.topk, "1 with attention trtllm_mha")
+    if d.draft_window_size is not None:
+        if not rules.draft_window:
+            bad("drafter.draft_window_size", d.draft_window_size, f"null on SGLang {rules.version} (no such flag)")
+        elif d.algorithm is Algorithm.DFLASH and d.draft_window_size < d.num_draft_tokens:
+            bad("drafter.draft_window_size", d.draft_window_size,
+                f"null or >= the DFLASH block size drafter.num_draft_tokens ({d.num_draft_tokens})")
+    draft = sglang_draft_backend(a, d.algorithm)
     if d.algorithm is Algorithm.DFLASH:
         if d.num_steps != 1:
             bad("drafter.num_steps", d.num_steps, "1 with DFLASH (linear block verify)")
         if d.topk != 1:
-            bad("drafter.topk", d.topk, "1 with DFLASH (no tree variant in SGLang 0.5.23)")
-        draft = a.draft_backend or a.prefill_backend or a.backend
-        if draft not in SGLANG_DRAFT_BACKENDS:
+            bad("drafter.topk", d.topk, f"1 with DFLASH (no tree variant in SGLang {rules.version})")
+        resolved = draft or a.prefill_backend or a.backend
+        if resolved not in SGLANG_DRAFT_BACKENDS:  # SGLang would fall back to flashinfer with a warning
             bad("attention.draft_backend", a.draft_backend,
                 f"one of {', '.join(SGLANG_DRAFT_BACKENDS)} for the DFLASH draft worker "
-                f"(the target's prefill backend {draft!r} is not one)")
+                f"(the target's prefill backend {resolved!r} is not one)")
     if d.algorithm in EAGLE_FAMILY:
-        if d.topk > 1 and rc.page_size > 1 and a.backend not in SGLANG_PAGED_TREE_BACKENDS:
+        if d.topk > 1 and rc.page_size > 1 and a.backend not in rules.eagle_paged_tree_backends:
             bad("attention.backend", a.backend,
-                f"one of {', '.join(SGLANG_PAGED_TREE_BACKENDS)} when drafter.topk > 1 and page_size > 1 "
-                f"(or page_size=1)")
-        draft = a.draft_backend or a.backend
-        if draft not in SGLANG_EAGLE_DRAFT_WORKER_BACKENDS:
+                f"one of {', '.join(rules.eagle_paged_tree_backends)} when drafter.topk > 1 and page_size > 1 "
+                f"on SGLang {rules.version} (or page_size=1)")
+        unsupported = sorted(b for b in target_backends if b not in SGLANG_EAGLE_DRAFT_WORKER_BACKENDS)
+        if draft is None and unsupported:
             bad("attention.draft_backend", a.draft_backend,
-                f"a draft-worker backend ({', '.join(SGLANG_DRAFT_BACKENDS)}) when attention.backend is "
-                f"{a.backend!r}, which the {d.algorithm.value} draft worker does not support")
-    if d.algorithm is Algorithm.NGRAM and d.topk > 1 and rc.page_size > 1 and a.backend != "flashinfer":
-        bad("attention.backend", a.backend, "flashinfer when NGRAM topk > 1 and page_size > 1 (or page_size=1)")
+                f"a draft-worker backend ({', '.join(SGLANG_DRAFT_BACKENDS)}) when the target uses "
+                f"{', '.join(unsupported)}, which the {d.algorithm.value} draft worker does not support")
+    if d.algorithm is Algorithm.NGRAM and d.topk > 1 and rc.page_size > 1 \
+            and a.backend not in rules.ngram_paged_tree_backends:
+        bad("attention.backend", a.backend,
+            f"{', '.join(rules.ngram_paged_tree_backends)} when NGRAM topk (max BFS breadth) > 1 and page_size > 1 "
+            "(or page_size=1)")
     return out

@@ -21,7 +21,7 @@ def problems(*overrides: str, sweep: bool = False) -> dict[str, Problem]:
     return {p.key: p for p in out}
 
 
-SGLANG = ("engine=sglang", "attention=triton")
+SGLANG = ("engine=sglang", "model=qwen3-8b", "attention=triton")
 
 
 @pytest.mark.parametrize("overrides", [
@@ -70,25 +70,25 @@ def test_sweep_points_above_max_are_not_errors():
 
 
 def test_sglang_rules():
-    assert "triton" in problems("engine=sglang", "attention=torch")["attention.backend"].allowed
+    assert "triton" in problems("engine=sglang", "model=qwen3-8b", "attention=torch")["attention.backend"].allowed
     assert "cuda" in problems(*SGLANG, "engine.device=cpu")["engine.device"].allowed
     dflash = (*SGLANG, "drafter=dflash", "drafter.draft_model_path=x")
     assert problems(*dflash, "drafter.num_steps=2")["drafter.num_steps"].allowed.startswith("1")
     assert problems(*dflash, "drafter.topk=2")["drafter.topk"].value == 2
-    p = problems("engine=sglang", "attention=torch_native", "drafter=dflash", "drafter.draft_model_path=x")
+    p = problems("engine=sglang", "model=qwen3-8b", "attention=torch_native", "drafter=dflash", "drafter.draft_model_path=x")
     assert "DFLASH draft worker" in p["attention.draft_backend"].allowed
     # topk > 1 with page_size > 1 needs a paged-tree backend
-    tree = ("engine=sglang", "drafter=eagle3", "drafter.draft_model_path=x", "drafter.topk=4",
+    tree = ("engine=sglang", "model=qwen3-8b", "drafter=eagle3", "drafter.draft_model_path=x", "drafter.topk=4",
             "drafter.num_draft_tokens=8", "page_size=16")
     p = problems(*tree, "attention=torch_native", "attention.draft_backend=triton")["attention.backend"]
     assert p.value == "torch_native" and "flashinfer, fa3, triton" in p.allowed
     assert problems(*tree, "attention=fa3") == {}
     assert problems(*tree, "attention=torch_native", "attention.draft_backend=triton", "page_size=1") == {}
     # the EAGLE draft worker has no torch_native backend unless a draft backend is named
-    p = problems("engine=sglang", "attention=torch_native", "drafter=eagle3", "drafter.draft_model_path=x")
+    p = problems("engine=sglang", "model=qwen3-8b", "attention=torch_native", "drafter=eagle3", "drafter.draft_model_path=x")
     assert "draft-worker backend" in p["attention.draft_backend"].allowed
     assert "attention.draft_backend" in problems(*SGLANG, "attention.draft_backend=torch_native")
-    ngram = ("engine=sglang", "drafter=ngram", "drafter.topk=2", "drafter.num_draft_tokens=8")
+    ngram = ("engine=sglang", "model=qwen3-8b", "drafter=ngram", "drafter.topk=2", "drafter.num_draft_tokens=8")
     assert problems(*ngram, "attention=triton")["attention.backend"].allowed.startswith("flashinfer")
     assert problems(*ngram, "attention=flashinfer") == {}
 

@@ -59,7 +59,7 @@ def test_sglang_adapter_emits_launch_server():
     import dataclasses
 
     server = tiny_server("ngram")
-    server = dataclasses.replace(server, engine=dataclasses.replace(server.engine, kind=EngineKind.SGLANG))
+    server = dataclasses.replace(server, engine=dataclasses.replace(server.engine, kind=EngineKind.SGLANG, version="0.5.23"))
     argv = adapter_for(EngineKind.SGLANG).build_argv(server, 30000)
     assert argv[1:3] == ["-m", "sglang.launch_server"] and "--tp-size" in argv
 
