@@ -4,7 +4,8 @@ A backend sees, per layer, the queries and the fresh K/V of the T new tokens of 
 that layer's whole K/V pool and `AttentionMetadata`: the page table, the prefix length, the per-token
 slots of the prefix and the T x T tree (ancestor) mask. Prefill chunks, decode steps and tree verifies
 are all this one call: the prefix is visible to every new token (minus a sliding window), the new
-tokens see each other through `tree_mask`. The model stores the new K/V in the pool itself.
+tokens see each other through `tree_mask`. The model stores the new K/V in the pool (at `new_slots`)
+before it calls the backend; a backend may read them from the pool or from `k_new` / `v_new`.
 """
 from __future__ import annotations
 
@@ -35,6 +36,12 @@ class AttentionMetadata:
     @property
     def num_new(self) -> int:
         return self.positions.numel()
+
+    def kv_slots(self) -> Tensor:
+        """[P + T] pool slots of all keys (the new tokens' K/V are already stored there)."""
+        if "slots" not in self._visible:
+            self._visible["slots"] = torch.cat([self.prefix_slots, self.new_slots])
+        return self._visible["slots"]
 
     def key_positions(self) -> Tensor:
         """[P + T] positions of all keys: the prefix, then the new tokens."""
@@ -87,18 +94,36 @@ def create_attention_backend(name: str, device: torch.device | str = "cpu") -> A
 
 @register_attention_backend("torch")
 class TorchAttentionBackend(AttentionBackend):
-    """Gather the prefix through its slots, append the new K/V, masked SDPA in fp32."""
+    """Gather all keys through their pool slots, masked attention with an fp32 softmax. Few new tokens
+    (decode, tree verify): grouped fp32 matmuls; prefill chunks: SDPA (no [T, P+T] score matrix per head)."""
+
+    SMALL_T = 64
 
     def forward(self, q, k_new, v_new, k_pool, v_pool, meta, *, scale, window):
-        keys = torch.cat([k_pool.index_select(0, meta.prefix_slots), k_new.to(k_pool.dtype)])  # [P+T, Hkv, D]
-        vals = torch.cat([v_pool.index_select(0, meta.prefix_slots), v_new.to(v_pool.dtype)])
+        keys = k_pool.index_select(0, meta.kv_slots()).float()  # [P+T, Hkv, D]
+        vals = v_pool.index_select(0, meta.kv_slots()).float()
+        visible = meta.visible(window)  # [T, P+T]
+        if q.shape[0] <= self.SMALL_T:
+            return self._grouped(q, keys, vals, visible, scale)
         out = F.scaled_dot_product_attention(
-            q.float().transpose(0, 1).unsqueeze(0),      # [1, Hq, T, D]
-            keys.float().transpose(0, 1).unsqueeze(0),   # [1, Hkv, P+T, D]
-            vals.float().transpose(0, 1).unsqueeze(0),
-            attn_mask=meta.visible(window), scale=scale, enable_gqa=True,
+            q.float().transpose(0, 1).unsqueeze(0),  # [1, Hq, T, D]
+            keys.transpose(0, 1).unsqueeze(0),       # [1, Hkv, P+T, D]
+            vals.transpose(0, 1).unsqueeze(0),
+            attn_mask=visible, scale=scale, enable_gqa=True,
         )  # [1, Hq, T, D]
         return out[0].transpose(0, 1).to(q.dtype)
+
+    @staticmethod
+    def _grouped(q, keys, vals, visible, scale):
+        T, num_q_heads, D = q.shape
+        num_kv_heads = keys.shape[1]
+        group = num_q_heads // num_kv_heads  # query head h reads KV head h // group
+        qg = q.float().view(T, num_kv_heads, group, D).permute(1, 2, 0, 3).reshape(num_kv_heads, group * T, D)
+        scores = torch.matmul(qg, keys.permute(1, 2, 0)) * scale  # [Hkv, G*T, P+T]
+        scores = scores.view(num_kv_heads, group, T, -1).masked_fill(~visible, float("-inf"))
+        probs = torch.softmax(scores, dim=-1).view(num_kv_heads, group * T, -1)
+        out = torch.matmul(probs, vals.transpose(0, 1))  # [Hkv, G*T, D]
+        return out.view(num_kv_heads, group, T, D).permute(2, 0, 1, 3).reshape(T, num_q_heads, D).to(q.dtype)
 
 
 @register_attention_backend("specsweep_verify")

@@ -65,9 +65,9 @@ class Attention(nn.Module):
         k = self.k_norm(self.k_proj(x).view(T, self.num_kv_heads, self.head_dim))  # [T, Hkv, D]
         v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        pool.store(self.layer_id, meta.new_slots, k, v)
         out = backend.forward(q, k, v, pool.k[self.layer_id], pool.v[self.layer_id], meta,
                               scale=self.scale, window=self.window)  # [T, Hq, D]
-        pool.store(self.layer_id, meta.new_slots, k, v)
         return self.o_proj(out.reshape(T, -1))
 
 

@@ -91,23 +91,31 @@ def naive_attention(q, keys, vals, visible, scale):
     return torch.einsum("htl,lhd->thd", scores.softmax(-1), vals)
 
 
+def tree_case(T):
+    if T == 4:  # a branching draft tree: grouped-matmul path
+        return (torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool),
+                torch.tensor([0, 1, 1, 2]))
+    return torch.ones(T, T, dtype=torch.bool).tril(), torch.arange(T)  # a prefill chunk: SDPA path
+
+
+@pytest.mark.parametrize("T", [4, 70])
 @pytest.mark.parametrize("window", [None, 5])
-def test_torch_backend_matches_naive_attention_through_pages(window):
+def test_torch_backend_matches_naive_attention_through_pages(window, T):
     torch.manual_seed(0)
-    pool = KVPool(num_layers=1, num_pages=16, page_size=4, num_kv_heads=2, head_dim=8, dtype=torch.float32)
-    other, seq = PagedSequence(pool, 64), PagedSequence(pool, 64)
-    for n in (4, 8, 12, 16, 20):
+    pool = KVPool(num_layers=1, num_pages=64, page_size=4, num_kv_heads=2, head_dim=8, dtype=torch.float32)
+    other, seq = PagedSequence(pool, 128), PagedSequence(pool, 128)
+    P = 13
+    for n in range(4, P + T + 4, 4):  # interleaved: scattered pages
         other.reserve(n)
         seq.reserve(n)
-    P, T = 13, 4
     prefix = seq.slots(0, P)
     pool.k[0, prefix] = torch.randn(P, 2, 8)
     pool.v[0, prefix] = torch.randn(P, 2, 8)
-    tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
-    depths = torch.tensor([0, 1, 1, 2])
+    tree, depths = tree_case(T)
     meta = AttentionMetadata(positions=P + depths, new_slots=seq.slots(P, P + T), prefix_slots=prefix,
                              prefix_len=P, tree_mask=tree, page_table=seq.page_table[:seq.num_pages], page_size=4)
     q, k_new, v_new = torch.randn(T, 4, 8), torch.randn(T, 2, 8), torch.randn(T, 2, 8)
+    pool.store(0, meta.new_slots, k_new, v_new)  # as the model does before calling the backend
     out = create_attention_backend("torch").forward(q, k_new, v_new, pool.k[0], pool.v[0], meta,
                                                     scale=0.3, window=window)
     visible = torch.cat([torch.ones(T, P, dtype=torch.bool), tree], 1)
