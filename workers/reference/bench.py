@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import platform
 import statistics
 import time
@@ -116,6 +117,7 @@ def main(argv: list[str] | None = None) -> None:
               f"{cpu_name()}; tiny, dummy weights, fp32, batch 1, {a.new_tokens} new tokens, "
               f"{a.repeats} requests per cell, page sizes interleaved")
     print(header, flush=True)
+    print(f"load average at the start (1/5/15 min): {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     rows = []
     for ctx in a.contexts:
         for algo in a.algorithms:
@@ -125,6 +127,7 @@ def main(argv: list[str] | None = None) -> None:
                       f"({r['prefill_s']:.2f} s), decode {r['decode_tok_s']:.1f} tok/s", flush=True)
     rows.sort(key=lambda r: (r["ctx"], r["page"], list(ALGORITHMS).index(r["algo"])))
     print(format_table(rows))
+    print(f"load average at the end (1/5/15 min): {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     for line in page_ratios(rows):
         print(line)
 
