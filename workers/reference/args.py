@@ -9,7 +9,9 @@ from .config import BUILTIN_CONFIGS
 
 ALGORITHMS = ("NONE", "NGRAM", "STANDALONE")
 IGNORED = ("--mem-fraction-static", "--tp-size", "--max-running-requests", "--log-level-http",
-           "--trust-remote-code", "--disable-cuda-graph", "--skip-server-warmup")
+           "--trust-remote-code", "--disable-cuda-graph", "--skip-server-warmup",
+           "--speculative-ngram-min-bfs-breadth", "--speculative-ngram-match-type",
+           "--speculative-ngram-branch-length", "--speculative-ngram-capacity")
 
 
 def positive_int(text: str) -> int:
