@@ -41,6 +41,7 @@ from typing import Callable
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from rich.markdown import Markdown
 
 from orchestrator.progress import SweepProgress
 from orchestrator.spec import (ClusterKind, ClusterSettings, EngineKind, ExecutionSettings, FailureReason, RunResult,
@@ -114,6 +115,10 @@ def connect_ray(cluster: ClusterSettings, gpus_needed: int = 0) -> bool:
     common = dict(namespace=cluster.namespace, log_to_driver=False, configure_logging=False)
     if cluster.kind is ClusterKind.RAY:
         ray.init(address=cluster.address or "auto", **common)
+        return True
+    if os.environ.get("RAY_ADDRESS"):
+        # A sweep submitted as a Ray Job (orchestrator.schedule) runs inside that job's cluster.
+        ray.init(**common)
         return True
     num_gpus = cluster.num_gpus if cluster.num_gpus is not None else max(_visible_gpus(), gpus_needed)
     mb = cluster.object_store_memory_mb or LOCAL_OBJECT_STORE_MB
@@ -359,13 +364,17 @@ def run_plan(plan, settings: ExecutionSettings, on_result: Callable[[RunResult],
             with contextlib.suppress(Exception):  # set-up raised: that error is already propagating
                 tracker_ready()
         pool.shutdown(wait=False)
+        report = None
         if tracker is not None:
             try:
                 tracker.log_parent_metrics(_parent_metrics(results.values(), stats))
+                report = _write_report(tracker, plan, settings) if results else None
                 tracker.end_parent(status)
             except Exception:  # never mask the sweep's own outcome
                 logger.exception("could not close the parent run in MLflow")
         progress.summary(list(results.values()))
+        if report is not None and settings.progress:
+            progress.console.print(Markdown(report.diagnosis_md))
     return [results[r.job_index] for r in plan.runs if r.job_index in results]
 
 
@@ -376,6 +385,18 @@ def _open_tracker(plan, settings: ExecutionSettings, multirun_yaml: str | None, 
     stats.parent_run_id = tracker.begin_parent(plan, work_dir=settings.work_dir, multirun_yaml=multirun_yaml)
     stats.tracking_setup_s = time.perf_counter() - t0
     return tracker
+
+
+def _write_report(tracker, plan, settings: ExecutionSettings):
+    """Table, plots and diagnosis.md on the parent run; a report failure never fails the sweep."""
+    from orchestrator.report import write_report
+
+    try:
+        return write_report(tracker.client, tracker.parent_run_id, settings.report, sweep=plan.sweep_name,
+                            print_summary=False)
+    except Exception:
+        logger.exception("could not write the sweep report to parent run %s", tracker.parent_run_id)
+        return None
 
 
 def _parent_metrics(results, stats: ExecutionStats) -> dict[str, float]:

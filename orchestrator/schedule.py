@@ -449,18 +449,30 @@ def wait_for_job_server(url: str, timeout_s: float = 90.0) -> None:
         time.sleep(0.5)
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 @contextlib.contextmanager
-def job_server(address: str | None, port: int = 8265) -> Iterator[str]:
+def job_server(address: str | None) -> Iterator[str]:
     """Yield a Ray job-server URL: the given one, or a local Ray started here with its job server."""
     if address:
+        wait_for_job_server(address)
         yield address
         return
     import ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ctx = ray.init(include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=port,
+    ctx = ray.init(include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=_free_port(),
                    log_to_driver=False, configure_logging=False)
     try:
+        if not ctx.dashboard_url:
+            raise ScheduleError("the local Ray started without its dashboard, which hosts the job server "
+                                "(is ray[default] installed?)")
         url = "http://" + ctx.dashboard_url
         wait_for_job_server(url)
         log.info("embedded Ray with its job server at %s (jobs end when this process ends)", url)
@@ -547,7 +559,11 @@ def _wait(backend: RayJobBackend, submission_id: str) -> int:
         status = backend.client.get_job_status(submission_id)
         if status.is_terminal():
             log.info("job %s ended %s", submission_id, status.value)
-            return 0 if status == JobStatus.SUCCEEDED else 1
+            if status != JobStatus.SUCCEEDED:
+                logs = backend.client.get_job_logs(submission_id)
+                log.error("job %s log tail:\n%s", submission_id, "\n".join(logs.splitlines()[-60:]))
+                return 1
+            return 0
         time.sleep(2)
 
 

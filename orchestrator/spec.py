@@ -14,6 +14,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.diagnosis import Thresholds
+
 
 # Fields marked NOT_IDENTITY (names, paths) never enter run_hash / ServerSpec.key.
 NOT_IDENTITY = {"identity": False}
@@ -262,6 +264,7 @@ class ExecutionSettings:
     resume: bool = True  # skip run_hashes already FINISHED in the experiment
     work_dir: str = "."  # the user's original working directory (absolute), for logs/artifacts
     progress: bool = True  # live progress line + final table on the driver
+    report: Thresholds = field(default_factory=Thresholds)  # diagnosis thresholds (config `report`)
 
     @property
     def tracking_uri(self) -> str:

@@ -60,11 +60,15 @@ def artifact_root_for(uri: str) -> str | None:
 
 
 def git_sha(cwd: str | os.PathLike = ".") -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    return out.stdout.strip() if out.returncode == 0 else "unknown"
+    """The commit of the specsweep code that ran (its checkout), else of the working directory."""
+    for where in (Path(__file__).resolve().parent, Path(cwd)):
+        try:
+            out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if out.returncode == 0:
+            return out.stdout.strip()
+    return "unknown"
 
 
 def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
@@ -154,7 +158,7 @@ class Tracker:
         run = self.client.create_run(
             self.experiment_id, run_name=f"{plan.sweep_name} {time.strftime('%Y-%m-%d %H:%M:%S')}",
             tags={ROLE_TAG: "parent", "sweep": plan.sweep_name, "git_sha": self.git_sha, "host": self.host,
-                  **dict(tags or {})})
+                  **schedule_tags(), **dict(tags or {})})
         self.parent_run_id = run.info.run_id
         self._parent_ended = False
         rid = self.parent_run_id
@@ -235,6 +239,15 @@ def _hydra_multirun_yaml() -> str | None:
         return path.read_text() if path.is_file() else None
     except Exception:  # not under Hydra, or no sweep dir: the parent simply has no multirun.yaml
         return None
+
+
+def schedule_tags(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """A sweep fired by `orchestrator.schedule` carries its schedule name and scheduled time."""
+    from orchestrator.schedule import ENV_SCHEDULE, ENV_SCHEDULED_TIME
+
+    if ENV_SCHEDULE not in environ:
+        return {}
+    return {"schedule": environ[ENV_SCHEDULE], "scheduled_time": environ.get(ENV_SCHEDULED_TIME, "")}
 
 
 def finished_run_hashes(settings: ExecutionSettings) -> set[str]:

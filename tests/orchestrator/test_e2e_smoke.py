@@ -44,8 +44,15 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_smoke_sweep_records_every_point_then_resumes(tmp_path):
-    out = _sweep(tmp_path)
+@pytest.fixture(scope="module")
+def smoke_sweep(tmp_path_factory):
+    """One real smoke sweep shared by the checks below: (its cwd, the completed process)."""
+    cwd = tmp_path_factory.mktemp("smoke")
+    return cwd, _sweep(cwd)
+
+
+def test_smoke_sweep_records_every_point_then_resumes(smoke_sweep):
+    tmp_path, out = smoke_sweep
     assert out.returncode == 0, out.stderr[-3000:]
     parents, children = _runs(tmp_path)
     assert len(parents) == 1 and parents.iloc[0]["status"] == "FINISHED"
@@ -72,6 +79,56 @@ def test_smoke_sweep_records_every_point_then_resumes(tmp_path):
     assert f"skipping {SMOKE_RUNS} run(s)" in again.stdout + again.stderr
     _, children_after = _runs(tmp_path)
     assert len(children_after) == SMOKE_RUNS
+
+
+def test_smoke_parent_carries_report_and_diagnosis(smoke_sweep):
+    from mlflow import MlflowClient
+
+    cwd, out = smoke_sweep
+    assert out.returncode == 0, out.stderr[-3000:]
+    client = MlflowClient(f"sqlite:///{cwd}/mlflow.db")
+    parents, children = _runs(cwd)
+    parent_id = parents.sort_values("start_time").iloc[0]["run_id"]
+    top = {a.path for a in client.list_artifacts(parent_id)}
+    report = {a.path for a in client.list_artifacts(parent_id, "report")}
+    assert "diagnosis.md" in top
+    assert {"report/summary.csv", "report/summary.md", "report/summary.html", "report/commit_len_vs_context.png",
+            "report/decode_tok_s_vs_context.png", "report/verify_step_ms_vs_context.png",
+            "report/accept_length_histogram.png"} <= report
+    diagnosis = Path(client.download_artifacts(parent_id, "diagnosis.md", str(cwd / "dl"))).read_text()
+    assert diagnosis.startswith("# Diagnosis: smoke") and f"{SMOKE_RUNS} run(s) examined" in diagnosis
+    # the oracle commits its maximum on the reference engine: never a pipeline-bug finding
+    assert "## pipeline bug" not in diagnosis
+    table = Path(client.download_artifacts(parent_id, "report/summary.csv", str(cwd / "dl"))).read_text()
+    assert all(name in table for name in children["tags.mlflow.runName"])
+    assert "Diagnosis: smoke" in out.stdout + out.stderr  # printed at the end of the sweep
+
+
+def test_mlflow_ui_shows_the_sweep_in_a_real_browser(smoke_sweep, browser, mlflow_ui):
+    """Headless Chromium against `mlflow server` on the sweep's store: runs, a metric, a screenshot."""
+    import re
+
+    cwd, out = smoke_sweep
+    assert out.returncode == 0, out.stderr[-3000:]
+    dom, screenshot = browser
+    parents, children = _runs(cwd)
+    exp_id = parents.iloc[0]["experiment_id"]
+    oracle = children[children["params.drafter.is_oracle"].str.lower() == "true"].iloc[0]
+    def text(html: str) -> str:
+        html = re.sub(r"<style.*?</style>", " ", html, flags=re.S)
+        return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
+
+    with mlflow_ui(f"sqlite:///{cwd}/mlflow.db", cwd / "mlartifacts") as url:
+        runs_page = text(dom(f"{url}/#/experiments/{exp_id}/runs"))
+        assert parents.iloc[0]["tags.mlflow.runName"] in runs_page  # the sweep's parent run is listed
+        assert f"{len(parents) + len(children)} matching runs" in runs_page
+        run_url = f"{url}/#/experiments/{exp_id}/runs/{oracle['run_id']}"
+        run_page = text(dom(run_url))
+        assert oracle["tags.mlflow.runName"] in run_page
+        value = oracle["metrics.commit_len_mean"]
+        assert re.search(rf"commit_len_mean\s+{value:g}\b", run_page), "metric and value on the run page"
+        shot = screenshot(run_url, "mlflow-ui-oracle-run.png")
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
 
 
 def test_engine_killed_mid_probe_fails_only_that_run(tmp_path):
