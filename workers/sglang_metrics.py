@@ -1,0 +1,197 @@
+"""SGLang speculative-decoding metrics, by version: per request from `meta_info`, per interval from `/metrics`.
+
+Public API:
+
+    spec_metrics_from_meta_info(meta_info, version=None) -> SpecMetrics
+        from the final /generate `meta_info` (the spec fields are on the finishing chunk only). version None:
+        told apart by the field names. DESIGN.md names: verify_steps, commit_len_mean (= (completion_tokens - 1)
+        / spec_verify_ct, the first token comes from prefill), accept_rate (correct / proposed drafts),
+        plus engine_accept_length (SGLang's own completion_tokens / spec_verify_ct) and the histogram.
+    parse_prometheus(text) -> dict[str, float]          sample values summed over labels, per metric name
+    accept_length_from_counters(before, after) -> float | None
+        Δ sglang:generation_tokens_total / Δ sglang:spec_verify_calls_total over a run (a cross-check)
+    accept_length_delta(avg_before, calls_before, avg_after, calls_after) -> float | None
+        `/server_info` internal_states[].avg_spec_accept_length is cumulative since server start (warm-up and
+        health requests included): only its change over a run, weighted by verify calls, means anything.
+    LogPatterns(patterns).feed(line) / .series     named-group regexes over server log lines -> per-step series
+    follow_log(path, offset) -> (lines, new_offset)  new complete lines of a growing log file
+
+Names per version: shared/docs/sglang-facts.md §0 and §2; docs/sglang.md has the table and the tests behind it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+
+@dataclass(frozen=True)
+class MetaNames:
+    verify_ct: str
+    accepted: str  # accepted draft tokens (bonus excluded)
+    proposed: str  # proposed draft tokens
+    histogram: str  # index k: verify steps that accepted k drafts
+    accept_length: str
+
+
+META_NAMES: dict[str, MetaNames] = {
+    "0.5.10": MetaNames(verify_ct="spec_verify_ct", accepted="spec_accept_token_num",
+                        proposed="spec_draft_token_num", histogram="spec_accept_histogram",
+                        accept_length="spec_accept_length"),
+    "0.5.23": MetaNames(verify_ct="spec_verify_ct", accepted="spec_num_correct_drafts",
+                        proposed="spec_num_proposed_drafts", histogram="spec_correct_drafts_histogram",
+                        accept_length="spec_accept_length"),
+}
+GENERATION_TOKENS = "sglang:generation_tokens_total"
+VERIFY_CALLS = "sglang:spec_verify_calls_total"
+
+
+@dataclass
+class SpecMetrics:
+    metrics: dict[str, float] = field(default_factory=dict)
+    histogram: list[float] = field(default_factory=list)  # correct drafts per verify step: counts by k
+    version: str | None = None  # the name set found
+
+
+def _names_for(meta: Mapping[str, Any], version: str | None) -> MetaNames | None:
+    if version is not None:
+        if version not in META_NAMES:
+            raise ValueError(f"no meta_info names for SGLang {version!r}; known: {', '.join(META_NAMES)}")
+        return META_NAMES[version]
+    for names in reversed(list(META_NAMES.values())):  # newest first: 0.5.16-0.5.20 carry both sets
+        if names.accepted in meta:
+            return names
+    return META_NAMES["0.5.23"] if "spec_verify_ct" in meta else None
+
+
+def _num(meta: Mapping[str, Any], key: str) -> float | None:
+    v = meta.get(key)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def spec_metrics_from_meta_info(meta_info: Mapping[str, Any], version: str | None = None) -> SpecMetrics:
+    """Per-request speculation figures; empty when the request carried none (no speculation, or 0 verify steps)."""
+    names = _names_for(meta_info, version)
+    out = SpecMetrics(version=next((v for v, n in META_NAMES.items() if n is names), None))
+    verify_ct = _num(meta_info, names.verify_ct) if names else None
+    if not verify_ct:
+        return out
+    m = out.metrics
+    m["verify_steps"] = verify_ct
+    completion = _num(meta_info, "completion_tokens")
+    if completion is not None:
+        m["commit_len_mean"] = (completion - 1.0) / verify_ct  # the first token is the prefill's
+    engine_len = _num(meta_info, names.accept_length)
+    if engine_len is not None:
+        m["engine_accept_length"] = engine_len
+    accepted, proposed = _num(meta_info, names.accepted), _num(meta_info, names.proposed)
+    if accepted is not None:
+        m["accepted_drafts"] = accepted
+    if proposed:
+        m["proposed_drafts"] = proposed
+        if accepted is not None:
+            m["accept_rate"] = accepted / proposed
+    hist = meta_info.get(names.histogram)
+    if isinstance(hist, list) and all(isinstance(x, (int, float)) for x in hist):
+        out.histogram = [float(x) for x in hist]
+    return out
+
+
+# ---------------------------------------------------------------- /metrics (Prometheus text format)
+
+_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(?P<value>\S+)")
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """{metric name: sum over label sets} of every sample line (histogram buckets keep their own names)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line)
+        if not match:
+            continue
+        try:
+            value = float(match["value"])
+        except ValueError:
+            continue
+        if not math.isnan(value):
+            out[match["name"]] = out.get(match["name"], 0.0) + value
+    return out
+
+
+def _counter(samples: Mapping[str, float], name: str) -> float | None:
+    if name in samples:
+        return samples[name]
+    bare = name.removesuffix("_total")  # exposition without the suffix
+    return samples.get(bare)
+
+
+def accept_length_from_counters(before: Mapping[str, float], after: Mapping[str, float]) -> float | None:
+    """Tokens generated per verify call between two scrapes (both counters move when a request finishes)."""
+    values = [_counter(s, n) for s in (before, after) for n in (GENERATION_TOKENS, VERIFY_CALLS)]
+    if any(v is None for v in values):
+        return None
+    gen_b, calls_b, gen_a, calls_a = values
+    calls = calls_a - calls_b
+    return (gen_a - gen_b) / calls if calls > 0 else None
+
+
+def accept_length_delta(avg_before: float, calls_before: float, avg_after: float, calls_after: float) -> float | None:
+    """Accept length over an interval from the cumulative `avg_spec_accept_length` and verify-call counts."""
+    calls = calls_after - calls_before
+    if calls <= 0:
+        return None
+    return (avg_after * calls_after - avg_before * calls_before) / calls
+
+
+# ---------------------------------------------------------------- server log lines -> per-step series
+
+
+class LogPatterns:
+    """`metrics.log_patterns`: each named group of each regex becomes a series, one value per matching line.
+
+        p = LogPatterns([r"commit=(?P<commit_len>\\d+) depth=(?P<tree_depth>\\d+)"])
+        for line in lines: p.feed(line)
+        p.series  # {"commit_len": [...], "tree_depth": [...]}
+    """
+
+    def __init__(self, patterns: Iterable[str]):
+        self.patterns = [re.compile(p) for p in patterns]
+        for p in self.patterns:
+            if not p.groupindex:
+                raise ValueError(f"log pattern {p.pattern!r} has no named group (?P<name>...)")
+        self.series: dict[str, list[float]] = {name: [] for p in self.patterns for name in p.groupindex}
+
+    def feed(self, line: str) -> None:
+        for p in self.patterns:
+            match = p.search(line)
+            if not match:
+                continue
+            for name, value in match.groupdict().items():
+                if value is None:
+                    continue
+                try:
+                    self.series[name].append(float(value))
+                except ValueError:
+                    pass
+
+    def feed_all(self, lines: Iterable[str]) -> "LogPatterns":
+        for line in lines:
+            self.feed(line)
+        return self
+
+
+def follow_log(path: str | Path, offset: int = 0) -> tuple[list[str], int]:
+    """Complete lines appended to `path` since byte `offset`, and the offset after the last of them."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return [], offset
+    end = data.rfind(b"\n") + 1  # a partial last line waits for the next call
+    return data[:end].decode("utf-8", "replace").splitlines(), offset + end
