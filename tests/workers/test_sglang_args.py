@@ -1,0 +1,325 @@
+"""Every SGLang launch argv our builder emits for the conf/ tree, checked by SGLang's own parser.
+
+The grid: engine=sglang x every conf/model x conf/drafter x conf/attention (composed through Hydra and our
+schema), x page sizes 1/16/64, x a tree variant (topk 4) of each tree-capable drafter, x SGLang 0.5.23 and
+0.5.10. Points our validation rejects are skipped (and counted); every other argv must pass SGLang:
+- 0.5.23 (the installed wheel): `prepare_server_args` + `resolve_once()` + `check_server_args()`;
+- 0.5.10 (`pip install --no-deps --target .venv/sglang-0.5.10 sglang==0.5.10`): `prepare_server_args`, which
+  in 0.5.10 runs the whole `__post_init__` validation.
+SGLang runs in a child process (workers/sglang_argcheck.py) with `--device cuda` (our argv carries it) and
+model directories holding a hand-written config.json (shared/docs/sglang-facts.md §5).
+
+BAD lists combinations our validation must reject before SGLang sees them; where SGLang itself rejects them on
+a CPU host too, the test checks that it does (so the rule is not ours alone).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_module
+
+from orchestrator.plan import build_server
+from orchestrator.schema import register_configs, to_run_config
+from orchestrator.spec import Algorithm, AttentionKind, ModelSpec
+from orchestrator.validate import ConfigError, validate_run
+from workers.sglang import LONGER_CONTEXT_ENV, build_sglang_argv, sglang_env
+
+ROOT = Path(__file__).resolve().parents[2]
+SGLANG_0_5_10 = Path(os.environ.get("SPECSWEEP_SGLANG_0_5_10", ROOT / ".venv" / "sglang-0.5.10"))
+PAGE_SIZES = (1, 16, 64)
+TREE = ("drafter.topk=4", "drafter.num_draft_tokens=8")
+
+
+def _require(available: bool, why: str) -> None:
+    if not available:
+        if os.environ.get("CI"):
+            pytest.fail(f"{why} (CI must run this: `make setup` installs it)")
+        pytest.skip(why)
+
+
+def _sglang_installed() -> bool:
+    return importlib.util.find_spec("sglang") is not None
+
+
+# ---------------------------------------------------------------- the grid, from conf/
+
+
+def _names(group: str) -> list[str]:
+    return sorted(p.stem for p in (ROOT / "conf" / group).glob("*.yaml"))
+
+
+def _write_model(directory: Path, m: ModelSpec) -> str:
+    """A config.json with the conf model's shape; SGLang reads nothing else while parsing/resolving."""
+    directory.mkdir(parents=True, exist_ok=True)
+    cfg = {"vocab_size": 1024, "hidden_size": m.hidden_size, "intermediate_size": 4 * m.hidden_size,
+           "num_hidden_layers": m.num_layers, "num_attention_heads": m.num_q_heads,
+           "max_position_embeddings": m.max_context_len, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
+           "torch_dtype": m.dtype, "tie_word_embeddings": False}
+    if m.attention_kind is AttentionKind.MLA:
+        rope = m.head_dim - m.v_head_dim
+        cfg.update(architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3", num_key_value_heads=m.num_q_heads,
+                   kv_lora_rank=m.v_head_dim, qk_rope_head_dim=rope, qk_nope_head_dim=128, v_head_dim=128,
+                   q_lora_rank=1536, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
+                   n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1, routed_scaling_factor=1.0,
+                   topk_method="noaux_tc", scoring_func="sigmoid", norm_topk_prob=True)
+    else:
+        cfg.update(architectures=["Qwen3ForCausalLM"], model_type="qwen3", num_key_value_heads=m.num_kv_heads,
+                   head_dim=m.head_dim)
+    (directory / "config.json").write_text(json.dumps(cfg))
+    return str(directory)
+
+
+def _compose(overrides: list[str]):
+    register_configs()
+    with initialize_config_module("conf", version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    return to_run_config(cfg, tuple(overrides), cwd=str(ROOT))
+
+
+def _grid(tmp: Path) -> tuple[list[tuple[str, list[str], dict[str, str], str]], int]:
+    """[(id, argv without interpreter/module, env, version)] for every valid point, and the number rejected."""
+    cases, rejected, dirs = [], 0, {}
+    for model in _names("model"):
+        for drafter in _names("drafter"):
+            for attention in _names("attention"):
+                base = ["engine=sglang", f"model={model}", f"drafter={drafter}", f"attention={attention}"]
+                variants = [base]
+                try:
+                    rc0 = _compose(base)
+                except ConfigError:
+                    rejected += 1
+                    continue
+                if rc0.drafter.algorithm not in (Algorithm.NONE, Algorithm.DFLASH):
+                    variants.append(base + list(TREE) + (["drafter.num_steps=3"] if rc0.drafter.algorithm
+                                                         is not Algorithm.NGRAM else []))
+                for overrides in variants:
+                    rc = _compose(overrides)
+                    for version in ("0.5.23", "0.5.10"):
+                        for page in PAGE_SIZES:
+                            point = dataclasses.replace(rc, page_size=page, engine=dataclasses.replace(
+                                rc.engine, version=version))
+                            if rc.drafter.draft_model_path is None and rc.drafter.algorithm in (
+                                    Algorithm.EAGLE3, Algorithm.STANDALONE, Algorithm.DFLASH):
+                                point = dataclasses.replace(point, drafter=dataclasses.replace(
+                                    point.drafter, draft_model_path="org/draft-model"))
+                            if validate_run(point):
+                                rejected += 1
+                                continue
+                            # local config.json dirs stand in for the HF ids of conf/model
+                            m = point.model
+                            target = dirs.setdefault(m.name, _write_model(tmp / m.name, m))
+                            draft = target if point.drafter.is_oracle else dirs.setdefault(
+                                "draft-" + m.name, _write_model(tmp / ("draft-" + m.name), dataclasses.replace(
+                                    m, num_layers=1)))
+                            local = dataclasses.replace(point, model=dataclasses.replace(m, path=target))
+                            if local.drafter.draft_model_path:
+                                local = dataclasses.replace(local, drafter=dataclasses.replace(
+                                    local.drafter, draft_model_path=draft))
+                            server = build_server(local)
+                            argv = build_sglang_argv(server, 30000)
+                            name = f"{version} page={page} " + " ".join(overrides[1:])
+                            cases.append((name, argv[3:], sglang_env(server), version))
+    return cases, rejected
+
+
+def _check(cases, *, sglang_path: Path | None = None) -> dict[str, dict]:
+    cmd = [sys.executable, "-m", "workers.sglang_argcheck"]
+    if sglang_path:
+        cmd += ["--sglang-path", str(sglang_path)]
+    stdin = "".join(json.dumps({"id": cid, "argv": argv, "env": env}) + "\n" for cid, argv, env, _ in cases)
+    proc = subprocess.run(cmd, input=stdin, capture_output=True, text=True, cwd=ROOT, timeout=900,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0 and lines, f"argcheck failed:\n{proc.stderr[-3000:]}"
+    header, results = lines[0], {r["id"]: r for r in lines[1:]}
+    assert len(results) == len(cases), proc.stderr[-3000:]
+    return {"_header": header, **results}
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory):
+    return _grid(tmp_path_factory.mktemp("sglang-models"))
+
+
+# ---------------------------------------------------------------- every conf combination passes SGLang
+
+
+def test_every_conf_combination_passes_sglang_0_5_23(grid):
+    _require(_sglang_installed(), "sglang is not installed (pip install --no-deps sglang==0.5.23, see docs/sglang.md)")
+    cases, rejected = grid
+    cases = [c for c in cases if c[3] == "0.5.23"]
+    results = _check(cases)
+    assert results.pop("_header")["sglang_version"] == "0.5.23"
+    failed = {cid: r["error"] for cid, r in results.items() if not r["ok"]}
+    print(f"\nSGLang 0.5.23 parsed+resolved {len(cases) - len(failed)}/{len(cases)} argv; "
+          f"our validation rejected {rejected} grid points (both versions)")
+    assert len(cases) >= 100 and not failed, json.dumps(failed, indent=1)[:6000]
+
+
+def test_every_conf_combination_passes_sglang_0_5_10(grid):
+    _require(SGLANG_0_5_10.is_dir() and _sglang_installed(),
+             f"SGLang 0.5.10 not unpacked at {SGLANG_0_5_10} (pip install --no-deps --target ... sglang==0.5.10)")
+    cases = [c for c in grid[0] if c[3] == "0.5.10"]
+    results = _check(cases, sglang_path=SGLANG_0_5_10)
+    assert results.pop("_header")["sglang_version"] == "0.5.10"
+    failed = {cid: r["error"] for cid, r in results.items() if not r["ok"]}
+    print(f"\nSGLang 0.5.10 parsed+validated {len(cases) - len(failed)}/{len(cases)} argv")
+    assert len(cases) >= 50 and not failed, json.dumps(failed, indent=1)[:6000]
+
+
+# ---------------------------------------------------------------- bad combinations: ours rejects first
+
+Q = ("engine=sglang", "model=qwen3-8b")
+DRAFT = "drafter.draft_model_path=org/draft"
+# (overrides, version, key our validation names, SGLang itself rejects it on a CPU host too)
+BAD = [
+    (Q + ("drafter=eagle3", DRAFT, *TREE, "attention=torch_native", "attention.draft_backend=triton"), "0.5.23",
+     "attention.backend", True),  # topk > 1 with page_size > 1 only on flashinfer/fa3/triton
+    (Q + ("drafter=eagle3", DRAFT, *TREE, "attention=triton"), "0.5.10", "attention.backend", True),  # 0.5.10: fa3/fi
+    (Q + ("drafter=ngram", *TREE, "attention=triton"), "0.5.23", "attention.backend", True),  # NGRAM: flashinfer only
+    (Q + ("drafter=ngram", *TREE, "attention=fa3"), "0.5.10", "attention.backend", True),
+    (Q + ("drafter=eagle3", DRAFT, *TREE, "attention=specsweep_verify"), "0.5.23", "attention.backend", True),
+    (Q + ("drafter=eagle3", DRAFT, "attention=torch_native"), "0.5.23", "attention.draft_backend", False),  # draft worker
+    (Q + ("drafter=ngram", "attention=triton", "+attention.backend=flex_attention"), "0.5.23", None, False),
+    (Q + ("drafter=dflash", DRAFT), "0.5.10", "drafter.algorithm", True),  # DFLASH does not exist in 0.5.10
+    (Q + ("drafter=dflash", DRAFT, "drafter.num_steps=2"), "0.5.23", "drafter.num_steps", False),  # forced to 1
+    (Q + ("drafter=dflash", DRAFT, "drafter.topk=2"), "0.5.23", "drafter.topk", False),
+    (Q + ("drafter=dflash", DRAFT, "attention=torch_native"), "0.5.23", "attention.draft_backend", False),  # fallback
+    (Q + ("drafter=dflash", DRAFT, "drafter.draft_window_size=8"), "0.5.23", "drafter.draft_window_size", False),
+    (Q + ("drafter=ngram", "attention=triton", "engine.extra_args=[--cuda-graph-max-bs,8]"), "0.5.23",
+     "engine.extra_args", True),  # gone since 0.5.20
+    (Q + ("drafter=ngram", "attention=triton", "engine.extra_args=[--cuda-graph-max-bs-decode,8]"), "0.5.10",
+     "engine.extra_args", True),
+    (Q + ("drafter=none", "attention=flashinfer"), "0.5.16", "engine.version", False),
+    (Q + ("drafter=none", "attention=torch"), "0.5.23", "attention.backend", True),  # the reference's name
+    (("engine=sglang", "model=tiny", "drafter=none", "attention=triton"), "0.5.23", "model.path", False),
+    (Q + ("drafter=none", "attention=triton", "page_size=16", "+attention.decode_backend=flashmla"), "0.5.23",
+     None, False),
+    (Q + ("drafter=ngram", "attention=triton", "engine.sglang.mem_fraction_static=1.5"), "0.5.23",
+     "engine.sglang.mem_fraction_static", False),
+    (Q + ("drafter=eagle3", DRAFT, "attention=triton", "drafter.num_draft_tokens=9"), "0.5.23",
+     "drafter.num_draft_tokens", False),  # topk 1: SGLang would silently use num_steps + 1
+]
+
+
+def _bad_point(overrides: tuple[str, ...], version: str):
+    plain = [o for o in overrides if not o.startswith("+")]
+    rc = _compose(plain)
+    rc = dataclasses.replace(rc, engine=dataclasses.replace(rc.engine, version=version))
+    for o in overrides:  # keys the conf group has no default for
+        if o.startswith("+attention."):
+            key, value = o[len("+attention."):].split("=", 1)
+            rc = dataclasses.replace(rc, attention=dataclasses.replace(rc.attention, **{key: value}))
+    return rc
+
+
+@pytest.mark.parametrize("overrides,version,key,sglang_rejects", BAD,
+                         ids=[f"{v}:{' '.join(o[2:])}" for o, v, _, _ in BAD])
+def test_bad_combinations_are_rejected_by_our_validation(overrides, version, key, sglang_rejects):
+    rc = _bad_point(overrides, version)
+    problems = validate_run(rc)
+    assert problems, "our validation let it through"
+    if key is not None:
+        assert key in {p.key for p in problems}, problems
+    for p in problems:
+        assert p.allowed and str(p).startswith(f"{p.key}=")
+
+
+def test_sglang_itself_rejects_the_bad_points_marked_so(tmp_path):
+    """The rules that mirror an SGLang error: building the argv anyway, SGLang's parser/resolver refuses it."""
+    _require(_sglang_installed(), "sglang is not installed")
+    model = ModelSpec(name="q", path="", max_context_len=40960, num_layers=2, hidden_size=256, num_q_heads=8,
+                      num_kv_heads=2, head_dim=32, v_head_dim=32, dtype="bfloat16")
+    target = _write_model(tmp_path / "m", model)
+    cases = {"0.5.23": [], "0.5.10": []}
+    for overrides, version, key, sglang_rejects in BAD:
+        if not sglang_rejects:
+            continue
+        rc = _bad_point(overrides, version)
+        rc = dataclasses.replace(rc, model=dataclasses.replace(rc.model, path=target),
+                                 drafter=dataclasses.replace(rc.drafter, draft_model_path=rc.drafter.draft_model_path
+                                                             and target))
+        argv = build_sglang_argv(build_server(rc), 30000)[3:]
+        cases[version].append((" ".join(overrides[2:]), argv, {}, version))
+    results = _check(cases["0.5.23"])
+    results.pop("_header")
+    accepted = [cid for cid, r in results.items() if r["ok"]]
+    if SGLANG_0_5_10.is_dir():
+        old = _check(cases["0.5.10"], sglang_path=SGLANG_0_5_10)
+        old.pop("_header")
+        accepted += ["0.5.10 " + cid for cid, r in old.items() if r["ok"]]
+    assert not accepted, f"SGLang accepted what our validation calls its error: {accepted}"
+
+
+# ---------------------------------------------------------------- the version table (docs/sglang.md)
+
+
+def _flags(argv: list[str]) -> dict[str, str]:
+    """{flag: value} of an argv; boolean flags map to ""."""
+    out, i = {}, 3
+    while i < len(argv):
+        has_value = i + 1 < len(argv) and not argv[i + 1].startswith("--")
+        out[argv[i]] = argv[i + 1] if has_value else ""
+        i += 2 if has_value else 1
+    return out
+
+
+def _argv(version: str, *overrides: str) -> list[str]:
+    rc = _compose(list(Q) + list(overrides))
+    rc = dataclasses.replace(rc, engine=dataclasses.replace(rc.engine, version=version))
+    assert validate_run(rc) == []
+    return build_sglang_argv(build_server(rc), 4321)
+
+
+def test_version_flags_cuda_graph():
+    new = _argv("0.5.23", "drafter=none", "attention=triton", "engine.sglang.cuda_graph_max_bs=16")
+    old = _argv("0.5.10", "drafter=none", "attention=triton", "engine.sglang.cuda_graph_max_bs=16")
+    assert new[new.index("--cuda-graph-max-bs-decode") + 1] == "16" and "--cuda-graph-max-bs" not in new
+    assert old[old.index("--cuda-graph-max-bs") + 1] == "16" and "--cuda-graph-max-bs-decode" not in old
+    off_new = _argv("0.5.23", "drafter=none", "attention=triton", "engine.sglang.disable_cuda_graph=true")
+    off_old = _argv("0.5.10", "drafter=none", "attention=triton", "engine.sglang.disable_cuda_graph=true")
+    assert "--cuda-graph-backend-decode" in off_new and "--disable-cuda-graph" not in off_new
+    assert "--disable-cuda-graph" in off_old
+
+
+def test_version_flags_speculation():
+    ngram = _argv("0.5.23", "drafter=ngram", "attention=triton")
+    flags = _flags(ngram)
+    assert flags["--speculative-algorithm"] == "NGRAM" and flags["--speculative-ngram-max-bfs-breadth"] == "1"
+    assert "--speculative-eagle-topk" not in flags  # SGLang copies the BFS breadth into topk
+    dflash = _argv("0.5.23", "drafter=dflash", DRAFT, "drafter.draft_window_size=64", "attention=fa3")
+    flags = _flags(dflash)
+    assert flags["--speculative-dflash-block-size"] == "16" and flags["--speculative-draft-window-size"] == "64"
+    assert "--speculative-num-steps" not in flags and "--speculative-eagle-topk" not in flags
+    eagle = _argv("0.5.10", "drafter=eagle3", DRAFT, "attention=fa3")
+    flags = _flags(eagle)
+    assert (flags["--speculative-num-steps"], flags["--speculative-eagle-topk"],
+            flags["--speculative-num-draft-tokens"]) == ("3", "1", "4")
+
+
+def test_common_flags_and_env():
+    argv = _argv("0.5.23", "drafter=none", "attention=triton", "engine.sglang.mem_fraction_static=0.8",
+                 "model.load_format=dummy", "server_context_len=65536")
+    flags = _flags(argv)
+    assert argv[1:3] == ["-m", "sglang.launch_server"]
+    assert flags["--host"] == "127.0.0.1" and flags["--port"] == "4321" and flags["--load-format"] == "dummy"
+    assert flags["--mem-fraction-static"] == "0.8" and flags["--context-length"] == "65536"
+    assert "--enable-metrics" in argv and flags["--tp-size"] == "1"
+    rc = _compose(list(Q) + ["drafter=none", "attention=triton", "server_context_len=65536"])
+    assert sglang_env(build_server(rc)) == {LONGER_CONTEXT_ENV: "1"}  # qwen3-8b's config says 40960
+    assert sglang_env(build_server(_compose(list(Q) + ["drafter=none", "attention=triton"]))) == {}
+
+
+def test_plugin_backend_launches_through_the_wrapper_with_a_triton_draft():
+    argv = _argv("0.5.10", "drafter=eagle3", DRAFT, "attention=specsweep_verify")
+    assert argv[1:3] == ["-m", "workers.sglang_launch"]
+    assert argv[argv.index("--speculative-draft-attention-backend") + 1] == "triton"
+    assert argv[argv.index("--attention-backend") + 1] == "specsweep_verify"
