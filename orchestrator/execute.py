@@ -16,14 +16,28 @@ Ray: an existing connection is used as is; otherwise `cluster.kind=local` starts
 `ray.init()` (logical GPUs when the machine has none but a server asks for some), `cluster.kind=ray`
 connects to `cluster.address`. Whatever this call started it shuts down, on every path.
 
-One actor per group starts the engine, runs the group's RunSpecs in order (flushing the cache before
-each) and stops the engine (`workers.server_worker.GroupRunner`). Every actor call is its own ObjectRef
-and the driver `ray.wait`s on all of them, so one failed run or one dead actor never loses another's
-result. A dead actor (node lost, worker killed) re-queues its group's unfinished runs on a fresh actor up
-to `cluster.max_retries` times; after that they are FAILED `node_lost`.
+Preflight (`orchestrator.preflight`): once Ray is up and before MLflow or any engine, every group must be
+placeable on the empty cluster (GPUs per node, node count, accelerator label); else `PreflightError` names
+each group that never fits and what the cluster has, and nothing is recorded.
+
+Placement: one placement group per server, one bundle per node {GPU: tp_size / nnodes, CPU: k}
+(STRICT_PACK on one node, STRICT_SPREAD over several), the accelerator as a bundle label selector (or a
+custom resource on older clusters). Groups are launched longest expected work first, at most
+`cluster.max_concurrent_servers` at once; placement groups the cluster cannot fit yet stay pending in Ray.
+Rank 0 (`ServerWorker`, bundle 0) starts the engine, runs the group's RunSpecs in order (flushing the
+cache before each) and stops it (`workers.server_worker.GroupRunner`); a multi-node server has a
+`NodeWorker` on each other bundle, started with rank 0's rendezvous address. Every actor call is its own
+ObjectRef and the driver `ray.wait`s on all of them, so one failed run or one dead actor never loses
+another's result.
+
+Node loss (an actor of the slot died): the run in flight is recorded as a FAILED `node_lost` attempt
+(tag `retried=true`) and the group's unfinished runs go back to the front of the queue on a fresh
+placement group, where the group resumes; a run whose node was lost more than `cluster.max_retries`
+times ends FAILED `node_lost`.
 
 Ctrl-C / SIGTERM on the driver: every actor is killed (its engine dies with it: parent-death signal),
-unfinished runs become KILLED (`interrupted`) and are recorded, then KeyboardInterrupt propagates.
+unfinished and queued runs become KILLED (`interrupted`) and are recorded, then KeyboardInterrupt propagates;
+the same command again resumes (FINISHED runs are skipped).
 """
 
 from __future__ import annotations
@@ -37,20 +51,23 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from rich.markdown import Markdown
 
 from orchestrator.progress import SweepProgress
-from orchestrator.spec import (ClusterKind, ClusterSettings, EngineKind, ExecutionSettings, FailureReason, RunResult,
-                               RunSpec, RunState, ServerGroup)
-from workers.server_worker import EngineInfo, GroupRunner
+from orchestrator.preflight import Preflight, expected_work, gpus_per_node, run_preflight
+from orchestrator.spec import (ClusterKind, ClusterSettings, ExecutionSettings, FailureReason, RunResult, RunSpec,
+                               RunState, ServerGroup)
+from workers.engine import NodeRank, free_port
+from workers.server_worker import EngineInfo, FollowerRunner, GroupRunner
 
 logger = logging.getLogger(__name__)
 
-CPUS_PER_SERVER = 1  # Ray CPUs an actor holds: on a local machine, at most num_cpus engines at once
 LOCAL_OBJECT_STORE_MB = 128  # results are small; Ray's default (30% of RAM) only slows start-up
 WAIT_TIMEOUT_S = 0.5
 
@@ -66,6 +83,8 @@ class ExecutionStats:
     engine_startup_s: dict[str, float] = field(default_factory=dict)  # group_id -> seconds starting engines
     tracking_s: float = 0.0  # driver seconds spent writing MLflow
     parent_run_id: str | None = None  # the MLflow parent run of this invocation (e.g. for the report)
+    slots: list["SlotRecord"] = field(default_factory=list)  # where and when each server ran
+    attempts_retried: int = 0  # failed attempts (node lost mid-run) that were re-queued
 
     @property
     def total_engine_starts(self) -> int:
@@ -74,20 +93,56 @@ class ExecutionStats:
 
 @ray.remote
 class ServerWorker:
-    """A thin actor around GroupRunner. Methods run on the actor's main thread, one at a time."""
+    """Rank 0 of a server (the only rank on one node): a thin actor around GroupRunner. Methods run on the
+    actor's main thread, one at a time (the engine's parent-death signal follows that thread)."""
 
     def __init__(self, group: ServerGroup, log_dir: str, restarts: int = 1):
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        self.runner = GroupRunner(group.server, log_dir, restarts=restarts)
+        self.runner = GroupRunner(group.server, log_dir, restarts=restarts, node_tags=node_tags())
 
-    def start(self) -> EngineInfo:
-        return self.runner.start()
+    def dist_init_addr(self) -> str:
+        """rank 0's rendezvous address for a multi-node server: this node's IP and a free port."""
+        ip = ray.util.get_node_ip_address()
+        return f"{ip}:{free_port('0.0.0.0')}"
+
+    def start(self, dist_init_addr: str | None = None) -> EngineInfo:
+        rank = NodeRank(0, self.runner.server.nnodes, dist_init_addr) if dist_init_addr else None
+        return self.runner.start(rank)
 
     def run(self, spec: RunSpec, attempt: int = 1) -> RunResult:
         return self.runner.run(spec, attempt)
 
     def stop(self) -> EngineInfo:
         return self.runner.stop()
+
+
+@ray.remote
+class NodeWorker:
+    """Rank > 0 of a multi-node server, in bundle `rank` of the group's placement group."""
+
+    def __init__(self, group: ServerGroup, log_dir: str, rank: int):
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        self.runner = FollowerRunner(group.server, log_dir, rank, node_tags=node_tags())
+
+    def start(self, dist_init_addr: str) -> EngineInfo:
+        return self.runner.start(dist_init_addr)
+
+    def stop(self) -> EngineInfo:
+        return self.runner.stop()
+
+
+def node_tags() -> dict[str, str]:
+    """Where this actor runs: Ray node id and IP, its GPUs (CUDA_VISIBLE_DEVICES, set by Ray), the node's
+    accelerator label."""
+    ctx = ray.get_runtime_context()
+    tags = {"node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address(),
+            "gpu_ids": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+    with contextlib.suppress(Exception):
+        labels = ctx.get_node_labels()
+        for key, value in labels.items():
+            if not key.startswith("ray.io/"):
+                tags[f"node_label.{key}"] = str(value)
+    return tags
 
 
 # ---------------------------------------------------------------- Ray connection
@@ -101,18 +156,16 @@ def _visible_gpus() -> int:
 
 
 def gpus_for(group: ServerGroup, cluster: ClusterSettings) -> int:
-    if cluster.gpus_per_server:
-        return cluster.gpus_per_server
-    server = group.server
-    on_gpu = server.engine.kind is EngineKind.SGLANG or server.engine.device == "cuda"
-    return server.tp_size * server.nnodes if on_gpu else 0
+    """GPUs the group's server needs on each of its nodes."""
+    return gpus_per_node(group.server, cluster)
 
 
 def connect_ray(cluster: ClusterSettings, gpus_needed: int = 0) -> bool:
     """Connect or start Ray; True when this call started it (and must shut it down)."""
     if ray.is_initialized():
         return False
-    common = dict(namespace=cluster.namespace, log_to_driver=False, configure_logging=False)
+    common = dict(namespace=cluster.namespace, log_to_driver=False, configure_logging=False,
+                  runtime_env=cluster.runtime_env)
     if cluster.kind is ClusterKind.RAY:
         ray.init(address=cluster.address or "auto", **common)
         return True
@@ -132,52 +185,110 @@ def connect_ray(cluster: ClusterSettings, gpus_needed: int = 0) -> bool:
 
 @dataclass
 class _Slot:
-    """One actor serving one group; a group gets a fresh slot (attempt + 1) after its actor died."""
+    """One placement group and its actors serving one group; a group gets a fresh slot (attempt + 1) after
+    a node of its slot was lost."""
 
     group: ServerGroup
     attempt: int
-    actor: ray.actor.ActorHandle
+    pg: PlacementGroup
+    actor: ray.actor.ActorHandle  # rank 0
+    followers: list[ray.actor.ActorHandle]  # ranks 1..nnodes-1
     runs: dict[ray.ObjectRef, RunSpec]
-    start_ref: ray.ObjectRef
-    stop_ref: ray.ObjectRef
-    up: bool = False
+    submitted_at: float
+    up: bool = False  # rank 0's engine answered /health
+    started: bool = False  # rank 0's start() returned (the engine is up or failed for good)
     closed: bool = False
+    last_progress: float = 0.0  # when the previous run ended (or the engine came up)
+    follower_nodes: list[str] = field(default_factory=list)
+    stops_left: int = 0
+
+
+@dataclass(frozen=True)
+class SlotRecord:
+    """When and where one slot ran, for tests and benchmarks (unix seconds)."""
+
+    group_id: str
+    attempt: int
+    node_ids: tuple[str, ...]
+    submitted_at: float
+    began_at: float  # the engine start began (the placement group was ready and the actor up)
+    ended_at: float  # the engine was stopped
+    runs: int
 
 
 class _Driver:
     def __init__(self, settings: ExecutionSettings, log_dir: Path, progress: SweepProgress,
-                 emit: Callable[[RunResult], None], stats: ExecutionStats):
+                 emit: Callable[[RunResult], None], note_attempt: Callable[[RunResult], None],
+                 stats: ExecutionStats, preflight: Preflight):
         self.settings = settings
+        self.cluster = settings.cluster
         self.log_dir = log_dir
         self.progress = progress
         self.emit = emit
+        self.note_attempt = note_attempt
         self.stats = stats
+        self.preflight = preflight
+        self.queue: list[tuple[ServerGroup, tuple[RunSpec, ...], int]] = []  # longest expected first
         self.slots: list[_Slot] = []
-        self.refs: dict[ray.ObjectRef, tuple[_Slot, str]] = {}  # ref -> (slot, "start" | "run" | "stop")
+        self.refs: dict[ray.ObjectRef, tuple[_Slot, str]] = {}  # ref -> (slot, start|fstart|run|stop|fstop)
+        self.run_losses: dict[int, int] = {}  # job_index -> times its node was lost while it ran
+        self.start_losses: dict[str, int] = {}  # group_id -> times a node was lost before its engine was up
 
-    def submit(self, group: ServerGroup, runs: tuple[RunSpec, ...], attempt: int = 1) -> None:
-        gpus = gpus_for(group, self.settings.cluster)
-        have = ray.cluster_resources().get("GPU", 0)
-        if gpus > have:  # Ray would queue the actor forever
-            now = time.time()
-            for spec in runs:
-                self.emit(RunResult(run=spec, state=RunState.FAILED, reason=FailureReason.ENGINE_START_FAILED,
-                                    message=f"the server needs {gpus} GPU(s); the Ray cluster has {have:g}",
-                                    started_at=now, ended_at=now, tags={"server_group": group.group_id}))
-            return
-        actor = ServerWorker.options(num_cpus=CPUS_PER_SERVER, num_gpus=gpus, max_restarts=0,
-                                     name=None).remote(ServerGroup(group.server, runs), str(self.log_dir))
-        start_ref = actor.start.remote()
-        run_refs = {actor.run.remote(spec, attempt): spec for spec in runs}
-        stop_ref = actor.stop.remote()
-        slot = _Slot(group, attempt, actor, run_refs, start_ref, stop_ref)
-        self.slots.append(slot)
+    # -- queueing
+
+    def enqueue(self, groups: Sequence[ServerGroup]) -> None:
+        ordered = sorted(groups, key=lambda g: (-expected_work(g), g.runs[0].job_index))
+        self.queue += [(g, g.runs, 1) for g in ordered]
+
+    def active(self) -> int:
+        return sum(not s.closed for s in self.slots)
+
+    def schedule(self) -> None:
+        """Launch queued groups up to max_concurrent_servers; Ray holds the ones the cluster cannot fit yet
+        (their placement groups stay pending) and places them, in creation order, as others finish."""
+        cap = self.cluster.max_concurrent_servers
+        while self.queue and (cap is None or self.active() < cap):
+            group, runs, attempt = self.queue.pop(0)
+            self.launch(group, runs, attempt)
+
+    def launch(self, group: ServerGroup, runs: tuple[RunSpec, ...], attempt: int) -> None:
+        needs = self.preflight.needs(group.server, self.cluster)
+        pg = placement_group(needs.bundles(), strategy=needs.strategy, name=f"specsweep-{group.group_id}-{attempt}",
+                             bundle_label_selector=needs.label_selector())
+        part = ServerGroup(group.server, runs)
+        log_dir = str(self.log_dir)
+
+        def on_bundle(actor_cls, index: int):
+            return actor_cls.options(num_cpus=needs.cpus_per_node, num_gpus=needs.gpus_per_node, max_restarts=0,
+                                     scheduling_strategy=PlacementGroupSchedulingStrategy(pg, index))
+
+        restarts = 1 if needs.nnodes == 1 else 0  # a multi-node engine is never restarted by rank 0 alone
+        actor = on_bundle(ServerWorker, 0).remote(part, log_dir, restarts)
+        followers = [on_bundle(NodeWorker, i).remote(part, log_dir, i) for i in range(1, needs.nnodes)]
+        slot = _Slot(group, attempt, pg, actor, followers, {}, submitted_at=time.time())
+        if followers:
+            addr = actor.dist_init_addr.remote()
+            for f in followers:
+                self.refs[f.start.remote(addr)] = (slot, "fstart")
+            start_ref = actor.start.remote(addr)
+        else:
+            start_ref = actor.start.remote()
         self.refs[start_ref] = (slot, "start")
-        self.refs.update({ref: (slot, "run") for ref in run_refs})
-        self.refs[stop_ref] = (slot, "stop")
+        slot.runs = {actor.run.remote(spec, attempt): spec for spec in runs}
+        self.refs.update({ref: (slot, "run") for ref in slot.runs})
+        self.refs[actor.stop.remote()] = (slot, "stop")
+        self.slots.append(slot)
+        logger.info("server %s (attempt %d, %d run(s)): placement group %s %s", group.group_id, attempt, len(runs),
+                    needs.strategy, needs.bundles())
+
+    # -- the loop
 
     def loop(self) -> None:
-        while self.refs:
+        self.schedule()
+        while self.refs or self.queue:
+            if not self.refs:
+                self.schedule()
+                continue
             ready, rest = ray.wait(list(self.refs), num_returns=1, timeout=WAIT_TIMEOUT_S)
             if ready and rest:
                 more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
@@ -185,13 +296,17 @@ class _Driver:
             for ref in ready:
                 if ref in self.refs:  # a lost slot drops its other refs
                     self.handle(ref)
+            self.schedule()
 
     def handle(self, ref: ray.ObjectRef) -> None:
         slot, kind = self.refs.pop(ref)
         try:
             value = ray.get(ref, timeout=60)
         except RayActorError as e:
-            self.lost(slot, e)
+            if kind == "fstop":  # a follower that died while stopping: nothing is lost
+                self._follower_stopped(slot)
+            else:
+                self.lost(slot, e)
             return
         except (RayTaskError, GetTimeoutError) as e:  # a bug in the worker, not the engine
             if kind == "run":
@@ -202,25 +317,55 @@ class _Driver:
             else:
                 logger.error("server %s: %s failed: %s", slot.group.group_id, kind, e)
                 if kind == "stop":
-                    self.close(slot)
+                    self.finish(slot, None)
+                elif kind == "fstop":
+                    self._follower_stopped(slot)
             return
         if kind == "start":
             self.record(slot, value)
+            slot.started, slot.last_progress = True, time.time()
             if value.alive:
                 slot.up = True
                 self.progress.server_up()
+        elif kind == "fstart":
+            slot.follower_nodes.append((value.node or {}).get("node_id", ""))
+            if value.error:
+                logger.error("server %s rank %d: %s", slot.group.group_id, value.rank, value.error)
         elif kind == "run":
             slot.runs.pop(ref)
+            slot.last_progress = time.time()
+            if slot.follower_nodes:
+                value.tags["server_node_ids"] = ",".join([value.tags.get("node_id", "")] + slot.follower_nodes)
             self.emit(value)
-        else:
+        elif kind == "stop":
             self.record(slot, value)
-            self.close(slot)
+            self.finish(slot, value)
+        else:
+            self._follower_stopped(slot)
 
     def record(self, slot: _Slot, info: EngineInfo) -> None:
         gid = slot.group.group_id
         key = gid if slot.attempt == 1 else f"{gid}#{slot.attempt}"
         self.stats.engine_starts[key] = info.engine_starts
         self.stats.engine_startup_s[key] = info.startup_s
+
+    def finish(self, slot: _Slot, info: EngineInfo | None) -> None:
+        """rank 0 stopped its engine: stop the other ranks, then free the placement group."""
+        if info is not None:
+            node = (info.node or {}).get("node_id", "")
+            self.stats.slots.append(SlotRecord(slot.group.group_id, slot.attempt, (node, *slot.follower_nodes),
+                                               slot.submitted_at, info.began_at, time.time(),
+                                               len(slot.group.runs)))
+        slot.stops_left = len(slot.followers)
+        for f in slot.followers:
+            self.refs[f.stop.remote()] = (slot, "fstop")
+        if not slot.followers:
+            self.close(slot)
+
+    def _follower_stopped(self, slot: _Slot) -> None:
+        slot.stops_left -= 1
+        if slot.stops_left <= 0:
+            self.close(slot)
 
     def close(self, slot: _Slot) -> None:
         if slot.closed:
@@ -229,40 +374,76 @@ class _Driver:
         if slot.up:
             slot.up = False
             self.progress.server_down()
-        ray.kill(slot.actor, no_restart=True)  # frees its CPUs for a queued group
+        for actor in (slot.actor, *slot.followers):
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+        with contextlib.suppress(Exception):
+            remove_placement_group(slot.pg)  # frees its bundles for a pending group
+
+    # -- faults
 
     def lost(self, slot: _Slot, error: Exception) -> None:
+        """A node of this slot died (or its actor was killed). The run in flight, if any, is charged one loss
+        and recorded as a FAILED attempt; the group's unfinished runs go back to the front of the queue on a
+        fresh placement group while their loss budget (cluster.max_retries) lasts."""
         for ref in [r for r, (s, _) in self.refs.items() if s is slot]:
             del self.refs[ref]
-        unfinished = tuple(sorted(slot.runs.values(), key=lambda r: r.job_index))
+        unfinished = sorted(slot.runs.values(), key=lambda r: r.job_index)
         slot.runs.clear()
         self.close(slot)
         if not unfinished:
             return
-        retries = self.settings.cluster.max_retries
-        logger.warning("server %s: worker lost (%s); %d run(s) unfinished", slot.group.group_id,
-                       type(error).__name__, len(unfinished))
-        if slot.attempt <= retries:
-            self.submit(slot.group, unfinished, slot.attempt + 1)
-            return
-        now = time.time()
-        for spec in unfinished:
-            self.emit(RunResult(run=spec, state=RunState.FAILED, reason=FailureReason.NODE_LOST,
-                                message=f"worker lost {slot.attempt} time(s): {str(error)[-1000:]}",
-                                started_at=now, ended_at=now,
-                                tags={"attempt": str(slot.attempt), "server_group": slot.group.group_id}))
+        gid, now = slot.group.group_id, time.time()
+        logger.warning("server %s: node or worker lost (%s); %d run(s) unfinished", gid, type(error).__name__,
+                       len(unfinished))
+        budget = self.cluster.max_retries
+        tags = {"attempt": str(slot.attempt), "server_group": gid, "failure_reason": FailureReason.NODE_LOST.value}
+        message = f"node lost: {str(error)[-1000:]}"
+        if slot.started:
+            victim = unfinished[0]  # runs go in job order: the first unfinished one was in flight
+            losses = self.run_losses[victim.job_index] = self.run_losses.get(victim.job_index, 0) + 1
+            failed = RunResult(run=victim, state=RunState.FAILED, reason=FailureReason.NODE_LOST,
+                               message=f"{message} (loss {losses} of this run)", started_at=slot.last_progress,
+                               ended_at=now, tags=dict(tags))
+            if losses > budget:
+                self.emit(failed)
+                unfinished = unfinished[1:]
+            else:
+                failed.tags["retried"] = "true"  # a later attempt of the same RunSpec follows
+                self.note_attempt(failed)
+        else:
+            self.start_losses[gid] = self.start_losses.get(gid, 0) + 1
+            if self.start_losses[gid] > budget:
+                for spec in unfinished:
+                    self.emit(RunResult(run=spec, state=RunState.FAILED, reason=FailureReason.NODE_LOST,
+                                        message=f"{message} (lost {self.start_losses[gid]} times before its "
+                                                f"engine was up)", started_at=now, ended_at=now, tags=dict(tags)))
+                return
+        if unfinished:
+            self.queue.insert(0, (slot.group, tuple(unfinished), slot.attempt + 1))
 
     def interrupt(self) -> None:
-        """Kill every actor (engines die with them); every unfinished run becomes KILLED."""
+        """Kill every actor (engines die with them); every unfinished or queued run becomes KILLED."""
         now = time.time()
+
+        def killed(spec: RunSpec, attempt: int, gid: str) -> None:
+            self.emit(RunResult(run=spec, state=RunState.KILLED, reason=FailureReason.INTERRUPTED,
+                                message="the sweep was interrupted", started_at=now, ended_at=now,
+                                tags={"attempt": str(attempt), "server_group": gid}))
+
         for slot in self.slots:
+            for actor in (slot.actor, *slot.followers):
+                with contextlib.suppress(Exception):
+                    ray.kill(actor, no_restart=True)
             with contextlib.suppress(Exception):
-                ray.kill(slot.actor, no_restart=True)
+                remove_placement_group(slot.pg)
             for spec in sorted(slot.runs.values(), key=lambda r: r.job_index):
-                self.emit(RunResult(run=spec, state=RunState.KILLED, reason=FailureReason.INTERRUPTED,
-                                    message="the sweep was interrupted", started_at=now, ended_at=now,
-                                    tags={"attempt": str(slot.attempt), "server_group": slot.group.group_id}))
+                killed(spec, slot.attempt, slot.group.group_id)
             slot.runs.clear()
+        for group, runs, attempt in self.queue:
+            for spec in runs:
+                killed(spec, attempt, group.group_id)
+        self.queue.clear()
         self.refs.clear()
 
 
@@ -296,7 +477,8 @@ def run_plan(plan, settings: ExecutionSettings, on_result: Callable[[RunResult],
     t0 = time.perf_counter()
     # MLflow set-up (import, schema, parent run) overlaps Ray's start-up: both take seconds
     pool = ThreadPoolExecutor(1, thread_name_prefix="mlflow-setup")
-    setup = pool.submit(_open_tracker, plan, settings, multirun_yaml, stats, t0) if track else None
+    gate = _Gate()  # the tracker opens only once the preflight has passed: a sweep that cannot fit leaves no trace
+    setup = pool.submit(_open_tracker, plan, settings, multirun_yaml, stats, t0, gate) if track else None
     tracker = None
     backlog: list[RunResult] = []  # results that came before MLflow was ready
     log_dir = Path(settings.work_dir).resolve() / "logs" / "engines" / f"{plan.sweep_name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -327,8 +509,16 @@ def run_plan(plan, settings: ExecutionSettings, on_result: Callable[[RunResult],
     def tracker_ready():
         nonlocal tracker
         tracker = setup.result()
-        while backlog:
+        while backlog and tracker is not None:
             record(backlog.pop(0))
+
+    def note_attempt(result: RunResult) -> None:
+        """A failed attempt whose run was re-queued: recorded in MLflow, not a result of the sweep."""
+        stats.attempts_retried += 1
+        if tracker is not None:
+            record(result)
+        elif setup is not None:
+            backlog.append(result)
 
     started_ray, driver, status = False, None, RunState.FINISHED
     try:
@@ -338,16 +528,19 @@ def run_plan(plan, settings: ExecutionSettings, on_result: Callable[[RunResult],
                 gpus = max((gpus_for(g, settings.cluster) for g in plan.groups), default=0)
                 started_ray = connect_ray(settings.cluster, gpus)
                 stats.ray_init_s = time.perf_counter() - t
+                fit = run_preflight(plan.groups, settings.cluster)  # PreflightError: nothing launched
+                gate.open(True)
                 logger.info("running %d run(s) on %d server(s); engine logs in %s", plan.num_runs,
                             len(plan.groups), log_dir)
-                driver = _Driver(settings, log_dir, progress, emit, stats)
-                for group in plan.groups:
-                    driver.submit(group, group.runs)
+                driver = _Driver(settings, log_dir, progress, emit, note_attempt, stats, fit)
+                driver.enqueue(plan.groups)
+                driver.schedule()
                 if setup is not None:
                     tracker_ready()
                 stats.ready_s = time.perf_counter() - t0
                 driver.loop()
             except BaseException as e:
+                gate.open(False)
                 status = RunState.KILLED if isinstance(e, KeyboardInterrupt) else RunState.FAILED
                 if driver is not None:
                     logger.warning("%s: stopping %d server(s)", "interrupted" if status is RunState.KILLED
@@ -378,9 +571,29 @@ def run_plan(plan, settings: ExecutionSettings, on_result: Callable[[RunResult],
     return [results[r.job_index] for r in plan.runs if r.job_index in results]
 
 
-def _open_tracker(plan, settings: ExecutionSettings, multirun_yaml: str | None, stats: ExecutionStats, t0: float):
-    from orchestrator.tracking import Tracker
+class _Gate:
+    """Opened once by the driver thread: True lets the MLflow set-up proceed, False cancels it."""
 
+    def __init__(self):
+        self._event = threading.Event()
+        self.ok = False
+
+    def open(self, ok: bool) -> None:
+        if not self._event.is_set():
+            self.ok = ok
+            self._event.set()
+
+    def wait(self) -> bool:
+        self._event.wait()
+        return self.ok
+
+
+def _open_tracker(plan, settings: ExecutionSettings, multirun_yaml: str | None, stats: ExecutionStats, t0: float,
+                  gate: _Gate | None = None):
+    from orchestrator.tracking import Tracker  # the import (seconds) overlaps Ray's start-up and the preflight
+
+    if gate is not None and not gate.wait():
+        return None
     tracker = Tracker.from_settings(settings)
     stats.parent_run_id = tracker.begin_parent(plan, work_dir=settings.work_dir, multirun_yaml=multirun_yaml)
     stats.tracking_setup_s = time.perf_counter() - t0

@@ -23,6 +23,7 @@ from orchestrator.spec import (
     Algorithm,
     AttentionKind,
     AttentionSpec,
+    AcceleratorMatch,
     ClusterKind,
     ClusterSettings,
     DrafterSpec,
@@ -120,8 +121,15 @@ class ClusterConf:
     object_store_memory_mb: Optional[int] = None
     include_dashboard: bool = False
     namespace: str = "specsweep"
+    runtime_env: Optional[dict[str, Any]] = None
     gpus_per_server: int = 0
-    max_retries: int = 1
+    gpus_per_node: Optional[int] = None
+    cpus_per_server: float = 1.0
+    accelerator: Optional[str] = None  # e.g. sm_120
+    accelerator_label: str = "gpu-arch"
+    accelerator_match: str = "auto"  # auto | label | resource
+    max_concurrent_servers: Optional[int] = None
+    max_retries: int = 2
 
 
 @dataclass
@@ -295,7 +303,11 @@ def to_run_config(cfg: DictConfig, overrides: tuple[str, ...] = (), cwd: str | N
         kind=p.enum("cluster.kind", cl["kind"], ClusterKind), address=cl["address"],
         num_cpus=cl["num_cpus"], num_gpus=cl["num_gpus"],
         object_store_memory_mb=cl["object_store_memory_mb"], include_dashboard=cl["include_dashboard"],
-        namespace=cl["namespace"], gpus_per_server=cl["gpus_per_server"], max_retries=cl["max_retries"],
+        namespace=cl["namespace"], runtime_env=cl["runtime_env"] or None, gpus_per_server=cl["gpus_per_server"],
+        gpus_per_node=cl["gpus_per_node"], cpus_per_server=float(cl["cpus_per_server"]),
+        accelerator=cl["accelerator"], accelerator_label=cl["accelerator_label"],
+        accelerator_match=p.enum("cluster.accelerator_match", cl["accelerator_match"], AcceleratorMatch),
+        max_concurrent_servers=cl["max_concurrent_servers"], max_retries=cl["max_retries"],
     )
     tracking = TrackingSettings(uri=absolute_tracking_uri(tr["uri"], cwd),
                                 experiment_name=tr["experiment_name"])

@@ -26,6 +26,7 @@ IDENTITY_IF_SET = {"omit_if_none": True}
 class EngineKind(str, enum.Enum):
     REFERENCE = "reference"
     SGLANG = "sglang"
+    STUB = "stub"  # simulation engine (workers/stub_engine.py): the seam's HTTP API with timed dummy tokens
 
 
 class Algorithm(str, enum.Enum):
@@ -235,6 +236,14 @@ class ClusterKind(str, enum.Enum):
     RAY = "ray"  # an existing Ray cluster: `ray.init(address=...)`
 
 
+class AcceleratorMatch(str, enum.Enum):
+    """How `cluster.accelerator` picks nodes (docs/cluster.md)."""
+
+    AUTO = "auto"  # labels when some node carries `accelerator_label`, else custom resources
+    LABEL = "label"  # Ray >= 2.49 node labels: `ray start --labels gpu-arch=sm_120`
+    RESOURCE = "resource"  # older clusters: `ray start --resources '{"accelerator_sm_120": 1}'`
+
+
 @dataclass(frozen=True)
 class ClusterSettings:
     kind: ClusterKind = ClusterKind.LOCAL
@@ -244,8 +253,20 @@ class ClusterSettings:
     object_store_memory_mb: int | None = None  # kind=local; None = Ray's default
     include_dashboard: bool = False
     namespace: str = "specsweep"
-    gpus_per_server: int = 0  # GPUs each ServerWorker asks for (0 on the CPU reference engine)
-    max_retries: int = 1  # re-queues of a run after node loss
+    runtime_env: dict[str, Any] | None = field(default=None, hash=False)  # ray.init(runtime_env=...)
+    gpus_per_server: int = 0  # GPUs a server asks for on each of its nodes (0: tp_size / nnodes on GPU engines)
+    gpus_per_node: int | None = None  # GPUs of one node; None: whatever the cluster's nodes have
+    cpus_per_server: float = 1.0  # Ray CPUs in each node bundle of a server (k in {GPU: g, CPU: k})
+    accelerator: str | None = None  # GPU architecture every server must land on, e.g. "sm_120"
+    accelerator_label: str = "gpu-arch"  # node label key that carries the architecture
+    accelerator_match: AcceleratorMatch = AcceleratorMatch.AUTO
+    max_concurrent_servers: int | None = None  # cap on servers at once; None: as many as the cluster fits
+    max_retries: int = 2  # per run: re-queues after its node was lost while it ran
+
+    @property
+    def accelerator_resource(self) -> str | None:
+        """The custom-resource fallback name: sm_90 -> "accelerator_sm_90"."""
+        return f"accelerator_{self.accelerator}" if self.accelerator else None
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,14 @@
 
 Public API:
 
-    build_engine_argv(server: ServerSpec, port: int) -> list[str]
-        argv for the server's engine kind (SGLang flag names for every engine).
+    build_engine_argv(server: ServerSpec, port: int, node_rank: NodeRank | None = None) -> list[str]
+        argv for the server's engine kind (SGLang flag names for every engine); with a NodeRank, this node's
+        process of a multi-node server (`node_rank_argv`: --nnodes, --node-rank, --dist-init-addr).
     adapter_for(kind: EngineKind) -> EngineAdapter
         the per-engine seam: argv, health path, extra env (SGLANG: workers/sglang.py).
     EngineProcess(command: Callable[[int], list[str]], log_path, *, host, env, startup_timeout_s, grace_s)
-    EngineProcess.for_server(server: ServerSpec, log_path, **kw) -> EngineProcess
+    EngineProcess.for_server(server: ServerSpec, log_path, *, node_rank=None, **kw) -> EngineProcess
+        node_rank.rank > 0: a multi-node follower: no HTTP; "started" once it has stayed alive `settle_s`
         with EngineProcess.for_server(server, "engine.log") as engine:   # start + wait for /health 200
             engine.base_url, engine.pid, engine.check_alive(), engine.log_tail(100)
         # leaving the block stops it: SIGTERM to its process group, grace, SIGKILL, wait
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import inspect
 import ctypes.util
 import logging
 import os
@@ -37,6 +40,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Callable, Mapping, Protocol
 
 import requests
@@ -53,11 +57,43 @@ PR_SET_PDEATHSIG = 1
 # ---------------------------------------------------------------- adapters: one per EngineKind
 
 
+@dataclass(frozen=True)
+class NodeRank:
+    """This node's place in a multi-node server (SGLang `--nnodes/--node-rank/--dist-init-addr`)."""
+
+    rank: int  # 0 serves HTTP and is probed
+    nnodes: int
+    dist_init_addr: str  # "host:port" of rank 0's rendezvous
+
+    @property
+    def serves_http(self) -> bool:
+        return self.rank == 0
+
+
+def node_rank_argv(node_rank: NodeRank) -> list[str]:
+    """The multi-node flags of one node's process; adapters whose build_argv takes `node_rank` use this."""
+    return ["--nnodes", str(node_rank.nnodes), "--node-rank", str(node_rank.rank),
+            "--dist-init-addr", node_rank.dist_init_addr]
+
+
+def _with_node_rank(argv: list[str], node_rank: NodeRank) -> list[str]:
+    """argv of an adapter that knows nothing of ranks: drop its `--nnodes N`, append the rank flags."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--nnodes":
+            skip = True
+        else:
+            out.append(a)
+    return out + node_rank_argv(node_rank)
+
+
 class EngineAdapter(Protocol):
     kind: EngineKind
     health_path: str
 
-    def build_argv(self, server: ServerSpec, port: int) -> list[str]: ...
+    def build_argv(self, server: ServerSpec, port: int) -> list[str]: ...  # may take node_rank: NodeRank | None
 
     def env(self, server: ServerSpec) -> dict[str, str]: ...
 
@@ -102,16 +138,39 @@ class ReferenceAdapter:
         return {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
 
 
+class StubAdapter:
+    """The simulation engine (workers/stub_engine.py): scheduling tests and benchmarks, never results.
+    Timing comes from `engine.extra_args` (`--stub-token-s`, `--stub-prefill-s`, `--stub-startup-s`)."""
+
+    kind = EngineKind.STUB
+    health_path = "/health"
+
+    def build_argv(self, server: ServerSpec, port: int, node_rank: NodeRank | None = None) -> list[str]:
+        argv = [sys.executable, "-m", "workers.stub_engine"] + _common_flags(server, port)
+        argv += ["--tp-size", str(server.tp_size)]
+        if node_rank is not None:
+            argv += node_rank_argv(node_rank)
+        return argv + list(server.engine.extra_args)
+
+    def env(self, server: ServerSpec) -> dict[str, str]:
+        return {}
+
+
 _ADAPTERS: dict[EngineKind, EngineAdapter] = {EngineKind.REFERENCE: ReferenceAdapter(),
-                                              EngineKind.SGLANG: SGLangAdapter()}
+                                              EngineKind.SGLANG: SGLangAdapter(), EngineKind.STUB: StubAdapter()}
 
 
 def adapter_for(kind: EngineKind) -> EngineAdapter:
     return _ADAPTERS[kind]
 
 
-def build_engine_argv(server: ServerSpec, port: int) -> list[str]:
-    return adapter_for(server.engine.kind).build_argv(server, port)
+def build_engine_argv(server: ServerSpec, port: int, node_rank: NodeRank | None = None) -> list[str]:
+    adapter = adapter_for(server.engine.kind)
+    if node_rank is None:
+        return adapter.build_argv(server, port)
+    if "node_rank" in inspect.signature(adapter.build_argv).parameters:
+        return adapter.build_argv(server, port, node_rank=node_rank)
+    return _with_node_rank(adapter.build_argv(server, port), node_rank)
 
 
 # ---------------------------------------------------------------- the process owner
@@ -150,7 +209,8 @@ class EngineProcess:
 
     def __init__(self, command: Callable[[int], list[str]], log_path: str | os.PathLike, *,
                  host: str = "127.0.0.1", health_path: str = "/health", env: Mapping[str, str] | None = None,
-                 startup_timeout_s: float = 300.0, grace_s: float = 10.0, port_attempts: int = 3):
+                 startup_timeout_s: float = 300.0, grace_s: float = 10.0, port_attempts: int = 3,
+                 serves_http: bool = True, settle_s: float = 1.0):
         self.command = command
         self.log_path = Path(log_path)
         self.host = host
@@ -159,6 +219,8 @@ class EngineProcess:
         self.startup_timeout_s = startup_timeout_s
         self.grace_s = grace_s
         self.port_attempts = port_attempts
+        self.serves_http = serves_http  # False: a multi-node follower rank; started = alive after settle_s
+        self.settle_s = settle_s
         self.port: int | None = None
         self.argv: list[str] = []
         self.proc: subprocess.Popen | None = None
@@ -169,12 +231,14 @@ class EngineProcess:
         self._http.trust_env = False  # never route 127.0.0.1 through a proxy from the environment
 
     @classmethod
-    def for_server(cls, server: ServerSpec, log_path: str | os.PathLike, **kw) -> "EngineProcess":
+    def for_server(cls, server: ServerSpec, log_path: str | os.PathLike, *, node_rank: NodeRank | None = None,
+                   **kw) -> "EngineProcess":
         adapter = adapter_for(server.engine.kind)
         env = {**adapter.env(server), **dict(server.engine.env), **kw.pop("env", {})}
         kw.setdefault("startup_timeout_s", server.engine.startup_timeout_s)
-        return cls(lambda port: adapter.build_argv(server, port), log_path, host=server.host,
-                   health_path=adapter.health_path, env=env, **kw)
+        serves_http = node_rank is None or node_rank.serves_http
+        return cls(lambda port: build_engine_argv(server, port, node_rank), log_path, host=server.host,
+                   health_path=adapter.health_path, env=env, serves_http=serves_http, **kw)
 
     # -- lifecycle
 
@@ -226,7 +290,10 @@ class EngineProcess:
             if code is not None:
                 raise EngineStartFailed(f"engine exited with code {code} during start ({self._argv0()})",
                                         self.log_tail())
-            if self.healthy(timeout_s=2.0):
+            if not self.serves_http and time.time() - self.started_at >= self.settle_s:
+                logger.info("engine pid %d (no HTTP on this rank) alive after %.1f s", self.proc.pid, self.settle_s)
+                return
+            if self.serves_http and self.healthy(timeout_s=2.0):
                 self.ready_s = time.time() - self.started_at
                 logger.info("engine pid %d healthy after %.1f s", self.proc.pid, self.ready_s)
                 return

@@ -3,8 +3,8 @@
 Plain Python (no Ray): `orchestrator.execute.ServerWorker` is a thin Ray actor around `GroupRunner`, and
 tests drive it directly.
 
-    runner = GroupRunner(server, log_dir, restarts=1)
-    runner.start() -> EngineInfo           # never raises: a start failure is remembered
+    runner = GroupRunner(server, log_dir, restarts=1, node_tags={"node_id": ..., "gpu_ids": ...})
+    runner.start(node_rank=None) -> EngineInfo   # never raises: a start failure is remembered
     runner.run(spec: RunSpec, attempt=1) -> RunResult   # never raises: failures are data
     runner.stop() -> EngineInfo
 
@@ -13,6 +13,10 @@ Failure policy, per run:
 - the engine died during a run: that run FAILED `engine_died`, log tail; the next run restarts the engine
   (at most `restarts` times per group; after that the remaining runs are FAILED `engine_died`);
 - an HTTP timeout: `timeout`; a response without the fields we need: `bad_response`.
+
+Multi-node servers: the driver gives rank 0's runner `node_rank=NodeRank(0, n, addr)` (its engine serves HTTP
+and is probed) and starts ranks 1..n-1 with `FollowerRunner` (no HTTP, no probes). A multi-node engine is
+never restarted in place (the other ranks would need restarting too): it is given `restarts=0`.
 
 Each result's tags carry `engine_start` (which start of this group's engine served it, 1-based) and
 `engine_pid`, so a sweep can be checked for exactly one start per ServerSpec.
@@ -35,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.spec import Algorithm, EngineKind, RunResult, RunSpec, RunState, ServerSpec
-from workers.engine import EngineProcess
+from workers.engine import EngineProcess, NodeRank
 from workers.errors import EngineDied, EngineStartFailed, WorkerError
 from workers.probe import run_probe
 from workers.telemetry import GpuSampler, gpu_identity
@@ -56,12 +60,18 @@ class EngineInfo:
     startup_s: float = 0.0  # seconds spent starting engines (all attempts)
     error: str | None = None
     log_path: str = ""
+    node: dict[str, str] | None = None  # node_id, node_ip, gpu_ids, node_accelerator (from the Ray actor)
+    rank: int = 0
+    began_at: float = 0.0  # unix seconds: the first engine start began
 
 
 class GroupRunner:
     def __init__(self, server: ServerSpec, log_dir: str | os.PathLike, *, restarts: int = 1,
-                 grace_s: float = 10.0):
+                 grace_s: float = 10.0, node_tags: dict[str, str] | None = None):
         self.server = server
+        self.node_tags = dict(node_tags or {})
+        self.node_rank: NodeRank | None = None
+        self.began_at = 0.0
         self.group_id = server.key
         self.log_path = Path(log_dir) / f"engine-{self.group_id}.log"
         self.restarts_left = restarts
@@ -78,14 +88,18 @@ class GroupRunner:
 
     # -- engine lifecycle
 
-    def start(self) -> EngineInfo:
+    def start(self, node_rank: NodeRank | None = None) -> EngineInfo:
+        if node_rank is not None:
+            self.node_rank = node_rank
         if self.engine is None and self.start_error is None:
             self._start_engine()
         return self.info()
 
     def _start_engine(self) -> None:
         self.engine_starts += 1
-        self.engine = EngineProcess.for_server(self.server, self.log_path, grace_s=self.grace_s)
+        self.began_at = self.began_at or time.time()
+        self.engine = EngineProcess.for_server(self.server, self.log_path, grace_s=self.grace_s,
+                                               node_rank=self.node_rank, env=_engine_env(self.node_tags))
         t0 = time.perf_counter()
         try:
             self.engine.start()
@@ -108,7 +122,7 @@ class GroupRunner:
         return EngineInfo(group_id=self.group_id, engine_starts=self.engine_starts, alive=bool(e and e.alive),
                           pid=e.pid if e else None, base_url=e.base_url if e else None, startup_s=self.startup_s,
                           error=self.start_error.message if self.start_error else None,
-                          log_path=str(self.log_path))
+                          log_path=str(self.log_path), node=dict(self.node_tags), began_at=self.began_at)
 
     # -- runs
 
@@ -122,7 +136,7 @@ class GroupRunner:
             marker = self._mark(spec, engine.pid)
             sampler = self._sampler() if self.on_gpu else None
             try:
-                m = run_probe(engine.base_url, spec.probe, self.server.engine.kind,
+                m = run_probe(engine.base_url, spec.probe, _prompt_kind(self.server.engine.kind),
                               expect_spec=self.server.drafter.algorithm is not Algorithm.NONE,
                               timeout_s=self.server.engine.request_timeout_s, model_path=self.server.model.path)
             finally:
@@ -185,7 +199,7 @@ class GroupRunner:
     def _tags(self, attempt: int) -> dict[str, str]:
         s = self.server
         return {"server_group": self.group_id, "engine": s.engine.kind.value, "engine_version": s.engine.version,
-                "host": self.host, "attempt": str(attempt), **self.gpu_tags}
+                "host": self.host, "attempt": str(attempt), **self.node_tags, **self.gpu_tags}
 
     def _sampler(self) -> GpuSampler | None:
         try:
@@ -208,3 +222,50 @@ class GroupRunner:
         path = Path(d) / f"run-{spec.job_index}.pid"
         path.write_text(str(pid))
         return path
+
+
+class FollowerRunner:
+    """Rank > 0 of a multi-node server: its engine process on this node, started and stopped, never probed."""
+
+    def __init__(self, server: ServerSpec, log_dir: str | os.PathLike, rank: int, *, grace_s: float = 10.0,
+                 node_tags: dict[str, str] | None = None):
+        self.server = server
+        self.rank = rank
+        self.node_tags = dict(node_tags or {})
+        self.log_path = Path(log_dir) / f"engine-{server.key}-rank{rank}.log"
+        self.grace_s = grace_s
+        self.engine: EngineProcess | None = None
+        self.error: str | None = None
+        self.began_at = 0.0
+
+    def start(self, dist_init_addr: str) -> EngineInfo:
+        self.began_at = time.time()
+        node_rank = NodeRank(self.rank, self.server.nnodes, dist_init_addr)
+        self.engine = EngineProcess.for_server(self.server, self.log_path, grace_s=self.grace_s,
+                                               node_rank=node_rank, env=_engine_env(self.node_tags))
+        try:
+            self.engine.start()
+        except EngineStartFailed as e:
+            self.error = e.message
+            logger.error("group %s rank %d: engine start failed: %s", self.server.key, self.rank, e.message)
+        return self.info()
+
+    def stop(self) -> EngineInfo:
+        if self.engine is not None:
+            self.engine.stop()
+        return self.info()
+
+    def info(self) -> EngineInfo:
+        e = self.engine
+        return EngineInfo(group_id=self.server.key, engine_starts=1 if e else 0, alive=bool(e and e.alive),
+                          pid=e.pid if e else None, error=self.error, log_path=str(self.log_path),
+                          node=dict(self.node_tags), rank=self.rank, began_at=self.began_at)
+
+
+def _prompt_kind(kind: EngineKind) -> EngineKind:
+    """The stub engine takes the reference engine's byte-tokenised input_ids (no model tokenizer to load)."""
+    return EngineKind.REFERENCE if kind is EngineKind.STUB else kind
+
+
+def _engine_env(node_tags: dict[str, str]) -> dict[str, str]:
+    return {"SPECSWEEP_NODE_ID": node_tags["node_id"]} if "node_id" in node_tags else {}

@@ -1,0 +1,212 @@
+"""Placement needs of each server, and the preflight: can this Ray cluster ever fit every ServerGroup?
+
+Pure (no Ray):
+
+    server_needs(server: ServerSpec, cluster: ClusterSettings, match=AcceleratorMatch.LABEL) -> ServerNeeds
+        one bundle per node {GPU: tp_size / nnodes, CPU: cpus_per_server} (+ the accelerator resource on
+        the fallback), STRICT_PACK on one node, STRICT_SPREAD over several, and the node label selector.
+    resolve_match(cluster, nodes) -> AcceleratorMatch     auto: labels if any node carries the label key
+    check_fit(groups, cluster, nodes) -> (AcceleratorMatch, [problem, ...])
+    describe_nodes(nodes, cluster) -> "2× sm_120 (8 GPU), 1× sm_90 (8 GPU)"
+    expected_work(group) -> float                         Σ (context_len + gen_tokens): the queue order
+
+Edge: `run_preflight(groups, cluster) -> Preflight` reads `ray.nodes()` and raises `PreflightError` naming
+every group that can never fit and what the cluster has. It runs before MLflow and before any engine.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from orchestrator.spec import AcceleratorMatch, ClusterSettings, EngineKind, ServerGroup, ServerSpec
+
+ACCELERATOR_RESOURCE_UNIT = 0.001  # per bundle, of a node's {"accelerator_sm_90": 1}: many bundles per node
+
+
+class PreflightError(RuntimeError):
+    """The cluster can never place some server; nothing was launched and nothing recorded."""
+
+    def __init__(self, problems: Sequence[str], cluster_summary: str):
+        self.problems = list(problems)
+        self.cluster_summary = cluster_summary
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"the Ray cluster can never fit {len(self.problems)} server(s); nothing was launched:\n"
+                         f"{lines}\ncluster: {cluster_summary}")
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    node_id: str
+    ip: str
+    gpus: float
+    cpus: float
+    labels: dict[str, str] = field(default_factory=dict, hash=False)
+    resources: dict[str, float] = field(default_factory=dict, hash=False)
+
+    @classmethod
+    def from_ray(cls, n: dict) -> "NodeInfo":
+        res = n.get("Resources") or {}
+        return cls(node_id=n["NodeID"], ip=n.get("NodeManagerAddress", ""), gpus=res.get("GPU", 0.0),
+                   cpus=res.get("CPU", 0.0), labels=dict(n.get("Labels") or {}), resources=dict(res))
+
+
+@dataclass(frozen=True)
+class ServerNeeds:
+    nnodes: int
+    gpus_per_node: int  # per bundle
+    cpus_per_node: float
+    accelerator: str | None = None
+    match: AcceleratorMatch = AcceleratorMatch.LABEL
+    label_key: str = "gpu-arch"
+
+    @property
+    def strategy(self) -> str:
+        return "STRICT_PACK" if self.nnodes == 1 else "STRICT_SPREAD"
+
+    @property
+    def resource(self) -> str | None:
+        return f"accelerator_{self.accelerator}" if self.accelerator else None
+
+    def bundle(self) -> dict[str, float]:
+        b: dict[str, float] = {"CPU": self.cpus_per_node}
+        if self.gpus_per_node:
+            b["GPU"] = float(self.gpus_per_node)
+        if self.accelerator and self.match is AcceleratorMatch.RESOURCE:
+            b[self.resource] = ACCELERATOR_RESOURCE_UNIT
+        return b
+
+    def bundles(self) -> list[dict[str, float]]:
+        return [self.bundle() for _ in range(self.nnodes)]
+
+    def label_selector(self) -> list[dict[str, str]] | None:
+        if self.accelerator and self.match is AcceleratorMatch.LABEL:
+            return [{self.label_key: self.accelerator} for _ in range(self.nnodes)]
+        return None
+
+    def describe(self) -> str:
+        where = f", {self.label_key}={self.accelerator}" if self.accelerator else ""
+        return f"{self.nnodes} node(s) × {{GPU: {self.gpus_per_node}, CPU: {self.cpus_per_node:g}}}{where}"
+
+    def fits_on(self, node: NodeInfo) -> bool:
+        """This node could host one bundle when it is empty."""
+        return (node.gpus >= self.gpus_per_node and node.cpus >= self.cpus_per_node
+                and self.matches(node))
+
+    def matches(self, node: NodeInfo) -> bool:
+        if not self.accelerator:
+            return True
+        if self.match is AcceleratorMatch.LABEL:
+            return node.labels.get(self.label_key) == self.accelerator
+        return node.resources.get(self.resource, 0.0) >= ACCELERATOR_RESOURCE_UNIT
+
+
+def on_gpu(server: ServerSpec) -> bool:
+    return server.engine.kind is EngineKind.SGLANG or server.engine.device == "cuda"
+
+
+def gpus_per_node(server: ServerSpec, cluster: ClusterSettings) -> int:
+    """GPUs a server needs on each of its nodes."""
+    if cluster.gpus_per_server:
+        return cluster.gpus_per_server
+    return math.ceil(server.tp_size / server.nnodes) if on_gpu(server) else 0
+
+
+def server_needs(server: ServerSpec, cluster: ClusterSettings,
+                 match: AcceleratorMatch = AcceleratorMatch.LABEL) -> ServerNeeds:
+    return ServerNeeds(nnodes=server.nnodes, gpus_per_node=gpus_per_node(server, cluster),
+                       cpus_per_node=cluster.cpus_per_server, accelerator=cluster.accelerator,
+                       match=AcceleratorMatch.LABEL if match is AcceleratorMatch.AUTO else match,
+                       label_key=cluster.accelerator_label)
+
+
+def expected_work(group: ServerGroup) -> float:
+    """Queue order key (longest first): tokens the group's runs push through its engine."""
+    return float(sum(r.probe.context_len + r.probe.gen_tokens for r in group.runs))
+
+
+def resolve_match(cluster: ClusterSettings, nodes: Sequence[NodeInfo]) -> AcceleratorMatch:
+    if cluster.accelerator_match is not AcceleratorMatch.AUTO:
+        return cluster.accelerator_match
+    if any(cluster.accelerator_label in n.labels for n in nodes):
+        return AcceleratorMatch.LABEL
+    if cluster.accelerator and any(cluster.accelerator_resource in n.resources for n in nodes):
+        return AcceleratorMatch.RESOURCE
+    return AcceleratorMatch.LABEL
+
+
+def _arch(node: NodeInfo, cluster: ClusterSettings) -> str:
+    if cluster.accelerator_label in node.labels:
+        return node.labels[cluster.accelerator_label]
+    archs = sorted(k[len("accelerator_"):] for k in node.resources if k.startswith("accelerator_"))
+    return "/".join(archs) or "unlabelled"
+
+
+def describe_nodes(nodes: Sequence[NodeInfo], cluster: ClusterSettings) -> str:
+    counts = Counter((_arch(n, cluster), n.gpus) for n in nodes if n.gpus > 0)
+    parts = [f"{c}× {arch} ({gpus:g} GPU)" for (arch, gpus), c in sorted(counts.items())]
+    cpu_only = sum(1 for n in nodes if n.gpus <= 0)
+    if cpu_only:
+        parts.append(f"{cpu_only}× no GPU")
+    return "nodes: " + (", ".join(parts) if parts else "none alive")
+
+
+def _group_problem(group: ServerGroup, needs: ServerNeeds, cluster: ClusterSettings,
+                   nodes: Sequence[NodeInfo]) -> str | None:
+    s = group.server
+    head = (f"group {group.group_id} ({len(group.runs)} run(s), engine={s.engine.kind.value}, tp_size={s.tp_size}, "
+            f"nnodes={s.nnodes}, needs {needs.describe()})")
+    if s.nnodes > 1 and s.engine.kind is EngineKind.REFERENCE:
+        return f"{head}: the reference engine runs on one node; use nnodes=1"
+    if s.nnodes > 1 and s.tp_size % s.nnodes:
+        return f"{head}: tp_size {s.tp_size} does not split evenly over {s.nnodes} nodes"
+    if cluster.gpus_per_node is not None and needs.gpus_per_node > cluster.gpus_per_node:
+        return (f"{head}: {needs.gpus_per_node} GPUs per node but cluster.gpus_per_node={cluster.gpus_per_node}; "
+                f"set nnodes={math.ceil(s.tp_size / cluster.gpus_per_node)}")
+    matching = [n for n in nodes if needs.matches(n)]
+    if needs.accelerator and not matching:
+        what = "label" if needs.match is AcceleratorMatch.LABEL else f"resource {needs.resource}"
+        return f"{head}: accelerator={needs.accelerator}: no node has that {what}"
+    fitting = [n for n in matching if n.gpus >= needs.gpus_per_node and n.cpus >= needs.cpus_per_node]
+    if len(fitting) < needs.nnodes:
+        arch = f" with {needs.label_key}={needs.accelerator}" if needs.accelerator else ""
+        return (f"{head}: {len(fitting) or 'no'} node(s){arch} with >= {needs.gpus_per_node} GPU(s) and "
+                f">= {needs.cpus_per_node:g} CPU(s); it needs {needs.nnodes}")
+    return None
+
+
+def check_fit(groups: Sequence[ServerGroup], cluster: ClusterSettings,
+              nodes: Sequence[NodeInfo]) -> tuple[AcceleratorMatch, list[str]]:
+    match = resolve_match(cluster, nodes)
+    problems = []
+    for g in groups:
+        p = _group_problem(g, server_needs(g.server, cluster, match), cluster, nodes)
+        if p:
+            problems.append(p)
+    return match, problems
+
+
+@dataclass(frozen=True)
+class Preflight:
+    match: AcceleratorMatch
+    nodes: tuple[NodeInfo, ...]
+
+    def needs(self, server: ServerSpec, cluster: ClusterSettings) -> ServerNeeds:
+        return server_needs(server, cluster, self.match)
+
+
+def alive_nodes() -> list[NodeInfo]:
+    import ray
+
+    return [NodeInfo.from_ray(n) for n in ray.nodes() if n.get("Alive")]
+
+
+def run_preflight(groups: Sequence[ServerGroup], cluster: ClusterSettings) -> Preflight:
+    """On a connected Ray: raise PreflightError unless every group could be placed on an empty cluster."""
+    nodes = alive_nodes()
+    match, problems = check_fit(groups, cluster, nodes)
+    if problems:
+        raise PreflightError(problems, describe_nodes(nodes, cluster))
+    return Preflight(match, tuple(nodes))
