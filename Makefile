@@ -3,8 +3,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 # torch 2.13.0 first: on these machines it is a CPU wheel on local disk; a bare `torch` may pull a CUDA build.
 TORCH_PIN ?= torch==2.13.0
+SGLANG_PIN ?= sglang==0.5.23
 
-.PHONY: setup run test ui bench-engine bench-orchestrator bench-kernels clean
+.PHONY: setup run test ui bench-engine bench-orchestrator bench-kernels bench-sched clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -12,7 +13,10 @@ $(BIN)/python:
 
 setup: $(BIN)/python
 	$(BIN)/pip install -q $(TORCH_PIN)
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,sglang]'
+	# SGLang's own parser for the argv tests: no deps (its pins clash with ours); 0.5.10 unpacked beside it.
+	$(BIN)/pip install -q --no-deps $(SGLANG_PIN) compressed-tensors==0.18.0 openai==2.8.0 apache-tvm-ffi==0.1.11
+	$(BIN)/pip install -q --no-deps --target $(VENV)/sglang-0.5.10 sglang==0.5.10
 
 run:
 	$(BIN)/python -m orchestrator +sweep=longctx
@@ -31,6 +35,9 @@ bench-orchestrator:
 
 bench-kernels:
 	$(BIN)/python -m kernels.bench
+
+bench-sched:
+	RAY_AUTH_MODE=disabled $(BIN)/python -m orchestrator.bench_sched
 
 clean:
 	rm -rf $(VENV) .pytest_cache
