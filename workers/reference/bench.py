@@ -2,7 +2,8 @@
 length x page size x algorithm (NONE, NGRAM, the oracle). Medians over --repeats requests.
 
 prefill tok/s = prompt_tokens / ttft (median; the oracle's ttft includes the draft's prefill);
-decode tok/s = mean tokens committed per step / median step time (steps of all repeats pooled).
+decode tok/s = mean tokens committed per step / median step time; page sizes decode in lock step.
+At most `--new-tokens` steps per request (speculative steps commit several tokens each).
 """
 from __future__ import annotations
 
@@ -47,39 +48,57 @@ def prompt_ids(engine: Engine, length: int) -> list[int]:
 
 def make_engine(ctx: int, page: int, algo: str, new_tokens: int, chunk: int) -> Engine:
     engine = Engine(parse_args(["--model-path", "tiny", "--load-format", "dummy", "--page-size", str(page),
-                                "--context-length", str(ctx + new_tokens), "--chunked-prefill-size", str(chunk),
+                                "--context-length", str(ctx + 8 * new_tokens), "--chunked-prefill-size", str(chunk),
                                 *ALGORITHMS[algo]]))
     engine.generate(list(range(1, 65)), SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True))  # warm-up
     return engine
 
 
-def timed_generate(engine: Engine, ids: list[int], new_tokens: int) -> dict:
-    """One greedy request; per-step wall times from the engine's step callback."""
-    stamps: list[tuple[float, int]] = []
-    params = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True)
-    meta = engine.generate(ids, params, lambda out: stamps.append((time.perf_counter(), len(out)))).meta_info
-    steps = [(t1 - t0, n1 - n0) for (t0, n0), (t1, n1) in zip(stamps, stamps[1:])]
-    return {"prefill_tok_s": meta["prompt_tokens"] / meta["ttft"], "steps": steps,
-            "accept_len": meta.get("spec_accept_length", 1.0)}
+def prefill(engine: Engine, ids: list[int]):
+    """Target (and draft) prefill of one request, timed like the server's ttft."""
+    seq = engine.target.new_sequence()
+    t0 = time.perf_counter()
+    logits = engine.target.extend(seq, ids)
+    if engine.drafter:
+        engine.drafter.start(ids)
+    first = int(logits[-1].argmax())
+    return seq, ids + [first], time.perf_counter() - t0
 
 
 def measure(ctx: int, algo: str, pages: list[int], repeats: int, new_tokens: int, chunk: int) -> list[dict]:
-    """Requests alternate between the page sizes (A B A B ...) so a noisy neighbour hits both alike.
-    decode tok/s = mean tokens per step / median step time."""
+    """Per repeat: prefill one request per page size, then decode them in lock step (one step of A, one
+    of B, ...) so a noisy neighbour slows every page size alike. decode tok/s = tokens committed per step
+    (mean) / step time (median); prefill tok/s = median over repeats."""
     engines = {page: make_engine(ctx, page, algo, new_tokens, chunk) for page in pages}
     ids = prompt_ids(engines[pages[0]], ctx)
-    runs: dict[int, list[dict]] = {page: [] for page in pages}
+    prefill_rates = {page: [] for page in pages}
+    steps = {page: [] for page in pages}  # (seconds, tokens)
+    accept = {page: [] for page in pages}
     for _ in range(repeats):
-        for page in pages:
-            runs[page].append(timed_generate(engines[page], ids, new_tokens))
+        live = {}
+        for page, engine in engines.items():
+            seq, context, seconds = prefill(engine, ids)
+            prefill_rates[page].append(ctx / seconds)
+            live[page] = (engine, seq, context, [])
+        for _ in range(new_tokens - 1):
+            for page, (engine, seq, context, spec) in live.items():
+                t0 = time.perf_counter()
+                committed = engine._step(seq, context, 0.0, None, spec)
+                steps[page].append((time.perf_counter() - t0, len(committed)))
+                context.extend(committed)
+        for page, (engine, seq, _, spec) in live.items():
+            seq.release()
+            if engine.drafter:
+                engine.drafter.finish()
+            accept[page].append(statistics.mean(s["accept_len"] for s in spec) if spec else 1.0)
     rows = []
     for page in pages:
-        steps = [s for r in runs[page] for s in r["steps"]]
-        per_step = sum(n for _, n in steps) / len(steps)
-        prefill = statistics.median(r["prefill_tok_s"] for r in runs[page])
-        rows.append({"ctx": ctx, "page": page, "algo": algo, "prefill_tok_s": prefill, "prefill_s": ctx / prefill,
-                     "decode_tok_s": per_step / statistics.median(t for t, _ in steps),
-                     "accept_len": statistics.median(r["accept_len"] for r in runs[page])})
+        per_step = statistics.mean(n for _, n in steps[page])
+        prefill_rate = statistics.median(prefill_rates[page])
+        rows.append({"ctx": ctx, "page": page, "algo": algo, "prefill_tok_s": prefill_rate,
+                     "prefill_s": ctx / prefill_rate,
+                     "decode_tok_s": per_step / statistics.median(t for t, _ in steps[page]),
+                     "accept_len": statistics.median(accept[page])})
     return rows
 
 
@@ -115,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING)
     header = (f"# {time.strftime('%Y-%m-%d')}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
               f"{cpu_name()}; tiny, dummy weights, fp32, batch 1, {a.new_tokens} new tokens, "
-              f"{a.repeats} requests per cell, page sizes interleaved")
+              f"{a.repeats} requests per cell, page sizes decoded in lock step")
     print(header, flush=True)
     print(f"load average at the start (1/5/15 min): {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     rows = []
