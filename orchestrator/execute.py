@@ -55,7 +55,8 @@ from typing import Callable, Sequence
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.placement_group import (PlacementGroup, placement_group, placement_group_table,
+                                     remove_placement_group)
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from rich.markdown import Markdown
 
@@ -180,6 +181,26 @@ def connect_ray(cluster: ClusterSettings, gpus_needed: int = 0) -> bool:
     return True
 
 
+def _bundle_nodes(pg: PlacementGroup) -> list[str]:
+    try:
+        where = placement_group_table(pg).get("bundles_to_node_id") or {}
+    except Exception:  # a table read must never fail the sweep; the tag is only missing
+        return []
+    return [where[i] for i in sorted(where)]
+
+
+@contextlib.contextmanager
+def ray_session(cluster: ClusterSettings, groups: Sequence[ServerGroup]):
+    """Connect (or reuse) Ray and run the preflight; shuts down only what it started. Yields the Preflight."""
+    gpus = max((gpus_for(g, cluster) for g in groups), default=0)
+    started = connect_ray(cluster, gpus)
+    try:
+        yield run_preflight(groups, cluster)
+    finally:
+        if started:
+            ray.shutdown()
+
+
 # ---------------------------------------------------------------- the driver loop
 
 
@@ -199,7 +220,7 @@ class _Slot:
     started: bool = False  # rank 0's start() returned (the engine is up or failed for good)
     closed: bool = False
     last_progress: float = 0.0  # when the previous run ended (or the engine came up)
-    follower_nodes: list[str] = field(default_factory=list)
+    bundle_nodes: list[str] = field(default_factory=list)  # node id of each rank (multi-node servers)
     stops_left: int = 0
 
 
@@ -219,7 +240,7 @@ class SlotRecord:
 class _Driver:
     def __init__(self, settings: ExecutionSettings, log_dir: Path, progress: SweepProgress,
                  emit: Callable[[RunResult], None], note_attempt: Callable[[RunResult], None],
-                 stats: ExecutionStats, preflight: Preflight):
+                 stats: ExecutionStats, preflight: Preflight, shield=contextlib.nullcontext):
         self.settings = settings
         self.cluster = settings.cluster
         self.log_dir = log_dir
@@ -228,6 +249,7 @@ class _Driver:
         self.note_attempt = note_attempt
         self.stats = stats
         self.preflight = preflight
+        self.shield = shield  # no KeyboardInterrupt while a result is being handled and recorded
         self.queue: list[tuple[ServerGroup, tuple[RunSpec, ...], int]] = []  # longest expected first
         self.slots: list[_Slot] = []
         self.refs: dict[ray.ObjectRef, tuple[_Slot, str]] = {}  # ref -> (slot, start|fstart|run|stop|fstop)
@@ -253,8 +275,7 @@ class _Driver:
 
     def launch(self, group: ServerGroup, runs: tuple[RunSpec, ...], attempt: int) -> None:
         needs = self.preflight.needs(group.server, self.cluster)
-        pg = placement_group(needs.bundles(), strategy=needs.strategy, name=f"specsweep-{group.group_id}-{attempt}",
-                             bundle_label_selector=needs.label_selector())
+        pg = placement_group(needs.bundles(), strategy=needs.strategy, bundle_label_selector=needs.label_selector())
         part = ServerGroup(group.server, runs)
         log_dir = str(self.log_dir)
 
@@ -295,7 +316,8 @@ class _Driver:
                 ready += more
             for ref in ready:
                 if ref in self.refs:  # a lost slot drops its other refs
-                    self.handle(ref)
+                    with self.shield():
+                        self.handle(ref)
             self.schedule()
 
     def handle(self, ref: ray.ObjectRef) -> None:
@@ -324,18 +346,19 @@ class _Driver:
         if kind == "start":
             self.record(slot, value)
             slot.started, slot.last_progress = True, time.time()
+            if slot.followers:
+                slot.bundle_nodes = _bundle_nodes(slot.pg)
             if value.alive:
                 slot.up = True
                 self.progress.server_up()
         elif kind == "fstart":
-            slot.follower_nodes.append((value.node or {}).get("node_id", ""))
             if value.error:
                 logger.error("server %s rank %d: %s", slot.group.group_id, value.rank, value.error)
         elif kind == "run":
             slot.runs.pop(ref)
             slot.last_progress = time.time()
-            if slot.follower_nodes:
-                value.tags["server_node_ids"] = ",".join([value.tags.get("node_id", "")] + slot.follower_nodes)
+            if slot.bundle_nodes:
+                value.tags["server_node_ids"] = ",".join(slot.bundle_nodes)  # rank order
             self.emit(value)
         elif kind == "stop":
             self.record(slot, value)
@@ -353,7 +376,7 @@ class _Driver:
         """rank 0 stopped its engine: stop the other ranks, then free the placement group."""
         if info is not None:
             node = (info.node or {}).get("node_id", "")
-            self.stats.slots.append(SlotRecord(slot.group.group_id, slot.attempt, (node, *slot.follower_nodes),
+            self.stats.slots.append(SlotRecord(slot.group.group_id, slot.attempt, tuple(slot.bundle_nodes) or (node,),
                                                slot.submitted_at, info.began_at, time.time(),
                                                len(slot.group.runs)))
         slot.stops_left = len(slot.followers)
@@ -447,20 +470,45 @@ class _Driver:
         self.refs.clear()
 
 
-@contextlib.contextmanager
-def _sigterm_as_interrupt():
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+class _Interrupts:
+    """SIGINT and SIGTERM raise KeyboardInterrupt, but never inside `shield()` (a result being recorded in
+    MLflow, the interrupt being cleaned up): there the signal waits for the shield to end."""
 
-    def raise_interrupt(signum, frame):
+    def __init__(self):
+        self.depth = 0
+        self.pending: int | None = None
+
+    def handler(self, signum, frame):
+        if self.depth:
+            self.pending = signum
+            return
         raise KeyboardInterrupt(f"signal {signum}")
 
-    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    @contextlib.contextmanager
+    def shield(self):
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+            if not self.depth and self.pending is not None:
+                signum, self.pending = self.pending, None
+                raise KeyboardInterrupt(f"signal {signum}")
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """Yields `shield()` (a context manager); signal handlers only on the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield contextlib.nullcontext
+        return
+    interrupts = _Interrupts()
+    previous = {sig: signal.signal(sig, interrupts.handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        yield
+        yield interrupts.shield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def run_plan(plan, settings: ExecutionSettings, on_result: Callable[[RunResult], None] | None = None, *,
@@ -522,7 +570,7 @@ def run_plan(plan, settings: ExecutionSettings, on_result: Callable[[RunResult],
 
     started_ray, driver, status = False, None, RunState.FINISHED
     try:
-        with _sigterm_as_interrupt(), progress:
+        with _sigterm_as_interrupt() as shield, progress:
             try:
                 t = time.perf_counter()
                 gpus = max((gpus_for(g, settings.cluster) for g in plan.groups), default=0)
@@ -532,11 +580,12 @@ def run_plan(plan, settings: ExecutionSettings, on_result: Callable[[RunResult],
                 gate.open(True)
                 logger.info("running %d run(s) on %d server(s); engine logs in %s", plan.num_runs,
                             len(plan.groups), log_dir)
-                driver = _Driver(settings, log_dir, progress, emit, note_attempt, stats, fit)
+                driver = _Driver(settings, log_dir, progress, emit, note_attempt, stats, fit, shield)
                 driver.enqueue(plan.groups)
                 driver.schedule()
                 if setup is not None:
-                    tracker_ready()
+                    with shield():
+                        tracker_ready()
                 stats.ready_s = time.perf_counter() - t0
                 driver.loop()
             except BaseException as e:
@@ -545,7 +594,8 @@ def run_plan(plan, settings: ExecutionSettings, on_result: Callable[[RunResult],
                 if driver is not None:
                     logger.warning("%s: stopping %d server(s)", "interrupted" if status is RunState.KILLED
                                    else f"execution failed ({type(e).__name__})", len(driver.slots))
-                    driver.interrupt()
+                    with shield():
+                        driver.interrupt()
                 raise
     finally:
         if started_ray:

@@ -3,7 +3,8 @@
 compose every job → convert to `RunConfig` → validate all (one `ConfigError` listing every invalid
 point, before any Ray or MLflow work) → plan → resume filter → execute → one `JobReturn` per job.
 
-Exit codes: an invalid config exits 1 (Hydra prints the `InvalidConfig` message, nothing started).
+Exit codes: an invalid config exits 1 (Hydra prints the `InvalidConfig` message, nothing started); so does
+a sweep the Ray cluster can never fit (`ClusterCannotFit`: the preflight, before MLflow and any engine).
 A sweep that ran exits 0 even when some runs FAILED: failures are data (MLflow child runs with a
 reason, the final table); every job's JobReturn is COMPLETED with the `RunResult` as return value, so
 Hydra never re-raises one run's failure. A single run (no sweep) exits 1 when its run FAILED.
@@ -11,9 +12,11 @@ Hydra never re-raises one run's failure. A single run (no sweep) exits 1 when it
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import logging
 import os
+import threading
 from typing import TYPE_CHECKING, Any, Sequence
 
 from hydra.core.utils import JobReturn, JobStatus, configure_log, setup_globals
@@ -36,6 +39,10 @@ SWEEP_LEVEL = ("sweep_name", "cluster", "tracking", "resume", "progress")
 
 class InvalidConfig(CompactHydraException):
     """Hydra prints only this message (no traceback) and exits 1."""
+
+
+class ClusterCannotFit(CompactHydraException):
+    """The preflight found servers the Ray cluster can never place: exit 1, nothing launched or recorded."""
 
 
 class RunFailed(CompactHydraException):
@@ -75,20 +82,29 @@ def build_settings(rc: RunConfig, cwd: str) -> ExecutionSettings:
 
 
 def execute_plan(plan: Plan, settings: ExecutionSettings) -> tuple[list[RunResult], int, Plan]:
-    """The edge: resume lookup in MLflow, then Ray. Returns (results, skipped, the plan that ran)."""
-    from orchestrator.execute import run_plan
-    from orchestrator.tracking import finished_run_hashes
+    """The edge: Ray and the cluster preflight (ClusterCannotFit before MLflow is touched), the resume
+    lookup in MLflow, then the runs. Returns (results, skipped, the plan that ran)."""
+    from orchestrator.execute import ray_session, run_plan
+    from orchestrator.preflight import PreflightError
 
-    skipped = 0
-    if settings.resume:
-        plan, skipped = plan_resume(plan, finished_run_hashes(settings))
-        if skipped:
-            log.info("resume: skipping %d run(s) already FINISHED in experiment %r (resume=false re-runs them)",
-                     skipped, settings.experiment_name)
-    if not plan.groups:
-        log.info("nothing to run")
-        return [], skipped, plan
-    return run_plan(plan, settings), skipped, plan
+    warm = threading.Thread(target=importlib.import_module, args=("orchestrator.tracking",), daemon=True)
+    warm.start()  # MLflow's import (seconds) overlaps Ray's start-up
+    try:
+        with ray_session(settings.cluster, plan.groups):
+            from orchestrator.tracking import finished_run_hashes
+
+            skipped = 0
+            if settings.resume:
+                plan, skipped = plan_resume(plan, finished_run_hashes(settings))
+                if skipped:
+                    log.info("resume: skipping %d run(s) already FINISHED in experiment %r (resume=false re-runs "
+                             "them)", skipped, settings.experiment_name)
+            if not plan.groups:
+                log.info("nothing to run")
+                return [], skipped, plan
+            return run_plan(plan, settings), skipped, plan
+    except PreflightError as e:
+        raise ClusterCannotFit(str(e)) from None
 
 
 def outcomes(all_runs: Sequence[RunSpec], plan: Plan, ran: Plan,
