@@ -377,3 +377,25 @@ def _interrupt_driver(address: str, work_dir: str) -> None:
 
 if __name__ == "__main__":
     _interrupt_driver(sys.argv[1], sys.argv[2])
+
+
+# ---------------------------------------------------------------- pure: needs and fit (no Ray)
+
+
+def test_server_needs_and_fit_without_ray():
+    from orchestrator.preflight import NodeInfo, check_fit, server_needs
+
+    cluster = ClusterSettings(accelerator="sm_90", cpus_per_server=2)
+    one, two = stub_server(tp_size=8), stub_server(tp_size=16, nnodes=2, seed=1)
+    n1 = server_needs(one, cluster)
+    assert (n1.strategy, n1.bundles(), n1.label_selector()) == ("STRICT_PACK", [{"CPU": 2, "GPU": 8.0}],
+                                                                [{"gpu-arch": "sm_90"}])
+    n2 = server_needs(two, dataclasses.replace(cluster, accelerator=None))
+    assert n2.strategy == "STRICT_SPREAD" and n2.bundles() == [{"CPU": 2, "GPU": 8.0}] * 2 and not n2.label_selector()
+    fallback = server_needs(one, cluster, AcceleratorMatch.RESOURCE)
+    assert fallback.bundle()["accelerator_sm_90"] > 0 and fallback.label_selector() is None
+    nodes = [NodeInfo("a", "ip", 8, 4, {"gpu-arch": "sm_120"}), NodeInfo("b", "ip", 8, 4, {"gpu-arch": "sm_90"})]
+    g1, g2 = tiny_group(one, [tiny_run(one, 0)]), tiny_group(two, [tiny_run(two, 1)])
+    assert check_fit([g1], cluster, nodes)[1] == []
+    _, problems = check_fit([g1, g2], cluster, nodes)  # the 2-node server needs two sm_90 nodes
+    assert len(problems) == 1 and two.key in problems[0] and "it needs 2" in problems[0]
