@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # Keys that describe the sweep, not a point: one value per sweep.
-SWEEP_LEVEL = ("sweep_name", "cluster", "tracking", "resume", "progress")
+SWEEP_LEVEL = ("sweep_name", "cluster", "tracking", "resume", "progress", "report")
 
 
 class InvalidConfig(CompactHydraException):
@@ -78,7 +78,8 @@ def sweep_level_problems(configs: Sequence[RunConfig]) -> list[Problem]:
 
 def build_settings(rc: RunConfig, cwd: str) -> ExecutionSettings:
     return ExecutionSettings(sweep_name=rc.sweep_name, cluster=rc.cluster, tracking=rc.tracking,
-                             resume=rc.resume, work_dir=cwd, progress=rc.progress)
+                             resume=rc.resume, work_dir=cwd, progress=rc.progress,
+                             report=rc.report)
 
 
 def execute_plan(plan: Plan, settings: ExecutionSettings) -> tuple[list[RunResult], int, Plan]:

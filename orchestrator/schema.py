@@ -35,6 +35,7 @@ from orchestrator.spec import (
     SGLangOptions,
     TrackingSettings,
 )
+from orchestrator.diagnosis import Thresholds
 from orchestrator.validate import ConfigError, Problem
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -138,6 +139,12 @@ class TrackingConf:
     experiment_name: Optional[str] = None
 
 
+# `report`: the diagnosis thresholds (orchestrator.diagnosis.Thresholds), overridable like any key,
+# e.g. `report.collapse_drop=0.3`.
+ReportConf = dataclasses.make_dataclass(
+    "ReportConf", [(f.name, f.type, field(default=f.default)) for f in dataclasses.fields(Thresholds)])
+
+
 @dataclass
 class SpecsweepConf:
     engine: EngineConf = MISSING
@@ -147,6 +154,7 @@ class SpecsweepConf:
     probe: ProbeConf = MISSING
     cluster: ClusterConf = field(default_factory=ClusterConf)
     tracking: TrackingConf = field(default_factory=TrackingConf)
+    report: ReportConf = field(default_factory=ReportConf)  # type: ignore[valid-type]
     sweep_name: str = "default"
     context_len: int = 1024
     gen_tokens: int = 64
@@ -160,7 +168,7 @@ class SpecsweepConf:
 
 _SECTIONS: dict[str, type] = {"engine": EngineConf, "model": ModelConf, "drafter": DrafterConf,
                               "attention": AttentionConf, "probe": ProbeConf, "cluster": ClusterConf,
-                              "tracking": TrackingConf}
+                              "tracking": TrackingConf, "report": ReportConf}
 
 
 def register_configs() -> None:
@@ -191,6 +199,7 @@ class RunConfig:
     tracking: TrackingSettings
     resume: bool
     progress: bool
+    report: Thresholds = field(default_factory=Thresholds)
     params: tuple[tuple[str, str], ...] = ()  # flattened resolved config
     overrides: tuple[str, ...] = ()  # this job's Hydra overrides
 
@@ -317,6 +326,6 @@ def to_run_config(cfg: DictConfig, overrides: tuple[str, ...] = (), cwd: str | N
         sweep_name=c["sweep_name"], engine=engine, model=model, drafter=drafter, attention=attention,
         probe=probe, page_size=c["page_size"], seed=c["seed"], tp_size=c["tp_size"],
         server_context_len=c["server_context_len"], cluster=cluster, tracking=tracking,
-        resume=c["resume"], progress=c["progress"],
+        resume=c["resume"], progress=c["progress"], report=Thresholds(**c["report"]),
         params=tuple(sorted(flatten(c).items())), overrides=tuple(overrides),
     )
