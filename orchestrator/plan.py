@@ -70,7 +70,7 @@ def build_server(rc: RunConfig) -> ServerSpec:
     """The engine a run needs. No context_len in it: one server covers every context of a sweep."""
     return ServerSpec(engine=rc.engine, model=rc.model, drafter=rc.drafter, attention=rc.attention,
                       page_size=rc.page_size, context_length=rc.server_context_len or rc.model.max_context_len,
-                      seed=rc.seed, tp_size=rc.tp_size)
+                      seed=rc.seed, tp_size=rc.tp_size, nnodes=rc.nnodes)
 
 
 def build_run(rc: RunConfig, job_index: int) -> RunSpec:

@@ -163,6 +163,7 @@ class SpecsweepConf:
     resume: bool = True
     server_context_len: Optional[int] = None  # None = the model's max_context_len
     tp_size: int = 1
+    nnodes: int = 1  # nodes one server spans (SGLang --nnodes); tp_size is split evenly across them
     progress: bool = True
 
 
@@ -194,6 +195,7 @@ class RunConfig:
     page_size: int
     seed: int
     tp_size: int
+    nnodes: int
     server_context_len: int | None
     cluster: ClusterSettings
     tracking: TrackingSettings
@@ -324,7 +326,7 @@ def to_run_config(cfg: DictConfig, overrides: tuple[str, ...] = (), cwd: str | N
         raise ConfigError(p.items)
     return RunConfig(
         sweep_name=c["sweep_name"], engine=engine, model=model, drafter=drafter, attention=attention,
-        probe=probe, page_size=c["page_size"], seed=c["seed"], tp_size=c["tp_size"],
+        probe=probe, page_size=c["page_size"], seed=c["seed"], tp_size=c["tp_size"], nnodes=c["nnodes"],
         server_context_len=c["server_context_len"], cluster=cluster, tracking=tracking,
         resume=c["resume"], progress=c["progress"], report=Thresholds(**c["report"]),
         params=tuple(sorted(flatten(c).items())), overrides=tuple(overrides),

@@ -79,6 +79,9 @@ def validate_run(rc: RunConfig, *, check_max_context: bool = True) -> list[Probl
     at_least("context_len", rc.probe.context_len, 1)
     at_least("gen_tokens", rc.probe.gen_tokens, 1)
     at_least("tp_size", rc.tp_size, 1)
+    at_least("nnodes", rc.nnodes, 1)
+    if rc.nnodes >= 1 and rc.tp_size % rc.nnodes:
+        bad("tp_size", rc.tp_size, f"a multiple of nnodes={rc.nnodes} (each node runs tp_size / nnodes ranks)")
     if rc.server_context_len is not None:
         at_least("server_context_len", rc.server_context_len, 1)
         # SGLang may run past the model config's length (workers/sglang.py sets its override env var)
@@ -159,6 +162,8 @@ def _reference_problems(rc: RunConfig) -> list[Problem]:
                            "cuda with attention=specsweep_verify (or attention=torch on cpu)", rc.overrides))
     if rc.tp_size != 1:
         out.append(Problem("tp_size", rc.tp_size, "1 on engine=reference", rc.overrides))
+    if rc.nnodes > 1:
+        out.append(Problem("nnodes", rc.nnodes, "1 on engine=reference (a single-node engine)", rc.overrides))
     return out
 
 

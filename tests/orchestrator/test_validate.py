@@ -40,6 +40,7 @@ def test_valid_configs_have_no_problems(overrides):
     ("context_len", "context_len=0", 0, ">= 1"),
     ("context_len", "context_len=32768", 32768, "max_context_len 32768"),
     ("tp_size", "tp_size=2", 2, "1 on engine=reference"),
+    ("nnodes", "nnodes=0", 0, ">= 1"),
     ("server_context_len", "server_context_len=65536", 65536, "<= model max_context_len"),
     ("attention.backend", "attention=triton", "triton", "torch, specsweep_verify"),
     ("engine.device", "attention=specsweep_verify", "cpu", "cuda"),
@@ -52,6 +53,13 @@ def test_each_rule_names_key_value_allowed(key, override, value, allowed):
     assert p.value == value and allowed in p.allowed
     assert p.overrides == (override,)
     assert f"{key}={value!r}" in str(p) and allowed in str(p)
+
+
+def test_multi_node_servers():
+    assert problems(*SGLANG, "tp_size=16", "nnodes=2") == {}
+    p = problems(*SGLANG, "tp_size=12", "nnodes=8")["tp_size"]
+    assert p.value == 12 and "multiple of nnodes=8" in p.allowed
+    assert "single-node" in problems("nnodes=2")["nnodes"].allowed
 
 
 def test_drafter_needing_a_path_without_one():
