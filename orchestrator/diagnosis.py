@@ -118,36 +118,34 @@ def _collapses(rows: Iterable[RunRow], th: Thresholds) -> dict[tuple, list[tuple
     return out
 
 
+def _collapse_finding(cause: Cause, collapses: dict[tuple, list[tuple[RunRow, RunRow]]], summary: str) -> Finding:
+    pairs = [p for v in collapses.values() for p in v]
+    return Finding(cause, summary,
+                   tuple(f"{_cite(lo, 'commit_len_mean')} -> {_cite(hi, 'commit_len_mean')} "
+                         f"at ctx {_ctx(lo.context_len)} -> {_ctx(hi.context_len)}" for lo, hi in pairs),
+                   tuple(r.run_id for p in pairs for r in p))
+
+
 def find_commit_collapse(rows: Sequence[RunRow], th: Thresholds) -> list[Finding]:
     collapses = _collapses(rows, th)
     findings = []
     predictable = {k: v for k, v in collapses.items() if k[0] == "predictable"}
     novel = {k: v for k, v in collapses.items() if k[0] != "predictable"}
     if predictable:
-        pairs = [p for v in predictable.values() for p in v]
-        findings.append(Finding(
-            Cause.LONG_CONTEXT_DRAFTING_BUG,
+        findings.append(_collapse_finding(
+            Cause.LONG_CONTEXT_DRAFTING_BUG, predictable,
             "Commit length collapses with context on predictable text, which any working drafter keeps "
             "committing: drafting is broken at long context (suspect sliding-window attention, the KV "
-            "cache, or RoPE/YaRN positions).",
-            tuple(f"{_cite(lo, 'commit_len_mean')} -> {_cite(hi, 'commit_len_mean')} "
-                  f"at ctx {_ctx(lo.context_len)} -> {_ctx(hi.context_len)}" for lo, hi in pairs),
-            tuple(r.run_id for p in pairs for r in p),
-        ))
+            "cache, or RoPE/YaRN positions)."))
     # Novel-text collapse means drafter quality only where the same drafter stays healthy on
     # predictable text (otherwise the predictable finding above already explains it).
     healthy_novel = {k: v for k, v in novel.items() if ("predictable", *k[1:]) not in predictable}
     if healthy_novel:
-        pairs = [p for v in healthy_novel.values() for p in v]
-        findings.append(Finding(
-            Cause.DRAFTER_QUALITY,
+        findings.append(_collapse_finding(
+            Cause.DRAFTER_QUALITY, healthy_novel,
             "Commit length collapses with context only on novel text while predictable text keeps "
             "committing: the pipeline is healthy; the drafter cannot predict this text (drafter quality, "
-            "not infrastructure).",
-            tuple(f"{_cite(lo, 'commit_len_mean')} -> {_cite(hi, 'commit_len_mean')} "
-                  f"at ctx {_ctx(lo.context_len)} -> {_ctx(hi.context_len)}" for lo, hi in pairs),
-            tuple(r.run_id for p in pairs for r in p),
-        ))
+            "not infrastructure)."))
     return findings
 
 

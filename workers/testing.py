@@ -45,3 +45,12 @@ def tiny_run(server: ServerSpec, job_index: int, kind: ProbeKind = ProbeKind.PRE
 
 def tiny_group(server: ServerSpec, runs: list[RunSpec] | tuple[RunSpec, ...]) -> ServerGroup:
     return ServerGroup(server=server, runs=tuple(runs))
+
+
+def pid_alive(pid: int) -> bool:
+    """True while the process exists and is not a zombie (Linux /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from workers.testing import pid_alive
+
 from orchestrator.plan import Plan
 from orchestrator.spec import (AcceleratorMatch, ClusterKind, ClusterSettings, ExecutionSettings, FailureReason,
                                RunState, TrackingSettings)
@@ -109,14 +111,6 @@ def _group_spans(results) -> dict[str, tuple[str, float, float]]:
 
 def _arch_of_node(nodes) -> dict[str, str]:
     return {n.node_id: arch for n, arch in zip(nodes, ARCHS)}
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 # ---------------------------------------------------------------- placement and concurrency
@@ -237,9 +231,9 @@ def test_multi_node_server_starts_one_rank_per_node(sim, tmp_path):
     assert all(res.tags["node_id"] == rank0["ray_node_id"] for res in results)  # rank 0 was probed
     assert all(len(set(res.tags["server_node_ids"].split(","))) == 2 for res in results)
     deadline = time.monotonic() + 10
-    while any(_alive(r["pid"]) for r in records) and time.monotonic() < deadline:
+    while any(pid_alive(r["pid"]) for r in records) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not any(_alive(r["pid"]) for r in records), "a rank outlived its server"
+    assert not any(pid_alive(r["pid"]) for r in records), "a rank outlived its server"
 
 
 # ---------------------------------------------------------------- faults
@@ -338,9 +332,9 @@ def test_interrupt_stops_every_engine_and_the_rerun_finishes_only_the_rest(sim, 
     pids = [json.loads(p.read_text())["pid"] for p in set(record_dir.glob("stub-*.json")) - before]
     assert pids
     deadline = time.monotonic() + 15
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not any(_alive(p) for p in pids), "an engine outlived the interrupted driver"
+    assert not any(pid_alive(p) for p in pids), "an engine outlived the interrupted driver"
     first = _experiment_runs(tmp_path, "interrupted")
     assert first and {c.info.status for c in first} <= {"FINISHED", "KILLED"}
     done_before = {c.data.tags["run_hash"] for c in first if c.info.status == "FINISHED"}

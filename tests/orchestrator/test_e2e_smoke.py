@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from workers.testing import pid_alive
+
 pytestmark = pytest.mark.slow
 
 SMOKE_RUNS = 8  # 2 contexts x 2 probes x 2 drafters (conf/sweep/smoke.yaml)
@@ -34,14 +36,6 @@ def _runs(cwd: Path, experiment: str = "smoke"):
     mlflow.set_tracking_uri(f"sqlite:///{cwd}/mlflow.db")
     df = mlflow.search_runs(experiment_names=[experiment])
     return df[df["tags.specsweep.role"] == "parent"], df[df["tags.specsweep.role"] == "child"]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -186,9 +180,9 @@ def test_interrupt_kills_engines_and_records_killed_runs(tmp_path):
         proc.wait()
     assert proc.returncode != 0
     deadline = time.monotonic() + 15
-    while any(_alive(p) for p in engine_pids) and time.monotonic() < deadline:
+    while any(pid_alive(p) for p in engine_pids) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not any(_alive(p) for p in engine_pids), "an engine outlived the interrupted sweep"
+    assert not any(pid_alive(p) for p in engine_pids), "an engine outlived the interrupted sweep"
     parents, children = _runs(tmp_path, "interrupted")
     assert len(parents) == 1 and parents.iloc[0]["status"] == "KILLED", output[-3000:]
     assert len(children) == 4 and (children["status"] == "KILLED").any()

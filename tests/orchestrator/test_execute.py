@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from workers.testing import pid_alive
+
 from orchestrator.plan import Plan
 from orchestrator.spec import (ExecutionSettings, FailureReason, ProbeKind, RunState, TrackingSettings)
 from workers.server_worker import LOG_TAIL_ARTIFACT, PID_DIR_ENV
@@ -47,14 +49,6 @@ def _settings(tmp_path, **kw) -> ExecutionSettings:
 
 def _plan(*groups) -> Plan:
     return Plan(sweep_name="t", groups=tuple(groups), base_config={"gen_tokens": 8}, overrides=("x=1",))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _wait_for_marker(pid_dir: Path, job_index: int, timeout_s: float = 120) -> int:
@@ -149,9 +143,9 @@ def test_lost_worker_requeues_unfinished_runs(local_ray, tmp_path, pid_dir):
     t.join(5)
     assert victims
     deadline = time.monotonic() + 10
-    while _alive(victims[0]) and time.monotonic() < deadline:
+    while pid_alive(victims[0]) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(victims[0]), "the engine outlived its killed actor"
+    assert not pid_alive(victims[0]), "the engine outlived its killed actor"
     assert [r.state for r in results] == [RunState.FINISHED, RunState.FINISHED], [r.message for r in results]
     assert [r.tags["attempt"] for r in results] == ["2", "2"]
 
