@@ -41,6 +41,7 @@ from pathlib import Path
 from orchestrator.spec import Algorithm, EngineKind, RunResult, RunSpec, RunState, ServerSpec
 from workers.engine import EngineProcess, NodeRank
 from workers.errors import EngineDied, EngineStartFailed, WorkerError
+from workers.derived import derived_metrics
 from workers.probe import run_probe
 from workers.telemetry import GpuSampler, gpu_identity
 
@@ -144,6 +145,7 @@ class GroupRunner:
                 if marker:
                     marker.unlink(missing_ok=True)
             result.metrics, result.series, result.engine_time_s = m.metrics, m.series, m.engine_time_s
+            result.metrics.update(derived_metrics(result.metrics, self.server.model, on_gpu=self.on_gpu))
             if samples is not None and sampler.available:  # NVML missing or no GPU: nothing recorded
                 result.metrics.update(samples.metrics())
                 result.series.update(samples.series())

@@ -1,0 +1,44 @@
+"""Derived metrics: KV bytes from the model shape, bandwidth, roofline only with a measured ceiling."""
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.spec import ModelSpec
+from workers.derived import derived_metrics, model_weight_bytes
+
+QWEN8B = ModelSpec(name="qwen3-8b", path="Qwen/Qwen3-8B", max_context_len=131072, num_layers=36, hidden_size=4096,
+                   num_q_heads=32, num_kv_heads=8, head_dim=128, v_head_dim=128, dtype="bfloat16")
+TINY = ModelSpec(name="tiny", path="tiny", max_context_len=2048, num_layers=4, hidden_size=256, num_q_heads=8,
+                 num_kv_heads=2, head_dim=32, v_head_dim=32, dtype="float32")
+
+
+def test_cpu_reports_kv_bytes_and_bandwidth_but_no_roofline():
+    m = {"prompt_tokens": 131072.0, "completion_tokens": 0.0, "verify_step_ms": 10.0}
+    out = derived_metrics(m, QWEN8B, on_gpu=False, peak_gbs=lambda: pytest.fail("no ceiling on CPU"))
+    assert out["kv_bytes_per_step"] == 36 * 8 * 256 * 2 * 131072  # layers x kv heads x (Dk+Dv) x bf16 x ctx
+    assert out["kv_bw_gbs"] == pytest.approx(out["kv_bytes_per_step"] / 0.010 / 1e9)
+    assert "roofline_frac" not in out and "peak_bw_gbs" not in out
+
+
+def test_gpu_roofline_from_measured_peak():
+    m = {"prompt_tokens": 1000.0, "completion_tokens": 200.0, "verify_step_ms": 4.0}
+    out = derived_metrics(m, TINY, on_gpu=True, peak_gbs=lambda: 4000.0, weight_bytes=8e9)
+    kv = TINY.kv_bytes_per_token * 1100  # mean prefix over the run
+    assert out["kv_bytes_per_step"] == kv
+    assert out["peak_bw_gbs"] == 4000.0
+    assert out["floor_step_ms"] == pytest.approx(1000 * (8e9 + kv) / 4e12)
+    assert out["roofline_frac"] == pytest.approx(out["floor_step_ms"] / 4.0)
+
+
+def test_missing_inputs_and_failing_ceiling_are_left_out():
+    assert derived_metrics({}, TINY, on_gpu=True) == {}
+    out = derived_metrics({"prompt_tokens": 10.0}, TINY, on_gpu=True, peak_gbs=lambda: 1 / 0)
+    assert set(out) == {"kv_bytes_per_step"}
+
+
+def test_weight_bytes_from_builtin_shape():
+    wb = model_weight_bytes(TINY)
+    # 4 layers x (q,o: 256x256 each; k,v: 256x64 each; MLP 3x256x768; 2 norms) + lm head + final norm, fp32
+    per_layer = 2 * 256 * 256 + 2 * 256 * 64 + 3 * 256 * 768 + 2 * 256
+    assert wb == 4 * (4 * per_layer + 259 * 256 + 256)
+    assert model_weight_bytes(QWEN8B) is None or model_weight_bytes(QWEN8B) > 0

@@ -1,0 +1,95 @@
+"""Derived per-run metrics: KV bytes a verify step must read, the bandwidth that implies, and the step time
+against the node's physical floor.
+
+    kv_bytes_per_step  = ModelSpec.kv_bytes_per_token x mean prefix length over the run's verify steps
+                         (prompt_tokens + completion_tokens / 2): layers x KV heads x (Dk + Dv) x dtype bytes x context
+    kv_bw_gbs          = kv_bytes_per_step / verify_step_ms                    (CPU and GPU)
+    peak_bw_gbs        = the node's measured device-to-device copy bandwidth   (GPU only; kernels.roofline, cached)
+    floor_step_ms      = (weight bytes read per forward + kv_bytes_per_step) / peak_bw_gbs   (GPU only)
+    roofline_frac      = floor_step_ms / verify_step_ms                        (GPU only; 1.0 = at the floor)
+
+Weight bytes come from the model's full shape (`model_weight_bytes`: a built-in reference config or an HF
+config.json directory); where the shape can't be read, the floor counts the KV bytes alone. On CPU the
+roofline metrics are left out (there is no measured ceiling), a log line says so.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+from orchestrator.spec import ModelSpec
+
+logger = logging.getLogger(__name__)
+
+_ELT = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def mean_context(metrics: dict[str, float]) -> float | None:
+    prompt = metrics.get("prompt_tokens")
+    if prompt is None:
+        return None
+    return float(prompt) + float(metrics.get("completion_tokens", 0.0)) / 2.0
+
+
+def model_weight_bytes(model: ModelSpec) -> float | None:
+    """Bytes of the weights one forward reads: every decoder layer plus the LM head (the embedding is only
+    gathered, T rows). None when the full shape (intermediate size, vocab) can't be read."""
+    try:
+        from workers.reference.config import load_config
+
+        cfg = load_config(model.path)
+    except Exception as e:  # an HF id without a local config.json, or transformers-only configs
+        logger.info("no full model shape for %s (%s): the floor counts KV bytes only", model.path, e)
+        return None
+    h, d = cfg.hidden_size, cfg.head_dim
+    attn = h * d * (cfg.num_attention_heads * 2 + cfg.num_key_value_heads * 2)  # q, o, k, v projections
+    mlp = 3 * h * cfg.intermediate_size
+    params = cfg.num_hidden_layers * (attn + mlp + 2 * h) + cfg.vocab_size * h + h
+    return float(params * _ELT.get(model.dtype, 2))
+
+
+def node_peak_gbs() -> float | None:
+    """The node's measured copy bandwidth (GB/s, read + write), measured once per GPU and cached; None on CPU."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    from kernels.roofline import load_or_measure_ceilings
+
+    return load_or_measure_ceilings().copy_gbps
+
+
+def derived_metrics(metrics: dict[str, float], model: ModelSpec, *, on_gpu: bool,
+                    peak_gbs: Callable[[], float | None] = node_peak_gbs,
+                    weight_bytes: float | None = None) -> dict[str, float]:
+    """The derived metrics for one run's probe metrics (see the module docstring). Never raises on missing
+    inputs: what can't be computed is left out."""
+    out: dict[str, float] = {}
+    ctx = mean_context(metrics)
+    if ctx is None:
+        return out
+    kv_bytes = model.kv_bytes_per_token * ctx
+    out["kv_bytes_per_step"] = kv_bytes
+    step_ms = metrics.get("verify_step_ms")
+    if step_ms:
+        out["kv_bw_gbs"] = kv_bytes / (step_ms / 1000.0) / 1e9
+    if not on_gpu:
+        logger.info("CPU engine: roofline_frac and peak_bw_gbs left out (no measured GPU ceiling)")
+        return out
+    try:
+        peak = peak_gbs()
+    except Exception as e:  # measuring must not fail the run it describes
+        logger.warning("could not measure the node's ceilings: %s", e)
+        peak = None
+    if not peak:
+        return out
+    out["peak_bw_gbs"] = peak
+    if weight_bytes is None:
+        weight_bytes = model_weight_bytes(model) or 0.0
+    floor_ms = 1000.0 * (weight_bytes + kv_bytes) / (peak * 1e9)
+    out["floor_step_ms"] = floor_ms
+    if step_ms:
+        out["roofline_frac"] = floor_ms / step_ms
+    return out
