@@ -32,6 +32,10 @@ class AttentionMetadata:
     page_table: Tensor     # [num_pages] int64, the request's pages (for kernels that walk pages)
     page_size: int
     _visible: dict = field(default_factory=dict, repr=False)
+    # Static device tensors for the verify kernel under CUDA graphs (workers/reference/cuda_graph.py):
+    # [1, max_pages] int32 page ids and [1] int32 prefix length. None: built from page_table / prefix_len.
+    kernel_page_table: Tensor | None = None
+    kernel_prefix_lens: Tensor | None = None
 
     @property
     def num_new(self) -> int:
@@ -152,12 +156,14 @@ class SpecsweepVerifyBackend(AttentionBackend):
             self._workspace = self._kernel.allocate_workspace(
                 max_batch=1, max_tokens=self.MAX_TOKENS, num_q_heads=num_q_heads, v_head_dim=head_dim,
                 device=q.device)
+        if meta.kernel_page_table is None:  # eager: built once per forward, shared by the layers
+            meta.kernel_page_table = meta.page_table.to(torch.int32).unsqueeze(0)
+            meta.kernel_prefix_lens = torch.tensor([meta.prefix_len], device=q.device, dtype=torch.int32)
         out = torch.empty(1, T, num_q_heads, head_dim, device=q.device, dtype=q.dtype)
         self._kernel.verify_attention(
             q=q.unsqueeze(0), k_buffer=k_pool, v_buffer=v_pool, k_new=k_new.to(q.dtype).unsqueeze(0),
             v_new=v_new.to(q.dtype).unsqueeze(0), tree_mask=meta.tree_mask.unsqueeze(0), sm_scale=scale,
-            out=out, workspace=self._workspace, page_table=meta.page_table.to(torch.int32).unsqueeze(0),
-            prefix_lens=torch.tensor([meta.prefix_len], device=q.device, dtype=torch.int32),
-            page_size=meta.page_size,
+            out=out, workspace=self._workspace, page_table=meta.kernel_page_table,
+            prefix_lens=meta.kernel_prefix_lens, page_size=meta.page_size,
         )  # [1, T, Hq, D]
         return out[0]

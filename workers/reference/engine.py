@@ -16,6 +16,7 @@ import torch
 
 from .attention import create_attention_backend
 from .config import load_config
+from .cuda_graph import make_runner  # CUDA graphs for specsweep_verify on CUDA
 from .model import build_model
 from .runner import ModelRunner
 from .speculative import Drafter, ModelDrafter, NgramDrafter, sample, verify_tree
@@ -89,9 +90,9 @@ class Engine:
     def _runner(self, model) -> ModelRunner:
         a = self.args
         max_seq = self.context_length + self._headroom()
-        return ModelRunner(model, create_attention_backend(a.attention_backend, self.device), page_size=a.page_size,
-                           max_total_tokens=a.max_total_tokens or max_seq, max_seq_tokens=max_seq,
-                           chunked_prefill_size=a.chunked_prefill_size, device=self.device)
+        return make_runner(a, model, create_attention_backend(a.attention_backend, self.device), self.device,
+                           page_size=a.page_size, max_total_tokens=a.max_total_tokens or max_seq,
+                           max_seq_tokens=max_seq, chunked_prefill_size=a.chunked_prefill_size)
 
     def _headroom(self) -> int:
         """KV positions a request may use past prompt + max_new_tokens: a draft tree, a partial page."""

@@ -1,0 +1,148 @@
+"""CUDA graphs for the reference engine's decode / verify / draft forwards with the `specsweep_verify` backend.
+
+One graph per T bucket (1, 2, 4, ..., 64): a forward of T new tokens is padded to the smallest bucket >= T and
+replayed from static device buffers (tokens, RoPE positions, KV slots, tree mask, the kernel's int32 page table
+and prefix length). Padded rows are harmless: their K/V go to the sequence's own positions P+T .. P+bucket-1
+(past `seq.length`, rewritten before anything reads them), the real rows never see them (tree mask), and each
+padded row sees only itself. The verify kernel reads the prefix length and page table on the device, so one
+graph serves every prefix length; its workspace is allocated once, by the backend, during the eager warm-up.
+
+A bucket is captured the first time it is used: that call runs eagerly from the static buffers (compiling the
+Triton kernels, whose result is returned), then the same forward is captured; later calls replay it. Forwards
+with T > 64 (prefill chunks), models with sliding-window layers, and steps whose padding doesn't fit the
+request's page table run eagerly (`ModelRunner.forward`). `--disable-cuda-graph` turns all of this off.
+
+`capture=False` runs the same static-buffer path without graphs (CPU tests of the padding and masking).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .attention import AttentionMetadata
+from .kv_cache import OutOfPagesError, PagedSequence
+from .runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def bucket_for(num_tokens: int) -> int | None:
+    return next((b for b in BUCKETS if b >= num_tokens), None)
+
+
+def use_cuda_graph(args, device: torch.device, model) -> bool:
+    """Graphs for `--attention-backend specsweep_verify` on CUDA, unless --disable-cuda-graph or the model
+    has sliding-window layers (those fall back to the torch backend, which is not graph-safe)."""
+    if args.attention_backend != "specsweep_verify" or device.type != "cuda" or getattr(args, "disable_cuda_graph", False):
+        return False
+    cfg = model.config
+    if any(cfg.window_of(i) is not None for i in range(cfg.num_hidden_layers)):
+        logger.warning("sliding-window layers: CUDA graphs off (those layers use the eager torch backend)")
+        return False
+    return True
+
+
+@dataclass
+class _Buffers:
+    tokens: Tensor     # [b] int64
+    positions: Tensor  # [b] int64
+    slots: Tensor      # [b] int64
+    tree_mask: Tensor  # [b, b] bool
+
+
+class GraphModelRunner(ModelRunner):
+    """A ModelRunner whose small forwards (T <= 64) replay CUDA graphs."""
+
+    def __init__(self, *args, capture: bool = True, **kw):
+        super().__init__(*args, **kw)
+        self.capture = capture
+        max_pages = -(-self.max_seq_tokens // self.page_size)
+        self._table = torch.zeros(1, max_pages, dtype=torch.int32, device=self.device)  # kernel page table
+        self._prefix = torch.zeros(1, dtype=torch.int32, device=self.device)  # kernel prefix length
+        self._empty = torch.zeros(0, dtype=torch.int64, device=self.device)
+        self._bufs: dict[int, _Buffers] = {}
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
+        self._mempool = torch.cuda.graph_pool_handle() if capture else None
+        self.replays = 0
+        self.eager_fallbacks = 0
+
+    def _buffers(self, b: int) -> _Buffers:
+        if b not in self._bufs:
+            z = dict(dtype=torch.int64, device=self.device)
+            self._bufs[b] = _Buffers(torch.zeros(b, **z), torch.zeros(b, **z), torch.zeros(b, **z),
+                                     torch.eye(b, dtype=torch.bool, device=self.device))
+        return self._bufs[b]
+
+    def forward(self, seq: PagedSequence, tokens: Tensor, depths: Tensor | None = None,
+                tree_mask: Tensor | None = None) -> Tensor:
+        P, T = seq.length, tokens.numel()
+        b = bucket_for(T)
+        if b is None or seq.page_table.numel() != self._table.shape[1]:
+            return super().forward(seq, tokens, depths, tree_mask)
+        try:
+            seq.reserve(P + b)
+        except OutOfPagesError:  # the padding doesn't fit this request's pages: this step runs eagerly
+            self.eager_fallbacks += 1
+            return super().forward(seq, tokens, depths, tree_mask)
+        buf = self._buffers(b)
+        self._fill(buf, seq, tokens, depths, tree_mask, P, T, b)
+        if self.capture and b in self._graphs:
+            graph, out = self._graphs[b]
+            graph.replay()
+            self.replays += 1
+            hidden = out[:T].clone()
+        else:
+            hidden = self._first_call(b, buf, seq, P)[:T]
+        seq.length = P + T
+        return hidden
+
+    def _fill(self, buf: _Buffers, seq: PagedSequence, tokens: Tensor, depths: Tensor | None,
+              tree_mask: Tensor | None, P: int, T: int, b: int) -> None:
+        tok = torch.zeros(b, dtype=torch.int64)
+        tok[:T] = tokens.cpu()
+        pos = torch.arange(P, P + b, dtype=torch.int64)  # padded rows: positions past the real ones
+        if depths is not None:
+            pos[:T] = P + depths.cpu().to(torch.int64)
+        mask = torch.eye(b, dtype=torch.bool)  # padded rows see only themselves
+        mask[:T, :T] = torch.ones(T, T, dtype=torch.bool).tril() if tree_mask is None else tree_mask.cpu()
+        buf.tokens.copy_(tok)
+        buf.positions.copy_(pos)
+        buf.tree_mask.copy_(mask)
+        buf.slots.copy_(seq.slots(P, P + b))
+        self._table[0].copy_(seq.page_table)
+        self._prefix.fill_(P)
+
+    def _meta(self, buf: _Buffers, prefix_slots: Tensor, prefix_len: int) -> AttentionMetadata:
+        return AttentionMetadata(positions=buf.positions, new_slots=buf.slots, prefix_slots=prefix_slots,
+                                 prefix_len=prefix_len, tree_mask=buf.tree_mask, page_table=self._table[0],
+                                 page_size=self.page_size, kernel_page_table=self._table,
+                                 kernel_prefix_lens=self._prefix)
+
+    def _first_call(self, b: int, buf: _Buffers, seq: PagedSequence, P: int) -> Tensor:
+        """Eager from the static buffers (compiles the kernels; its result is this call's), then capture."""
+        if not self.capture:  # no graph: the torch backend may run too, it reads the prefix slots
+            return self.model(buf.tokens, self._meta(buf, seq.slots(0, P), P), self.pool, self.backend).clone()
+        meta = self._meta(buf, self._empty, P)  # the verify kernel reads the page table, never prefix slots
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            hidden = self.model(buf.tokens, meta, self.pool, self.backend).clone()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._mempool):
+            out = self.model(buf.tokens, meta, self.pool, self.backend)
+        self._graphs[b] = (graph, out)
+        logger.info("captured a CUDA graph for T bucket %d", b)
+        return hidden
+
+
+def make_runner(args, model, backend, device: torch.device, **kw) -> ModelRunner:
+    """The engine's runner factory: a GraphModelRunner where `use_cuda_graph`, else a plain ModelRunner."""
+    if use_cuda_graph(args, device, model):
+        return GraphModelRunner(model, backend, device=device, **kw)
+    return ModelRunner(model, backend, device=device, **kw)
