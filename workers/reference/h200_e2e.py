@@ -1,0 +1,252 @@
+"""Long-context speculative decode on one GPU: the reference engine's `torch` attention against the
+`specsweep_verify` kernel (with and without CUDA graphs), Qwen3-8B-shaped, dummy weights, oracle drafter.
+
+    python -m workers.reference.h200_e2e --out $OUT            # 4k, 32k, 128k on cuda, bf16
+    python -m workers.reference.h200_e2e --device cpu --dtype float32 --layers 2 --hidden 256 ... (smoke)
+
+No Ray, MLflow or Hydra: the engine is built in-process (`Engine(parse_args(...))`) and driven step by step.
+The oracle is STANDALONE with the target as its own draft (same weights, its own KV pool), topk 1, 7 steps, so
+every verify is a T = 8 chain. Per context the prompt's KV is not computed (a 128k prefill would cost minutes):
+both pools get the same random K/V for positions [0, ctx) and decoding starts there; the step's work (7 draft
+forwards + one T = 8 verify over ctx keys per layer) is what a real request does at that length.
+
+Reported per (backend, context): verify-step ms (median; `verify_tree`'s forward + LM head + argmax), whole
+decode-step ms (drafts + verify), committed tokens per step, decode tokens/s, and the verify floor =
+(weight bytes + KV bytes) / measured copy bandwidth (kernels.roofline). Dummy weights are initialised on the
+device (a CPU init of 8B parameters would take minutes).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from unittest import mock
+
+import torch
+
+from . import engine as engine_mod
+from .args import parse_args
+from .engine import Engine
+from .model import CausalLM
+
+logger = logging.getLogger(__name__)
+
+QWEN3_8B = dict(layers=36, hidden=4096, heads=32, kv_heads=8, head_dim=128, intermediate=12288, vocab=151936)
+BACKENDS = {"torch": ["--attention-backend", "torch"],
+            "specsweep_verify": ["--attention-backend", "specsweep_verify"],
+            "specsweep_verify_nograph": ["--attention-backend", "specsweep_verify", "--disable-cuda-graph"]}
+
+
+def write_config(d: Path, a: argparse.Namespace, max_pos: int) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps({
+        "vocab_size": a.vocab, "hidden_size": a.hidden, "intermediate_size": a.intermediate,
+        "num_hidden_layers": a.layers, "num_attention_heads": a.heads, "num_key_value_heads": a.kv_heads,
+        "head_dim": a.head_dim, "max_position_embeddings": max_pos, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
+        "tie_word_embeddings": False, "use_sliding_window": False, "eos_token_id": a.vocab - 1}))
+
+
+_MODELS: dict[tuple, CausalLM] = {}
+
+
+def build_on_device(cfg, model_path, load_format, seed, dtype, device) -> CausalLM:
+    """Dummy weights initialised where they live (same recipe as model.init_dummy_weights); one model per
+    (path, dtype, device), shared by every engine of this process."""
+    key = (model_path, dtype, str(device))
+    if key in _MODELS:
+        return _MODELS[key]
+    with torch.device("meta"):
+        model = CausalLM(cfg)
+    model = model.to(dtype).to_empty(device=device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            if name.endswith("q_norm.weight"):
+                p.fill_(3.0)
+            elif name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif name.endswith(".bias"):
+                p.zero_()
+            elif "embed_tokens" in name:
+                p.normal_(generator=gen)
+            elif name == "lm_head.weight":
+                p.normal_(generator=gen).mul_(4.0 / cfg.hidden_size ** 0.5)
+            else:
+                p.normal_(generator=gen).mul_(1.0 / p.shape[1] ** 0.5)
+    _MODELS[key] = model.eval()
+    return _MODELS[key]
+
+
+def weight_bytes_per_forward(model: CausalLM) -> int:
+    """Every parameter but the embedding table (a forward gathers T rows of it)."""
+    return sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed_tokens" not in n)
+
+
+def kv_bytes_per_token(cfg, elt: int) -> int:
+    return cfg.num_hidden_layers * cfg.num_key_value_heads * 2 * cfg.head_dim * elt
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def fill_random_kv(engine: Engine) -> None:
+    """Same random K/V in the target's and the oracle draft's pools (so the oracle still agrees)."""
+    pool = engine.target.pool
+    gen = torch.Generator(device=pool.k.device).manual_seed(1234)
+    for layer in range(pool.k.shape[0]):
+        pool.k[layer].normal_(generator=gen)
+        pool.v[layer].normal_(generator=gen)
+    draft = getattr(engine.drafter, "runner", None)
+    if draft is not None and draft.pool is not pool:
+        draft.pool.k.copy_(pool.k)
+        draft.pool.v.copy_(pool.v)
+
+
+def run_context(engine: Engine, ctx: int, warmup: int, steps: int, seed: int) -> dict:
+    device = engine.device
+    rng = torch.Generator().manual_seed(seed + ctx)
+    vocab = engine.config.vocab_size
+    context = torch.randint(0, vocab - 1, (ctx + 1,), generator=rng).tolist()  # the prompt + first token
+    seq = engine.target.new_sequence()
+    seq.reserve(ctx)
+    seq.length = ctx  # positions [0, ctx) hold (random) KV: a prefilled prompt
+    drafter = engine.drafter
+    drafter.seq = drafter.runner.new_sequence()
+    drafter.seq.reserve(ctx)
+    drafter.seq.length = ctx
+    gen = torch.Generator().manual_seed(seed)
+    step_s, verify_s, commits = [], [], []
+    try:
+        for i in range(warmup + steps):
+            recs: list[dict] = []
+            _sync(device)
+            t0 = time.perf_counter()
+            committed = engine._step(seq, context, 0.0, gen, recs)
+            _sync(device)
+            dt = time.perf_counter() - t0
+            context.extend(committed)
+            if i >= warmup:
+                step_s.append(dt)
+                verify_s.append(recs[-1]["verify_s"])
+                commits.append(len(committed))
+    finally:
+        seq.release()
+        drafter.finish()
+    step, verify = statistics.median(step_s), statistics.median(verify_s)
+    return {"ctx": ctx, "steps": steps, "step_ms": 1e3 * step, "verify_ms": 1e3 * verify,
+            "draft_ms": 1e3 * (step - verify), "commit_mean": statistics.fmean(commits),
+            "decode_tok_s": sum(commits) / sum(step_s), "verify_ms_all": [1e3 * v for v in verify_s]}
+
+
+def make_engine(model_dir: Path, backend: str, a: argparse.Namespace, context_length: int) -> Engine:
+    argv = ["--model-path", str(model_dir), "--load-format", "dummy", "--dtype", a.dtype, "--device", a.device,
+            "--context-length", str(context_length), "--page-size", str(a.page_size),
+            "--chunked-prefill-size", "8192", "--speculative-algorithm", "STANDALONE",
+            "--speculative-draft-model-path", str(model_dir), "--speculative-num-steps", "7",
+            "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "8", *BACKENDS[backend]]
+    with mock.patch.object(engine_mod, "build_model", build_on_device):
+        return Engine(parse_args(argv))
+
+
+def measured_bandwidth_gbs(device: torch.device) -> tuple[float, float | None]:
+    if device.type != "cuda":
+        return float("nan"), None
+    from kernels.roofline import measure_ceilings
+
+    c = measure_ceilings(device)
+    return c.copy_gbps, c.matmul_tflops
+
+
+def table(rows: list[dict]) -> str:
+    head = (f"{'backend':<26}{'ctx':>8}{'verify ms':>11}{'floor ms':>10}{'x floor':>9}{'step ms':>10}"
+            f"{'draft ms':>10}{'commit':>8}{'tok/s':>9}{'vs torch':>10}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['backend']:<26}{r['ctx']:>8}{r['verify_ms']:>11.2f}{r['floor_ms']:>10.2f}"
+                     f"{r['x_floor']:>9.2f}{r['step_ms']:>10.1f}{r['draft_ms']:>10.1f}{r['commit_mean']:>8.2f}"
+                     f"{r['decode_tok_s']:>9.1f}{r.get('speedup_vs_torch', float('nan')):>10.2f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    for k, v in QWEN3_8B.items():
+        p.add_argument(f"--{k.replace('_', '-')}", type=int, default=v)
+    p.add_argument("--contexts", type=int, nargs="+", default=[4096, 32768, 131072])
+    p.add_argument("--backends", nargs="+", default=["torch", "specsweep_verify", "specsweep_verify_nograph"],
+                   choices=list(BACKENDS))
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--page-size", type=int, default=1)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=6, help="measured decode steps per (backend, context)")
+    p.add_argument("--torch-steps", type=int, default=3, help="measured steps for the (slow) torch backend")
+    p.add_argument("--out", type=Path, default=None, help="writes e2e.json, e2e.md here")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    device = torch.device(a.device)
+    context_length = max(a.contexts) + (a.warmup + max(a.steps, a.torch_steps) + 2) * 8 + 64
+    tmp = Path(tempfile.mkdtemp(prefix="h200_e2e_"))
+    model_dir = tmp / "qwen3-8b-shaped"
+    write_config(model_dir, a, context_length)
+    bw_gbs, mm_tflops = measured_bandwidth_gbs(device)
+    info = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "copy_gbps": bw_gbs,
+            "matmul_tflops": mm_tflops, "shape": {k: getattr(a, k) for k in QWEN3_8B}, "dtype": a.dtype,
+            "page_size": a.page_size}
+    rows: list[dict] = []
+    for backend in a.backends:
+        t0 = time.perf_counter()
+        engine = make_engine(model_dir, backend, a, context_length)
+        fill_random_kv(engine)
+        wbytes = weight_bytes_per_forward(engine.model)
+        kvb = kv_bytes_per_token(engine.config, engine.target.pool.k.element_size())
+        info["weight_bytes"], info["kv_bytes_per_token"] = wbytes, kvb
+        logger.info("%s: engine ready in %.1f s (weights %.2f GB, %s)", backend, time.perf_counter() - t0,
+                    wbytes / 1e9, type(engine.target).__name__)
+        for ctx in a.contexts:
+            steps = a.torch_steps if backend == "torch" else a.steps
+            try:
+                r = run_context(engine, ctx, a.warmup, steps, a.seed)
+            except torch.OutOfMemoryError as e:
+                logger.error("%s ctx %d: out of memory: %s", backend, ctx, e)
+                continue
+            floor_ms = 1e3 * (wbytes + kvb * ctx) / (bw_gbs * 1e9) if bw_gbs == bw_gbs else float("nan")
+            r.update(backend=backend, floor_ms=floor_ms, x_floor=r["verify_ms"] / floor_ms if floor_ms else 0.0,
+                     graph_replays=getattr(engine.target, "replays", None),
+                     kv_gb=kvb * ctx / 1e9, kv_bw_gbs=kvb * ctx / (r["verify_ms"] / 1e3) / 1e9)
+            rows.append(r)
+            logger.info("%s ctx %d: verify %.2f ms (floor %.2f), step %.1f ms, %.1f tok/s", backend, ctx,
+                        r["verify_ms"], floor_ms, r["step_ms"], r["decode_tok_s"])
+        del engine
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    torch_ms = {r["ctx"]: r["verify_ms"] for r in rows if r["backend"] == "torch"}
+    for r in rows:
+        if r["ctx"] in torch_ms:
+            r["speedup_vs_torch"] = torch_ms[r["ctx"]] / r["verify_ms"]
+    text = table(rows)
+    header = (f"{info['date']} {info['device']} torch {info['torch']}, {a.dtype}, page {a.page_size}; copy "
+              f"bandwidth {bw_gbs:.0f} GB/s; weights {info.get('weight_bytes', 0) / 1e9:.2f} GB/forward; "
+              f"KV {info.get('kv_bytes_per_token', 0)} B/token")
+    if a.out:
+        a.out.mkdir(parents=True, exist_ok=True)
+        (a.out / "e2e.json").write_text(json.dumps({"info": info, "rows": rows}, indent=2))
+        (a.out / "e2e.md").write_text(header + "\n\n```\n" + text + "\n```\n")
+    print(header)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
