@@ -295,23 +295,32 @@ class JobBackend(Protocol):
 class RayJobBackend:
     """Ray Jobs through `JobSubmissionClient` (address: the job server's http URL)."""
 
-    def __init__(self, address: str):
+    # The job server answers before its node agent has registered (seconds on a loaded head node).
+    AGENT_NOT_READY = "No available agent"
+
+    def __init__(self, address: str, agent_wait_s: float = 60.0):
         from ray.job_submission import JobSubmissionClient
 
         self.address = address
         self.client = JobSubmissionClient(address)
+        self.agent_wait_s = agent_wait_s
 
     def submit(self, submission_id: str, entrypoint: str, env: dict[str, str], metadata: dict[str, str]) -> bool:
-        if self._exists(submission_id):
-            return False
-        try:
-            self.client.submit_job(entrypoint=entrypoint, submission_id=submission_id,
-                                   runtime_env={"env_vars": env}, metadata=metadata)
-        except RuntimeError as e:
-            if "already exists" in str(e):
+        deadline = time.monotonic() + self.agent_wait_s
+        while True:
+            if self._exists(submission_id):
                 return False
-            raise
-        return True
+            try:
+                self.client.submit_job(entrypoint=entrypoint, submission_id=submission_id,
+                                       runtime_env={"env_vars": env}, metadata=metadata)
+                return True
+            except RuntimeError as e:
+                if "already exists" in str(e):
+                    return False
+                if self.AGENT_NOT_READY not in str(e) or time.monotonic() > deadline:
+                    raise
+                log.info("Ray job server has no agent yet; retrying %s", submission_id)
+                time.sleep(1.0)
 
     def is_running(self, submission_id: str) -> bool:
         try:
