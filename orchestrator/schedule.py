@@ -317,8 +317,13 @@ class RayJobBackend:
             except RuntimeError as e:
                 if "already exists" in str(e):
                     return False
-                if self.AGENT_NOT_READY not in str(e) or time.monotonic() > deadline:
+                if self.AGENT_NOT_READY not in str(e):
                     raise
+                if time.monotonic() > deadline:
+                    raise ScheduleError(
+                        f"the Ray job server at {self.address} has had no job agent for {self.agent_wait_s:.0f} s; "
+                        "with the embedded Ray, another Ray instance on this machine may hold the dashboard "
+                        "agent's port (52365): stop it or pass --address") from e
                 log.info("Ray job server has no agent yet; retrying %s", submission_id)
                 time.sleep(1.0)
 
