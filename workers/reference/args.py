@@ -9,7 +9,7 @@ from .config import BUILTIN_CONFIGS
 
 ALGORITHMS = ("NONE", "NGRAM", "STANDALONE")
 IGNORED = ("--mem-fraction-static", "--tp-size", "--max-running-requests", "--log-level-http",
-           "--trust-remote-code", "--disable-cuda-graph", "--skip-server-warmup",
+           "--trust-remote-code", "--skip-server-warmup",
            "--speculative-ngram-min-bfs-breadth", "--speculative-ngram-match-type",
            "--speculative-ngram-branch-length", "--speculative-ngram-capacity")
 
@@ -83,8 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--enable-metrics", action="store_true", help="accepted; /metrics is always on")
     srv.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     srv.add_argument("--served-model-name", default=None)
+    srv.add_argument("--disable-cuda-graph", action="store_true",
+                     help="run decode/verify eagerly (graphs are used only with specsweep_verify on CUDA)")
     for flag in IGNORED:
-        if flag in ("--trust-remote-code", "--disable-cuda-graph", "--skip-server-warmup"):
+        if flag in ("--trust-remote-code", "--skip-server-warmup"):
             srv.add_argument(flag, action="store_true", help="accepted and ignored")
         else:
             srv.add_argument(flag, default=None, help="accepted and ignored")
