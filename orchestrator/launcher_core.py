@@ -103,7 +103,11 @@ def execute_plan(plan: Plan, settings: ExecutionSettings) -> tuple[list[RunResul
             if not plan.groups:
                 log.info("nothing to run")
                 return [], skipped, plan
-            return run_plan(plan, settings), skipped, plan
+            results = run_plan(plan, settings)
+            log.info("results: MLflow experiment %r in %s; browse with `mlflow ui --backend-store-uri %s` "
+                     "(or `make ui`), report with `python -m orchestrator.report %s`", settings.experiment_name,
+                     settings.tracking_uri, settings.tracking_uri, settings.experiment_name)
+            return results, skipped, plan
     except PreflightError as e:
         raise ClusterCannotFit(str(e)) from None
 
