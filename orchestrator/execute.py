@@ -65,7 +65,7 @@ from orchestrator.preflight import Preflight, expected_work, gpus_per_node, run_
 from orchestrator.spec import (ClusterKind, ClusterSettings, ExecutionSettings, FailureReason, RunResult, RunSpec,
                                RunState, ServerGroup)
 from workers.engine import NodeRank, free_port
-from workers.server_worker import EngineInfo, FollowerRunner, GroupRunner
+from workers.server_worker import EngineInfo, FollowerRunner, make_runner
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class ServerWorker:
 
     def __init__(self, group: ServerGroup, log_dir: str, restarts: int = 1):
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        self.runner = GroupRunner(group.server, log_dir, restarts=restarts, node_tags=node_tags())
+        self.runner = make_runner(group.server, log_dir, restarts=restarts, node_tags=node_tags())
 
     def dist_init_addr(self) -> str:
         """rank 0's rendezvous address for a multi-node server: this node's IP and a free port."""

@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-from orchestrator.spec import RunSpec, ServerGroup, ServerSpec, stable_hash
+from orchestrator.spec import JobKind, RunSpec, ServerGroup, ServerSpec, stable_hash
 from orchestrator.validate import check_context
 
 if TYPE_CHECKING:
@@ -73,7 +73,19 @@ def build_server(rc: RunConfig) -> ServerSpec:
                       seed=rc.seed, tp_size=rc.tp_size, nnodes=rc.nnodes)
 
 
+def build_kernel_server(rc: RunConfig) -> ServerSpec:
+    """Kernel jobs: one group per engine/device setting (no engine runs; the group's actor holds the GPU, so
+    its shapes run one at a time and never share it)."""
+    return ServerSpec(engine=rc.engine, model=rc.model, drafter=rc.drafter, attention=rc.attention, page_size=0,
+                      context_length=0, seed=0, tp_size=1, nnodes=1, job=JobKind.KERNEL)
+
+
 def build_run(rc: RunConfig, job_index: int) -> RunSpec:
+    if rc.job is JobKind.KERNEL:
+        assert rc.kernel is not None
+        return RunSpec(job_index=job_index, server=build_kernel_server(rc), probe=rc.probe,
+                       run_hash=stable_hash("kernel", rc.kernel), name=rc.kernel.name + f" dtype={rc.kernel.dtype}",
+                       params=rc.params, overrides=rc.overrides, kernel=rc.kernel)
     server = build_server(rc)
     return RunSpec(job_index=job_index, server=server, probe=rc.probe, run_hash=stable_hash(server, rc.probe),
                    name=build_name(rc), params=rc.params, overrides=rc.overrides)
@@ -106,7 +118,7 @@ def plan_sweep(sweep_name: str, configs: Sequence[RunConfig], *, drop_over_max: 
     runs, dropped = [], []
     for i, rc in enumerate(configs):
         run = build_run(rc, first_job_index + i)
-        problem = check_context(rc) if drop_over_max else None
+        problem = check_context(rc) if drop_over_max and rc.job is JobKind.ENGINE else None
         if problem:
             dropped.append((run, f"{problem.key}={problem.value}: needs {problem.allowed}"))
         else:

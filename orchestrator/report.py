@@ -30,6 +30,9 @@ PARENT_TAG = "mlflow.parentRunId"
 TABLE_METRICS = ("prompt_tokens", "completion_tokens", "commit_len_mean", "accept_rate", "verify_steps",
                  "ttft_s", "decode_tok_s", "verify_step_ms", "kv_bw_gbs", "roofline_frac", "gpu_util_mean")
 TABLE_COLUMNS = ("run", "status", "context_len", "probe", "drafter", "attention", "page_size") + TABLE_METRICS
+# Kernel jobs (job=kernel, workers/kernel_job.py): no engine metrics, their own table and no engine diagnosis.
+KERNEL_METRICS = ("time_us", "gbs", "floor_frac", "rel_err")
+KERNEL_COLUMNS = ("run", "status") + KERNEL_METRICS
 
 
 class ReportError(RuntimeError):
@@ -41,6 +44,7 @@ class ChildRun:
     row: RunRow
     status: str
     reason: str
+    job: str = "engine"  # engine | kernel (the child's `job` tag)
 
 
 @dataclass(frozen=True)
@@ -102,7 +106,8 @@ def load_children(client, parent_run_id: str) -> list[ChildRun]:
     parent = client.get_run(parent_run_id)
     runs = client.search_runs([parent.info.experiment_id], filter_string=f"tags.`{PARENT_TAG}` = '{parent_run_id}'",
                               max_results=50000)
-    children = [ChildRun(row_from_run(r), r.info.status, r.data.tags.get("failure_reason", "")) for r in runs]
+    children = [ChildRun(row_from_run(r), r.info.status, r.data.tags.get("failure_reason", ""),
+                         r.data.tags.get("job", "engine")) for r in runs]
     children.sort(key=lambda c: (c.row.context_len, c.row.probe, c.row.drafter, c.row.attention, c.row.page_size))
     return children
 
@@ -150,6 +155,22 @@ def render_html(rows: list[list[str]], sweep: str, diagnosis_md: str) -> str:
             "padding:2px 6px}</style></head><body>"
             f"<h1>{html.escape(sweep)}</h1><table><tr>{head}</tr>{body}</table>"
             f"<pre>{html.escape(diagnosis_md)}</pre></body></html>")
+
+
+def kernel_rows(children: Sequence[ChildRun]) -> list[list[str]]:
+    out = []
+    for c in sorted((c for c in children if c.job == "kernel"), key=lambda c: c.row.name):
+        status = c.status if not c.reason else f"{c.status} ({c.reason})"
+        out.append([c.row.name, status] + [_fmt(c.row.metric(k)) for k in KERNEL_METRICS])
+    return out
+
+
+def render_kernel_md(rows: list[list[str]]) -> str:
+    lines = ["## Kernel runs", "", f"{len(rows)} shape(s): time_us (median), gbs (unique prefix KV bytes / time), "
+             "floor_frac (floor / time, GPU only), rel_err (vs the fp32 reference).", "",
+             "| " + " | ".join(KERNEL_COLUMNS) + " |", "|" + "---|" * len(KERNEL_COLUMNS)]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
 
 
 # --- plots ---------------------------------------------------------------------------------------
@@ -248,17 +269,29 @@ def write_report(client, parent_run_id: str, thresholds: Thresholds = Thresholds
         parent = client.get_run(parent_run_id)
         sweep = client.get_experiment(parent.info.experiment_id).name
     children = load_children(client, parent_run_id)
-    finished = [c.row for c in children if c.status == "FINISHED"]
+    engine_children = [c for c in children if c.job != "kernel"]
+    finished = [c.row for c in engine_children if c.status == "FINISHED"]
     peak = max((r.metric("peak_bw_gbs") or 0.0 for r in finished), default=0.0) or None
     findings = diagnose(finished, thresholds, peak_gbs=peak)
-    diagnosis_md = render_markdown(findings, sweep, len(finished))
-    rows = table_rows(children)
+    krows = kernel_rows(children)
+    if engine_children or not krows:
+        diagnosis_md = render_markdown(findings, sweep, len(finished))
+    else:  # a kernel sweep: the engine rules have nothing to examine
+        diagnosis_md = f"# Diagnosis: {sweep}\n"
+    if krows:
+        diagnosis_md += "\n" + render_kernel_md(krows)
+    rows = table_rows(engine_children)
     with tempfile.TemporaryDirectory(prefix="specsweep-report-") as tmp:
         out = Path(tmp)
         (out / "summary.csv").write_text(render_csv(rows))
         (out / "summary.md").write_text(render_md_table(rows))
         (out / "summary.html").write_text(render_html(rows, sweep, diagnosis_md))
-        plots = build_plots(out, client, children)
+        plots = build_plots(out, client, engine_children)
+        if krows:
+            buf = io.StringIO()
+            csv.writer(buf).writerows([list(KERNEL_COLUMNS), *krows])
+            (out / "kernels.csv").write_text(buf.getvalue())
+            plots.append(out / "kernels.csv")
         (out / "diagnosis.md").write_text(diagnosis_md)
         client.log_artifact(parent_run_id, str(out / "diagnosis.md"))
         files = ["diagnosis.md"]

@@ -29,6 +29,9 @@ from orchestrator.spec import (
     DrafterSpec,
     EngineKind,
     EngineSpec,
+    JobKind,
+    KERNEL_LAYOUTS,
+    KernelSpec,
     ModelSpec,
     ProbeKind,
     ProbeSpec,
@@ -139,6 +142,20 @@ class TrackingConf:
     experiment_name: Optional[str] = None
 
 
+@dataclass
+class KernelConf:
+    """`kernel`: one verify-kernel shape (used when `job=kernel`; page size is the top-level `page_size`)."""
+
+    layout: str = "gqa"  # a KERNEL_LAYOUTS name: gqa | mla | gqa-small
+    prefix: int = 4096  # prefix (KV) tokens
+    tokens: int = 8  # T: tree tokens verified per step
+    dtype: str = "bfloat16"  # cuda: any; cpu (Triton interpreter): float32 | float16
+    num_q_heads: Optional[int] = None  # null: the layout's
+    num_kv_heads: Optional[int] = None
+    head_dim: Optional[int] = None
+    v_head_dim: Optional[int] = None
+
+
 # `report`: the diagnosis thresholds (orchestrator.diagnosis.Thresholds), overridable like any key,
 # e.g. `report.collapse_drop=0.3`.
 ReportConf = dataclasses.make_dataclass(
@@ -155,6 +172,8 @@ class SpecsweepConf:
     cluster: ClusterConf = field(default_factory=ClusterConf)
     tracking: TrackingConf = field(default_factory=TrackingConf)
     report: ReportConf = field(default_factory=ReportConf)  # type: ignore[valid-type]
+    kernel: KernelConf = field(default_factory=KernelConf)
+    job: str = "engine"  # engine (an engine + probe per point) | kernel (one verify-kernel shape per point)
     sweep_name: str = "default"
     context_len: int = 1024
     gen_tokens: int = 64
@@ -169,7 +188,7 @@ class SpecsweepConf:
 
 _SECTIONS: dict[str, type] = {"engine": EngineConf, "model": ModelConf, "drafter": DrafterConf,
                               "attention": AttentionConf, "probe": ProbeConf, "cluster": ClusterConf,
-                              "tracking": TrackingConf, "report": ReportConf}
+                              "tracking": TrackingConf, "report": ReportConf, "kernel": KernelConf}
 
 
 def register_configs() -> None:
@@ -202,6 +221,8 @@ class RunConfig:
     resume: bool
     progress: bool
     report: Thresholds = field(default_factory=Thresholds)
+    job: JobKind = JobKind.ENGINE
+    kernel: KernelSpec | None = None  # job=kernel
     params: tuple[tuple[str, str], ...] = ()  # flattened resolved config
     overrides: tuple[str, ...] = ()  # this job's Hydra overrides
 
@@ -322,12 +343,28 @@ def to_run_config(cfg: DictConfig, overrides: tuple[str, ...] = (), cwd: str | N
     )
     tracking = TrackingSettings(uri=absolute_tracking_uri(tr["uri"], cwd),
                                 experiment_name=tr["experiment_name"])
+    job = p.enum("job", c["job"], JobKind)
+    kernel = _kernel_spec(c, p) if job is JobKind.KERNEL else None
     if p.items:
         raise ConfigError(p.items)
     return RunConfig(
         sweep_name=c["sweep_name"], engine=engine, model=model, drafter=drafter, attention=attention,
         probe=probe, page_size=c["page_size"], seed=c["seed"], tp_size=c["tp_size"], nnodes=c["nnodes"],
         server_context_len=c["server_context_len"], cluster=cluster, tracking=tracking,
-        resume=c["resume"], progress=c["progress"], report=Thresholds(**c["report"]),
+        resume=c["resume"], progress=c["progress"], report=Thresholds(**c["report"]), job=job, kernel=kernel,
         params=tuple(sorted(flatten(c).items())), overrides=tuple(overrides),
     )
+
+
+def _kernel_spec(c: dict[str, Any], p: _Problems) -> KernelSpec | None:
+    k = c["kernel"]
+    layout = p.choice("kernel.layout", k["layout"], tuple(KERNEL_LAYOUTS))
+    dtype = p.choice("kernel.dtype", k["dtype"], DTYPES)
+    if layout not in KERNEL_LAYOUTS:
+        return None
+    q, kv, hd, vd, mla = KERNEL_LAYOUTS[layout]
+    pick = lambda key, preset: preset if k[key] is None else k[key]  # noqa: E731
+    return KernelSpec(layout=layout, num_q_heads=pick("num_q_heads", q), num_kv_heads=pick("num_kv_heads", kv),
+                      head_dim=pick("head_dim", hd), v_head_dim=pick("v_head_dim", vd), mla=mla,
+                      prefix=k["prefix"], tokens=k["tokens"], page_size=c["page_size"], dtype=dtype,
+                      device=c["engine"]["device"], seed=c["seed"])

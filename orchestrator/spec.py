@@ -51,6 +51,50 @@ class AttentionKind(str, enum.Enum):
     MLA = "mla"
 
 
+class JobKind(str, enum.Enum):
+    """What a grid point runs: an engine with a probe, or one verify-kernel shape (workers/kernel_job.py)."""
+
+    ENGINE = "engine"
+    KERNEL = "kernel"
+
+
+# Kernel layouts by name: (num_q_heads, num_kv_heads, head_dim, v_head_dim, mla). `kernel.num_*` override them.
+KERNEL_LAYOUTS: dict[str, tuple[int, int, int, int, bool]] = {
+    "gqa": (32, 8, 128, 128, False),  # Qwen3-8B-like
+    "mla": (16, 1, 576, 512, True),  # DeepSeek-V3 latent (512 + 64 rope), one latent head
+    "gqa-small": (8, 2, 32, 32, False),  # CPU interpreter tests
+}
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One verify-kernel benchmark shape (job=kernel): the whole identity of a kernel run."""
+
+    layout: str = field(metadata=NOT_IDENTITY)  # preset name; the resolved heads/dims below are the identity
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int  # K head dim (MLA: 576)
+    v_head_dim: int
+    mla: bool
+    prefix: int  # prefix (KV) tokens
+    tokens: int  # T: tree tokens verified per step
+    page_size: int
+    dtype: str
+    device: str  # cuda (graph-replay timing, floor_frac) | cpu (Triton interpreter)
+    seed: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"layout={self.layout} prefix={self.prefix} T={self.tokens} page={self.page_size}"
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "KernelSpec":
+        return cls(**json.loads(text))
+
+
 class RunState(str, enum.Enum):
     """MLflow run statuses we produce."""
 
@@ -152,6 +196,7 @@ class ServerSpec:
     tp_size: int = 1
     nnodes: int = 1
     host: str = "127.0.0.1"
+    job: JobKind | None = field(default=None, metadata=IDENTITY_IF_SET)  # KERNEL: no engine, kernel shapes
 
     @property
     def key(self) -> str:
@@ -179,6 +224,7 @@ class RunSpec:
     name: str  # human name: "ctx=16k probe=predictable drafter=ngram page=1 attn=torch"
     params: tuple[tuple[str, str], ...] = ()  # flattened resolved config, for MLflow params
     overrides: tuple[str, ...] = ()  # this job's Hydra overrides
+    kernel: KernelSpec | None = None  # job=kernel: the shape (the probe is then unused)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable
 
-from orchestrator.spec import Algorithm, AttentionKind, AttentionSpec, EngineKind, ProbeKind
+from orchestrator.spec import Algorithm, AttentionKind, AttentionSpec, EngineKind, JobKind, ProbeKind
 
 if TYPE_CHECKING:
     from orchestrator.schema import RunConfig
@@ -76,6 +76,8 @@ def validate_run(rc: RunConfig, *, check_max_context: bool = True) -> list[Probl
             bad(key, value, f"an integer >= {low}")
 
     at_least("page_size", rc.page_size, 1)
+    if rc.job is JobKind.KERNEL:  # no engine, model, drafter or probe: the shape and where it runs
+        return out + kernel_problems(rc) + _driver_problems(rc)
     at_least("context_len", rc.probe.context_len, 1)
     at_least("gen_tokens", rc.probe.gen_tokens, 1)
     at_least("tp_size", rc.tp_size, 1)
@@ -98,10 +100,47 @@ def validate_run(rc: RunConfig, *, check_max_context: bool = True) -> list[Probl
         out += sglang_problems(rc)
     if rc.probe.kind is ProbeKind.PREDICTABLE and not rc.probe.sentence:
         bad("probe.sentence", rc.probe.sentence, "a non-empty sentence")
+    return out + _driver_problems(rc)
+
+
+def _driver_problems(rc: RunConfig) -> list[Problem]:
+    out: list[Problem] = []
+
+    def bad(key: str, value: Any, allowed: str) -> None:
+        out.append(Problem(key, value, allowed, rc.overrides))
+
     if rc.cluster.address is None and rc.cluster.kind.value == "ray":
         bad("cluster.address", None, "a Ray address (e.g. auto or ray://head:10001) when cluster.kind=ray")
     if not rc.tracking.uri:
         bad("tracking.uri", rc.tracking.uri, "an MLflow tracking URI")
+    return out
+
+
+# Kernel jobs on CPU run through the Triton interpreter (numpy): no bfloat16 there.
+KERNEL_CPU_DTYPES = ("float32", "float16")
+
+
+def kernel_problems(rc: RunConfig) -> list[Problem]:
+    """job=kernel: a sane shape, and a dtype the device can run."""
+    k, out = rc.kernel, []
+    if k is None:  # the layout or dtype was already refused at conversion
+        return out
+
+    def bad(key: str, value: Any, allowed: str) -> None:
+        out.append(Problem(key, value, allowed, rc.overrides))
+
+    for key in ("prefix", "tokens", "num_q_heads", "num_kv_heads", "head_dim", "v_head_dim"):
+        if getattr(k, key) < 1:
+            bad(f"kernel.{key}", getattr(k, key), "an integer >= 1")
+    if k.mla and k.num_kv_heads != 1:
+        bad("kernel.num_kv_heads", k.num_kv_heads, "1 with an MLA layout (one latent head)")
+    elif k.num_kv_heads >= 1 and k.num_q_heads % k.num_kv_heads:
+        bad("kernel.num_kv_heads", k.num_kv_heads, f"a divisor of kernel.num_q_heads ({k.num_q_heads})")
+    if k.mla and k.v_head_dim > k.head_dim:
+        bad("kernel.v_head_dim", k.v_head_dim, f"<= kernel.head_dim ({k.head_dim}) with MLA (V is a prefix of K)")
+    if rc.engine.device == "cpu" and k.dtype not in KERNEL_CPU_DTYPES:
+        bad("kernel.dtype", k.dtype, "one of " + ", ".join(KERNEL_CPU_DTYPES)
+            + " with engine.device=cpu (the Triton interpreter); bfloat16 needs engine.device=cuda")
     return out
 
 
