@@ -22,9 +22,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        # one fused kernel on CUDA (F.rms_norm) instead of pow/mean/add/rsqrt/mul; fp32 math as HF's Qwen3
+        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
 
 def rope_cos_sin(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
@@ -56,14 +55,28 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=bias)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.qkv_weight: Tensor | None = None  # set by fuse(): q/k/v weights as one [(Hq+2Hkv)*D, hidden]
+        self.qkv_bias: Tensor | None = None
+
+    def fuse(self) -> None:
+        """One QKV GEMM instead of three: the three weights become views into one concatenated tensor (no
+        extra memory; q_proj/k_proj/v_proj keep working and keep their HF names)."""
+        projs = (self.q_proj, self.k_proj, self.v_proj)
+        self.qkv_weight = _fuse_views([p.weight for p in projs])
+        self.qkv_bias = _fuse_views([p.bias for p in projs]) if self.q_proj.bias is not None else None
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], pool: KVPool, meta: AttentionMetadata,
                 backend: AttentionBackend) -> Tensor:
         # x: [T, hidden]
         T = x.shape[0]
-        q = self.q_norm(self.q_proj(x).view(T, self.num_heads, self.head_dim))     # [T, Hq, D]
-        k = self.k_norm(self.k_proj(x).view(T, self.num_kv_heads, self.head_dim))  # [T, Hkv, D]
-        v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)
+        if self.qkv_weight is not None and self.qkv_weight.data_ptr() == self.q_proj.weight.data_ptr():
+            qkv = F.linear(x, self.qkv_weight, self.qkv_bias).view(T, -1, self.head_dim)
+            q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
+        else:
+            q = self.q_proj(x).view(T, self.num_heads, self.head_dim)
+            k = self.k_proj(x).view(T, self.num_kv_heads, self.head_dim)
+            v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)
+        q, k = self.q_norm(q), self.k_norm(k)  # [T, Hq, D], [T, Hkv, D]
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         pool.store(self.layer_id, meta.new_slots, k, v)
         out = backend.forward(q, k, v, pool.k[self.layer_id], pool.v[self.layer_id], meta,
@@ -77,9 +90,28 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_weight: Tensor | None = None  # set by fuse()
+
+    def fuse(self) -> None:
+        """One gate/up GEMM instead of two (weights become views into one tensor)."""
+        self.gate_up_weight = _fuse_views([self.gate_proj.weight, self.up_proj.weight])
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.gate_up_weight is not None and self.gate_up_weight.data_ptr() == self.gate_proj.weight.data_ptr():
+            gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _fuse_views(params: list[nn.Parameter]) -> Tensor:
+    """Concatenate parameters along dim 0 and point each one's data at its slice of the result."""
+    fused = torch.cat([p.detach() for p in params], dim=0)
+    offset = 0
+    for p in params:
+        n = p.shape[0]
+        p.data = fused[offset:offset + n]
+        offset += n
+    return fused
 
 
 class DecoderLayer(nn.Module):
@@ -113,10 +145,13 @@ class CausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        self.fused = False  # fuse_projections(): at load (build_model), else before the first forward
 
     @torch.inference_mode()
     def forward(self, tokens: Tensor, meta: AttentionMetadata, pool: KVPool, backend: AttentionBackend) -> Tensor:
         # tokens: [T] -> final hidden states [T, hidden] (normed)
+        if not self.fused:  # a model built elsewhere (e.g. h200_e2e's on-device init)
+            fuse_projections(self)
         x = self.model.embed_tokens(tokens)
         rope = rope_cos_sin(meta.positions, self.config.head_dim, self.config.rope_theta)
         for layer in self.model.layers:
@@ -176,4 +211,16 @@ def build_model(cfg: ModelConfig, model_path: str, load_format: str, seed: int, 
         init_dummy_weights(model, seed)
     else:
         load_safetensors(model, model_path)
-    return model.to(device=device, dtype=dtype).eval()
+    model = model.to(device=device, dtype=dtype).eval()
+    fuse_projections(model)
+    return model
+
+
+def fuse_projections(model: CausalLM) -> None:
+    """Merged QKV and gate/up weights, made once at load (after the dtype/device move, which would copy them
+    apart again): fewer, larger GEMMs per layer."""
+    with torch.inference_mode(False), torch.no_grad():  # plain tensors, even when called inside a forward
+        for module in model.modules():
+            if isinstance(module, (Attention, MLP)):
+                module.fuse()
+    model.fused = True
