@@ -170,13 +170,14 @@ def connect_ray(cluster: ClusterSettings, gpus_needed: int = 0) -> bool:
     if cluster.kind is ClusterKind.RAY:
         ray.init(address=cluster.address or "auto", **common)
         return True
-    if os.environ.get("RAY_ADDRESS"):
+    if os.environ.get("RAY_ADDRESS", "local") != "local":
         # A sweep submitted as a Ray Job (orchestrator.schedule) runs inside that job's cluster.
         ray.init(**common)
         return True
     num_gpus = cluster.num_gpus if cluster.num_gpus is not None else max(_visible_gpus(), gpus_needed)
     mb = cluster.object_store_memory_mb or LOCAL_OBJECT_STORE_MB
-    ray.init(num_cpus=cluster.num_cpus, num_gpus=num_gpus, object_store_memory=mb * 2**20,
+    # address="local": the embedded default always starts its own Ray, never joins one already on the machine
+    ray.init(address="local", num_cpus=cluster.num_cpus, num_gpus=num_gpus, object_store_memory=mb * 2**20,
              include_dashboard=cluster.include_dashboard, **common)
     return True
 
