@@ -64,7 +64,7 @@ def _bench_us(fn, rep_ms: int = 100) -> float:
     return do_bench(fn, warmup=25, rep=rep_ms, return_mode="median") * 1e3
 
 
-def _graph_us(fn, rep_ms: int = 100) -> tuple[float, str]:
+def graph_us(fn, rep_ms: int = 100) -> tuple[float, str]:
     """Median time of fn replayed from a CUDA graph (no host launch overhead); eager if capture fails."""
     try:
         stream = torch.cuda.Stream()
@@ -182,7 +182,7 @@ def bench_row(row: Row, *, ceilings, sglang, tune: bool, with_reference: bool, s
     row.err = _rel_err(out, ref)
     row.compiled = _compiled_summary()
     run = lambda: verify_attention(**args, **addressing, out=out, workspace=ws)  # noqa: E731
-    row.ours_us, _ = _graph_us(run)
+    row.ours_us, _ = graph_us(run)
     row.eager_us = _bench_us(run)
     nbytes, flops, kv_bytes = verify_cost(layout=layout, prefix_len=row.prefix, num_tokens=row.tokens,
                                           page_size=row.page)
@@ -202,7 +202,7 @@ def bench_row(row: Row, *, ceilings, sglang, tune: bool, with_reference: bool, s
                     o2 = problem.new_out()
                     verify_attention(**args, **addressing, out=o2, workspace=ws, config=cfg, num_splits=splits)
                     err = _rel_err(o2, ref)
-                    us, _ = _graph_us(lambda: verify_attention(**args, **addressing, out=o2, workspace=ws, config=cfg,
+                    us, _ = graph_us(lambda: verify_attention(**args, **addressing, out=o2, workspace=ws, config=cfg,
                                                                num_splits=splits), rep_ms=40)
                 except Exception as exc:  # a tile the compiler rejects is a result, not the end of the run
                     row.extra.append(f"{cfg} splits={splits}: {type(exc).__name__}")
@@ -217,11 +217,11 @@ def bench_row(row: Row, *, ceilings, sglang, tune: bool, with_reference: bool, s
         verify, decode = _sglang_calls(sglang, problem, out_sgl)
         verify()
         row.sgl_verify_err = _rel_err(out_sgl, ref)
-        row.sgl_verify_us, mode_v = _graph_us(verify, rep_ms=100)
+        row.sgl_verify_us, mode_v = graph_us(verify, rep_ms=100)
         row.sgl_mode = f"verify {mode_v}"
         if decode is not None:
             decode()
-            row.sgl_decode_us, mode_d = _graph_us(decode)
+            row.sgl_decode_us, mode_d = graph_us(decode)
             row.sgl_mode += f", decode {mode_d}"
     return row
 

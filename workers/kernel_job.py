@@ -39,21 +39,14 @@ CPU_OVERRIDES = ("engine.device=cpu", "kernel.layout=gqa-small", "kernel.dtype=f
 
 
 def _time_us(fn, device) -> float:
-    import torch
-
+    """Median µs: CUDA-graph replays on a GPU (kernels.bench's timing), wall clock on the CPU interpreter."""
     if device.type == "cuda":
-        from triton.testing import do_bench
+        from kernels.bench import graph_us
 
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            fn()
-        torch.cuda.synchronize()
-        return do_bench(graph.replay, warmup=25, rep=100, return_mode="median") * 1e3
+        us, mode = graph_us(fn)
+        if mode != "graph":
+            logger.warning("kernel timed without a CUDA graph: %s", mode)
+        return us
     times = []
     for _ in range(3):
         t0 = time.perf_counter()
