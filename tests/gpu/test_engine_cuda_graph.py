@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from workers.reference.args import parse_args
-from workers.reference.attention import create_attention_backend
 from workers.reference.cuda_graph import BUCKETS, GraphModelRunner, bucket_for, use_cuda_graph
 from workers.reference.engine import Engine, SamplingParams
 

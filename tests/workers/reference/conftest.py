@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from workers.reference.args import parse_args
 from workers.reference.attention import create_attention_backend
