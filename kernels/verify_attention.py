@@ -61,6 +61,57 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _prefix_tile(
+    start_n, hi, q, q_pe, m_i, l_i, acc, indices_ptr, k_head, v_head, stride_kbs, stride_vbs,
+    offs_d, offs_dpe, offs_dv, qk_scale,
+    BLOCK_N: tl.constexpr, BLOCK_DPE: tl.constexpr, PAGE_SIZE: tl.constexpr, V_IS_K: tl.constexpr,
+    MASKED: tl.constexpr,
+):
+    """One BLOCK_N tile of the prefix: online-softmax update of (m_i, l_i, acc). MASKED: positions >= hi
+    are out (the last, partial tile); otherwise no bounds work at all."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    if MASKED:
+        mask_n = offs_n < hi
+        if PAGE_SIZE == 1:
+            slot = tl.load(indices_ptr + offs_n, mask=mask_n, other=0).to(tl.int64)
+        else:
+            page = tl.load(indices_ptr + offs_n // PAGE_SIZE, mask=mask_n, other=0)
+            slot = page.to(tl.int64) * PAGE_SIZE + offs_n % PAGE_SIZE
+        k_row = k_head + slot[:, None] * stride_kbs
+        k = tl.load(k_row + offs_d[None, :], mask=mask_n[:, None], other=0.0)  # [N, D]
+    else:
+        if PAGE_SIZE == 1:
+            slot = tl.load(indices_ptr + offs_n).to(tl.int64)
+        else:
+            slot = tl.load(indices_ptr + offs_n // PAGE_SIZE).to(tl.int64) * PAGE_SIZE + offs_n % PAGE_SIZE
+        k_row = k_head + slot[:, None] * stride_kbs
+        k = tl.load(k_row + offs_d[None, :])
+    qk = tl.dot(q, tl.trans(k))
+    if BLOCK_DPE > 0:
+        if MASKED:
+            k_pe = tl.load(k_row + offs_dpe[None, :], mask=mask_n[:, None], other=0.0)
+        else:
+            k_pe = tl.load(k_row + offs_dpe[None, :])
+        qk = tl.dot(q_pe, tl.trans(k_pe), qk)
+    if MASKED:
+        qk = tl.where(mask_n[None, :], qk, float("-inf"))
+    if V_IS_K:
+        v = k
+    else:
+        v_row = v_head + slot[:, None] * stride_vbs + offs_dv[None, :]
+        if MASKED:
+            v = tl.load(v_row, mask=mask_n[:, None], other=0.0)
+        else:
+            v = tl.load(v_row)
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # qk_scale > 0: max commutes with the scaling
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(qk * qk_scale - m_new[:, None])  # one FMA per score
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _verify_attention_kernel(
     q_ptr, k_buffer_ptr, v_buffer_ptr, k_new_ptr, v_new_ptr, tree_mask_ptr,
     kv_indices_ptr, kv_indptr_ptr, prefix_lens_ptr,
@@ -124,31 +175,20 @@ def _verify_attention_kernel(
     hi = tl.where(split < num_splits, tl.minimum(lo + per_split, prefix_len), lo)
     k_head = k_buffer_ptr + kvh * stride_kbh
     v_head = v_buffer_ptr + kvh * stride_vbh
-    for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < hi
-        if PAGE_SIZE == 1:
-            slot = tl.load(kv_indices_ptr + idx_start + offs_n, mask=mask_n, other=0).to(tl.int64)
-        else:
-            page = tl.load(kv_indices_ptr + idx_start + offs_n // PAGE_SIZE, mask=mask_n, other=0)
-            slot = page.to(tl.int64) * PAGE_SIZE + offs_n % PAGE_SIZE
-        k_row = k_head + slot[:, None] * stride_kbs
-        k = tl.load(k_row + offs_d[None, :], mask=mask_n[:, None], other=0.0)  # [N, D]
-        qk = tl.dot(q, tl.trans(k))
-        if BLOCK_DPE > 0:
-            k_pe = tl.load(k_row + offs_dpe[None, :], mask=mask_n[:, None], other=0.0)
-            qk = tl.dot(q_pe, tl.trans(k_pe), qk)
-        qk = tl.where(mask_n[None, :], qk * qk_scale, float("-inf"))
-        if V_IS_K:
-            v = k
-        else:
-            v = tl.load(v_head + slot[:, None] * stride_vbs + offs_dv[None, :], mask=mask_n[:, None], other=0.0)
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-        m_i = m_new
+    if BLOCK_DPE == 0:
+        q_pe = q  # unused
+        offs_dpe = offs_d
+    # Full tiles without masks (per_split is a multiple of BLOCK_N, so only the prefix's last tile is partial),
+    # then that tile masked: the compute-bound shapes spend no ALU work on bounds.
+    hi_full = lo + (hi - lo) // BLOCK_N * BLOCK_N
+    for start_n in range(lo, hi_full, BLOCK_N):
+        m_i, l_i, acc = _prefix_tile(
+            start_n, hi, q, q_pe, m_i, l_i, acc, kv_indices_ptr + idx_start, k_head, v_head, stride_kbs, stride_vbs,
+            offs_d, offs_dpe, offs_dv, qk_scale, BLOCK_N, BLOCK_DPE, PAGE_SIZE, V_IS_K, False)
+    if hi_full < hi:
+        m_i, l_i, acc = _prefix_tile(
+            hi_full, hi, q, q_pe, m_i, l_i, acc, kv_indices_ptr + idx_start, k_head, v_head, stride_kbs, stride_vbs,
+            offs_d, offs_dpe, offs_dv, qk_scale, BLOCK_N, BLOCK_DPE, PAGE_SIZE, V_IS_K, True)
 
     # New tokens: the T x T block under the tree mask, one tile.
     if split == num_splits:

@@ -2,7 +2,8 @@
 
 CPU: the graph runner's static-buffer path without capture (padding to T buckets, masks, slots) reproduces the
 plain runner token for token. GPU (marked gpu): greedy output with specsweep_verify + CUDA graphs equals the torch
-backend's token for token, graphs were replayed, and --disable-cuda-graph runs without them.
+backend's (with --disable-fused-ops: every op in torch) token for token, graphs were replayed, and
+--disable-cuda-graph runs without them. Fused element-wise kernels are on by default on CUDA only.
 """
 from __future__ import annotations
 
@@ -51,6 +52,13 @@ def test_use_cuda_graph_only_for_the_kernel_on_cuda():
     assert not use_cuda_graph(parse_args(["--model-path", "tiny"]), torch.device("cuda"), model)
 
 
+def test_fused_ops_default_on_cuda_only():
+    assert not _engine().model.fused_ops  # CPU: torch ops (the kernels would need the interpreter)
+    if torch.cuda.is_available():
+        assert _engine("--device", "cuda").model.fused_ops
+        assert not _engine("--device", "cuda", "--disable-fused-ops").model.fused_ops
+
+
 @pytest.mark.parametrize("page_size", [1, 4])
 @pytest.mark.parametrize("flags", [ORACLE, NGRAM_TREE], ids=["oracle", "ngram-tree"])
 def test_padded_static_path_matches_plain_runner_on_cpu(page_size, flags):
@@ -72,9 +80,10 @@ def test_padded_static_path_matches_plain_runner_on_cpu(page_size, flags):
 @pytest.mark.parametrize("flags", [[], ORACLE, NGRAM_TREE], ids=["decode", "oracle-chain", "ngram-tree"])
 def test_greedy_kernel_with_graphs_equals_torch_on_gpu(dtype, flags):
     common = ["--device", "cuda", "--dtype", dtype, "--page-size", "16", *flags]
-    reference = _engine("--attention-backend", "torch", *common)
-    kernel = _engine("--attention-backend", "specsweep_verify", *common)
+    reference = _engine("--attention-backend", "torch", "--disable-fused-ops", *common)  # all torch ops
+    kernel = _engine("--attention-backend", "specsweep_verify", *common)  # + fused element-wise kernels
     assert isinstance(kernel.target, GraphModelRunner)
+    assert kernel.model.fused_ops and not reference.model.fused_ops
     prompt = reference.encode("The cat sat on the mat. " * 40)
     params = SamplingParams(max_new_tokens=48, temperature=0.0, ignore_eos=True)
     expected = reference.generate(prompt, params).output_ids

@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--served-model-name", default=None)
     srv.add_argument("--disable-cuda-graph", action="store_true",
                      help="run decode/verify eagerly (graphs are used only with specsweep_verify on CUDA)")
+    srv.add_argument("--disable-fused-ops", action="store_true",
+                     help="run norms, RoPE, the KV store and SiLU as torch ops instead of the fused Triton "
+                          "kernels (kernels/fused_ops.py; used on CUDA only)")
     for flag in IGNORED:
         if flag in ("--trust-remote-code", "--skip-server-warmup"):
             srv.add_argument(flag, action="store_true", help="accepted and ignored")

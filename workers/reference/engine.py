@@ -80,12 +80,17 @@ class Engine:
         torch.manual_seed(args.random_seed)
         dtype = _dtype(args)
         self.model = build_model(self.config, args.model_path, args.load_format, args.random_seed, dtype, self.device)
+        self.model.fused_ops = self._fused_ops()
         self.target = self._runner(self.model)
         self.drafter = self._build_drafter(dtype)
         self.eos_id = self.config.eos_token_id if self.config.eos_token_id is not None else getattr(self.tokenizer, "eos_token_id", None)
         self.lock = threading.Lock()
         self.stats = Stats()
         self.cancelled = threading.Event()
+
+    def _fused_ops(self) -> bool:
+        """Triton element-wise kernels in the decoder layers: on CUDA, unless --disable-fused-ops."""
+        return self.device.type == "cuda" and not getattr(self.args, "disable_fused_ops", False)
 
     def _runner(self, model) -> ModelRunner:
         a = self.args
@@ -114,6 +119,7 @@ class Engine:
             draft_model = self.model  # the oracle: same weights, its own KV pool
         else:
             draft_model = build_model(draft_cfg, path, draft_format, a.random_seed, dtype, self.device)
+            draft_model.fused_ops = self._fused_ops()
         return ModelDrafter(self._runner(draft_model), self.num_steps, self.topk, self.num_draft_tokens)
 
     # ---- requests -------------------------------------------------------------------------------

@@ -40,7 +40,8 @@ logger = logging.getLogger(__name__)
 QWEN3_8B = dict(layers=36, hidden=4096, heads=32, kv_heads=8, head_dim=128, intermediate=12288, vocab=151936)
 BACKENDS = {"torch": ["--attention-backend", "torch"],
             "specsweep_verify": ["--attention-backend", "specsweep_verify"],
-            "specsweep_verify_nograph": ["--attention-backend", "specsweep_verify", "--disable-cuda-graph"]}
+            "specsweep_verify_nograph": ["--attention-backend", "specsweep_verify", "--disable-cuda-graph"],
+            "specsweep_verify_unfused": ["--attention-backend", "specsweep_verify", "--disable-fused-ops"]}
 
 
 def write_config(d: Path, a: argparse.Namespace, max_pos: int) -> None:
@@ -110,7 +111,18 @@ def fill_random_kv(engine: Engine) -> None:
         draft.pool.v.copy_(pool.v)
 
 
-def run_context(engine: Engine, ctx: int, warmup: int, steps: int, seed: int) -> dict:
+def _profile_table(prof, rows: int = 40) -> str:
+    averages = prof.key_averages()
+    for key in ("self_device_time_total", "self_cuda_time_total"):  # the name changed across torch versions
+        try:
+            return averages.table(sort_by=key, row_limit=rows)
+        except (AttributeError, KeyError, ValueError):
+            continue
+    return averages.table(row_limit=rows)
+
+
+def run_context(engine: Engine, ctx: int, warmup: int, steps: int, seed: int,
+                profile_to: Path | None = None) -> dict:
     device = engine.device
     rng = torch.Generator().manual_seed(seed + ctx)
     vocab = engine.config.vocab_size
@@ -137,6 +149,15 @@ def run_context(engine: Engine, ctx: int, warmup: int, steps: int, seed: int) ->
                 step_s.append(dt)
                 verify_s.append(recs[-1]["verify_s"])
                 commits.append(len(committed))
+        if profile_to is not None:  # kernels of two more steps (7 draft forwards + 1 verify each), by GPU time
+            from torch.profiler import ProfilerActivity, profile
+
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+            with profile(activities=activities) as prof:
+                for _ in range(2):
+                    context.extend(engine._step(seq, context, 0.0, gen, []))
+                _sync(device)
+            profile_to.write_text(_profile_table(prof))
     finally:
         seq.release()
         drafter.finish()
@@ -191,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--torch-steps", type=int, default=3, help="measured steps for the (slow) torch backend")
     p.add_argument("--out", type=Path, default=None, help="writes e2e.json, e2e.md here")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile", action="store_true",
+                   help="with --out: a torch.profiler kernel table of two steps per (backend, largest context)")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     device = torch.device(a.device)
@@ -207,7 +230,6 @@ def main(argv: list[str] | None = None) -> int:
     for backend in a.backends:
         t0 = time.perf_counter()
         engine = make_engine(model_dir, backend, a, context_length)
-        fill_random_kv(engine)
         wbytes = weight_bytes_per_forward(engine.model)
         kvb = kv_bytes_per_token(engine.config, engine.target.pool.k.element_size())
         info["weight_bytes"], info["kv_bytes_per_token"] = wbytes, kvb
@@ -215,8 +237,13 @@ def main(argv: list[str] | None = None) -> int:
                     wbytes / 1e9, type(engine.target).__name__)
         for ctx in a.contexts:
             steps = a.torch_steps if backend == "torch" else a.steps
+            fill_random_kv(engine)  # per context: the previous context's decode wrote (different) K/V into both pools
+            profile_to = (a.out / f"profile-{backend}-{ctx}.txt"
+                          if a.profile and a.out and ctx == max(a.contexts) else None)
+            if profile_to is not None:
+                a.out.mkdir(parents=True, exist_ok=True)
             try:
-                r = run_context(engine, ctx, a.warmup, steps, a.seed)
+                r = run_context(engine, ctx, a.warmup, steps, a.seed, profile_to)
             except torch.OutOfMemoryError as e:
                 logger.error("%s ctx %d: out of memory: %s", backend, ctx, e)
                 continue

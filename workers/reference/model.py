@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from kernels import fused_ops
+
 from .attention import AttentionBackend, AttentionMetadata
 from .config import ModelConfig
 from .kv_cache import KVPool
@@ -24,6 +26,16 @@ class RMSNorm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         # one fused kernel on CUDA (F.rms_norm) instead of pow/mean/add/rsqrt/mul; fp32 math as HF's Qwen3
         return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+
+    def add_forward(self, x: Tensor, residual: Tensor | None, fused: bool) -> tuple[Tensor, Tensor]:
+        """(norm(residual + x), residual + x); residual None: (norm(x), x). `fused`: one Triton kernel
+        (kernels.fused_ops.add_rms_norm, which updates `residual` in place)."""
+        if fused:
+            if residual is None:
+                return fused_ops.add_rms_norm(x, weight=self.weight, eps=self.eps), x
+            return fused_ops.add_rms_norm(x, weight=self.weight, eps=self.eps, residual=residual), residual
+        residual = x if residual is None else residual + x
+        return self(residual), residual
 
 
 def rope_cos_sin(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
@@ -66,19 +78,26 @@ class Attention(nn.Module):
         self.qkv_bias = _fuse_views([p.bias for p in projs]) if self.q_proj.bias is not None else None
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], pool: KVPool, meta: AttentionMetadata,
-                backend: AttentionBackend) -> Tensor:
+                backend: AttentionBackend, fused: bool = False) -> Tensor:
         # x: [T, hidden]
         T = x.shape[0]
-        if self.qkv_weight is not None and self.qkv_weight.data_ptr() == self.q_proj.weight.data_ptr():
+        merged = self.qkv_weight is not None and self.qkv_weight.data_ptr() == self.q_proj.weight.data_ptr()
+        if merged:
             qkv = F.linear(x, self.qkv_weight, self.qkv_bias).view(T, -1, self.head_dim)
             q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
         else:
             q = self.q_proj(x).view(T, self.num_heads, self.head_dim)
             k = self.k_proj(x).view(T, self.num_kv_heads, self.head_dim)
             v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)
-        q, k = self.q_norm(q), self.k_norm(k)  # [T, Hq, D], [T, Hkv, D]
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        pool.store(self.layer_id, meta.new_slots, k, v)
+        if fused and merged:  # norms, RoPE and the KV store in one kernel
+            q, k = fused_ops.qk_norm_rope_store(
+                qkv, num_q_heads=self.num_heads, num_kv_heads=self.num_kv_heads, q_norm_weight=self.q_norm.weight,
+                k_norm_weight=self.k_norm.weight, eps=self.q_norm.eps, cos=rope[0], sin=rope[1],
+                slots=meta.new_slots, k_pool=pool.k[self.layer_id], v_pool=pool.v[self.layer_id])
+        else:
+            q, k = self.q_norm(q), self.k_norm(k)  # [T, Hq, D], [T, Hkv, D]
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+            pool.store(self.layer_id, meta.new_slots, k, v)
         out = backend.forward(q, k, v, pool.k[self.layer_id], pool.v[self.layer_id], meta,
                               scale=self.scale, window=self.window)  # [T, Hq, D]
         return self.o_proj(out.reshape(T, -1))
@@ -96,9 +115,12 @@ class MLP(nn.Module):
         """One gate/up GEMM instead of two (weights become views into one tensor)."""
         self.gate_up_weight = _fuse_views([self.gate_proj.weight, self.up_proj.weight])
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, fused: bool = False) -> Tensor:
         if self.gate_up_weight is not None and self.gate_up_weight.data_ptr() == self.gate_proj.weight.data_ptr():
-            gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
+            gate_up = F.linear(x, self.gate_up_weight)
+            if fused:
+                return self.down_proj(fused_ops.silu_mul(gate_up))
+            gate, up = gate_up.chunk(2, dim=-1)
             return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
@@ -122,9 +144,13 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, rope, pool, meta, backend):
-        x = x + self.self_attn(self.input_layernorm(x), rope, pool, meta, backend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, rope, pool, meta, backend, fused=False):
+        """x: the previous layer's MLP output (the embeddings for layer 0, residual None). Returns this
+        layer's MLP output and the residual stream before it: the next norm adds them (fused, one kernel)."""
+        h, residual = self.input_layernorm.add_forward(x, residual, fused)
+        a = self.self_attn(h, rope, pool, meta, backend, fused)
+        h, residual = self.post_attention_layernorm.add_forward(a, residual, fused)
+        return self.mlp(h, fused), residual
 
 
 class DecoderModel(nn.Module):
@@ -146,6 +172,9 @@ class CausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.fused = False  # fuse_projections(): at load (build_model), else before the first forward
+        # Triton element-wise kernels (kernels/fused_ops.py) for norms, residual adds, q/k-norm + RoPE + KV
+        # store and SiLU x up: set by the engine on CUDA unless --disable-fused-ops
+        self.fused_ops = False
 
     @torch.inference_mode()
     def forward(self, tokens: Tensor, meta: AttentionMetadata, pool: KVPool, backend: AttentionBackend) -> Tensor:
@@ -154,9 +183,11 @@ class CausalLM(nn.Module):
             fuse_projections(self)
         x = self.model.embed_tokens(tokens)
         rope = rope_cos_sin(meta.positions, self.config.head_dim, self.config.rope_theta)
+        fused = self.fused_ops
+        residual = None
         for layer in self.model.layers:
-            x = layer(x, rope, pool, meta, backend)
-        return self.model.norm(x)
+            x, residual = layer(x, residual, rope, pool, meta, backend, fused)
+        return self.model.norm.add_forward(x, residual, fused)[0]
 
     @torch.inference_mode()
     def logits(self, hidden: Tensor) -> Tensor:

@@ -1,4 +1,5 @@
-"""The engine's logits match transformers' Qwen3ForCausalLM on a random checkpoint (fp32, < 1e-4)."""
+"""The engine's logits match transformers' Qwen3ForCausalLM on a random checkpoint (fp32, < 1e-4), with the
+torch element-wise ops and with the fused Triton kernels (kernels/fused_ops.py; the interpreter on CPU)."""
 from __future__ import annotations
 
 import pytest
@@ -6,6 +7,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from kernels import fused_ops  # noqa: E402
 from workers.reference.config import load_config  # noqa: E402
 from workers.reference.model import build_model  # noqa: E402
 
@@ -36,8 +38,16 @@ def hf_logits(model, ids: list[int]) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("variant", ["full", "sliding"])
-def test_logits_match_transformers(tmp_path, make_runner, page_size, variant):
+@pytest.mark.parametrize("variant", ["full", "sliding", "fused"])
+def test_logits_match_transformers(tmp_path, make_runner, page_size, variant, monkeypatch):
+    calls = {"qk_norm_rope_store": 0, "add_rms_norm": 0, "silu_mul": 0}
+    for name in calls:  # count the fused kernels' calls, to know the fused path ran
+        def counted(*a, _f=getattr(fused_ops, name), _n=name, **kw):
+            calls[_n] += 1
+            return _f(*a, **kw)
+        monkeypatch.setattr(fused_ops, name, counted)
+    if variant == "fused" and not fused_ops.available("cpu"):
+        pytest.skip("fused kernels on CPU need TRITON_INTERPRET=1")
     overrides = {}
     if variant == "sliding":
         overrides = dict(use_sliding_window=True, sliding_window=8, max_window_layers=1,
@@ -47,6 +57,7 @@ def test_logits_match_transformers(tmp_path, make_runner, page_size, variant):
     if variant == "sliding":
         assert cfg.window_of(0) is None and cfg.window_of(1) == 8
     model = build_model(cfg, str(tmp_path), "safetensors", 0, torch.float32, "cpu")
+    model.fused_ops = variant == "fused"
     runner = make_runner(model, page_size, chunk=10)  # chunked prefill over several chunks
 
     gen = torch.Generator().manual_seed(1)
@@ -61,4 +72,9 @@ def test_logits_match_transformers(tmp_path, make_runner, page_size, variant):
         expected = hf_logits(hf, ids)[-1:]
         assert (prefill - expected).abs().max().item() < 1e-4
     seq.release()
+    forwards = -(-PROMPT_LEN // 10) + DECODE_STEPS
+    layers = cfg.num_hidden_layers
+    expected_calls = {"qk_norm_rope_store": forwards * layers, "add_rms_norm": forwards * (2 * layers + 1),
+                      "silu_mul": forwards * layers} if variant == "fused" else dict.fromkeys(calls, 0)
+    assert calls == expected_calls
     assert runner.pool.allocator.num_free == runner.pool.allocator.num_pages
