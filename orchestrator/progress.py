@@ -5,6 +5,10 @@
         progress.add(result)            # one RunResult as it arrives
     progress.summary(results)           # final Rich table (or log lines when disabled)
 
+The final table's metric columns follow the job: engine runs show the probe's figures (`ENGINE_COLUMNS`), kernel
+runs (`job: kernel`) the kernel's (`KERNEL_COLUMNS`: time_us, gbs, floor_frac, rel_err, as the report's kernel
+table); a sweep holding both prints one table per job.
+
 When disabled, or when stderr is not a terminal, each result is one `logging` line instead of the live bar.
 """
 
@@ -19,12 +23,14 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.spec import RunResult, RunState
+from orchestrator.report import KERNEL_METRICS
+from orchestrator.spec import JobKind, RunResult, RunState
 
 logger = logging.getLogger(__name__)
 
 _STYLE = {RunState.FINISHED: "green", RunState.FAILED: "red", RunState.KILLED: "yellow"}
-_COLUMNS = ("prompt_tokens", "commit_len_mean", "decode_tok_s", "ttft_s", "verify_step_ms")
+ENGINE_COLUMNS = ("prompt_tokens", "commit_len_mean", "decode_tok_s", "ttft_s", "verify_step_ms")
+KERNEL_COLUMNS = KERNEL_METRICS  # time_us, gbs, floor_frac, rel_err
 
 
 class SweepProgress:
@@ -80,20 +86,37 @@ class SweepProgress:
         return line
 
     def summary(self, results: Sequence[RunResult]) -> None:
-        ordered = sorted(results, key=lambda r: r.run.job_index)
         if not self.enabled:
             return
-        table = Table(title=f"{len(ordered)} runs in {time.monotonic() - self.t0:.1f} s", title_justify="left")
-        table.add_column("#", justify="right")
-        table.add_column("run")
-        table.add_column("state")
-        for col in _COLUMNS:
-            table.add_column(col, justify="right")
-        table.add_column("reason")
-        for r in ordered:
-            table.add_row(str(r.run.job_index), r.run.name, Text(r.state.value, style=_STYLE[r.state]),
-                          *(_fmt(r.metrics.get(c)) for c in _COLUMNS), r.reason.value if r.reason else "")
-        self.console.print(table)
+        ordered = sorted(results, key=lambda r: r.run.job_index)
+        by_job = {job: [r for r in ordered if job_of(r) is job] for job in JobKind}
+        title = f"{len(ordered)} runs in {time.monotonic() - self.t0:.1f} s"
+        shown = [(job, runs) for job, runs in by_job.items() if runs] or [(JobKind.ENGINE, [])]
+        for job, runs in shown:
+            self.console.print(summary_table(runs, job, title if len(shown) == 1
+                                             else f"{job.value} jobs: {len(runs)} of {title}"))
+
+
+def job_of(result: RunResult) -> JobKind:
+    """A kernel run's RunSpec carries its shape; its server is a kernel group."""
+    run = result.run
+    return JobKind.KERNEL if run.kernel is not None or run.server.job is JobKind.KERNEL else JobKind.ENGINE
+
+
+def summary_table(results: Sequence[RunResult], job: JobKind, title: str) -> Table:
+    """One Rich table: #, run, state, the job's metric columns, reason."""
+    columns = KERNEL_COLUMNS if job is JobKind.KERNEL else ENGINE_COLUMNS
+    table = Table(title=title, title_justify="left")
+    table.add_column("#", justify="right")
+    table.add_column("run")
+    table.add_column("state")
+    for col in columns:
+        table.add_column(col, justify="right")
+    table.add_column("reason")
+    for r in results:
+        table.add_row(str(r.run.job_index), r.run.name, Text(r.state.value, style=_STYLE[r.state]),
+                      *(_fmt(r.metrics.get(c)) for c in columns), r.reason.value if r.reason else "")
+    return table
 
 
 def _fmt(v: float | None) -> str:

@@ -91,6 +91,10 @@ def test_kernel_sweep_through_the_orchestrator(tmp_path):
     # the report ran on kernel children: a kernel table, no engine diagnosis
     diag = Path(client.download_artifacts(parents[0].info.run_id, "diagnosis.md", str(tmp_path))).read_text()
     assert "## Kernel runs" in diag and "rel_err" in diag and "oracle" not in diag.lower()
+    # the final table on the console shows the kernel's columns, not the engine's
+    header = next(line for line in out.stderr.splitlines() if "state" in line and "reason" in line)
+    assert all(col in header for col in ("time_us", "gbs", "floor_frac", "rel_err")), header
+    assert "commit_len_mean" not in header and "decode_tok_s" not in header
     # resume: the same command again skips every shape
     again = subprocess.run([sys.executable, "-m", "orchestrator", "+sweep=verify_kernel", *CPU_GRID], cwd=tmp_path,
                            env=_env(), capture_output=True, text=True, timeout=240)
