@@ -48,6 +48,7 @@ class Row:
     sgl_verify_err: float = math.nan
     sgl_decode_us: float = math.nan
     sgl_mode: str = ""
+    model_us: float = math.nan  # per layer, `model_layers` calls on their own KV pools in one graph
     tuned_us: float = math.nan
     tuned: str = ""
     note: str = ""
@@ -56,6 +57,10 @@ class Row:
     @property
     def frac_floor(self) -> float:
         return self.floor_us / self.ours_us
+
+    @property
+    def frac_floor_model(self) -> float:
+        return self.floor_us / self.model_us
 
 
 def _bench_us(fn, rep_ms: int = 100) -> float:
@@ -158,18 +163,39 @@ def _tune_candidates(layout: Layout, tokens: int, smem_limit: int) -> list[Verif
                              smem_limit=smem_limit)
     bm = base[0].block_m
     if layout.mla:
-        extra = [VerifyConfig(16, 128, 8, 2), VerifyConfig(16, 64, 4, 3)] if bm == 16 else [VerifyConfig(bm, 64, 8, 3)]
+        extra = ([VerifyConfig(16, 128, 8, 2), VerifyConfig(16, 64, 4, 3), VerifyConfig(16, 64, 8, 2),
+                  VerifyConfig(16, 64, 8, 3), VerifyConfig(16, 32, 4, 4), VerifyConfig(16, 32, 8, 4),
+                  VerifyConfig(32, 64, 8, 2), VerifyConfig(64, 64, 8, 2)] if bm == 16 else [VerifyConfig(bm, 64, 8, 3)])
     else:
         extra = [VerifyConfig(bm, 128, 8, 3), VerifyConfig(bm, 64, 4, 4), VerifyConfig(min(bm, 64), 128, 4, 3)]
     seen, out = set(), []
-    for cfg in base[:2] + extra:
+    for cfg in base[:2] + extra:  # (a larger block_m than the rows is legal: the extra rows are masked)
         if cfg not in seen:
             seen.add(cfg)
             out.append(cfg)
     return out
 
 
-def bench_row(row: Row, *, ceilings, sglang, tune: bool, with_reference: bool, smem_limit: int) -> Row:
+def model_graph_us(args: dict, addressing: dict, out: torch.Tensor, ws, layers: int) -> float:
+    """Per-layer time as an engine runs the kernel: `layers` calls back to back in one CUDA graph, each on its
+    own K/V pool (a copy of this problem's, so each call streams its prefix from HBM, not from L2), sharing
+    q, page table, workspace and output as the layers of one forward do. Total graph time / layers."""
+    kb, vb = args["k_buffer"], args["v_buffer"]
+    pools = [(kb.clone(), None if vb is None else vb.clone()) for _ in range(layers - 1)] + [(kb, vb)]
+
+    def forward():
+        for k_pool, v_pool in pools:
+            verify_attention(**{**args, "k_buffer": k_pool, "v_buffer": v_pool}, **addressing, out=out, workspace=ws)
+
+    try:
+        us, mode = graph_us(forward, rep_ms=200)
+    finally:
+        del pools
+    return us / layers if mode == "graph" else math.nan
+
+
+def bench_row(row: Row, *, ceilings, sglang, tune: bool, with_reference: bool, smem_limit: int,
+              model_layers: int = 0) -> Row:
     layout = LAYOUTS[row.layout]
     problem = make_problem(layout=layout, prefix_lens=[row.prefix], num_tokens=row.tokens, page_size=row.page,
                            dtype=torch.bfloat16, device="cuda", tree="chain", seed=row.prefix + row.tokens + row.page)
@@ -188,6 +214,9 @@ def bench_row(row: Row, *, ceilings, sglang, tune: bool, with_reference: bool, s
                                           page_size=row.page)
     row.gbps = kv_bytes / (row.ours_us * 1e-6) / 1e9
     row.floor_us = floor_seconds(nbytes=nbytes, flops=flops, ceilings=ceilings) * 1e6
+    if model_layers > 1:
+        row.model_us = model_graph_us(args, addressing, out, ws, model_layers)
+        torch.cuda.empty_cache()
     if with_reference:
         row.ref_us = _bench_us(lambda: verify_attention_reference(**args, **addressing, v_head_dim=layout.v_head_dim),
                                rep_ms=50)
@@ -233,23 +262,25 @@ def _fmt(x: float, spec: str = ".1f") -> str:
 def full_table(rows: list[Row]) -> str:
     head = ("| layout | prefix | T | page | ours µs | GB/s | floor µs | floor/ours | rel err | ours eager µs "
             "| torch ref µs | SGLang verify µs | speed-up vs verify | SGLang decode µs (T=1) | SGLang timing "
-            "| tuned best µs | tuned config | compiled | note |")
-    lines = [head, "|" + "---|" * 19]
+            "| tuned best µs | tuned config | compiled | note | in-model µs/layer | floor/in-model |")
+    lines = [head, "|" + "---|" * 21]
     for r in rows:
         lines.append(
             f"| {LAYOUTS[r.layout].name} | {r.prefix} | {r.tokens} | {r.page} | {_fmt(r.ours_us)} | {_fmt(r.gbps, '.0f')} "
             f"| {_fmt(r.floor_us)} | {_fmt(r.frac_floor, '.0%')} | {_fmt(r.err, '.1e')} | {_fmt(r.eager_us)} "
             f"| {_fmt(r.ref_us, '.0f')} | {_fmt(r.sgl_verify_us)} | {_fmt(r.sgl_verify_us / r.ours_us, '.0f')}× "
-            f"| {_fmt(r.sgl_decode_us)} | {r.sgl_mode} | {_fmt(r.tuned_us)} | {r.tuned} | {r.compiled} | {r.note} |")
+            f"| {_fmt(r.sgl_decode_us)} | {r.sgl_mode} | {_fmt(r.tuned_us)} | {r.tuned} | {r.compiled} | {r.note} "
+            f"| {_fmt(r.model_us)} | {_fmt(r.frac_floor_model, '.0%')} |")
     return "\n".join(lines)
 
 
 def short_table(rows: list[Row]) -> str:
-    lines = ["layout  prefix   T  pg    ours_us   GB/s  floor%   err      sgl_verify  x     sgl_dec"]
+    lines = ["layout  prefix   T  pg    ours_us   GB/s  floor%   err      sgl_verify  x     sgl_dec  model_us  floor%"]
     for r in rows:
         lines.append(f"{r.layout:<6}{r.prefix:>8}{r.tokens:>4}{r.page:>4}{r.ours_us:>11.1f}{r.gbps:>7.0f}"
                      f"{_fmt(r.frac_floor, '.0%'):>7}{r.err:>9.1e}{_fmt(r.sgl_verify_us):>12}"
-                     f"{_fmt(r.sgl_verify_us / r.ours_us, '.0f'):>5}{_fmt(r.sgl_decode_us):>10}  {r.note}")
+                     f"{_fmt(r.sgl_verify_us / r.ours_us, '.0f'):>5}{_fmt(r.sgl_decode_us):>10}"
+                     f"{_fmt(r.model_us):>10}{_fmt(r.frac_floor_model, '.0%'):>8}  {r.note}")
     return "\n".join(lines)
 
 
@@ -264,6 +295,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-reference", action="store_true", help="skip timing the torch reference")
     parser.add_argument("--tune", action="store_true", help="also time a few tiles / split counts per row")
     parser.add_argument("--tune-prefixes", default="131072", help="prefixes whose page-1 rows --tune explores")
+    parser.add_argument("--model-layers", type=int, default=36,
+                        help="also time each row as `model-layers` back-to-back calls in one graph (0: skip)")
     parser.add_argument("--roofline-cache", default=None, help="JSON cache of measured ceilings (default: ~/.cache)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -293,7 +326,8 @@ def main(argv: list[str] | None = None) -> None:
                     try:
                         tune = args.tune and page == 1 and str(prefix) in args.tune_prefixes.split(",")
                         bench_row(row, ceilings=ceilings, sglang=sglang, tune=tune,
-                                  with_reference=not args.no_reference, smem_limit=smem_limit)
+                                  with_reference=not args.no_reference, smem_limit=smem_limit,
+                                  model_layers=args.model_layers)
                     except Exception as exc:  # one failing row must not lose the others
                         row.note = f"{type(exc).__name__}: {str(exc)[:120]}"
                     torch.cuda.empty_cache()

@@ -65,7 +65,7 @@ def _prefix_tile(
     start_n, hi, q, q_pe, m_i, l_i, acc, indices_ptr, k_head, v_head, stride_kbs, stride_vbs,
     offs_d, offs_dpe, offs_dv, qk_scale,
     BLOCK_N: tl.constexpr, BLOCK_DPE: tl.constexpr, PAGE_SIZE: tl.constexpr, V_IS_K: tl.constexpr,
-    MASKED: tl.constexpr,
+    MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """One BLOCK_N tile of the prefix: online-softmax update of (m_i, l_i, acc). MASKED: positions >= hi
     are out (the last, partial tile); otherwise no bounds work at all."""
@@ -86,13 +86,13 @@ def _prefix_tile(
             slot = tl.load(indices_ptr + offs_n // PAGE_SIZE).to(tl.int64) * PAGE_SIZE + offs_n % PAGE_SIZE
         k_row = k_head + slot[:, None] * stride_kbs
         k = tl.load(k_row + offs_d[None, :])
-    qk = tl.dot(q, tl.trans(k))
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
     if BLOCK_DPE > 0:
         if MASKED:
             k_pe = tl.load(k_row + offs_dpe[None, :], mask=mask_n[:, None], other=0.0)
         else:
             k_pe = tl.load(k_row + offs_dpe[None, :])
-        qk = tl.dot(q_pe, tl.trans(k_pe), qk)
+        qk = tl.dot(q_pe, tl.trans(k_pe), qk, input_precision=DOT_PRECISION)
     if MASKED:
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
     if V_IS_K:
@@ -107,7 +107,7 @@ def _prefix_tile(
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(qk * qk_scale - m_new[:, None])  # one FMA per score
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
     return m_new, l_i, acc
 
 
@@ -139,6 +139,7 @@ def _verify_attention_kernel(
     PAGE_SIZE: tl.constexpr,
     USE_INDPTR: tl.constexpr,  # kv_indptr/kv_indices (token slots) vs page_table/prefix_lens
     V_IS_K: tl.constexpr,  # MLA: V = first BLOCK_DV dims of the K row
+    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (no TF32), "tf32" (unused) for fp16 / bf16
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -184,11 +185,11 @@ def _verify_attention_kernel(
     for start_n in range(lo, hi_full, BLOCK_N):
         m_i, l_i, acc = _prefix_tile(
             start_n, hi, q, q_pe, m_i, l_i, acc, kv_indices_ptr + idx_start, k_head, v_head, stride_kbs, stride_vbs,
-            offs_d, offs_dpe, offs_dv, qk_scale, BLOCK_N, BLOCK_DPE, PAGE_SIZE, V_IS_K, False)
+            offs_d, offs_dpe, offs_dv, qk_scale, BLOCK_N, BLOCK_DPE, PAGE_SIZE, V_IS_K, False, DOT_PRECISION)
     if hi_full < hi:
         m_i, l_i, acc = _prefix_tile(
             hi_full, hi, q, q_pe, m_i, l_i, acc, kv_indices_ptr + idx_start, k_head, v_head, stride_kbs, stride_vbs,
-            offs_d, offs_dpe, offs_dv, qk_scale, BLOCK_N, BLOCK_DPE, PAGE_SIZE, V_IS_K, True)
+            offs_d, offs_dpe, offs_dv, qk_scale, BLOCK_N, BLOCK_DPE, PAGE_SIZE, V_IS_K, True, DOT_PRECISION)
 
     # New tokens: the T x T block under the tree mask, one tile.
     if split == num_splits:
@@ -196,10 +197,10 @@ def _verify_attention_kernel(
         mask_j = offs_j < T
         k_row = k_new_ptr + b * stride_knb + offs_j[:, None] * stride_knt + kvh * stride_knh
         k = tl.load(k_row + offs_d[None, :], mask=mask_j[:, None], other=0.0)  # [BLOCK_T, D]
-        qk = tl.dot(q, tl.trans(k))
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         if BLOCK_DPE > 0:
             k_pe = tl.load(k_row + offs_dpe[None, :], mask=mask_j[:, None], other=0.0)
-            qk = tl.dot(q_pe, tl.trans(k_pe), qk)
+            qk = tl.dot(q_pe, tl.trans(k_pe), qk, input_precision=DOT_PRECISION)
         visible = tl.load(tree_mask_ptr + b * stride_mb + offs_t[:, None] * stride_mt + offs_j[None, :],
                           mask=mask_m[:, None] & mask_j[None, :], other=0)
         qk = tl.where(visible != 0, qk * qk_scale, float("-inf"))
@@ -211,7 +212,7 @@ def _verify_attention_kernel(
         m_i = tl.maximum(m_i, tl.max(qk, 1))
         p = tl.exp2(qk - m_i[:, None])
         l_i = tl.sum(p, 1)
-        acc = tl.dot(p.to(v.dtype), v)
+        acc = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
@@ -414,7 +415,7 @@ def _verify_attention_launch(
         NUM_KV_HEADS=num_kv_heads, GROUP=group, T=num_tokens, BLOCK_T=max(16, triton.next_power_of_2(num_tokens)),
         BLOCK_D=block_d, BLOCK_DPE=block_dpe, BLOCK_DV=dv,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, PAGE_SIZE=page_size,
-        USE_INDPTR=use_indptr, V_IS_K=v_is_k,
+        USE_INDPTR=use_indptr, V_IS_K=v_is_k, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if num_splits is None:

@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-from orchestrator.spec import JobKind, RunSpec, ServerGroup, ServerSpec, stable_hash
+from orchestrator.spec import EngineKind, EngineSpec, JobKind, RunSpec, ServerGroup, ServerSpec, stable_hash
 from orchestrator.validate import check_context
 
 if TYPE_CHECKING:
@@ -66,9 +66,17 @@ def build_name(rc: RunConfig) -> str:
     return " ".join(parts)
 
 
+def launch_engine(engine: EngineSpec) -> EngineSpec:
+    """The EngineSpec a server is started with. The stub engine takes its timing as flags in `extra_args`
+    (workers/engine.py StubAdapter): `engine.stub` is prepended there as `--stub-*` flags."""
+    if engine.kind is EngineKind.STUB and engine.stub is not None:
+        return replace(engine, extra_args=engine.stub.argv() + engine.extra_args)
+    return engine
+
+
 def build_server(rc: RunConfig) -> ServerSpec:
     """The engine a run needs. No context_len in it: one server covers every context of a sweep."""
-    return ServerSpec(engine=rc.engine, model=rc.model, drafter=rc.drafter, attention=rc.attention,
+    return ServerSpec(engine=launch_engine(rc.engine), model=rc.model, drafter=rc.drafter, attention=rc.attention,
                       page_size=rc.page_size, context_length=rc.server_context_len or rc.model.max_context_len,
                       seed=rc.seed, tp_size=rc.tp_size, nnodes=rc.nnodes)
 

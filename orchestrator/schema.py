@@ -36,6 +36,7 @@ from orchestrator.spec import (
     ProbeKind,
     ProbeSpec,
     SGLangOptions,
+    StubOptions,
     TrackingSettings,
 )
 from orchestrator.diagnosis import Thresholds
@@ -60,8 +61,18 @@ class SGLangConf:
 
 
 @dataclass
+class StubConf:
+    """`engine.stub`: the stub engine's timing (engine.kind=stub only; ignored by other engines)."""
+
+    token_s: float = 0.005  # seconds per generated token
+    prefill_s: float = 0.0  # seconds per prompt token
+    startup_s: float = 0.2  # seconds before /health answers 200
+    rendezvous_timeout_s: float = 120.0  # multi-node (nnodes > 1): rank rendezvous timeout
+
+
+@dataclass
 class EngineConf:
-    kind: str = MISSING  # reference | sglang
+    kind: str = MISSING  # reference | sglang | stub
     version: str = MISSING
     device: str = "cpu"
     startup_timeout_s: float = 300.0
@@ -69,6 +80,7 @@ class EngineConf:
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     sglang: SGLangConf = field(default_factory=SGLangConf)
+    stub: StubConf = field(default_factory=StubConf)
 
 
 @dataclass
@@ -302,6 +314,8 @@ def to_run_config(cfg: DictConfig, overrides: tuple[str, ...] = (), cwd: str | N
         extra_args=tuple(e["extra_args"]),
         env=tuple(sorted(e["env"].items())),
         sglang=SGLangOptions(**e["sglang"]) if e["kind"] == EngineKind.SGLANG.value else None,
+        stub=StubOptions(**{k: float(v) for k, v in e["stub"].items()}) if e["kind"] == EngineKind.STUB.value
+        else None,
     )
     model = ModelSpec(
         name=m["name"], path=m["path"], max_context_len=m["max_context_len"], num_layers=m["num_layers"],
@@ -351,8 +365,7 @@ def to_run_config(cfg: DictConfig, overrides: tuple[str, ...] = (), cwd: str | N
         sweep_name=c["sweep_name"], engine=engine, model=model, drafter=drafter, attention=attention,
         probe=probe, page_size=c["page_size"], seed=c["seed"], tp_size=c["tp_size"], nnodes=c["nnodes"],
         server_context_len=c["server_context_len"], cluster=cluster, tracking=tracking,
-        resume=c["resume"], progress=c["progress"], report=Thresholds(**c["report"]), job=job, kernel=kernel,
-        params=tuple(sorted(flatten(c).items())), overrides=tuple(overrides),
+        resume=c["resume"], progress=c["progress"], report=Thresholds(**c["report"]), job=job, kernel=kernel, params=tuple(sorted(flatten(c).items())), overrides=tuple(overrides),
     )
 
 

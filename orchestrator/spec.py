@@ -170,6 +170,25 @@ class SGLangOptions:
     log_level: str | None = None
 
 
+# The stub engine's timing flags (workers/stub_engine.py parse_args), in StubOptions field order.
+STUB_FLAGS = ("--stub-token-s", "--stub-prefill-s", "--stub-startup-s", "--stub-rendezvous-timeout-s")
+
+
+@dataclass(frozen=True)
+class StubOptions:
+    """The stub engine's timing (`engine.stub`, engine.kind=stub only). The stub is started with `engine.extra_args`
+    (workers/engine.py StubAdapter), so planning prepends `argv()`; the flag names are workers/stub_engine.py's."""
+
+    token_s: float = 0.005  # seconds per generated token (decode)
+    prefill_s: float = 0.0  # seconds per prompt token
+    startup_s: float = 0.2  # seconds before /health answers 200
+    rendezvous_timeout_s: float = 120.0  # multi-node: how long rank 0 waits for the other ranks (and they for it)
+
+    def argv(self) -> tuple[str, ...]:
+        values = (self.token_s, self.prefill_s, self.startup_s, self.rendezvous_timeout_s)
+        return tuple(a for flag, v in zip(STUB_FLAGS, values) for a in (flag, repr(float(v))))
+
+
 @dataclass(frozen=True)
 class EngineSpec:
     kind: EngineKind
@@ -180,6 +199,7 @@ class EngineSpec:
     extra_args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     sglang: SGLangOptions | None = field(default=None, metadata=IDENTITY_IF_SET)  # kind=sglang only
+    stub: StubOptions | None = field(default=None, metadata=IDENTITY_IF_SET)  # kind=stub only
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable
 
-from orchestrator.spec import Algorithm, AttentionKind, AttentionSpec, EngineKind, JobKind, ProbeKind
+from orchestrator.spec import (STUB_FLAGS, Algorithm, AttentionKind, AttentionSpec, EngineKind, JobKind, ProbeKind,
+                               StubOptions)
 
 if TYPE_CHECKING:
     from orchestrator.schema import RunConfig
@@ -98,6 +99,8 @@ def validate_run(rc: RunConfig, *, check_max_context: bool = True) -> list[Probl
         out += _reference_problems(rc)
     elif rc.engine.kind is EngineKind.SGLANG:
         out += sglang_problems(rc)
+    elif rc.engine.kind is EngineKind.STUB:
+        out += stub_problems(rc)
     if rc.probe.kind is ProbeKind.PREDICTABLE and not rc.probe.sentence:
         bad("probe.sentence", rc.probe.sentence, "a non-empty sentence")
     return out + _driver_problems(rc)
@@ -113,6 +116,24 @@ def _driver_problems(rc: RunConfig) -> list[Problem]:
         bad("cluster.address", None, "a Ray address (e.g. auto or ray://head:10001) when cluster.kind=ray")
     if not rc.tracking.uri:
         bad("tracking.uri", rc.tracking.uri, "an MLflow tracking URI")
+    return out
+
+
+def stub_problems(rc: RunConfig) -> list[Problem]:
+    """engine=stub: sane timing, and timing set through `engine.stub.*`, not smuggled into `engine.extra_args`."""
+    out: list[Problem] = []
+    stub = rc.engine.stub or StubOptions()
+    for key in ("token_s", "prefill_s", "startup_s"):
+        value = getattr(stub, key)
+        if not value >= 0:  # also catches nan
+            out.append(Problem(f"engine.stub.{key}", value, "a number of seconds >= 0", rc.overrides))
+    if not stub.rendezvous_timeout_s > 0:
+        out.append(Problem("engine.stub.rendezvous_timeout_s", stub.rendezvous_timeout_s,
+                           "a number of seconds > 0", rc.overrides))
+    names = dict(zip(STUB_FLAGS, ("token_s", "prefill_s", "startup_s", "rendezvous_timeout_s")))
+    for flag in sorted(_extra_flags(rc.engine.extra_args) & set(STUB_FLAGS)):
+        out.append(Problem("engine.extra_args", flag, f"engine.stub.{names[flag]}=N instead (engine=stub emits "
+                           f"{flag} from it)", rc.overrides))
     return out
 
 

@@ -15,7 +15,10 @@ Test hook: with SPECSWEEP_STUB_RECORD_DIR set, each process writes `<dir>/stub-<
 rank, node address and CUDA_VISIBLE_DEVICES before it starts serving.
 
     python -m workers.stub_engine --port 30000 --stub-token-s 0.01 [SGLang flags...]
+    python -m orchestrator engine=stub engine.stub.token_s=0.01        # through the orchestrator (conf/engine/stub.yaml)
     stub_server(tp_size=8, nnodes=1, token_s=0.005, prefill_s=0.0, seed=0) -> ServerSpec   (engine.kind=stub)
+
+Its timing flags are `orchestrator.spec.StubOptions` (`engine.stub.*` in the config), emitted by `StubOptions.argv()`.
 """
 
 from __future__ import annotations
@@ -42,12 +45,13 @@ def stub_server(*, tp_size: int = 1, nnodes: int = 1, token_s: float = 0.005, pr
                 startup_s: float = 0.2, drafter: str = "oracle", seed: int = 0, extra_args: tuple[str, ...] = ()):
     """A ServerSpec for this engine (tests, `orchestrator.bench_sched`): `device=cuda`, so it takes
     tp_size / nnodes GPUs per node from Ray like a real GPU server. Distinct seeds make distinct servers."""
-    from orchestrator.spec import AttentionSpec, EngineKind, EngineSpec, ServerSpec
+    from orchestrator.plan import launch_engine
+    from orchestrator.spec import AttentionSpec, EngineKind, EngineSpec, ServerSpec, StubOptions
     from workers.testing import TINY, tiny_drafter
 
-    timing = ("--stub-token-s", str(token_s), "--stub-prefill-s", str(prefill_s), "--stub-startup-s", str(startup_s))
-    engine = EngineSpec(kind=EngineKind.STUB, version="0.1.0", device="cuda", startup_timeout_s=60.0,
-                        request_timeout_s=120.0, extra_args=timing + tuple(extra_args))
+    timing = StubOptions(token_s=token_s, prefill_s=prefill_s, startup_s=startup_s)
+    engine = launch_engine(EngineSpec(kind=EngineKind.STUB, version="0.1.0", device="cuda", startup_timeout_s=60.0,
+                                      request_timeout_s=120.0, extra_args=tuple(extra_args), stub=timing))
     return ServerSpec(engine=engine, model=TINY, drafter=tiny_drafter(drafter), attention=AttentionSpec("torch", "torch"),
                       page_size=16, context_length=32768, seed=seed, tp_size=tp_size, nnodes=nnodes)
 

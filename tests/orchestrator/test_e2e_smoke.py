@@ -187,3 +187,33 @@ def test_interrupt_kills_engines_and_records_killed_runs(tmp_path):
     assert len(parents) == 1 and parents.iloc[0]["status"] == "KILLED", output[-3000:]
     assert len(children) == 4 and (children["status"] == "KILLED").any()
     assert set(children["status"]) <= {"KILLED", "FINISHED"}
+
+
+def test_stub_engine_sweep_through_the_orchestrator(tmp_path):
+    """`+sweep=smoke engine=stub`: conf/engine/stub.yaml through the real entry point, launcher, Ray and MLflow;
+    its timing knobs reach the stub's argv and show in the recorded times."""
+    token_s = 0.01
+    out = _sweep(tmp_path, "engine=stub", f"engine.stub.token_s={token_s}", "sweep_name=smoke-stub")
+    assert out.returncode == 0, out.stderr[-3000:]
+    parents, children = _runs(tmp_path, "smoke-stub")
+    assert len(parents) == 1 and parents.iloc[0]["status"] == "FINISHED"
+    assert len(children) == SMOKE_RUNS and (children["status"] == "FINISHED").all(), children["tags.message"]
+    assert (children["tags.engine"] == "stub").all()
+    assert (children["params.engine.kind"] == "stub").all() and (children["params.engine.stub.token_s"] == "0.01").all()
+    assert children["tags.run_hash"].nunique() == SMOKE_RUNS
+    assert all("engine=stub" in name and f"engine.stub.token_s={token_s}" in name
+               for name in children["tags.mlflow.runName"])
+    # one stub per (drafter) server, started once, speaking the seam: exact prompt, every requested token
+    assert children["tags.server_group"].nunique() == 2 and (children["tags.engine_start"] == "1").all()
+    assert (children["metrics.prompt_tokens"] == children["params.context_len"].astype(float)).all()
+    assert (children["metrics.completion_tokens"] == 32).all()
+    # with speculation every verify step commits num_steps + 1 (the last one what is left)
+    steps = children["params.drafter.num_steps"].astype(int)
+    assert (children["metrics.verify_steps"] == -(-31 // (steps + 1))).all()
+    # 32 tokens at token_s each: the knob reached the engine
+    assert (children["metrics.e2e_s"] >= 32 * token_s).all(), children["metrics.e2e_s"].tolist()
+    logs = list((tmp_path / "logs" / "engines").glob("smoke-stub-*/engine-*.log"))
+    assert len(logs) == 2
+    for log in logs:
+        argv = log.read_text().splitlines()[0]
+        assert "-m workers.stub_engine" in argv and f"--stub-token-s {token_s}" in argv

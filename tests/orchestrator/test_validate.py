@@ -109,3 +109,43 @@ def test_config_error_lists_every_point():
     assert "3 problem(s) in 2 grid point(s)" in text
     assert "[page_size=0 ctx=1]" in text and "[page_size=0 ctx=2]" in text
     assert text.count("page_size=0: allowed an integer >= 1") == 2
+
+
+# ---------------------------------------------------------------- engine=stub
+
+
+def test_stub_engine_conf_converts_and_validates():
+    rc = run_config("engine=stub")
+    assert rc.engine.kind.value == "stub" and rc.engine.stub is not None and rc.engine.stub.token_s == 0.005
+    assert problems("engine=stub") == {}
+    # the stub accepts what the reference engine refuses: it has no kernels and no model to load
+    assert problems("engine=stub", "engine.device=cuda", "tp_size=8", "drafter=ngram", "attention=triton") == {}
+    assert problems("engine=stub", "tp_size=16", "nnodes=2") == {}
+    assert problems("engine=stub", "engine.stub.token_s=0", "engine.stub.prefill_s=0.001") == {}
+
+
+@pytest.mark.parametrize("override,key,value,allowed", [
+    ("engine.stub.token_s=-0.1", "engine.stub.token_s", -0.1, ">= 0"),
+    ("engine.stub.prefill_s=-1", "engine.stub.prefill_s", -1.0, ">= 0"),
+    ("engine.stub.startup_s=nan", "engine.stub.startup_s", None, ">= 0"),
+    ("engine.stub.rendezvous_timeout_s=0", "engine.stub.rendezvous_timeout_s", 0.0, "> 0"),
+    ("engine.extra_args=[--stub-token-s,0.1]", "engine.extra_args", "--stub-token-s", "engine.stub.token_s=N"),
+    ("engine.extra_args=['--stub-prefill-s=0.1']", "engine.extra_args", "--stub-prefill-s", "engine.stub.prefill_s=N"),
+    ("tp_size=12", "tp_size", 12, None),  # nnodes=2 below: the generic rule still applies to the stub
+])
+def test_stub_engine_rules(override, key, value, allowed):
+    extra = ("nnodes=8",) if key == "tp_size" else ()
+    p = problems("engine=stub", override, *extra)[key]
+    if value is not None:
+        assert p.value == value
+    else:
+        assert p.value != p.value  # nan
+    if allowed:
+        assert allowed in p.allowed
+
+
+def test_stub_engine_section_is_typed():
+    with pytest.raises(Exception, match="token_s"):
+        run_config("engine=stub", "engine.stub.token_s=fast")  # Hydra's own type error
+    with pytest.raises(Exception, match="tokens_s"):
+        run_config("engine=stub", "engine.stub.tokens_s=0.1")  # a misspelt key

@@ -17,6 +17,7 @@ request's page table run eagerly (`ModelRunner.forward`). `--disable-cuda-graph`
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
@@ -49,10 +50,35 @@ def use_cuda_graph(args, device: torch.device, model) -> bool:
 
 @dataclass
 class _Buffers:
+    """A bucket's static inputs: typed views into one device byte buffer, filled from a (pinned) host twin
+    with a single copy per forward (tokens, positions, slots, prefix length, tree mask)."""
+
     tokens: Tensor     # [b] int64
     positions: Tensor  # [b] int64
     slots: Tensor      # [b] int64
+    prefix: Tensor     # [1] int32, the kernel's prefix length
     tree_mask: Tensor  # [b, b] bool
+    device_bytes: Tensor
+    host_bytes: Tensor
+    host_i64: Tensor   # [3, b] view of host_bytes: tokens, positions, slots
+    host_prefix: Tensor
+    host_mask: Tensor
+    copied: "torch.cuda.Event | None" = None  # recorded after the last host -> device copy
+
+    @classmethod
+    def allocate(cls, b: int, device: torch.device) -> "_Buffers":
+        n64, mask_at = 3 * b * 8, 3 * b * 8 + 8
+        nbytes = mask_at + b * b
+
+        def views(raw: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+            return (raw[:n64].view(torch.int64).view(3, b), raw[n64:n64 + 4].view(torch.int32),
+                    raw[mask_at:].view(torch.bool).view(b, b))
+
+        dev = torch.zeros(nbytes, dtype=torch.uint8, device=device)
+        host = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
+        d64, dprefix, dmask = views(dev)
+        h64, hprefix, hmask = views(host)
+        return cls(d64[0], d64[1], d64[2], dprefix, dmask, dev, host, h64, hprefix, hmask)
 
 
 class GraphModelRunner(ModelRunner):
@@ -63,19 +89,19 @@ class GraphModelRunner(ModelRunner):
         self.capture = capture
         max_pages = -(-self.max_seq_tokens // self.page_size)
         self._table = torch.zeros(1, max_pages, dtype=torch.int32, device=self.device)  # kernel page table
-        self._prefix = torch.zeros(1, dtype=torch.int32, device=self.device)  # kernel prefix length
         self._empty = torch.zeros(0, dtype=torch.int64, device=self.device)
         self._bufs: dict[int, _Buffers] = {}
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
         self._mempool = torch.cuda.graph_pool_handle() if capture else None
         self.replays = 0
         self.eager_fallbacks = 0
+        # time_replays: per replay (bucket, host seconds inside replay(), start/end CUDA events) for benchmarks
+        self.time_replays = False
+        self.replay_times: list[tuple[int, float, torch.cuda.Event, torch.cuda.Event]] = []
 
     def _buffers(self, b: int) -> _Buffers:
         if b not in self._bufs:
-            z = dict(dtype=torch.int64, device=self.device)
-            self._bufs[b] = _Buffers(torch.zeros(b, **z), torch.zeros(b, **z), torch.zeros(b, **z),
-                                     torch.eye(b, dtype=torch.bool, device=self.device))
+            self._bufs[b] = _Buffers.allocate(b, self.device)
         return self._bufs[b]
 
     def forward(self, seq: PagedSequence, tokens: Tensor, depths: Tensor | None = None,
@@ -93,7 +119,16 @@ class GraphModelRunner(ModelRunner):
         self._fill(buf, seq, tokens, depths, tree_mask, P, T, b)
         if self.capture and b in self._graphs:
             graph, out = self._graphs[b]
-            graph.replay()
+            if self.time_replays:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                t0 = time.perf_counter()
+                graph.replay()
+                host_s = time.perf_counter() - t0
+                end.record()
+                self.replay_times.append((b, host_s, start, end))
+            else:
+                graph.replay()
             self.replays += 1
             hidden = out[:T].clone()
         else:
@@ -103,25 +138,33 @@ class GraphModelRunner(ModelRunner):
 
     def _fill(self, buf: _Buffers, seq: PagedSequence, tokens: Tensor, depths: Tensor | None,
               tree_mask: Tensor | None, P: int, T: int, b: int) -> None:
-        tok = torch.zeros(b, dtype=torch.int64)
+        """Everything is written on the host, then one copy to the device (and one for the page table): on a
+        slow host each extra small launch before the replay is GPU idle time."""
+        if buf.copied is not None:
+            buf.copied.synchronize()  # the pinned twin may still feed this bucket's previous copy
+        tok, pos, slots = buf.host_i64
+        tok.zero_()
         tok[:T] = tokens.cpu()
-        pos = torch.arange(P, P + b, dtype=torch.int64)  # padded rows: positions past the real ones
+        torch.arange(P, P + b, out=pos)  # padded rows: positions past the real ones
         if depths is not None:
             pos[:T] = P + depths.cpu().to(torch.int64)
-        mask = torch.eye(b, dtype=torch.bool)  # padded rows see only themselves
+        slots.copy_(seq.slots_host(P, P + b))
+        buf.host_prefix.fill_(P)
+        mask = buf.host_mask
+        mask.copy_(torch.eye(b, dtype=torch.bool))  # padded rows see only themselves
         mask[:T, :T] = torch.ones(T, T, dtype=torch.bool).tril() if tree_mask is None else tree_mask.cpu()
-        buf.tokens.copy_(tok)
-        buf.positions.copy_(pos)
-        buf.tree_mask.copy_(mask)
-        buf.slots.copy_(seq.slots(P, P + b))
-        self._table[0].copy_(seq.page_table)
-        self._prefix.fill_(P)
+        buf.device_bytes.copy_(buf.host_bytes, non_blocking=True)
+        if self.device.type == "cuda":
+            buf.copied = torch.cuda.Event()
+            buf.copied.record()
+        n = seq.num_pages
+        self._table[0, :n].copy_(seq.page_table[:n])
 
     def _meta(self, buf: _Buffers, prefix_slots: Tensor, prefix_len: int) -> AttentionMetadata:
         return AttentionMetadata(positions=buf.positions, new_slots=buf.slots, prefix_slots=prefix_slots,
                                  prefix_len=prefix_len, tree_mask=buf.tree_mask, page_table=self._table[0],
                                  page_size=self.page_size, kernel_page_table=self._table,
-                                 kernel_prefix_lens=self._prefix)
+                                 kernel_prefix_lens=buf.prefix)
 
     def _first_call(self, b: int, buf: _Buffers, seq: PagedSequence, P: int) -> Tensor:
         """Eager from the static buffers (compiles the kernels; its result is this call's), then capture."""
@@ -139,6 +182,20 @@ class GraphModelRunner(ModelRunner):
         self._graphs[b] = (graph, out)
         logger.info("captured a CUDA graph for T bucket %d", b)
         return hidden
+
+
+def replay_summary(runner, bucket: int) -> dict | None:
+    """Medians over the timed replays of one bucket: host ms inside replay() and GPU ms between the events
+    around it (graph execution plus any wait for the launch); clears the record."""
+    rows = [(h, s.elapsed_time(e)) for b, h, s, e in getattr(runner, "replay_times", []) if b == bucket]
+    if hasattr(runner, "replay_times"):
+        runner.replay_times.clear()
+    if not rows:
+        return None
+    import statistics
+
+    return {"replays": len(rows), "launch_host_ms": 1e3 * statistics.median(h for h, _ in rows),
+            "graph_gpu_ms": statistics.median(g for _, g in rows)}
 
 
 def make_runner(args, model, backend, device: torch.device, **kw) -> ModelRunner:

@@ -12,8 +12,9 @@ forwards + one T = 8 verify over ctx keys per layer) is what a real request does
 
 Reported per (backend, context): verify-step ms (median; `verify_tree`'s forward + LM head + argmax), whole
 decode-step ms (drafts + verify), committed tokens per step, decode tokens/s, and the verify floor =
-(weight bytes + KV bytes) / measured copy bandwidth (kernels.roofline). Dummy weights are initialised on the
-device (a CPU init of 8B parameters would take minutes).
+(weight bytes + KV bytes) / measured copy bandwidth (kernels.roofline). With CUDA graphs also the verify
+graph's own time: `graph ms` = GPU time between events around the replay, `launch ms` = host time inside
+`replay()` (medians). Dummy weights are initialised on the device (a CPU init of 8B parameters would take minutes).
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ import torch
 
 from . import engine as engine_mod
 from .args import parse_args
+from .cuda_graph import bucket_for, replay_summary
 from .engine import Engine
 from .model import CausalLM
 
@@ -130,6 +132,7 @@ def run_context(engine: Engine, ctx: int, warmup: int, steps: int, seed: int,
     seq = engine.target.new_sequence()
     seq.reserve(ctx)
     seq.length = ctx  # positions [0, ctx) hold (random) KV: a prefilled prompt
+    engine.target.time_replays = hasattr(engine.target, "replay_times")
     drafter = engine.drafter
     drafter.seq = drafter.runner.new_sequence()
     drafter.seq.reserve(ctx)
@@ -145,6 +148,8 @@ def run_context(engine: Engine, ctx: int, warmup: int, steps: int, seed: int,
             _sync(device)
             dt = time.perf_counter() - t0
             context.extend(committed)
+            if i < warmup:
+                replay_summary(engine.target, 0)  # clears the warm-up's records
             if i >= warmup:
                 step_s.append(dt)
                 verify_s.append(recs[-1]["verify_s"])
@@ -162,9 +167,11 @@ def run_context(engine: Engine, ctx: int, warmup: int, steps: int, seed: int,
         seq.release()
         drafter.finish()
     step, verify = statistics.median(step_s), statistics.median(verify_s)
+    graph = replay_summary(engine.target, bucket_for(engine.num_draft_tokens or 1))
     return {"ctx": ctx, "steps": steps, "step_ms": 1e3 * step, "verify_ms": 1e3 * verify,
             "draft_ms": 1e3 * (step - verify), "commit_mean": statistics.fmean(commits),
-            "decode_tok_s": sum(commits) / sum(step_s), "verify_ms_all": [1e3 * v for v in verify_s]}
+            "decode_tok_s": sum(commits) / sum(step_s), "verify_ms_all": [1e3 * v for v in verify_s],
+            **(graph or {})}
 
 
 def make_engine(model_dir: Path, backend: str, a: argparse.Namespace, context_length: int) -> Engine:
@@ -188,12 +195,14 @@ def measured_bandwidth_gbs(device: torch.device) -> tuple[float, float | None]:
 
 def table(rows: list[dict]) -> str:
     head = (f"{'backend':<26}{'ctx':>8}{'verify ms':>11}{'floor ms':>10}{'x floor':>9}{'step ms':>10}"
-            f"{'draft ms':>10}{'commit':>8}{'tok/s':>9}{'vs torch':>10}")
+            f"{'draft ms':>10}{'commit':>8}{'tok/s':>9}{'vs torch':>10}{'graph ms':>10}{'launch ms':>11}")
     lines = [head, "-" * len(head)]
+    nan = float("nan")
     for r in rows:
         lines.append(f"{r['backend']:<26}{r['ctx']:>8}{r['verify_ms']:>11.2f}{r['floor_ms']:>10.2f}"
                      f"{r['x_floor']:>9.2f}{r['step_ms']:>10.1f}{r['draft_ms']:>10.1f}{r['commit_mean']:>8.2f}"
-                     f"{r['decode_tok_s']:>9.1f}{r.get('speedup_vs_torch', float('nan')):>10.2f}")
+                     f"{r['decode_tok_s']:>9.1f}{r.get('speedup_vs_torch', nan):>10.2f}"
+                     f"{r.get('graph_gpu_ms', nan):>10.2f}{r.get('launch_host_ms', nan):>11.3f}")
     return "\n".join(lines)
 
 

@@ -72,6 +72,8 @@ class PagedSequence:
         self.page_size = pool.page_size
         max_pages = -(-max_tokens // self.page_size)
         self.page_table = torch.zeros(max_pages, dtype=torch.int64, device=pool.k.device)  # [max_pages]
+        # host mirror of page_table: slot arithmetic and page freeing without device round trips
+        self.pages_host = torch.zeros(max_pages, dtype=torch.int64)
         self.num_pages = 0
         self.length = 0  # positions [0, length) hold K/V
 
@@ -86,8 +88,9 @@ class PagedSequence:
             raise OutOfPagesError(f"{num_tokens} tokens exceed this request's page table "
                                   f"({self.page_table.numel()} pages of {self.page_size})")
         if need > self.num_pages:
-            pages = self.pool.allocator.alloc(need - self.num_pages)
-            self.page_table[self.num_pages:need] = torch.tensor(pages, dtype=torch.int64)
+            pages = torch.tensor(self.pool.allocator.alloc(need - self.num_pages), dtype=torch.int64)
+            self.pages_host[self.num_pages:need] = pages
+            self.page_table[self.num_pages:need].copy_(pages, non_blocking=True)
             self.num_pages = need
 
     def slots(self, start: int, end: int) -> Tensor:
@@ -95,11 +98,16 @@ class PagedSequence:
         pos = torch.arange(start, end, device=self.page_table.device)
         return self.page_table[pos // self.page_size] * self.page_size + pos % self.page_size
 
+    def slots_host(self, start: int, end: int) -> Tensor:
+        """`slots` computed on the host from the mirror (CPU int64 tensor)."""
+        pos = torch.arange(start, end)
+        return self.pages_host[pos // self.page_size] * self.page_size + pos % self.page_size
+
     def truncate(self, num_tokens: int) -> None:
         """Keep positions [0, num_tokens); pages past them go back to the pool."""
         keep = -(-num_tokens // self.page_size)
         if keep < self.num_pages:
-            self.pool.allocator.free(self.page_table[keep:self.num_pages].tolist())
+            self.pool.allocator.free(self.pages_host[keep:self.num_pages].tolist())
             self.num_pages = keep
         self.length = min(self.length, num_tokens)
 

@@ -1,0 +1,39 @@
+"""The stub engine's timing: `engine.stub.*` (StubOptions) -> `--stub-*` flags -> the stub's own parser."""
+
+from __future__ import annotations
+
+from orchestrator.launcher_core import plan_jobs
+from orchestrator.spec import STUB_FLAGS, StubOptions
+from workers.engine import build_engine_argv
+from workers.stub_engine import parse_args, stub_server
+
+
+def test_stub_options_round_trip_through_the_stub_parser():
+    opts = StubOptions(token_s=0.0125, prefill_s=2e-4, startup_s=0.0, rendezvous_timeout_s=30)
+    args = parse_args(list(opts.argv()))
+    assert (args.stub_token_s, args.stub_prefill_s, args.stub_startup_s, args.stub_rendezvous_timeout_s) == \
+        (0.0125, 2e-4, 0.0, 30.0)
+    assert list(opts.argv()[::2]) == list(STUB_FLAGS)
+
+
+def test_conf_engine_stub_reaches_the_engine_argv(tmp_path):
+    plan, _ = plan_jobs([["engine=stub", "engine.stub.token_s=0.02", "engine.stub.prefill_s=0.001"]], sweep=False,
+                        cwd=str(tmp_path))
+    (run,) = plan.runs
+    argv = build_engine_argv(run.server, 31234)
+    assert argv[1:3] == ["-m", "workers.stub_engine"]
+    args = parse_args(argv[3:])
+    assert (args.stub_token_s, args.stub_prefill_s, args.stub_startup_s) == (0.02, 0.001, 0.2)
+    assert args.speculative_algorithm == "STANDALONE" and args.speculative_num_steps == 4  # the oracle default
+    # the timing is part of the server's identity: another token time is another server and another run_hash
+    other, _ = plan_jobs([["engine=stub", "engine.stub.token_s=0.03", "engine.stub.prefill_s=0.001"]], sweep=False,
+                         cwd=str(tmp_path))
+    assert other.runs[0].server.key != run.server.key and other.runs[0].run_hash != run.run_hash
+
+
+def test_stub_server_extra_args_come_after_the_timing():
+    server = stub_server(token_s=0.5, extra_args=("--stub-startup-s", "not-a-number"))
+    assert server.engine.stub == StubOptions(token_s=0.5)
+    extra = server.engine.extra_args
+    assert extra[:len(StubOptions().argv())] == StubOptions(token_s=0.5).argv()
+    assert extra[-2:] == ("--stub-startup-s", "not-a-number")  # argparse keeps the last: tests can break a start
