@@ -47,7 +47,7 @@ class NotRun:
 
 # Override keys the standard name already shows, or that never change a result.
 _NAMED_KEYS = {"context_len", "probe", "drafter", "page_size", "attention", "sweep"}
-_UNNAMED_PREFIXES = ("hydra", "tracking", "cluster", "resume", "progress", "sweep_name")
+_UNNAMED_PREFIXES = ("hydra", "tracking", "cluster", "resume", "progress", "sweep_name", "metrics")
 
 
 def format_tokens(n: int) -> str:
@@ -96,7 +96,7 @@ def build_run(rc: RunConfig, job_index: int) -> RunSpec:
                        params=rc.params, overrides=rc.overrides, kernel=rc.kernel)
     server = build_server(rc)
     return RunSpec(job_index=job_index, server=server, probe=rc.probe, run_hash=stable_hash(server, rc.probe),
-                   name=build_name(rc), params=rc.params, overrides=rc.overrides)
+                   name=build_name(rc), params=rc.params, overrides=rc.overrides, log_patterns=rc.log_patterns)
 
 
 def group_runs(runs: Iterable[RunSpec]) -> tuple[ServerGroup, ...]:

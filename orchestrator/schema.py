@@ -168,6 +168,15 @@ class KernelConf:
     v_head_dim: Optional[int] = None
 
 
+@dataclass
+class MetricsConf:
+    """`metrics`: what a run records besides the probe's own figures."""
+
+    # Python regexes with named groups, applied to the engine log lines a run produced: every named group
+    # becomes a per-step series (MLflow metric of that name, step = match index). Empty: none.
+    log_patterns: list[str] = field(default_factory=list)
+
+
 # `report`: the diagnosis thresholds (orchestrator.diagnosis.Thresholds), overridable like any key,
 # e.g. `report.collapse_drop=0.3`.
 ReportConf = dataclasses.make_dataclass(
@@ -185,6 +194,7 @@ class SpecsweepConf:
     tracking: TrackingConf = field(default_factory=TrackingConf)
     report: ReportConf = field(default_factory=ReportConf)  # type: ignore[valid-type]
     kernel: KernelConf = field(default_factory=KernelConf)
+    metrics: MetricsConf = field(default_factory=MetricsConf)
     job: str = "engine"  # engine (an engine + probe per point) | kernel (one verify-kernel shape per point)
     sweep_name: str = "default"
     context_len: int = 1024
@@ -200,7 +210,8 @@ class SpecsweepConf:
 
 _SECTIONS: dict[str, type] = {"engine": EngineConf, "model": ModelConf, "drafter": DrafterConf,
                               "attention": AttentionConf, "probe": ProbeConf, "cluster": ClusterConf,
-                              "tracking": TrackingConf, "report": ReportConf, "kernel": KernelConf}
+                              "tracking": TrackingConf, "report": ReportConf, "kernel": KernelConf,
+                              "metrics": MetricsConf}
 
 
 def register_configs() -> None:
@@ -235,6 +246,7 @@ class RunConfig:
     report: Thresholds = field(default_factory=Thresholds)
     job: JobKind = JobKind.ENGINE
     kernel: KernelSpec | None = None  # job=kernel
+    log_patterns: tuple[str, ...] = ()  # metrics.log_patterns (checked by validate.log_pattern_problems)
     params: tuple[tuple[str, str], ...] = ()  # flattened resolved config
     overrides: tuple[str, ...] = ()  # this job's Hydra overrides
 
@@ -365,7 +377,8 @@ def to_run_config(cfg: DictConfig, overrides: tuple[str, ...] = (), cwd: str | N
         sweep_name=c["sweep_name"], engine=engine, model=model, drafter=drafter, attention=attention,
         probe=probe, page_size=c["page_size"], seed=c["seed"], tp_size=c["tp_size"], nnodes=c["nnodes"],
         server_context_len=c["server_context_len"], cluster=cluster, tracking=tracking,
-        resume=c["resume"], progress=c["progress"], report=Thresholds(**c["report"]), job=job, kernel=kernel, params=tuple(sorted(flatten(c).items())), overrides=tuple(overrides),
+        resume=c["resume"], progress=c["progress"], report=Thresholds(**c["report"]), job=job, kernel=kernel,
+        log_patterns=tuple(c["metrics"]["log_patterns"]), params=tuple(sorted(flatten(c).items())), overrides=tuple(overrides),
     )
 
 

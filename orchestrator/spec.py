@@ -245,6 +245,9 @@ class RunSpec:
     params: tuple[tuple[str, str], ...] = ()  # flattened resolved config, for MLflow params
     overrides: tuple[str, ...] = ()  # this job's Hydra overrides
     kernel: KernelSpec | None = None  # job=kernel: the shape (the probe is then unused)
+    # `metrics.log_patterns`: named-group regexes over the engine log lines this run produced -> per-step series.
+    # Not identity: they change what is extracted, never the result (run_hash is of server and probe only).
+    log_patterns: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

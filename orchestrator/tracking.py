@@ -18,7 +18,7 @@ git sha, host, sweep; artifacts = `config.yaml`, `overrides.txt`, `multirun.yaml
 Hydra's sweep dir). Child:
 `mlflow.parentRunId`, run name = RunSpec.name, params = RunSpec.params, tags = run_hash, job_index,
 server_group, engine, engine_version, host, git sha, attempt, engine_start, failure_reason; metrics in
-`log_batch` calls, the `commit_len` series with step = decode-step index; artifacts = RunResult.artifacts
+`log_batch` calls, the `commit_len` series (and any `metrics.log_patterns` series) with step = index; artifacts = RunResult.artifacts
 (continuation text, per-step CSV, engine log tail on failure).
 
 With a `sqlite:` store, artifacts go to `mlartifacts/` next to the database file (never `./mlruns`).

@@ -7,6 +7,7 @@ and raises one `ConfigError` listing each. Engine rules follow what the engines 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable
 
@@ -77,6 +78,7 @@ def validate_run(rc: RunConfig, *, check_max_context: bool = True) -> list[Probl
             bad(key, value, f"an integer >= {low}")
 
     at_least("page_size", rc.page_size, 1)
+    out += log_pattern_problems(rc)
     if rc.job is JobKind.KERNEL:  # no engine, model, drafter or probe: the shape and where it runs
         return out + kernel_problems(rc) + _driver_problems(rc)
     at_least("context_len", rc.probe.context_len, 1)
@@ -116,6 +118,30 @@ def _driver_problems(rc: RunConfig) -> list[Problem]:
         bad("cluster.address", None, "a Ray address (e.g. auto or ray://head:10001) when cluster.kind=ray")
     if not rc.tracking.uri:
         bad("tracking.uri", rc.tracking.uri, "an MLflow tracking URI")
+    return out
+
+
+LOG_PATTERN_ALLOWED = ("a Python regular expression with at least one named group, "
+                       "e.g. 'commit=(?P<commit_len>\\d+)'")
+
+
+def log_pattern_problems(rc: RunConfig) -> list[Problem]:
+    """`metrics.log_patterns`: each must compile and name at least one group (a group is a series name);
+    kernel jobs have no engine log to read."""
+    out: list[Problem] = []
+    for i, pattern in enumerate(rc.log_patterns):
+        key = f"metrics.log_patterns[{i}]"
+        try:
+            compiled = re.compile(pattern)
+        except re.error as e:
+            out.append(Problem(key, pattern, f"{LOG_PATTERN_ALLOWED} (it does not compile: {e})", rc.overrides))
+            continue
+        if not compiled.groupindex:
+            out.append(Problem(key, pattern, f"{LOG_PATTERN_ALLOWED} (it has no named group (?P<name>...): "
+                               "group names become the metric names)", rc.overrides))
+    if rc.log_patterns and rc.job is JobKind.KERNEL:
+        out.append(Problem("metrics.log_patterns", list(rc.log_patterns),
+                           "[] with job=kernel (a kernel run has no engine log)", rc.overrides))
     return out
 
 

@@ -25,6 +25,12 @@ GPU engines (SGLang, or the reference engine on cuda): each run is sampled with 
 over CUDA_VISIBLE_DEVICES (set by Ray from the actor's GPUs): `gpu_*` metrics and series, GPU name and compute
 capability tags.
 
+`metrics.log_patterns` (RunSpec.log_patterns): the engine log lines a run produced (from just before its cache
+flush until the log has been quiet for LOG_SETTLE_S after the probe, at most LOG_SETTLE_MAX_S) are fed to
+`workers.sglang_metrics.LogPatterns`; each named group becomes a series (MLflow metric, step = match index), renamed
+`log_<name>` where the probe already recorded that name. A pattern that matched nothing, or a group that captured
+something that is not a number, is a note in the run's message.
+
 Test hook: with SPECSWEEP_PID_DIR set, `<dir>/run-<job_index>.pid` holds the serving engine's pid while
 that run's probe is in flight (written before the request, removed after).
 """
@@ -48,12 +54,16 @@ from workers.engine import EngineProcess, NodeRank
 from workers.errors import EngineDied, EngineStartFailed, WorkerError
 from workers.derived import derived_metrics
 from workers.probe import run_probe
+from workers.sglang_metrics import LogPatterns, follow_log
 from workers.telemetry import GpuSampler, gpu_identity
 
 logger = logging.getLogger(__name__)
 
 PID_DIR_ENV = "SPECSWEEP_PID_DIR"
 LOG_TAIL_ARTIFACT = "engine_log_tail.txt"
+LOG_SETTLE_S = 0.1  # log_patterns: the engine log must be this long without growth after a run ...
+LOG_SETTLE_MAX_S = 1.0  # ... waiting at most this long for lines the engine writes after its response
+LOG_SERIES_PREFIX = "log_"  # a group named like a series or metric the probe already recorded
 
 
 @dataclass
@@ -135,9 +145,12 @@ class GroupRunner:
     def run(self, spec: RunSpec, attempt: int = 1) -> RunResult:
         result = RunResult(run=spec, state=RunState.FINISHED, started_at=time.time(),
                            tags=self._tags(attempt))
+        log_offset: int | None = None
         try:
             self._ensure_engine()
             engine = self.engine
+            if spec.log_patterns:
+                log_offset = _file_size(self.log_path)
             result.tags.update(engine_start=str(self.engine_starts), engine_pid=str(engine.pid))
             marker = self._mark(spec, engine.pid)
             sampler = self._sampler() if self.on_gpu else None
@@ -164,11 +177,26 @@ class GroupRunner:
             if tail:
                 result.artifacts[LOG_TAIL_ARTIFACT] = tail
             logger.warning("run %d (%s) FAILED %s: %s", spec.job_index, spec.name, e.reason.value, e.message)
+        if log_offset is not None:
+            self._log_series(spec, log_offset, result)
         result.tags["engine_start"] = result.tags.get("engine_start", str(self.engine_starts))
         if result.reason:
             result.tags["failure_reason"] = result.reason.value
         result.ended_at = time.time()
         return result
+
+    def _log_series(self, spec: RunSpec, offset: int, result: RunResult) -> None:
+        """`metrics.log_patterns` over the log lines this run produced; never fails the run it observes."""
+        try:
+            if self.engine is not None and self.engine.alive:
+                _wait_quiet(self.log_path)
+            lines, _ = follow_log(self.log_path, offset)
+            notes = apply_log_patterns(spec.log_patterns, lines, result)
+        except Exception as e:  # a log we cannot read must not turn a FINISHED probe into a failure
+            logger.warning("run %d: metrics.log_patterns not applied: %s", spec.job_index, e)
+            notes = [f"metrics.log_patterns not applied: {type(e).__name__}: {e}"]
+        if notes:
+            result.message = "; ".join(filter(None, [result.message, *notes]))
 
     def _ensure_engine(self) -> None:
         if self.start_error is not None:
@@ -353,6 +381,47 @@ class FollowerRunner:
         return EngineInfo(group_id=self.server.key, engine_starts=1 if e else 0, alive=bool(e and e.alive),
                           pid=e.pid if e else None, error=self.error, log_path=str(self.log_path),
                           node=dict(self.node_tags), rank=self.rank, began_at=self.began_at)
+
+
+def apply_log_patterns(patterns: tuple[str, ...] | list[str], lines: list[str], result: RunResult) -> list[str]:
+    """Feed one run's engine log lines to `LogPatterns(patterns)` and add each non-empty group series to
+    `result.series` (as `log_<name>` where the name is already one of its series or metrics). Returns notes for
+    the run's message: patterns that matched no line, groups that captured values that are not numbers."""
+    matcher = LogPatterns(patterns).feed_all(lines)
+    notes = []
+    for i, (pattern, hits) in enumerate(zip(patterns, matcher.matches)):
+        if not hits:
+            notes.append(f"metrics.log_patterns[{i}] matched none of the run's {len(lines)} engine log line(s)")
+    for name, values in matcher.series.items():
+        if values:
+            key = LOG_SERIES_PREFIX + name if name in result.series or name in result.metrics else name
+            if key != name:
+                logger.info("log pattern group %r recorded as %r: the probe already records %r", name, key, name)
+            result.series[key] = values
+        bad = matcher.not_numbers.get(name)
+        if bad:
+            notes.append(f"metrics.log_patterns group {name!r} captured {bad[0]} value(s) that are not numbers "
+                         f"(e.g. {bad[1]!r}); only numbers become series")
+    return notes
+
+
+def _file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _wait_quiet(path: Path, quiet_s: float = LOG_SETTLE_S, max_s: float = LOG_SETTLE_MAX_S) -> None:
+    """Until `path` has not grown for `quiet_s` (lines an engine writes just after answering), at most `max_s`."""
+    deadline = time.monotonic() + max_s
+    size = _file_size(path)
+    while time.monotonic() < deadline:
+        time.sleep(quiet_s)
+        now = _file_size(path)
+        if now == size:
+            return
+        size = now
 
 
 def _prompt_kind(kind: EngineKind) -> EngineKind:

@@ -157,6 +157,11 @@ class LogPatterns:
         p = LogPatterns([r"commit=(?P<commit_len>\\d+) depth=(?P<tree_depth>\\d+)"])
         for line in lines: p.feed(line)
         p.series  # {"commit_len": [...], "tree_depth": [...]}
+        p.matches  # lines each pattern matched, in pattern order
+        p.not_numbers  # {"group": (count, first value)} for captures that are not numbers (left out of series)
+
+    A pattern is searched anywhere in the line (`re.search`); a group that took no part in a match adds nothing.
+    Two patterns may name the same group: their values go into one series in line order.
     """
 
     def __init__(self, patterns: Iterable[str]):
@@ -165,19 +170,25 @@ class LogPatterns:
             if not p.groupindex:
                 raise ValueError(f"log pattern {p.pattern!r} has no named group (?P<name>...)")
         self.series: dict[str, list[float]] = {name: [] for p in self.patterns for name in p.groupindex}
+        self.matches: list[int] = [0] * len(self.patterns)
+        self.not_numbers: dict[str, tuple[int, str]] = {}
 
     def feed(self, line: str) -> None:
-        for p in self.patterns:
+        for i, p in enumerate(self.patterns):
             match = p.search(line)
             if not match:
                 continue
+            self.matches[i] += 1
             for name, value in match.groupdict().items():
                 if value is None:
                     continue
                 try:
-                    self.series[name].append(float(value))
+                    number = float(value)
                 except ValueError:
-                    pass
+                    count, first = self.not_numbers.get(name, (0, value))
+                    self.not_numbers[name] = (count + 1, first)
+                    continue
+                self.series[name].append(number)
 
     def feed_all(self, lines: Iterable[str]) -> "LogPatterns":
         for line in lines:

@@ -17,6 +17,13 @@ from workers.testing import pid_alive
 pytestmark = pytest.mark.slow
 
 SMOKE_RUNS = 8  # 2 contexts x 2 probes x 2 drafters (conf/sweep/smoke.yaml)
+# metrics.log_patterns over lines the reference engine really logs (uvicorn's access log), e.g.
+#   INFO:     127.0.0.1:44092 - "POST /generate HTTP/1.1" 200 OK
+# Each run makes exactly two requests (POST /flush_cache, POST /generate); the engine's start-up (GET /health)
+# and the other runs of its server write to the same log, so two `http_status` values per run prove the slicing.
+LOG_PATTERNS = (r'"(?:GET|POST) /\S* HTTP/1\.1" (?P<http_status>\d{3})',
+                r'"POST /generate HTTP/1\.1" (?P<generate_status>\d{3})')
+LOG_PATTERNS_OVERRIDE = "metrics.log_patterns=[" + ",".join(f"'{p}'" for p in LOG_PATTERNS) + "]"
 METRICS = ("prompt_tokens", "completion_tokens", "ttft_s", "e2e_s", "decode_tok_s", "commit_len_mean",
            "verify_steps", "accept_rate", "tree_depth_mean", "tree_nodes_mean", "verify_step_ms")
 
@@ -42,7 +49,7 @@ def _runs(cwd: Path, experiment: str = "smoke"):
 def smoke_sweep(tmp_path_factory):
     """One real smoke sweep shared by the checks below: (its cwd, the completed process)."""
     cwd = tmp_path_factory.mktemp("smoke")
-    return cwd, _sweep(cwd)
+    return cwd, _sweep(cwd, LOG_PATTERNS_OVERRIDE)
 
 
 def test_smoke_sweep_records_every_point_then_resumes(smoke_sweep):
@@ -68,11 +75,32 @@ def test_smoke_sweep_records_every_point_then_resumes(smoke_sweep):
     assert children.groupby("tags.server_group")["tags.engine_pid"].nunique().eq(1).all()
     assert (tmp_path / "mlartifacts").is_dir() and not (tmp_path / "mlruns").exists()
 
-    again = _sweep(tmp_path)
+    again = _sweep(tmp_path)  # without metrics.log_patterns: they are not part of a run's identity
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"skipping {SMOKE_RUNS} run(s)" in again.stdout + again.stderr
     _, children_after = _runs(tmp_path)
     assert len(children_after) == SMOKE_RUNS
+
+
+def test_log_patterns_become_series_on_each_child_run(smoke_sweep):
+    """A real engine's log, sliced per run: each named group is an MLflow metric with step = match index."""
+    from mlflow import MlflowClient
+
+    cwd, out = smoke_sweep
+    assert out.returncode == 0, out.stderr[-3000:]
+    client = MlflowClient(f"sqlite:///{cwd}/mlflow.db")
+    _, children = _runs(cwd)
+    assert len(children) == SMOKE_RUNS
+    for _, child in children.iterrows():
+        status = client.get_metric_history(child["run_id"], "http_status")
+        assert [(m.step, m.value) for m in sorted(status, key=lambda m: m.step)] == [(0, 200.0), (1, 200.0)], \
+            child["tags.mlflow.runName"]
+        generate = client.get_metric_history(child["run_id"], "generate_status")
+        assert [(m.step, m.value) for m in generate] == [(0, 200.0)]
+        message = child.get("tags.message")
+        assert "metrics.log_patterns" not in (message if isinstance(message, str) else "")  # every pattern matched
+        assert "metrics.log_patterns" not in child["tags.mlflow.runName"]  # not a result-changing key
+    assert (children["params.metrics.log_patterns"] == str(list(LOG_PATTERNS))).all()
 
 
 def test_smoke_parent_carries_report_and_diagnosis(smoke_sweep):

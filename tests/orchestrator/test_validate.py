@@ -111,6 +111,39 @@ def test_config_error_lists_every_point():
     assert text.count("page_size=0: allowed an integer >= 1") == 2
 
 
+# ---------------------------------------------------------------- metrics.log_patterns
+
+
+def test_log_patterns_default_empty_and_good_patterns_pass():
+    assert run_config().log_patterns == ()
+    good = r"metrics.log_patterns=['commit=(?P<commit_len>\d+) depth=(?P<tree_depth>\d+)','nodes=(?P<n>[0-9]+)']"
+    rc = run_config(good)
+    assert rc.log_patterns == (r"commit=(?P<commit_len>\d+) depth=(?P<tree_depth>\d+)", "nodes=(?P<n>[0-9]+)")
+    assert validate_run(rc) == []
+
+
+@pytest.mark.parametrize("pattern,why", [
+    (r"commit=\d+", "no named group"),  # compiles, but nothing would name a series
+    (r"commit=(\d+)", "no named group"),  # an unnamed group is not a series name
+    (r"commit=(?P<commit_len\d+)", "does not compile"),
+    (r"commit=(?P<c>\d+", "does not compile: missing ), unterminated subpattern"),
+])
+def test_bad_log_pattern_names_key_value_allowed(pattern, why):
+    override = f"metrics.log_patterns=['(?P<ok>x)','{pattern}']"
+    p = problems(override)
+    assert list(p) == ["metrics.log_patterns[1]"]  # the good first pattern is not blamed
+    bad = p["metrics.log_patterns[1]"]
+    assert bad.value == pattern and bad.overrides == (override,)
+    assert "regular expression with at least one named group" in bad.allowed and why in bad.allowed
+    assert str(bad).startswith(f"metrics.log_patterns[1]={pattern!r}: allowed a Python regular expression")
+
+
+def test_log_patterns_refused_for_kernel_jobs():
+    p = problems("job=kernel", "engine.device=cuda", "metrics.log_patterns=['t=(?P<t>\\d+)']")
+    assert list(p) == ["metrics.log_patterns"]
+    assert "job=kernel" in p["metrics.log_patterns"].allowed and p["metrics.log_patterns"].value == ["t=(?P<t>\\d+)"]
+
+
 # ---------------------------------------------------------------- engine=stub
 
 

@@ -104,3 +104,13 @@ def test_log_patterns_become_per_step_series(tmp_path):
     assert p.series["commit_len"] == [4.0, 2.0, 5.0] and offset == log.stat().st_size
     with pytest.raises(ValueError, match="named group"):
         LogPatterns([r"commit=\d+"])
+
+
+def test_log_patterns_count_matches_and_keep_non_numbers_out():
+    lines = ["step commit=4 phase=decode", "step commit=x phase=decode", "other line", "step commit=2 phase=verify"]
+    p = LogPatterns([r"commit=(?P<commit_len>\S+)", r"phase=(?P<phase>\w+)", r"nothing=(?P<never>\d+)",
+                     r"commit=(?P<commit_len>\d+) phase=verify"]).feed_all(lines)
+    assert p.matches == [3, 3, 0, 1]
+    # two patterns naming one group share its series, in line order
+    assert p.series == {"commit_len": [4.0, 2.0, 2.0], "phase": [], "never": []}
+    assert p.not_numbers == {"commit_len": (1, "x"), "phase": (3, "decode")}
