@@ -168,6 +168,8 @@ def _tune_candidates(layout: Layout, tokens: int, smem_limit: int) -> list[Verif
                   VerifyConfig(32, 64, 8, 2), VerifyConfig(64, 64, 8, 2)] if bm == 16 else [VerifyConfig(bm, 64, 8, 3)])
     else:
         extra = [VerifyConfig(bm, 128, 8, 3), VerifyConfig(bm, 64, 4, 4), VerifyConfig(min(bm, 64), 128, 4, 3)]
+    if rows > 32:  # compute-bound rows: Triton's automatic warp specialisation of the prefix loop
+        extra += [VerifyConfig(c.block_m, c.block_n, c.num_warps, c.num_stages, True) for c in base[:1] + extra[:1]]
     seen, out = set(), []
     for cfg in base[:2] + extra:  # (a larger block_m than the rows is legal: the extra rows are masked)
         if cfg not in seen:
@@ -236,7 +238,8 @@ def bench_row(row: Row, *, ceilings, sglang, tune: bool, with_reference: bool, s
                 except Exception as exc:  # a tile the compiler rejects is a result, not the end of the run
                     row.extra.append(f"{cfg} splits={splits}: {type(exc).__name__}")
                     continue
-                tag = f"m{cfg.block_m} n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} sp{splits}"
+                tag = (f"m{cfg.block_m} n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} sp{splits}"
+                       + (" ws" if cfg.warp_specialize else ""))
                 row.extra.append(f"{tag}: {us:.1f} us err {err:.1e} [{_compiled_summary()}]")
                 if err < 1e-2 and us < best[0]:
                     best = (us, tag)

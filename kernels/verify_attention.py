@@ -140,6 +140,7 @@ def _verify_attention_kernel(
     USE_INDPTR: tl.constexpr,  # kv_indptr/kv_indices (token slots) vs page_table/prefix_lens
     V_IS_K: tl.constexpr,  # MLA: V = first BLOCK_DV dims of the K row
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (no TF32), "tf32" (unused) for fp16 / bf16
+    WARP_SPECIALIZE: tl.constexpr,  # Triton's automatic warp specialisation of the prefix loop (tuning)
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -182,7 +183,7 @@ def _verify_attention_kernel(
     # Full tiles without masks (per_split is a multiple of BLOCK_N, so only the prefix's last tile is partial),
     # then that tile masked: the compute-bound shapes spend no ALU work on bounds.
     hi_full = lo + (hi - lo) // BLOCK_N * BLOCK_N
-    for start_n in range(lo, hi_full, BLOCK_N):
+    for start_n in tl.range(lo, hi_full, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
         m_i, l_i, acc = _prefix_tile(
             start_n, hi, q, q_pe, m_i, l_i, acc, kv_indices_ptr + idx_start, k_head, v_head, stride_kbs, stride_vbs,
             offs_d, offs_dpe, offs_dv, qk_scale, BLOCK_N, BLOCK_DPE, PAGE_SIZE, V_IS_K, False, DOT_PRECISION)
@@ -278,6 +279,7 @@ class VerifyConfig:
     block_n: int
     num_warps: int
     num_stages: int
+    warp_specialize: bool = False
 
 
 @dataclass(frozen=True)
@@ -416,6 +418,7 @@ def _verify_attention_launch(
         BLOCK_D=block_d, BLOCK_DPE=block_dpe, BLOCK_DV=dv,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, PAGE_SIZE=page_size,
         USE_INDPTR=use_indptr, V_IS_K=v_is_k, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        WARP_SPECIALIZE=config.warp_specialize,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if num_splits is None:
