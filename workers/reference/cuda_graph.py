@@ -20,6 +20,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -60,9 +61,9 @@ class _Buffers:
     tree_mask: Tensor  # [b, b] bool
     device_bytes: Tensor
     host_bytes: Tensor
-    host_i64: Tensor   # [3, b] view of host_bytes: tokens, positions, slots
-    host_prefix: Tensor
-    host_mask: Tensor
+    host_i64: np.ndarray   # [3, b] view of host_bytes: tokens, positions, slots
+    host_prefix: np.ndarray
+    host_mask: np.ndarray
     copied: "torch.cuda.Event | None" = None  # recorded after the last host -> device copy
 
     @classmethod
@@ -77,7 +78,7 @@ class _Buffers:
         dev = torch.zeros(nbytes, dtype=torch.uint8, device=device)
         host = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
         d64, dprefix, dmask = views(dev)
-        h64, hprefix, hmask = views(host)
+        h64, hprefix, hmask = (v.numpy() for v in views(host))  # numpy views of the pinned bytes
         return cls(d64[0], d64[1], d64[2], dprefix, dmask, dev, host, h64, hprefix, hmask)
 
 
@@ -95,9 +96,9 @@ class GraphModelRunner(ModelRunner):
         self._mempool = torch.cuda.graph_pool_handle() if capture else None
         self.replays = 0
         self.eager_fallbacks = 0
-        # time_replays: per replay (bucket, host seconds inside replay(), start/end CUDA events) for benchmarks
+        # time_replays: per replay (bucket, host s before it, host s inside replay(), CUDA events around it)
         self.time_replays = False
-        self.replay_times: list[tuple[int, float, torch.cuda.Event, torch.cuda.Event]] = []
+        self.replay_times: list[tuple[int, float, float, torch.cuda.Event, torch.cuda.Event]] = []
 
     def _buffers(self, b: int) -> _Buffers:
         if b not in self._bufs:
@@ -106,6 +107,7 @@ class GraphModelRunner(ModelRunner):
 
     def forward(self, seq: PagedSequence, tokens: Tensor, depths: Tensor | None = None,
                 tree_mask: Tensor | None = None) -> Tensor:
+        t_enter = time.perf_counter()
         P, T = seq.length, tokens.numel()
         b = bucket_for(T)
         if b is None or seq.page_table.numel() != self._table.shape[1]:
@@ -126,7 +128,7 @@ class GraphModelRunner(ModelRunner):
                 graph.replay()
                 host_s = time.perf_counter() - t0
                 end.record()
-                self.replay_times.append((b, host_s, start, end))
+                self.replay_times.append((b, t0 - t_enter, host_s, start, end))
             else:
                 graph.replay()
             self.replays += 1
@@ -142,17 +144,17 @@ class GraphModelRunner(ModelRunner):
         slow host each extra small launch before the replay is GPU idle time."""
         if buf.copied is not None:
             buf.copied.synchronize()  # the pinned twin may still feed this bucket's previous copy
-        tok, pos, slots = buf.host_i64
-        tok.zero_()
-        tok[:T] = tokens.cpu()
-        torch.arange(P, P + b, out=pos)  # padded rows: positions past the real ones
+        tok, pos, slots = buf.host_i64  # numpy views: host arithmetic at numpy's per-op cost, not torch's
+        tok[T:] = 0
+        tok[:T] = tokens.cpu().numpy()
+        pos[:] = np.arange(P, P + b)  # padded rows: positions past the real ones
         if depths is not None:
-            pos[:T] = P + depths.cpu().to(torch.int64)
-        slots.copy_(seq.slots_host(P, P + b))
-        buf.host_prefix.fill_(P)
+            pos[:T] = P + depths.cpu().numpy()
+        slots[:] = seq.slots_host(P, P + b)
+        buf.host_prefix[0] = P
         mask = buf.host_mask
-        mask.copy_(torch.eye(b, dtype=torch.bool))  # padded rows see only themselves
-        mask[:T, :T] = torch.ones(T, T, dtype=torch.bool).tril() if tree_mask is None else tree_mask.cpu()
+        mask[:] = np.eye(b, dtype=np.bool_)  # padded rows see only themselves
+        mask[:T, :T] = np.tri(T, dtype=np.bool_) if tree_mask is None else tree_mask.cpu().numpy()
         buf.device_bytes.copy_(buf.host_bytes, non_blocking=True)
         if self.device.type == "cuda":
             buf.copied = torch.cuda.Event()
@@ -185,17 +187,19 @@ class GraphModelRunner(ModelRunner):
 
 
 def replay_summary(runner, bucket: int) -> dict | None:
-    """Medians over the timed replays of one bucket: host ms inside replay() and GPU ms between the events
-    around it (graph execution plus any wait for the launch); clears the record."""
-    rows = [(h, s.elapsed_time(e)) for b, h, s, e in getattr(runner, "replay_times", []) if b == bucket]
+    """Medians over the timed replays of one bucket: host ms from `forward` entry to the replay (filling the
+    static inputs), host ms inside replay() and GPU ms between the events around it (graph execution plus any
+    wait for the launch); clears the record."""
+    rows = [(p, h, s.elapsed_time(e)) for b, p, h, s, e in getattr(runner, "replay_times", []) if b == bucket]
     if hasattr(runner, "replay_times"):
         runner.replay_times.clear()
     if not rows:
         return None
     import statistics
 
-    return {"replays": len(rows), "launch_host_ms": 1e3 * statistics.median(h for h, _ in rows),
-            "graph_gpu_ms": statistics.median(g for _, g in rows)}
+    return {"replays": len(rows), "prep_host_ms": 1e3 * statistics.median(p for p, _, _ in rows),
+            "launch_host_ms": 1e3 * statistics.median(h for _, h, _ in rows),
+            "graph_gpu_ms": statistics.median(g for _, _, g in rows)}
 
 
 def make_runner(args, model, backend, device: torch.device, **kw) -> ModelRunner:

@@ -13,8 +13,9 @@ forwards + one T = 8 verify over ctx keys per layer) is what a real request does
 Reported per (backend, context): verify-step ms (median; `verify_tree`'s forward + LM head + argmax), whole
 decode-step ms (drafts + verify), committed tokens per step, decode tokens/s, and the verify floor =
 (weight bytes + KV bytes) / measured copy bandwidth (kernels.roofline). With CUDA graphs also the verify
-graph's own time: `graph ms` = GPU time between events around the replay, `launch ms` = host time inside
-`replay()` (medians). Dummy weights are initialised on the device (a CPU init of 8B parameters would take minutes).
+graph's own time: `graph ms` = GPU time between events around the replay, `prep ms` = host time from the
+runner's `forward` entry to the replay (filling the static inputs), `launch ms` = host time inside `replay()`
+(medians). Dummy weights are initialised on the device (a CPU init of 8B parameters would take minutes).
 """
 from __future__ import annotations
 
@@ -195,14 +196,14 @@ def measured_bandwidth_gbs(device: torch.device) -> tuple[float, float | None]:
 
 def table(rows: list[dict]) -> str:
     head = (f"{'backend':<26}{'ctx':>8}{'verify ms':>11}{'floor ms':>10}{'x floor':>9}{'step ms':>10}"
-            f"{'draft ms':>10}{'commit':>8}{'tok/s':>9}{'vs torch':>10}{'graph ms':>10}{'launch ms':>11}")
+            f"{'draft ms':>10}{'commit':>8}{'tok/s':>9}{'vs torch':>10}{'graph ms':>10}{'prep ms':>9}{'launch ms':>11}")
     lines = [head, "-" * len(head)]
     nan = float("nan")
     for r in rows:
         lines.append(f"{r['backend']:<26}{r['ctx']:>8}{r['verify_ms']:>11.2f}{r['floor_ms']:>10.2f}"
                      f"{r['x_floor']:>9.2f}{r['step_ms']:>10.1f}{r['draft_ms']:>10.1f}{r['commit_mean']:>8.2f}"
                      f"{r['decode_tok_s']:>9.1f}{r.get('speedup_vs_torch', nan):>10.2f}"
-                     f"{r.get('graph_gpu_ms', nan):>10.2f}{r.get('launch_host_ms', nan):>11.3f}")
+                     f"{r.get('graph_gpu_ms', nan):>10.2f}{r.get('prep_host_ms', nan):>9.3f}{r.get('launch_host_ms', nan):>11.3f}")
     return "\n".join(lines)
 
 

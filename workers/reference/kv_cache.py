@@ -5,6 +5,7 @@ Every read goes through that indirection, at every page size (1 included).
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -74,6 +75,7 @@ class PagedSequence:
         self.page_table = torch.zeros(max_pages, dtype=torch.int64, device=pool.k.device)  # [max_pages]
         # host mirror of page_table: slot arithmetic and page freeing without device round trips
         self.pages_host = torch.zeros(max_pages, dtype=torch.int64)
+        self.pages_np = self.pages_host.numpy()  # the same memory, for cheap host arithmetic
         self.num_pages = 0
         self.length = 0  # positions [0, length) hold K/V
 
@@ -98,10 +100,10 @@ class PagedSequence:
         pos = torch.arange(start, end, device=self.page_table.device)
         return self.page_table[pos // self.page_size] * self.page_size + pos % self.page_size
 
-    def slots_host(self, start: int, end: int) -> Tensor:
-        """`slots` computed on the host from the mirror (CPU int64 tensor)."""
-        pos = torch.arange(start, end)
-        return self.pages_host[pos // self.page_size] * self.page_size + pos % self.page_size
+    def slots_host(self, start: int, end: int) -> np.ndarray:
+        """`slots` computed on the host from the mirror (int64 numpy array)."""
+        pos = np.arange(start, end)
+        return self.pages_np[pos // self.page_size] * self.page_size + pos % self.page_size
 
     def truncate(self, num_tokens: int) -> None:
         """Keep positions [0, num_tokens); pages past them go back to the pool."""

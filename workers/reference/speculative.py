@@ -39,12 +39,12 @@ class DraftTree:
 
     def ancestor_mask(self) -> Tensor:
         """[N, N] bool: node i sees node j iff j is i or an ancestor of i."""
-        mask = torch.zeros(self.num_nodes, self.num_nodes, dtype=torch.bool)
+        mask = np.zeros((self.num_nodes, self.num_nodes), dtype=np.bool_)  # numpy: per-op cost is host time
         for i in range(self.num_nodes):
             if i:
                 mask[i] = mask[self.parents[i]]
             mask[i, i] = True
-        return mask
+        return torch.from_numpy(mask)
 
     def children(self) -> list[list[int]]:
         kids: list[list[int]] = [[] for _ in range(self.num_nodes)]
