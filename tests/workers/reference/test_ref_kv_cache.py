@@ -37,6 +37,14 @@ def test_slots_follow_scattered_page_tables():
     expected = [pages_a[p // 4] * 4 + p % 4 for p in range(3, 11)]
     assert a.slots(3, 11).tolist() == expected
     assert set(a.slots(0, 12).tolist()).isdisjoint(b.slots(0, 12).tolist())
+    # the host mirror (used by the CUDA-graph runner and for freeing pages) agrees with the device table
+    assert a.slots_host(3, 11).tolist() == expected
+    assert a.pages_host[:a.num_pages].tolist() == pages_a
+    a.truncate(5)  # pages 2 and 4 go back, from the mirror
+    b.truncate(0)
+    a.reserve(16)  # and come back (in some order) to both copies
+    assert a.pages_host[:a.num_pages].tolist() == a.page_table[:a.num_pages].tolist()
+    assert a.slots_host(0, 16).tolist() == a.slots(0, 16).tolist()
 
 
 def test_truncate_and_release_return_pages():
