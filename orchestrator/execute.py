@@ -14,7 +14,11 @@ wall time, the parent run id) for benchmarks and the report.
 
 Ray: an existing connection is used as is; otherwise `cluster.kind=local` starts an embedded
 `ray.init()` (logical GPUs when the machine has none but a server asks for some), `cluster.kind=ray`
-connects to `cluster.address`. Whatever this call started it shuts down, on every path.
+connects to `cluster.address`. Whatever this call started it shuts down, on every path (`shutdown_ray`).
+
+Overlap (see `run_plan`): a background thread imports what Ray's first remote call needs while Ray starts, sets up
+MLflow once the actors are submitted, and writes the report once every run has its result, while the engines stop
+and Ray shuts down. `ExecutionStats.marks` times the phases (`orchestrator.bench --breakdown`).
 
 Preflight (`orchestrator.preflight`): once Ray is up and before MLflow or any engine, every group must be
 placeable on the empty cluster (GPUs per node, node count, accelerator label); else `PreflightError` names
@@ -43,6 +47,7 @@ the same command again resumes (FINISHED runs are skipped).
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
 import signal
@@ -51,21 +56,22 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.placement_group import (PlacementGroup, placement_group, placement_group_table,
                                      remove_placement_group)
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-from rich.markdown import Markdown
 
-from orchestrator.progress import SweepProgress
 from orchestrator.preflight import Preflight, expected_work, gpus_per_node, run_preflight
 from orchestrator.spec import (ClusterKind, ClusterSettings, ExecutionSettings, FailureReason, RunResult, RunSpec,
                                RunState, ServerGroup)
 from workers.engine import NodeRank, free_port
 from workers.server_worker import EngineInfo, FollowerRunner, make_runner
+
+if TYPE_CHECKING:  # driver-only (rich): the actors' worker processes import this module and never need it
+    from orchestrator.progress import SweepProgress
 
 logger = logging.getLogger(__name__)
 
@@ -78,10 +84,13 @@ class ExecutionStats:
     wall_s: float = 0.0
     ray_init_s: float = 0.0
     ray_shutdown_s: float = 0.0
-    tracking_setup_s: float = 0.0  # MLflow import, store/experiment set-up, parent run (overlaps Ray's start)
+    tracking_setup_s: float = 0.0  # from the call to MLflow ready (import, store, parent run; overlaps the engine start)
     ready_s: float = 0.0  # from the call to Ray up, MLflow ready and every actor submitted
+    report_s: float = 0.0  # writing the report (a thread: overlaps the engine stop and Ray's shutdown)
     engine_starts: dict[str, int] = field(default_factory=dict)  # group_id -> engine start attempts
     engine_startup_s: dict[str, float] = field(default_factory=dict)  # group_id -> seconds starting engines
+    engine_stop_s: dict[str, float] = field(default_factory=dict)  # group_id -> seconds stopping its engine
+    marks: dict[str, float] = field(default_factory=dict)  # phase -> seconds from the call (ray_up, submitted, ...)
     tracking_s: float = 0.0  # driver seconds spent writing MLflow
     parent_run_id: str | None = None  # the MLflow parent run of this invocation (e.g. for the report)
     slots: list["SlotRecord"] = field(default_factory=list)  # where and when each server ran
@@ -182,6 +191,27 @@ def connect_ray(cluster: ClusterSettings, gpus_needed: int = 0) -> bool:
     return True
 
 
+def shutdown_ray() -> None:
+    """`ray.shutdown()`, without Ray's 1 s stall on its autoscaler monitor when this process started the Ray.
+
+    Ray stops the processes of the node it started one after another, raylet and GCS first, each with SIGTERM
+    and up to 1 s of grace before SIGKILL. The autoscaler monitor's SIGTERM handler reports its "failure" to the
+    GCS, which is gone by then, so it never exits within the grace and is SIGKILLed after a full second (Ray
+    2.60: 1.0 of the 1.4 s of `ray.shutdown()` on a 2-core VM). The monitor holds no state and a single-node
+    embedded Ray never autoscales: it gets that SIGKILL up front (and is reaped), then `ray.shutdown()` stops
+    everything else exactly as before. Connected to a Ray started elsewhere, this is plain `ray.shutdown()`."""
+    with contextlib.suppress(Exception):  # Ray internals: if they are not as expected, plain ray.shutdown()
+        from ray._private import ray_constants
+        from ray._private.worker import _global_node as node
+
+        if node is not None and node.head:
+            for info in node.all_processes.get(ray_constants.PROCESS_TYPE_MONITOR, []):
+                if info.process.poll() is None:
+                    info.process.kill()
+                    info.process.wait(timeout=5)
+    ray.shutdown()
+
+
 def _bundle_nodes(pg: PlacementGroup) -> list[str]:
     try:
         where = placement_group_table(pg).get("bundles_to_node_id") or {}
@@ -199,7 +229,7 @@ def ray_session(cluster: ClusterSettings, groups: Sequence[ServerGroup]):
         yield run_preflight(groups, cluster)
     finally:
         if started:
-            ray.shutdown()
+            shutdown_ray()
 
 
 # ---------------------------------------------------------------- the driver loop
@@ -315,7 +345,10 @@ class _Driver:
             if ready and rest:
                 more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
                 ready += more
-            for ref in ready:
+            done = set(ready)
+            # in submission order: an actor's start, runs and stop that finished together (the driver was busy,
+            # e.g. setting up MLflow) are handled as they happened, start before stop
+            for ref in [r for r in self.refs if r in done]:
                 if ref in self.refs:  # a lost slot drops its other refs
                     with self.shield():
                         self.handle(ref)
@@ -372,6 +405,7 @@ class _Driver:
         key = gid if slot.attempt == 1 else f"{gid}#{slot.attempt}"
         self.stats.engine_starts[key] = info.engine_starts
         self.stats.engine_startup_s[key] = info.startup_s
+        self.stats.engine_stop_s[key] = info.stop_s
 
     def finish(self, slot: _Slot, info: EngineInfo | None) -> None:
         """rank 0 stopped its engine: stop the other ranks, then free the placement group."""
@@ -518,17 +552,35 @@ def run_plan(plan, settings: ExecutionSettings, on_result: Callable[[RunResult],
     """Run every RunSpec of `plan` (an orchestrator.plan.Plan); see the module docstring.
 
     `multirun_yaml`: the text of Hydra's `<sweep dir>/multirun.yaml`, stored on the parent run.
+
+    Timeline (what overlaps what): Ray starts (or is reused) → preflight → every actor is submitted → MLflow is
+    set up in a thread (import, store, experiment, parent run) while the actors' workers start their engines;
+    results arrive and are recorded as they finish → once every run has its result, the report is written in
+    that thread while the engines stop and Ray shuts down → the parent run is closed.
     """
+    from orchestrator.progress import SweepProgress
+
     stats = stats if stats is not None else ExecutionStats()
     results: dict[int, RunResult] = {}
     if plan.num_runs == 0:
         return []
     t0 = time.perf_counter()
-    # MLflow set-up (import, schema, parent run) overlaps Ray's start-up: both take seconds
-    pool = ThreadPoolExecutor(1, thread_name_prefix="mlflow-setup")
-    gate = _Gate()  # the tracker opens only once the preflight has passed: a sweep that cannot fit leaves no trace
-    setup = pool.submit(_open_tracker, plan, settings, multirun_yaml, stats, t0, gate) if track else None
+
+    def mark(phase: str) -> None:
+        stats.marks[phase] = time.perf_counter() - t0
+
+    # MLflow set-up (import, schema, parent run: seconds) runs in a background thread; it opens the store only once
+    # the preflight has passed (a sweep that cannot fit leaves no trace) and the actors are submitted. Its import
+    # (1.7 s of CPU) waits for that too when this call starts Ray: on 2 cores it would otherwise slow Ray's start,
+    # whose raylet registration sits right at Ray's 1 s polling step (ray.init then takes a whole second longer).
+    # With Ray already up there is no start-up to protect: MLflow's import begins at once (it writes nothing).
+    pool = ThreadPoolExecutor(1, thread_name_prefix="sweep-bg")  # one thread: imports, MLflow set-up, report
+    pool.submit(_warm_imports)  # while Ray starts
+    gate = _Gate()
+    early = settings.tracking_uri if ray.is_initialized() else None
+    setup = pool.submit(_open_tracker, plan, settings, multirun_yaml, stats, t0, gate, early) if track else None
     tracker = None
+    report_job = None  # the report, written in `pool` once every run has its result
     backlog: list[RunResult] = []  # results that came before MLflow was ready
     log_dir = Path(settings.work_dir).resolve() / "logs" / "engines" / f"{plan.sweep_name}-{time.strftime('%Y%m%d-%H%M%S')}"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -542,6 +594,7 @@ def run_plan(plan, settings: ExecutionSettings, on_result: Callable[[RunResult],
         progress.add(result)
         if tracker is not None:
             record(result)
+            start_report()
         elif setup is not None:
             backlog.append(result)
         if on_result is not None:
@@ -555,11 +608,20 @@ def run_plan(plan, settings: ExecutionSettings, on_result: Callable[[RunResult],
             logger.exception("could not record run %d (%s) in MLflow", result.run.job_index, result.run.name)
         stats.tracking_s += time.perf_counter() - t
 
+    def start_report() -> None:
+        """Every run has its result and is recorded: nothing more can reach the child runs the report reads, so
+        it is written now, in the background thread, while the engines stop and Ray shuts down."""
+        nonlocal report_job
+        if report_job is None and tracker is not None and len(results) == plan.num_runs:
+            mark("runs_recorded")
+            report_job = pool.submit(_timed_report, tracker, plan, settings, stats)
+
     def tracker_ready():
         nonlocal tracker
         tracker = setup.result()
         while backlog and tracker is not None:
             record(backlog.pop(0))
+        start_report()
 
     def note_attempt(result: RunResult) -> None:
         """A failed attempt whose run was re-queued: recorded in MLflow, not a result of the sweep."""
@@ -577,18 +639,22 @@ def run_plan(plan, settings: ExecutionSettings, on_result: Callable[[RunResult],
                 gpus = max((gpus_for(g, settings.cluster) for g in plan.groups), default=0)
                 started_ray = connect_ray(settings.cluster, gpus)
                 stats.ray_init_s = time.perf_counter() - t
+                mark("ray_up")
                 fit = run_preflight(plan.groups, settings.cluster)  # PreflightError: nothing launched
-                gate.open(True)
                 logger.info("running %d run(s) on %d server(s); engine logs in %s", plan.num_runs,
                             len(plan.groups), log_dir)
                 driver = _Driver(settings, log_dir, progress, emit, note_attempt, stats, fit, shield)
                 driver.enqueue(plan.groups)
                 driver.schedule()
+                mark("submitted")
+                gate.open(True)
                 if setup is not None:
                     with shield():
                         tracker_ready()
                 stats.ready_s = time.perf_counter() - t0
+                mark("tracker_ready")
                 driver.loop()
+                mark("loop_done")
             except BaseException as e:
                 gate.open(False)
                 status = RunState.KILLED if isinstance(e, KeyboardInterrupt) else RunState.FAILED
@@ -601,25 +667,44 @@ def run_plan(plan, settings: ExecutionSettings, on_result: Callable[[RunResult],
     finally:
         if started_ray:
             t = time.perf_counter()
-            ray.shutdown()
+            shutdown_ray()
             stats.ray_shutdown_s = time.perf_counter() - t
+            mark("ray_down")
         stats.wall_s = time.perf_counter() - t0
         if tracker is None and setup is not None:
             with contextlib.suppress(Exception):  # set-up raised: that error is already propagating
                 tracker_ready()
-        pool.shutdown(wait=False)
         report = None
         if tracker is not None:
             try:
+                if report_job is None and results:  # not every run has a result (interrupted, failed)
+                    report_job = pool.submit(_timed_report, tracker, plan, settings, stats)
+                report = report_job.result() if report_job is not None else None
+                mark("report_done")
                 tracker.log_parent_metrics(_parent_metrics(results.values(), stats))
-                report = _write_report(tracker, plan, settings) if results else None
                 tracker.end_parent(status)
             except Exception:  # never mask the sweep's own outcome
                 logger.exception("could not close the parent run in MLflow")
+        pool.shutdown(wait=False)
+        mark("end")
         progress.summary(list(results.values()))
         if report is not None and settings.progress:
+            from rich.markdown import Markdown
+
             progress.console.print(Markdown(report.diagnosis_md))
     return [results[r.job_index] for r in plan.runs if r.job_index in results]
+
+
+# What Ray's first remote call imports to build the driver's serialization context (its arrow and pydantic
+# serializers): 0.2 s right after ray.init, on the sweep's critical path, when they are installed (MLflow brings
+# pyarrow and numpy). Imported in the background thread while Ray starts instead; a missing one is skipped.
+WARM_IMPORTS = ("pyarrow", "pyarrow.json", "pydantic", "starlette.datastructures")
+
+
+def _warm_imports() -> None:
+    for name in WARM_IMPORTS:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
 
 
 class _Gate:
@@ -639,16 +724,34 @@ class _Gate:
         return self.ok
 
 
-def _open_tracker(plan, settings: ExecutionSettings, multirun_yaml: str | None, stats: ExecutionStats, t0: float,
-                  gate: _Gate | None = None):
-    from orchestrator.tracking import Tracker  # the import (seconds) overlaps Ray's start-up and the preflight
+def warm_mlflow(uri: str) -> None:
+    """Import what `Tracker(uri)` loads (≈ 1.7 s: MLflow, pandas, SQLAlchemy, alembic), writing nothing."""
+    with contextlib.suppress(ImportError):  # a broken install raises where MLflow is used, with its traceback
+        importlib.import_module("mlflow")
+        if uri.startswith("sqlite:"):
+            importlib.import_module("mlflow.store.tracking.sqlalchemy_store")
 
+
+def _open_tracker(plan, settings: ExecutionSettings, multirun_yaml: str | None, stats: ExecutionStats, t0: float,
+                  gate: _Gate | None = None, early_import_uri: str | None = None):
+    from orchestrator.tracking import Tracker  # light: MLflow itself loads in from_settings (or warm_mlflow)
+
+    if early_import_uri is not None:
+        warm_mlflow(early_import_uri)
     if gate is not None and not gate.wait():
         return None
     tracker = Tracker.from_settings(settings)
     stats.parent_run_id = tracker.begin_parent(plan, work_dir=settings.work_dir, multirun_yaml=multirun_yaml)
     stats.tracking_setup_s = time.perf_counter() - t0
     return tracker
+
+
+def _timed_report(tracker, plan, settings: ExecutionSettings, stats: ExecutionStats):
+    t = time.perf_counter()
+    try:
+        return _write_report(tracker, plan, settings)
+    finally:
+        stats.report_s = time.perf_counter() - t
 
 
 def _write_report(tracker, plan, settings: ExecutionSettings):

@@ -79,6 +79,7 @@ class EngineInfo:
     node: dict[str, str] | None = None  # node_id, node_ip, gpu_ids, node_accelerator (from the Ray actor)
     rank: int = 0
     began_at: float = 0.0  # unix seconds: the first engine start began
+    stop_s: float = 0.0  # seconds the last stop() took (SIGTERM to the engine's exit)
 
 
 class GroupRunner:
@@ -127,9 +128,11 @@ class GroupRunner:
             self.startup_s += time.perf_counter() - t0
 
     def stop(self) -> EngineInfo:
+        t0 = time.perf_counter()
         if self.engine is not None:
             self.engine.stop()
         info = self.info()
+        info.stop_s = time.perf_counter() - t0
         self.engine = None
         return info
 

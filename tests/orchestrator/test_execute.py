@@ -171,6 +171,39 @@ def test_results_are_recorded_in_mlflow(local_ray, tmp_path):
     assert all(c.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for c in children)
     assert all(c.data.metrics["commit_len_mean"] == 3.0 for c in children)
     assert Tracker(settings.tracking_uri, "t").finished_run_hashes() == {r.run_hash for r in plan.runs}
+    # the report is written in the background once every run is recorded, and is on the parent all the same
+    names = {a.path for a in client.list_artifacts(stats.parent_run_id)}
+    assert "diagnosis.md" in names and stats.report_s > 0
+    m = stats.marks  # the phases in order; the engine's stop is timed by its worker
+    assert m["ray_up"] <= m["submitted"] <= m["tracker_ready"] <= m["runs_recorded"] <= m["loop_done"] <= m["end"]
+    assert stats.engine_stop_s[server.key] > 0 and stats.engine_startup_s[server.key] > 0
+
+
+def test_results_wait_for_a_slow_mlflow_set_up_and_are_handled_in_order(local_ray, tmp_path, monkeypatch):
+    """MLflow ready only after the whole group (start, runs, stop) finished: every result is still recorded, and the
+    driver handles the actor's calls in the order they ran (start before stop: no server left counted up)."""
+    import orchestrator.execute as execute
+    from mlflow import MlflowClient
+
+    real = execute._open_tracker
+
+    def slow(*args, **kw):
+        tracker = real(*args, **kw)
+        time.sleep(8)  # the tiny engine starts, serves both runs and stops meanwhile
+        return tracker
+
+    monkeypatch.setattr(execute, "_open_tracker", slow)
+    server = tiny_server("none", seed=2)
+    plan = _plan(tiny_group(server, [tiny_run(server, 0), tiny_run(server, 1)]))
+    stats, settings = execute.ExecutionStats(), _settings(tmp_path)
+    seen = []
+    results = execute.run_plan(plan, settings, stats=stats, on_result=seen.append)
+    assert [r.state for r in results] == [RunState.FINISHED, RunState.FINISHED]
+    assert stats.engine_stop_s[server.key] > 0  # the stop's info, not the start's, was handled last
+    client = MlflowClient(settings.tracking_uri)
+    children = client.search_runs([client.get_experiment_by_name("t").experiment_id],
+                                  filter_string="tags.`specsweep.role` = 'child'")
+    assert len(children) == 2 and len(seen) == 2
 
 
 def test_server_needing_more_gpus_than_the_cluster_has_fails_preflight(local_ray, tmp_path):
