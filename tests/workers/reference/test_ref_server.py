@@ -219,6 +219,8 @@ def test_sigterm_ends_the_server():
                 time.sleep(0.2)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0
+        # the fast exit after the graceful shutdown still flushes the server's last log lines
+        assert "Finished server process" in proc.stdout.read()
         with pytest.raises(requests.ConnectionError):
             requests.get(f"http://127.0.0.1:{port}/health", timeout=2)
     finally:
