@@ -17,6 +17,7 @@ request's page table run eagerly (`ModelRunner.forward`). `--disable-cuda-graph`
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -195,8 +196,6 @@ def replay_summary(runner, bucket: int) -> dict | None:
         runner.replay_times.clear()
     if not rows:
         return None
-    import statistics
-
     return {"replays": len(rows), "prep_host_ms": 1e3 * statistics.median(p for p, _, _ in rows),
             "launch_host_ms": 1e3 * statistics.median(h for _, h, _ in rows),
             "graph_gpu_ms": statistics.median(g for _, _, g in rows)}
