@@ -34,7 +34,7 @@ bench-orchestrator:
 	RAY_AUTH_MODE=disabled $(BIN)/python -m orchestrator.bench
 
 bench-kernels:
-	$(BIN)/python -m kernels.bench
+	$(BIN)/python -m specsweep_kernels.bench
 
 bench-sched:
 	RAY_AUTH_MODE=disabled $(BIN)/python -m orchestrator.bench_sched

@@ -272,7 +272,7 @@ class SGLangRules:
     wrong_cuda_graph_flags: tuple[str, ...]
 
 
-# This project's attention-backend plugins (kernels/sglang_plugin.py) -> the draft backend the SGLang adapter
+# This project's attention-backend plugins (kernels/specsweep_kernels/sglang_plugin.py) -> the draft backend the SGLang adapter
 # passes when none is configured (SGLang's draft workers only know their built-in backends).
 SGLANG_PLUGIN_BACKENDS: dict[str, str] = {"specsweep_verify": "triton"}
 

@@ -18,7 +18,7 @@ import requests
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 # Triton picks interpreted or compiled when a kernel is decorated, so this must precede any import of
-# `kernels.verify_attention`, from whichever test package comes first. On a CUDA machine kernels compile.
+# `specsweep_kernels.verify_attention`, from whichever test package comes first. On a CUDA machine kernels compile.
 import torch  # noqa: E402
 
 if not torch.cuda.is_available():

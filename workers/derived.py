@@ -4,7 +4,7 @@ against the node's physical floor.
     kv_bytes_per_step  = ModelSpec.kv_bytes_per_token x mean prefix length over the run's verify steps
                          (prompt_tokens + completion_tokens / 2): layers x KV heads x (Dk + Dv) x dtype bytes x context
     kv_bw_gbs          = kv_bytes_per_step / verify_step_ms                    (CPU and GPU)
-    peak_bw_gbs        = the node's measured device-to-device copy bandwidth   (GPU only; kernels.roofline, cached)
+    peak_bw_gbs        = the node's measured device-to-device copy bandwidth   (GPU only; specsweep_kernels.roofline, cached)
     floor_step_ms      = (weight bytes read per forward + kv_bytes_per_step) / peak_bw_gbs   (GPU only)
     roofline_frac      = floor_step_ms / verify_step_ms                        (GPU only; 1.0 = at the floor)
 
@@ -56,7 +56,7 @@ def node_peak_gbs() -> float | None:
         return None
     if not torch.cuda.is_available():
         return None
-    from kernels.roofline import load_or_measure_ceilings
+    from specsweep_kernels.roofline import load_or_measure_ceilings
 
     return load_or_measure_ceilings().copy_gbps
 

@@ -8,11 +8,11 @@ one MLflow child run per shape.
                                                                       # through the interpreter without a GPU
     python -m workers.kernel_job --one '<KernelSpec json>'            # one shape; prints one JSON line
 
-Per shape: a fresh random problem (kernels.problems, pages on a random permutation), the kernel's output against
+Per shape: a fresh random problem (specsweep_kernels.problems, pages on a random permutation), the kernel's output against
 the fp32 reference (`rel_err`), its time (`time_us`: on CUDA the median of CUDA-graph replays, as the engine runs
 it; on CPU the median wall time of the Triton interpreter, TRITON_INTERPRET=1, small shapes only), `gbs` = unique
 prefix KV bytes / time, and on CUDA `floor_frac` = floor / time with the floor from the node's measured ceilings
-(kernels.roofline, cached per GPU).
+(specsweep_kernels.roofline, cached per GPU).
 
 `--one` runs in its own process because TRITON_INTERPRET must be set before triton is imported
 (`workers.server_worker.KernelRunner` sets it for device=cpu).
@@ -39,9 +39,9 @@ CPU_OVERRIDES = ("engine.device=cpu", "kernel.layout=gqa-small", "kernel.dtype=f
 
 
 def _time_us(fn, device) -> float:
-    """Median µs: CUDA-graph replays on a GPU (kernels.bench's timing), wall clock on the CPU interpreter."""
+    """Median µs: CUDA-graph replays on a GPU (specsweep_kernels.bench's timing), wall clock on the CPU interpreter."""
     if device.type == "cuda":
-        from kernels.bench import graph_us
+        from specsweep_kernels.bench import graph_us
 
         us, mode = graph_us(fn)
         if mode != "graph":
@@ -60,10 +60,10 @@ def run_shape(spec) -> dict[str, float]:
     (+ floor_frac, peak_bw_gbs on CUDA)."""
     import torch
 
-    from kernels.problems import Layout, make_problem
-    from kernels.reference import verify_attention_reference
-    from kernels.roofline import verify_cost
-    from kernels.verify_attention import allocate_workspace, verify_attention
+    from specsweep_kernels.problems import Layout, make_problem
+    from specsweep_kernels.reference import verify_attention_reference
+    from specsweep_kernels.roofline import verify_cost
+    from specsweep_kernels.verify_attention import allocate_workspace, verify_attention
 
     device = torch.device(spec.device)
     dtype = getattr(torch, spec.dtype)
@@ -83,7 +83,7 @@ def run_shape(spec) -> dict[str, float]:
                                           elt=elt, page_size=spec.page_size)
     m = {"time_us": t_us, "gbs": kv_bytes / (t_us * 1e-6) / 1e9, "rel_err": rel_err, "kv_bytes": float(kv_bytes)}
     if device.type == "cuda":
-        from kernels.roofline import floor_seconds, load_or_measure_ceilings
+        from specsweep_kernels.roofline import floor_seconds, load_or_measure_ceilings
 
         c = load_or_measure_ceilings(device)
         m["floor_frac"] = floor_seconds(nbytes=nbytes, flops=flops, ceilings=c) * 1e6 / t_us

@@ -83,9 +83,9 @@ def _prepare_imports(sglang_path: str | None) -> None:
 
 def _register_plugins() -> None:
     """Our plugin (as workers/sglang_launch does) and, where SGLang has them, all entry-point plugins."""
-    import kernels.sglang_plugin
+    import specsweep_kernels.sglang_plugin
 
-    kernels.sglang_plugin.register()
+    specsweep_kernels.sglang_plugin.register()
     try:
         from sglang.srt.plugins import load_plugins
     except ImportError:  # 0.5.10: no plugin framework

@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 import sys
 
-import kernels.sglang_plugin
+import specsweep_kernels.sglang_plugin
 
-kernels.sglang_plugin.register()
+specsweep_kernels.sglang_plugin.register()
 
 
 def main(argv: list[str]) -> None:

@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from kernels.problems import GQA_32_8, MLA_16, Layout, make_problem
-from kernels.reference import verify_attention_reference
-from kernels.verify_attention import allocate_workspace, verify_attention
+from specsweep_kernels.problems import GQA_32_8, MLA_16, Layout, make_problem
+from specsweep_kernels.reference import verify_attention_reference
+from specsweep_kernels.verify_attention import allocate_workspace, verify_attention
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

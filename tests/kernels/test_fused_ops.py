@@ -1,11 +1,11 @@
-"""kernels.fused_ops against the unfused torch code of the reference model (CPU: Triton's interpreter,
+"""specsweep_kernels.fused_ops against the unfused torch code of the reference model (CPU: Triton's interpreter,
 fp32 / fp16; on a GPU the same tests run compiled, bf16 included)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kernels import fused_ops
+from specsweep_kernels import fused_ops
 from workers.reference.model import RMSNorm, apply_rope, rope_cos_sin
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

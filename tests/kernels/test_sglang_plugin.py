@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.sglang_plugin import causal_tree_mask, decode_page_table, tree_mask_from_custom_mask
+from specsweep_kernels.sglang_plugin import causal_tree_mask, decode_page_table, tree_mask_from_custom_mask
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,7 +30,7 @@ from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 from sglang.srt.server_args import prepare_server_args
-import kernels.sglang_plugin as plugin
+import specsweep_kernels.sglang_plugin as plugin
 
 cls = plugin.backend_class()
 def raises_not_implemented(fn):

@@ -6,9 +6,9 @@ Dk = 32 + 16 / Dv = 32 except for one case at the real 576 / 512.
 import pytest
 import torch
 
-from kernels.problems import Layout, make_problem
-from kernels.reference import verify_attention_reference
-from kernels.verify_attention import (VerifyConfig, allocate_workspace, kernel_is_interpreted, verify_attention)
+from specsweep_kernels.problems import Layout, make_problem
+from specsweep_kernels.reference import verify_attention_reference
+from specsweep_kernels.verify_attention import (VerifyConfig, allocate_workspace, kernel_is_interpreted, verify_attention)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 GQA = Layout(4, 2, 32, 32, mla=False)

@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run decode/verify eagerly (graphs are used only with specsweep_verify on CUDA)")
     srv.add_argument("--disable-fused-ops", action="store_true",
                      help="run norms, RoPE, the KV store and SiLU as torch ops instead of the fused Triton "
-                          "kernels (kernels/fused_ops.py; used on CUDA only)")
+                          "kernels (kernels/specsweep_kernels/fused_ops.py; used on CUDA only)")
     for flag in IGNORED:
         if flag in ("--trust-remote-code", "--skip-server-warmup"):
             srv.add_argument(flag, action="store_true", help="accepted and ignored")

@@ -132,7 +132,7 @@ class TorchAttentionBackend(AttentionBackend):
 
 @register_attention_backend("specsweep_verify")
 class SpecsweepVerifyBackend(AttentionBackend):
-    """This project's Triton verify kernel (`kernels.verify_attention`) for decode and tree verify on
+    """This project's Triton verify kernel (`specsweep_kernels.verify_attention`) for decode and tree verify on
     full-attention layers; prefill chunks (T > 64) and sliding-window layers use the torch backend."""
 
     MAX_TOKENS = 64  # the kernel's T limit
@@ -140,9 +140,9 @@ class SpecsweepVerifyBackend(AttentionBackend):
     def __init__(self, device="cpu"):
         super().__init__(device)
         if self.device.type != "cuda" or not torch.cuda.is_available():
-            raise RuntimeError("attention backend 'specsweep_verify' needs CUDA + kernels.verify_attention "
+            raise RuntimeError("attention backend 'specsweep_verify' needs CUDA + specsweep_kernels.verify_attention "
                                "(use --device cuda on a GPU machine, or --attention-backend torch)")
-        from kernels import verify_attention  # fails early if the kernel is missing
+        from specsweep_kernels import verify_attention  # fails early if the kernel is missing
 
         self._kernel = verify_attention
         self._fallback = TorchAttentionBackend(device)

@@ -12,7 +12,7 @@ forwards + one T = 8 verify over ctx keys per layer) is what a real request does
 
 Reported per (backend, context): verify-step ms (median; `verify_tree`'s forward + LM head + argmax), whole
 decode-step ms (drafts + verify), committed tokens per step, decode tokens/s, and the verify floor =
-(weight bytes + KV bytes) / measured copy bandwidth (kernels.roofline). With CUDA graphs also the verify
+(weight bytes + KV bytes) / measured copy bandwidth (specsweep_kernels.roofline). With CUDA graphs also the verify
 graph's own time: `graph ms` = GPU time between events around the replay, `prep ms` = host time from the
 runner's `forward` entry to the replay (filling the static inputs), `launch ms` = host time inside `replay()`
 (medians). Dummy weights are initialised on the device (a CPU init of 8B parameters would take minutes).
@@ -188,7 +188,7 @@ def make_engine(model_dir: Path, backend: str, a: argparse.Namespace, context_le
 def measured_bandwidth_gbs(device: torch.device) -> tuple[float, float | None]:
     if device.type != "cuda":
         return float("nan"), None
-    from kernels.roofline import measure_ceilings
+    from specsweep_kernels.roofline import measure_ceilings
 
     c = measure_ceilings(device)
     return c.copy_gbps, c.matmul_tflops

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kernels import fused_ops
+from specsweep_kernels import fused_ops
 
 from .attention import AttentionBackend, AttentionMetadata
 from .config import ModelConfig
@@ -29,7 +29,7 @@ class RMSNorm(nn.Module):
 
     def add_forward(self, x: Tensor, residual: Tensor | None, fused: bool) -> tuple[Tensor, Tensor]:
         """(norm(residual + x), residual + x); residual None: (norm(x), x). `fused`: one Triton kernel
-        (kernels.fused_ops.add_rms_norm, which updates `residual` in place)."""
+        (specsweep_kernels.fused_ops.add_rms_norm, which updates `residual` in place)."""
         if fused:
             if residual is None:
                 return fused_ops.add_rms_norm(x, weight=self.weight, eps=self.eps), x
@@ -172,7 +172,7 @@ class CausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.fused = False  # fuse_projections(): at load (build_model), else before the first forward
-        # Triton element-wise kernels (kernels/fused_ops.py) for norms, residual adds, q/k-norm + RoPE + KV
+        # Triton element-wise kernels (kernels/specsweep_kernels/fused_ops.py) for norms, residual adds, q/k-norm + RoPE + KV
         # store and SiLU x up: set by the engine on CUDA unless --disable-fused-ops
         self.fused_ops = False
 

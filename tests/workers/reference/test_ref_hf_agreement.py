@@ -1,5 +1,5 @@
 """The engine's logits match transformers' Qwen3ForCausalLM on a random checkpoint (fp32, < 1e-4), with the
-torch element-wise ops and with the fused Triton kernels (kernels/fused_ops.py; the interpreter on CPU)."""
+torch element-wise ops and with the fused Triton kernels (kernels/specsweep_kernels/fused_ops.py; the interpreter on CPU)."""
 from __future__ import annotations
 
 import pytest
@@ -7,7 +7,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from kernels import fused_ops  # noqa: E402
+from specsweep_kernels import fused_ops  # noqa: E402
 from workers.reference.config import load_config  # noqa: E402
 from workers.reference.model import build_model  # noqa: E402
 

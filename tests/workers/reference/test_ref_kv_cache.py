@@ -136,7 +136,7 @@ def test_torch_backend_matches_naive_attention_through_pages(window, T):
 
 
 def test_specsweep_verify_needs_cuda_on_cpu():
-    with pytest.raises(RuntimeError, match="needs CUDA \\+ kernels.verify_attention"):
+    with pytest.raises(RuntimeError, match="needs CUDA \\+ specsweep_kernels.verify_attention"):
         create_attention_backend("specsweep_verify", "cpu")
 
 

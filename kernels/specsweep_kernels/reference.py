@@ -1,4 +1,4 @@
-"""Torch truth for `kernels.verify_attention`: gather the prefix, fp32 softmax, same API semantics.
+"""Torch truth for `specsweep_kernels.verify_attention`: gather the prefix, fp32 softmax, same API semantics.
 
 Used by the tests, by the benchmark's correctness check and as the CPU fallback. It materialises the
 gathered prefix and the [Hq, T, L] score matrix per request, so it is for checking, not for speed.

@@ -64,7 +64,7 @@ class Problem:
 
     def indptr_args(self) -> dict:
         """SGLang's form: per-token slot ids (token-granular at any page size)."""
-        from kernels.reference import prefix_slots
+        from specsweep_kernels.reference import prefix_slots
 
         slots = prefix_slots(batch=len(self.prefix_lens), **self.table_args())
         indptr = torch.zeros(len(slots) + 1, dtype=torch.int32)

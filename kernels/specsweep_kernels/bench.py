@@ -1,12 +1,12 @@
 """Benchmark verify_attention on a GPU: ceilings, then a checked, timed grid beside the torch reference and SGLang.
 
-    python -m kernels.bench [--out bench.md] [--sglang-wheel .whl/sglang-0.5.10.post1-py3-none-any.whl] [--tune]
+    python -m specsweep_kernels.bench [--out bench.md] [--sglang-wheel .whl/sglang-0.5.10.post1-py3-none-any.whl] [--tune]
 
 For every (layout, prefix, T, page size): build a fresh random problem (bf16, batch 1, pages on a random
 permutation of the pool), check the kernel against the fp32 reference (relative error), then time it with
 `triton.testing.do_bench` (median over CUDA-graph replays, so host launch overhead is out, as in a graph-captured engine; L2 flushed
 between runs; the eager time is in the full table). GB/s = unique prefix KV bytes / time; floor =
-max(bytes / copy bandwidth, FLOPs / matmul rate) from kernels.roofline. SGLang's verify path
+max(bytes / copy bandwidth, FLOPs / matmul rate) from specsweep_kernels.roofline. SGLang's verify path
 (extend_attention_fwd + custom mask) and, at T = 1, its split-KV decode kernel run beside it when the wheel is
 given (loaded by sglang_baseline.py, found next to the wheel or in ../shared/tools). --tune also times a few
 tiles and split counts per row and reports the best. The full table goes to --out, a short one is printed last.
@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 
-from kernels.problems import GQA_32_8, MLA_16, Layout, make_problem
-from kernels.reference import verify_attention_reference
-from kernels.roofline import load_or_measure_ceilings, floor_seconds, verify_cost
-from kernels.verify_attention import (VerifyConfig, allocate_workspace, candidate_configs, verify_attention)
+from specsweep_kernels.problems import GQA_32_8, MLA_16, Layout, make_problem
+from specsweep_kernels.reference import verify_attention_reference
+from specsweep_kernels.roofline import load_or_measure_ceilings, floor_seconds, verify_cost
+from specsweep_kernels.verify_attention import (VerifyConfig, allocate_workspace, candidate_configs, verify_attention)
 
 LAYOUTS = {"mla": MLA_16, "gqa": GQA_32_8}
 
@@ -88,7 +88,7 @@ def graph_us(fn, rep_ms: int = 100) -> tuple[float, str]:
 
 
 def _compiled_summary() -> str:
-    from kernels import verify_attention as va
+    from specsweep_kernels import verify_attention as va
 
     k = va._last_compiled
     if k is None:
@@ -303,10 +303,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--roofline-cache", default=None, help="JSON cache of measured ceilings (default: ~/.cache)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        sys.exit("kernels.bench needs a CUDA GPU")
+        sys.exit("specsweep_kernels.bench needs a CUDA GPU")
 
-    from kernels.roofline import DEFAULT_CACHE
-    from kernels.verify_attention import _device_limits
+    from specsweep_kernels.roofline import DEFAULT_CACHE
+    from specsweep_kernels.verify_attention import _device_limits
 
     ceilings = load_or_measure_ceilings(cache=Path(args.roofline_cache) if args.roofline_cache else DEFAULT_CACHE)
     smem_limit, sm_count = _device_limits(torch.cuda.current_device())

@@ -25,7 +25,7 @@ API (keyword-only; shapes are checked):
 
 Call it once outside a CUDA graph before capturing it (that compiles the kernels and measures their occupancy);
 replays may then change prefix lengths, page tables and inputs in place. On CPU tensors it runs through Triton's
-interpreter when TRITON_INTERPRET=1 was set before import, else it falls back to `kernels.reference`.
+interpreter when TRITON_INTERPRET=1 was set before import, else it falls back to `specsweep_kernels.reference`.
 
 Slot s of the pool is row s of k_buffer; page p holds slots p * page_size .. p * page_size + page_size - 1.
 GQA needs Hq % Hkv == 0 and Dk = Dv in {16, ..., 256} (powers of two). MLA needs Hkv = 1 and
@@ -496,7 +496,7 @@ def verify_attention(
 ) -> Tensor:
     """Attention of T new tokens over a paged prefix plus themselves (tree mask). See the module docstring.
 
-    On a CPU tensor without Triton's interpreter this falls back to `kernels.reference` (same result, slow).
+    On a CPU tensor without Triton's interpreter this falls back to `specsweep_kernels.reference` (same result, slow).
 
     config / num_splits override the tile and split heuristics (benchmarks, tuning); leave them None.
     """
@@ -532,7 +532,7 @@ def verify_attention(
         and workspace.part_out.shape[2] == num_q_heads and workspace.part_out.shape[4] == dv, \
         "workspace too small: allocate_workspace(max_batch>=B, max_tokens>=T, num_q_heads=Hq, v_head_dim=Dv)"
     if q.device.type != "cuda" and not kernel_is_interpreted():
-        from kernels.reference import verify_attention_reference
+        from specsweep_kernels.reference import verify_attention_reference
 
         return verify_attention_reference(
             q=q, k_buffer=k_buffer, v_buffer=None if v_is_k else v_buffer, k_new=k_new,

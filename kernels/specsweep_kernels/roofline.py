@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from kernels.problems import Layout
+from specsweep_kernels.problems import Layout
 
 __all__ = ["Ceilings", "measure_ceilings", "load_or_measure_ceilings", "verify_cost", "floor_seconds"]
 

@@ -38,7 +38,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 NAME = "specsweep_verify"
-MAX_VERIFY_TOKENS = 64  # kernels.verify_attention: T in 1..64
+MAX_VERIFY_TOKENS = 64  # specsweep_kernels.verify_attention: T in 1..64
 
 
 def register() -> None:
@@ -105,10 +105,10 @@ def backend_class() -> type:
     """Build the subclass on first use (SGLang's Triton backend is imported only here)."""
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
-    from kernels.verify_attention import allocate_workspace, verify_attention
+    from specsweep_kernels.verify_attention import allocate_workspace, verify_attention
 
     class SpecsweepVerifyAttnBackend(TritonAttnBackend):
-        """TritonAttnBackend whose TARGET_VERIFY and decode attention run `kernels.verify_attention`."""
+        """TritonAttnBackend whose TARGET_VERIFY and decode attention run `specsweep_kernels.verify_attention`."""
 
         def __init__(self, model_runner: Any, *args: Any, **kwargs: Any):
             super().__init__(model_runner, *args, **kwargs)
