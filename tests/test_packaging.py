@@ -2,6 +2,7 @@
 dependency) owns that import name, and a wheel shipping kernels/__init__.py overwrote it (issue 15)."""
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -14,8 +15,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 def test_wheel_ships_specsweep_kernels_not_kernels(tmp_path):
+    # build from a copy: setuptools writes build/ and *.egg-info into the source tree
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__",
+                                                             "mlflow.db*", "multirun", "tests"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(tmp_path), str(ROOT)], check=True, timeout=300)
+                    "-w", str(tmp_path), str(src)], check=True, timeout=300)
     (wheel,) = tmp_path.glob("specsweep-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
