@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from orchestrator.spec import EngineKind, EngineSpec, JobKind, RunSpec, ServerGroup, ServerSpec, stable_hash
-from orchestrator.validate import check_context
+from orchestrator.validate import check_context, resolved_backends
 
 if TYPE_CHECKING:
     from orchestrator.schema import RunConfig
@@ -95,8 +95,12 @@ def build_run(rc: RunConfig, job_index: int) -> RunSpec:
                        run_hash=stable_hash("kernel", rc.kernel), name=rc.kernel.name + f" dtype={rc.kernel.dtype}",
                        params=rc.params, overrides=rc.overrides, kernel=rc.kernel)
     server = build_server(rc)
+    params = rc.params
+    if rc.engine.kind is EngineKind.SGLANG:  # which backend runs prefill, decode and verify (not identity)
+        params = tuple(sorted({**dict(params), **resolved_backends(rc.attention, rc.drafter.algorithm).params()}
+                              .items()))
     return RunSpec(job_index=job_index, server=server, probe=rc.probe, run_hash=stable_hash(server, rc.probe),
-                   name=build_name(rc), params=rc.params, overrides=rc.overrides, log_patterns=rc.log_patterns)
+                   name=build_name(rc), params=params, overrides=rc.overrides, log_patterns=rc.log_patterns)
 
 
 def group_runs(runs: Iterable[RunSpec]) -> tuple[ServerGroup, ...]:
@@ -110,12 +114,11 @@ def group_runs(runs: Iterable[RunSpec]) -> tuple[ServerGroup, ...]:
 def _drop_summary(dropped: Sequence[tuple[RunSpec, str]], total: int) -> str:
     per_model: dict[tuple[str, int], set[int]] = {}
     for run, _ in dropped:
-        m = run.server.model
-        per_model.setdefault((m.name, m.max_context_len), set()).add(run.probe.context_len)
-    what = "; ".join(f"model {name} max_context_len {mx}: context_len "
+        per_model.setdefault((run.server.model.name, run.server.context_length), set()).add(run.probe.context_len)
+    what = "; ".join(f"model {name} server context {mx}: context_len "
                      + ", ".join(str(c) for c in sorted(ctxs)) for (name, mx), ctxs in per_model.items())
-    return (f"dropped {len(dropped)} of {total} grid points whose context_len + gen_tokens exceeds the "
-            f"model's maximum ({what})")
+    return (f"dropped {len(dropped)} of {total} grid points whose context_len + gen_tokens (+ SGLang's EAGLE "
+            f"reserve) exceeds the server's context length ({what})")
 
 
 def plan_sweep(sweep_name: str, configs: Sequence[RunConfig], *, drop_over_max: bool = True,

@@ -119,6 +119,9 @@ class AttentionConf:
     decode_backend: Optional[str] = None
     prefill_backend: Optional[str] = None
     draft_backend: Optional[str] = None
+    # SGLang --speculative-attention-mode (prefill | decode): which of the prefill/decode backends verifies.
+    # null: SGLang's default (prefill).
+    speculative_attention_mode: Optional[str] = None
 
 
 @dataclass
@@ -126,6 +129,7 @@ class ProbeConf:
     kind: str = MISSING  # predictable | novel | file
     sentence: str = "The cat sat on the mat. "
     path: Optional[str] = None
+    concurrency: int = 1  # requests sent at once (each its own prompt); engine=reference: 1 only
 
 
 @dataclass
@@ -343,7 +347,8 @@ def to_run_config(cfg: DictConfig, overrides: tuple[str, ...] = (), cwd: str | N
         extra_args=tuple(d["extra_args"]), draft_window_size=d["draft_window_size"],
     )
     attention = AttentionSpec(name=a["name"], backend=a["backend"], decode_backend=a["decode_backend"],
-                              prefill_backend=a["prefill_backend"], draft_backend=a["draft_backend"])
+                              prefill_backend=a["prefill_backend"], draft_backend=a["draft_backend"],
+                              speculative_attention_mode=a["speculative_attention_mode"])
     probe_kind = p.enum("probe.kind", pr["kind"], ProbeKind)
     probe_path, digest = None, None
     if probe_kind is ProbeKind.FILE:
@@ -356,7 +361,8 @@ def to_run_config(cfg: DictConfig, overrides: tuple[str, ...] = (), cwd: str | N
             else:
                 p.items.append(Problem("probe.path", pr["path"], "an existing file", p.overrides))
     probe = ProbeSpec(kind=probe_kind, context_len=c["context_len"], gen_tokens=c["gen_tokens"],
-                      sentence=pr["sentence"], path=probe_path, content_sha256=digest, seed=c["seed"])
+                      sentence=pr["sentence"], path=probe_path, content_sha256=digest, seed=c["seed"],
+                      concurrency=pr["concurrency"])
     cluster = ClusterSettings(
         kind=p.enum("cluster.kind", cl["kind"], ClusterKind), address=cl["address"],
         num_cpus=cl["num_cpus"], num_gpus=cl["num_gpus"],

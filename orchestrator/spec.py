@@ -21,6 +21,9 @@ from orchestrator.diagnosis import Thresholds
 NOT_IDENTITY = {"identity": False}
 # Fields added after run hashes were recorded: left at None they stay out of run_hash, so old hashes hold.
 IDENTITY_IF_SET = {"omit_if_none": True}
+# Fields added after run hashes were recorded, with a default that means "as before": left at the default they
+# stay out of run_hash.
+IDENTITY_IF_NOT_DEFAULT = {"omit_if_default": True}
 
 
 class EngineKind(str, enum.Enum):
@@ -157,6 +160,9 @@ class AttentionSpec:
     decode_backend: str | None = None
     prefill_backend: str | None = None
     draft_backend: str | None = None  # --speculative-draft-attention-backend
+    # SGLang --speculative-attention-mode: which of prefill/decode backend runs TARGET_VERIFY (None: SGLang's
+    # default, prefill). orchestrator.validate.resolved_backends says which backend verifies.
+    speculative_attention_mode: str | None = field(default=None, metadata=IDENTITY_IF_SET)
 
 
 @dataclass(frozen=True)
@@ -233,6 +239,7 @@ class ProbeSpec:
     content_sha256: str | None = None  # file probe: identity is the file's content, not its path
     seed: int = 0  # novel text
     temperature: float = 0.0
+    concurrency: int = field(default=1, metadata=IDENTITY_IF_NOT_DEFAULT)  # requests in flight at once
 
 
 @dataclass(frozen=True)
@@ -281,7 +288,8 @@ def _canonical(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj):
         return {f.name: _canonical(getattr(obj, f.name)) for f in dataclasses.fields(obj)
                 if f.metadata.get("identity", True)
-                and not (f.metadata.get("omit_if_none") and getattr(obj, f.name) is None)}
+                and not (f.metadata.get("omit_if_none") and getattr(obj, f.name) is None)
+                and not (f.metadata.get("omit_if_default") and getattr(obj, f.name) == f.default)}
     if isinstance(obj, enum.Enum):
         return obj.value
     if isinstance(obj, (list, tuple)):

@@ -53,15 +53,35 @@ REFERENCE_BACKENDS = ("torch", "specsweep_verify")
 REFERENCE_ALGORITHMS = (Algorithm.NONE, Algorithm.NGRAM, Algorithm.STANDALONE)
 EAGLE_FAMILY = (Algorithm.EAGLE, Algorithm.EAGLE3, Algorithm.STANDALONE)
 NEEDS_DRAFT_PATH = (Algorithm.STANDALONE, Algorithm.EAGLE3, Algorithm.DFLASH)
+SPECULATIVE_ATTENTION_MODES = ("prefill", "decode")  # SGLang --speculative-attention-mode choices
+
+
+def reserved_tokens(rc: RunConfig) -> int:
+    """Context slots SGLang reserves per request on top of the prompt: EAGLE/EAGLE3 store their draft tokens in
+    the output slots, max(topk * num_steps, num_draft_tokens) (`compute_num_reserved_tokens`, 0.5.10-0.5.23)."""
+    d = rc.drafter
+    if rc.engine.kind is EngineKind.SGLANG and d.algorithm in (Algorithm.EAGLE, Algorithm.EAGLE3):
+        return max(d.topk * d.num_steps, d.num_draft_tokens)
+    return 0
+
+
+def server_context_len(rc: RunConfig) -> int:
+    """The server's --context-length: server_context_len, else the model's max_context_len."""
+    return rc.server_context_len or rc.model.max_context_len
 
 
 def check_context(rc: RunConfig) -> Problem | None:
-    """context_len + gen_tokens must fit the model (a sweep drops such points instead)."""
-    total = rc.probe.context_len + rc.probe.gen_tokens
-    if total > rc.model.max_context_len:
+    """context_len + gen_tokens (+ SGLang's EAGLE reserve) must fit the server's context (a sweep drops such
+    points instead). SGLang refuses a request whose prompt + reserve >= its context length, or whose prompt +
+    reserve + max_new_tokens exceeds it; with gen_tokens >= 1 the second rule covers the first."""
+    limit, reserved = server_context_len(rc), reserved_tokens(rc)
+    if rc.probe.context_len + rc.probe.gen_tokens + reserved > limit:
+        where = (f"server_context_len {limit}" if rc.server_context_len
+                 else f"model {rc.model.name}'s max_context_len {limit}")
+        extra = (f" + {reserved} tokens SGLang reserves for {rc.drafter.algorithm.value} drafts "
+                 f"(max(topk*num_steps, num_draft_tokens))" if reserved else "")
         return Problem("context_len", rc.probe.context_len,
-                       f"context_len + gen_tokens ({rc.probe.gen_tokens}) <= model {rc.model.name}'s "
-                       f"max_context_len {rc.model.max_context_len}", rc.overrides)
+                       f"context_len + gen_tokens ({rc.probe.gen_tokens}){extra} <= {where}", rc.overrides)
     return None
 
 
@@ -83,6 +103,13 @@ def validate_run(rc: RunConfig, *, check_max_context: bool = True) -> list[Probl
         return out + kernel_problems(rc) + _driver_problems(rc)
     at_least("context_len", rc.probe.context_len, 1)
     at_least("gen_tokens", rc.probe.gen_tokens, 1)
+    at_least("probe.concurrency", rc.probe.concurrency, 1)
+    mode = rc.attention.speculative_attention_mode
+    if mode is not None and mode not in SPECULATIVE_ATTENTION_MODES:
+        bad("attention.speculative_attention_mode", mode, "null or one of " + ", ".join(SPECULATIVE_ATTENTION_MODES))
+    elif mode is not None and rc.engine.kind is not EngineKind.SGLANG:
+        bad("attention.speculative_attention_mode", mode,
+            f"null on engine={rc.engine.kind.value} (an SGLang flag: which split backend verifies)")
     at_least("tp_size", rc.tp_size, 1)
     at_least("nnodes", rc.nnodes, 1)
     if rc.nnodes >= 1 and rc.tp_size % rc.nnodes:
@@ -215,8 +242,10 @@ def _drafter_problems(rc: RunConfig) -> list[Problem]:
         return out
     if d.algorithm in NEEDS_DRAFT_PATH and not d.draft_model_path:
         example = "tiny-draft" if rc.engine.kind is EngineKind.REFERENCE else "a checkpoint dir or HF id"
+        silently = (" (SGLang would silently draft with the target itself: that is drafter=oracle)"
+                    if rc.engine.kind is EngineKind.SGLANG and d.algorithm is not Algorithm.DFLASH else "")
         bad("draft_model_path", d.draft_model_path,
-            f"a draft model path for {d.algorithm.value} (e.g. drafter.draft_model_path={example})")
+            f"a draft model path for {d.algorithm.value} (e.g. drafter.draft_model_path={example}){silently}")
     for key in ("num_steps", "topk", "num_draft_tokens"):
         if getattr(d, key) < 1:
             bad(key, getattr(d, key), f"an integer >= 1 with algorithm {d.algorithm.value}")
@@ -250,6 +279,10 @@ def _reference_problems(rc: RunConfig) -> list[Problem]:
         out.append(Problem("tp_size", rc.tp_size, "1 on engine=reference", rc.overrides))
     if rc.nnodes > 1:
         out.append(Problem("nnodes", rc.nnodes, "1 on engine=reference (a single-node engine)", rc.overrides))
+    if rc.probe.concurrency > 1:
+        out.append(Problem("probe.concurrency", rc.probe.concurrency,
+                           "1 on engine=reference (it serves one request at a time: batching > 1 is not built "
+                           "yet); concurrency > 1 needs engine=sglang or engine=stub", rc.overrides))
     return out
 
 
@@ -326,6 +359,56 @@ def sglang_draft_backend(a: AttentionSpec, algorithm: Algorithm) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class ResolvedBackends:
+    """The attention backends an SGLang server runs, per forward mode."""
+
+    prefill: str  # prefill / extend
+    decode: str  # decode (one token)
+    verify: str | None  # TARGET_VERIFY; None without speculation
+
+    def params(self) -> dict[str, str]:
+        return {"attention.resolved.prefill": self.prefill, "attention.resolved.decode": self.decode,
+                "attention.resolved.verify": self.verify or "none"}
+
+
+def resolved_backends(a: AttentionSpec, algorithm: Algorithm) -> ResolvedBackends:
+    """SGLang 0.5.10-0.5.23: the split fields fall back to --attention-backend (`attention_backends_of`);
+    TARGET_VERIFY runs on the decode backend with --speculative-attention-mode decode, else on the prefill
+    backend (`HybridAttnBackend._select_backend`; the DeepSeek models dispatch the same way)."""
+    prefill, decode = a.prefill_backend or a.backend, a.decode_backend or a.backend
+    if algorithm is Algorithm.NONE:
+        return ResolvedBackends(prefill, decode, None)
+    return ResolvedBackends(prefill, decode, decode if a.speculative_attention_mode == "decode" else prefill)
+
+
+def _plugin_problems(rc: RunConfig, bad) -> None:
+    """specsweep_verify must run where its label says: verify (with speculation) or decode (without), and on a
+    layer layout the plugin takes (GQA/MHA: it hands MLA layers to SGLang's Triton backend)."""
+    a, d = rc.attention, rc.drafter
+    uses = {k: v for k, v in (("backend", a.backend), ("decode_backend", a.decode_backend),
+                              ("prefill_backend", a.prefill_backend)) if v in SGLANG_PLUGIN_BACKENDS}
+    if not uses:
+        return
+    if rc.model.attention_kind is AttentionKind.MLA:
+        for key, value in uses.items():
+            bad(f"attention.{key}", value, f"a built-in SGLang backend with an MLA model ({rc.model.name}): the "
+                f"{value} plugin runs GQA/MHA layers only and hands every MLA layer to SGLang's Triton backend, "
+                "so the run would measure Triton")
+        return
+    r = resolved_backends(a, d.algorithm)
+    if r.verify is not None and r.verify not in SGLANG_PLUGIN_BACKENDS:
+        plugin = r.decode if r.decode in SGLANG_PLUGIN_BACKENDS else r.prefill
+        fix = "decode" if r.decode in SGLANG_PLUGIN_BACKENDS else "prefill (or null)"
+        bad("attention.speculative_attention_mode", a.speculative_attention_mode,
+            f"{fix}: with prefill backend {r.prefill}, decode backend {r.decode} and this mode SGLang verifies on "
+            f"{r.verify}, so {plugin} would never verify")
+    elif r.verify is None and r.decode not in SGLANG_PLUGIN_BACKENDS:
+        bad("attention.prefill_backend", a.prefill_backend,
+            f"a built-in backend without speculation: {r.prefill} as the prefill backend only runs SGLang's Triton "
+            "prefill (the kernel runs decode and TARGET_VERIFY)")
+
+
 def _extra_flags(args: tuple[str, ...]) -> set[str]:
     return {a.split("=", 1)[0] for a in args if a.startswith("--")}
 
@@ -375,6 +458,14 @@ def sglang_problems(rc: RunConfig) -> list[Problem]:
             bad(key, flag, f"engine.sglang.cuda_graph_max_bs=N (emitted as {rules.cuda_graph_flag} "
                 f"on SGLang {rules.version})")
 
+    _plugin_problems(rc, bad)
+    mrr = opts.max_running_requests if opts is not None else None
+    cap = mrr if mrr is not None else (48 if d.algorithm is not Algorithm.NONE else None)
+    if cap is not None and rc.probe.concurrency > cap:
+        bad("probe.concurrency", rc.probe.concurrency,
+            f"<= {cap}, the server's max running requests (engine.sglang.max_running_requests"
+            f"{'' if mrr is not None else ', which SGLang sets to 48 with speculation'}): more would queue")
+
     if d.algorithm is Algorithm.NONE:
         return out
     if d.algorithm not in rules.algorithms:
@@ -389,6 +480,10 @@ def sglang_problems(rc: RunConfig) -> list[Problem]:
     if d.draft_window_size is not None:
         if not rules.draft_window:
             bad("drafter.draft_window_size", d.draft_window_size, f"null on SGLang {rules.version} (no such flag)")
+        elif d.algorithm in (Algorithm.NGRAM, Algorithm.STANDALONE):
+            bad("drafter.draft_window_size", d.draft_window_size,
+                f"null with {d.algorithm.value}: SGLang ignores the draft window for it (\"has no effect\"); "
+                "EAGLE, EAGLE3 and DFLASH honour it")
         elif d.algorithm is Algorithm.DFLASH and d.draft_window_size < d.num_draft_tokens:
             bad("drafter.draft_window_size", d.draft_window_size,
                 f"null or >= the DFLASH block size drafter.num_draft_tokens ({d.num_draft_tokens})")

@@ -83,6 +83,8 @@ def _speculative_flags(server: ServerSpec, flags: FlagSet) -> list[str]:
                  "--speculative-num-draft-tokens", str(d.num_draft_tokens)]
     if d.draft_window_size is not None:
         argv += ["--speculative-draft-window-size", str(d.draft_window_size)]
+    if server.attention.speculative_attention_mode:
+        argv += ["--speculative-attention-mode", server.attention.speculative_attention_mode]
     draft_backend = sglang_draft_backend(server.attention, d.algorithm)
     if draft_backend:
         argv += ["--speculative-draft-attention-backend", draft_backend]

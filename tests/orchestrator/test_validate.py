@@ -101,6 +101,79 @@ def test_sglang_rules():
     assert problems(*ngram, "attention=flashinfer") == {}
 
 
+EAGLE = (*SGLANG, "drafter=eagle3", "drafter.draft_model_path=x")
+
+
+def test_specsweep_verify_must_be_the_verify_backend():
+    """SGLang verifies on the prefill backend unless speculative_attention_mode=decode (HybridAttnBackend)."""
+    split = (*EAGLE, "attention.decode_backend=specsweep_verify")
+    p = problems(*split)["attention.speculative_attention_mode"]
+    assert p.value is None and p.allowed.startswith("decode") and "verifies on triton" in p.allowed
+    assert problems(*split, "attention.speculative_attention_mode=decode") == {}
+    rev = (*EAGLE, "attention=specsweep_verify", "attention.decode_backend=triton")
+    assert problems(*rev) == {}  # verify on the prefill backend = ours
+    p = problems(*rev, "attention.speculative_attention_mode=decode")["attention.speculative_attention_mode"]
+    assert p.value == "decode" and p.allowed.startswith("prefill (or null)")
+    # without speculation the kernel runs decode only: as a prefill-only backend it would never run
+    p = problems(*SGLANG, "drafter=none", "attention.prefill_backend=specsweep_verify")["attention.prefill_backend"]
+    assert "never" not in p.allowed and "Triton" in p.allowed
+    assert problems(*SGLANG, "drafter=none", "attention.decode_backend=specsweep_verify") == {}
+    assert problems(*EAGLE, "attention=specsweep_verify") == {}
+
+
+def test_speculative_attention_mode_values_and_engines():
+    p = problems(*EAGLE, "attention.speculative_attention_mode=verify")["attention.speculative_attention_mode"]
+    assert p.value == "verify" and "prefill, decode" in p.allowed
+    p = problems("attention.speculative_attention_mode=decode")["attention.speculative_attention_mode"]
+    assert "null on engine=reference" in p.allowed
+
+
+def test_specsweep_verify_refused_for_mla_models_on_sglang():
+    p = problems("engine=sglang", "model=deepseek-v3", "attention=specsweep_verify", "drafter=ngram")["attention.backend"]
+    assert p.value == "specsweep_verify" and "MLA" in p.allowed and "Triton" in p.allowed
+    p = problems("engine=sglang", "model=deepseek-v3", "attention=triton", "drafter=none",
+                 "attention.decode_backend=specsweep_verify")["attention.decode_backend"]
+    assert "deepseek-v3" in p.allowed
+
+
+def test_draft_window_only_where_sglang_honours_it():
+    for drafter in (("drafter=ngram",), ("drafter=draft_model", "drafter.draft_model_path=x")):
+        p = problems(*SGLANG, *drafter, "drafter.draft_window_size=64")["drafter.draft_window_size"]
+        assert p.value == 64 and p.allowed.startswith("null with") and "no effect" in p.allowed
+    assert problems(*EAGLE, "drafter.draft_window_size=64") == {}
+
+
+def test_eagle3_and_draft_model_without_a_draft_path_on_sglang():
+    for drafter in ("eagle3", "draft_model"):
+        p = problems(*SGLANG, f"drafter={drafter}")["drafter.draft_model_path"]
+        assert p.value is None and "drafter=oracle" in p.allowed
+    assert problems(*SGLANG, "drafter=oracle") == {}
+
+
+def test_context_counts_the_server_context_and_eagle_reserve():
+    # qwen3-8b: 40960; EAGLE3 steps 3 topk 1 draft 4 reserves max(3, 4) = 4 slots
+    assert problems(*EAGLE, "context_len=40892") == {}  # + 64 + 4 = 40960
+    p = problems(*EAGLE, "context_len=40893")["context_len"]
+    assert "4 tokens SGLang reserves for EAGLE3" in p.allowed and "40960" in p.allowed
+    tree = (*EAGLE, "drafter.topk=4", "drafter.num_draft_tokens=8", "page_size=1")  # max(4 * 3, 8) = 12
+    assert "context_len" in problems(*tree, "context_len=40885") and problems(*tree, "context_len=40884") == {}
+    assert problems(*SGLANG, "drafter=ngram", "context_len=40896") == {}  # NGRAM reserves nothing
+    p = problems(*SGLANG, "server_context_len=8192", "context_len=8192")["context_len"]
+    assert "server_context_len 8192" in p.allowed
+    assert problems(*SGLANG, "server_context_len=8192", "context_len=8192", sweep=True) == {}  # dropped, not an error
+
+
+def test_probe_concurrency():
+    p = problems("probe.concurrency=4")["probe.concurrency"]
+    assert p.value == 4 and "1 on engine=reference" in p.allowed and "batching" in p.allowed
+    assert problems("probe.concurrency=0")["probe.concurrency"].allowed == "an integer >= 1"
+    assert problems(*SGLANG, "drafter=ngram", "probe.concurrency=16") == {}
+    p = problems(*SGLANG, "drafter=ngram", "probe.concurrency=64")["probe.concurrency"]
+    assert "<= 48" in p.allowed and "SGLang sets to 48" in p.allowed
+    assert problems(*SGLANG, "drafter=ngram", "probe.concurrency=64", "engine.sglang.max_running_requests=64") == {}
+    assert problems("engine=stub", "probe.concurrency=8") == {}
+
+
 def test_config_error_lists_every_point():
     err = ConfigError([Problem("page_size", 0, "an integer >= 1", ("page_size=0", "ctx=1")),
                        Problem("page_size", 0, "an integer >= 1", ("page_size=0", "ctx=2")),
