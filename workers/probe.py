@@ -5,7 +5,8 @@ Public API:
     build_prompt(probe: ProbeSpec, engine: EngineKind, model_path: str | None = None) -> Prompt
         predictable = the sentence repeated; novel = seeded words with no repeated word n-gram
         (NOVEL_NGRAM); file = a text file, or JSONL whose lines carry "text". For the reference engine the
-        prompt is `input_ids` from its byte tokenizer (exact length); for SGLang, ids from the model's
+        prompt is `input_ids` from the engine's own tokenizer for model_path (bytes for tiny, the GGUF's BPE
+        for smollm2-135m; exact length); for SGLang, ids from the model's
         tokenizer when `transformers` can load it, else text (~CHARS_PER_TOKEN chars a token) and the
         engine's reported prompt_tokens is what gets recorded.
     ProbeClient(base_url, timeout_s)
@@ -24,6 +25,7 @@ its timeout raises ProbeTimeout (workers.errors).
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import logging
@@ -183,17 +185,35 @@ class Prompt:
 def build_prompt(probe: ProbeSpec, engine: EngineKind, model_path: str | None = None) -> Prompt:
     n = probe.context_len
     if engine is EngineKind.REFERENCE:
-        ids = byte_encode(probe_text(probe, n))  # >= n bytes: every char is >= 1 byte
-        return Prompt(input_ids=tuple(ids[:n]))
+        tokenizer = reference_tokenizer(model_path)
+        if isinstance(tokenizer, ByteTokenizer):
+            return Prompt(input_ids=tuple(byte_encode(probe_text(probe, n))[:n]))  # every char is >= 1 byte
+        return Prompt(input_ids=_encode_exactly(probe, n, tokenizer.encode))
     tokenizer = _hf_tokenizer(model_path)
     if tokenizer is not None:
-        text = probe_text(probe, n * CHARS_PER_TOKEN)
-        ids = tokenizer.encode(text, add_special_tokens=False)
-        while len(ids) < n:
-            text = probe_text(probe, 2 * len(text))
-            ids = tokenizer.encode(text, add_special_tokens=False)
-        return Prompt(input_ids=tuple(ids[:n]))
+        return Prompt(input_ids=_encode_exactly(probe, n, lambda t: tokenizer.encode(t, add_special_tokens=False)))
     return Prompt(text=probe_text(probe, n * CHARS_PER_TOKEN)[:n * CHARS_PER_TOKEN])
+
+
+def _encode_exactly(probe: ProbeSpec, n: int, encode) -> tuple[int, ...]:
+    """The first n token ids of the probe's text (grown until it encodes to >= n tokens)."""
+    text = probe_text(probe, n * CHARS_PER_TOKEN)
+    ids = encode(text)
+    while len(ids) < n:
+        text = probe_text(probe, 2 * len(text))
+        ids = encode(text)
+    return tuple(ids[:n])
+
+
+@functools.cache
+def reference_tokenizer(model_path: str | None):
+    """The reference engine's own tokenizer for a model path (workers.reference.tokenizer.load_tokenizer): bytes
+    for the built-in models, the GGUF metadata's BPE for a .gguf (e.g. smollm2-135m). Loaded once per process."""
+    if not model_path:
+        return _BYTE_TOKENIZER
+    from workers.reference.tokenizer import load_tokenizer
+
+    return load_tokenizer(model_path)
 
 
 def _hf_tokenizer(model_path: str | None):

@@ -160,7 +160,7 @@ class GroupRunner:
             try:
                 m = run_probe(engine.base_url, spec.probe, _prompt_kind(self.server.engine.kind),
                               expect_spec=self.server.drafter.algorithm is not Algorithm.NONE,
-                              timeout_s=self.server.engine.request_timeout_s, model_path=self.server.model.path)
+                              timeout_s=self.server.engine.request_timeout_s, model_path=_prompt_model(self.server))
             finally:
                 samples = sampler.stop() if sampler else None
                 if marker:
@@ -430,6 +430,11 @@ def _wait_quiet(path: Path, quiet_s: float = LOG_SETTLE_S, max_s: float = LOG_SE
 def _prompt_kind(kind: EngineKind) -> EngineKind:
     """The stub engine takes the reference engine's byte-tokenised input_ids (no model tokenizer to load)."""
     return EngineKind.REFERENCE if kind is EngineKind.STUB else kind
+
+
+def _prompt_model(server) -> str | None:
+    """The model whose tokenizer builds the prompt; None for the stub engine (byte ids, no model to load)."""
+    return None if server.engine.kind is EngineKind.STUB else server.model.path
 
 
 def _engine_env(node_tags: dict[str, str]) -> dict[str, str]:

@@ -10,7 +10,7 @@ from orchestrator.spec import EngineKind, ProbeKind, ProbeSpec
 from workers.engine import EngineProcess
 from workers.errors import BadResponse
 from workers.probe import (NOVEL_NGRAM, Generation, ProbeClient, build_prompt, measure, novel_text, novel_words,
-                           run_probe)
+                           probe_text, reference_tokenizer, run_probe)
 from workers.reference.tokenizer import ByteTokenizer
 from workers.testing import tiny_server
 
@@ -23,6 +23,21 @@ def test_prompt_has_exactly_context_len_tokens(kind, n):
     prompt = build_prompt(ProbeSpec(kind=kind, context_len=n, gen_tokens=4), REF)
     assert prompt.text is None and len(prompt.input_ids) == n
     assert all(0 <= i < 256 for i in prompt.input_ids)
+
+
+@pytest.mark.parametrize("kind", [ProbeKind.PREDICTABLE, ProbeKind.NOVEL])
+@pytest.mark.parametrize("n", [7, 1000, 8000])
+def test_gguf_model_prompt_uses_the_engines_bpe_tokenizer(kind, n):
+    """smollm2-135m: exactly n ids of the GGUF's own BPE (what the engine counts), decoding to the probe text."""
+    probe = ProbeSpec(kind=kind, context_len=n, gen_tokens=4)
+    prompt = build_prompt(probe, REF, "smollm2-135m")
+    tok = reference_tokenizer("smollm2-135m")
+    assert prompt.text is None and len(prompt.input_ids) == n
+    assert max(prompt.input_ids) >= 256  # BPE ids, not bytes
+    text = tok.decode(list(prompt.input_ids))
+    assert probe_text(probe, len(text)).startswith(text)
+    assert len(text) >= 3 * n  # several characters a token: real words, not bytes
+    assert tok.encode(text)[:n - 1] == list(prompt.input_ids[:n - 1])
 
 
 def test_predictable_repeats_the_sentence():

@@ -6,6 +6,9 @@ import sys
 from pathlib import Path
 
 from .config import BUILTIN_CONFIGS
+from .gguf_checkpoint import GGUF_MODELS, resolve_gguf
+
+LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 
 ALGORITHMS = ("NONE", "NGRAM", "STANDALONE")
 IGNORED = ("--mem-fraction-static", "--tp-size", "--max-running-requests", "--log-level-http",
@@ -47,9 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     m = p.add_argument_group("model")
     m.add_argument("--model-path", required=True,
-                   help=f"built-in config ({', '.join(BUILTIN_CONFIGS)}) or a Qwen3 safetensors checkpoint dir")
-    m.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "dummy"],
-                   help="dummy = deterministic random weights seeded by --random-seed")
+                   help=f"built-in config ({', '.join(BUILTIN_CONFIGS)}), a Llama .gguf file or a known GGUF model "
+                        f"({', '.join(GGUF_MODELS)}), or a Qwen3 safetensors checkpoint dir")
+    m.add_argument("--load-format", default="auto", choices=LOAD_FORMATS,
+                   help="dummy = deterministic random weights seeded by --random-seed; auto = what the path holds")
     m.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="auto = float32")
     m.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -68,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--speculative-draft-model-path", "--speculative-draft-model", default=None,
                    help="STANDALONE draft: a built-in config (e.g. tiny-draft), a checkpoint dir, or the target "
                         "itself (the oracle)")
-    s.add_argument("--speculative-draft-load-format", default=None, choices=["auto", "safetensors", "dummy"])
+    s.add_argument("--speculative-draft-load-format", default=None, choices=LOAD_FORMATS)
     s.add_argument("--speculative-num-steps", type=positive_int, default=None, help="tree depth (default 3)")
     s.add_argument("--speculative-eagle-topk", type=positive_int, default=None, help="tree branching (default 1)")
     s.add_argument("--speculative-num-draft-tokens", type=positive_int, default=None,
@@ -125,9 +129,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     for flag, path in (("--model-path", args.model_path),
                        ("--speculative-draft-model-path", args.speculative_draft_model_path)):
-        if path is not None and path not in BUILTIN_CONFIGS and not (Path(path) / "config.json").is_file():
-            parser.error(f"{flag} {path!r} is neither a built-in config ({', '.join(BUILTIN_CONFIGS)}) "
-                         f"nor a directory with a config.json")
+        if path is None or path in BUILTIN_CONFIGS or (Path(path) / "config.json").is_file():
+            continue
+        if path in GGUF_MODELS or path.endswith(".gguf"):
+            try:
+                resolve_gguf(path)
+            except FileNotFoundError as exc:
+                parser.error(f"{flag}: {exc}")
+            continue
+        parser.error(f"{flag} {path!r} is neither a built-in config ({', '.join(BUILTIN_CONFIGS)}), a .gguf file, "
+                     f"a known GGUF model ({', '.join(GGUF_MODELS)}) nor a directory with a config.json")
     args = resolve(args, parser)
     from .attention import ATTENTION_BACKENDS  # imports torch: only once the cheap checks passed
 

@@ -1,4 +1,4 @@
-"""Model configuration: Qwen3-style decoder hyper-parameters from an HF `config.json` or a built-in name."""
+"""Model configuration: Qwen3/Llama-style decoder hyper-parameters from an HF `config.json`, a GGUF file or a built-in name."""
 from __future__ import annotations
 
 import json
@@ -27,6 +27,7 @@ class ModelConfig:
     rope_theta: float = 1_000_000.0
     attention_bias: bool = False
     tie_word_embeddings: bool = False
+    qk_norm: bool = True  # Qwen3's per-head RMSNorm on q and k; False for Llama
     sliding_window: int | None = None
     layer_types: tuple[str, ...] = field(default=())  # "full_attention" | "sliding_attention" per layer
     bos_token_id: int | None = None
@@ -101,11 +102,17 @@ def config_from_hf(raw: dict) -> ModelConfig:
 
 
 def load_config(model_path: str) -> ModelConfig:
-    """A built-in name (`tiny`, `tiny-draft`) or a directory holding an HF `config.json`."""
+    """A built-in name (`tiny`, `tiny-draft`), a .gguf file or a known GGUF name (gguf_checkpoint.GGUF_MODELS),
+    or a directory holding an HF `config.json`."""
     if model_path in BUILTIN_CONFIGS:
         return BUILTIN_CONFIGS[model_path]
+    from .gguf_checkpoint import prepare_gguf, read_config, resolve_gguf
+
+    gguf_path = resolve_gguf(model_path)
+    if gguf_path is not None:
+        return read_config(prepare_gguf(gguf_path))
     path = Path(model_path) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"--model-path {model_path!r}: not a built-in config "
-                                f"({', '.join(BUILTIN_CONFIGS)}) and no {path}")
+                                f"({', '.join(BUILTIN_CONFIGS)}), not a .gguf file and no {path}")
     return config_from_hf(json.loads(path.read_text()))

@@ -1,4 +1,4 @@
-"""Qwen3-style decoder: GQA + RoPE + q/k RMSNorm, SwiGLU MLP, RMSNorm, LM head; HF parameter names."""
+"""Qwen3/Llama-style decoder: GQA + RoPE (+ q/k RMSNorm for Qwen3), SwiGLU MLP, RMSNorm, LM head; HF parameter names."""
 from __future__ import annotations
 
 import logging
@@ -65,8 +65,9 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=bias)
-        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        # Qwen3 normalises each head of q and k; Llama does not (cfg.qk_norm False: no parameters)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.qkv_weight: Tensor | None = None  # set by fuse(): q/k/v weights as one [(Hq+2Hkv)*D, hidden]
         self.qkv_bias: Tensor | None = None
 
@@ -89,13 +90,14 @@ class Attention(nn.Module):
             q = self.q_proj(x).view(T, self.num_heads, self.head_dim)
             k = self.k_proj(x).view(T, self.num_kv_heads, self.head_dim)
             v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)
-        if fused and merged:  # norms, RoPE and the KV store in one kernel
+        if fused and merged and self.q_norm is not None:  # norms, RoPE and the KV store in one kernel
             q, k = fused_ops.qk_norm_rope_store(
                 qkv, num_q_heads=self.num_heads, num_kv_heads=self.num_kv_heads, q_norm_weight=self.q_norm.weight,
                 k_norm_weight=self.k_norm.weight, eps=self.q_norm.eps, cos=rope[0], sin=rope[1],
                 slots=meta.new_slots, k_pool=pool.k[self.layer_id], v_pool=pool.v[self.layer_id])
         else:
-            q, k = self.q_norm(q), self.k_norm(k)  # [T, Hq, D], [T, Hkv, D]
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)  # [T, Hq, D], [T, Hkv, D]
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
             pool.store(self.layer_id, meta.new_slots, k, v)
         out = backend.forward(q, k, v, pool.k[self.layer_id], pool.v[self.layer_id], meta,
@@ -241,7 +243,10 @@ def build_model(cfg: ModelConfig, model_path: str, load_format: str, seed: int, 
     if load_format == "dummy":
         init_dummy_weights(model, seed)
     else:
-        load_safetensors(model, model_path)
+        from .gguf_checkpoint import prepare_gguf, resolve_gguf
+
+        gguf_path = resolve_gguf(model_path)
+        load_safetensors(model, prepare_gguf(gguf_path) if gguf_path is not None else model_path)
     model = model.to(device=device, dtype=dtype).eval()
     fuse_projections(model)
     return model

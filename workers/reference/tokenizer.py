@@ -1,4 +1,5 @@
-"""Tokenizers: byte-level for built-in configs; a checkpoint's own through transformers when present."""
+"""Tokenizers: byte-level for built-in configs; a GGUF file's own (`tokenizers`); a checkpoint's own through
+transformers when present."""
 from __future__ import annotations
 
 import logging
@@ -35,7 +36,31 @@ class HFTokenizer:
         return self._tok.decode(ids, skip_special_tokens=True)
 
 
+class GGUFTokenizer:
+    """The tokenizer built from a GGUF file's metadata (gguf_checkpoint.tokenizer_from_gguf), read from the
+    conversion cache's tokenizer.json. No BOS is prepended (tokenizer.ggml.add_bos_token is false for SmolLM2)."""
+
+    def __init__(self, tokenizer_json: str | Path):
+        from tokenizers import Tokenizer
+
+        self._tok = Tokenizer.from_file(str(tokenizer_json))
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=True)
+
+
 def load_tokenizer(model_path: str):
+    from .config import BUILTIN_CONFIGS
+    from .gguf_checkpoint import prepare_gguf, resolve_gguf
+
+    if model_path in BUILTIN_CONFIGS:
+        return ByteTokenizer()
+    gguf_path = resolve_gguf(model_path)
+    if gguf_path is not None:
+        return GGUFTokenizer(prepare_gguf(gguf_path) / "tokenizer.json")
     path = Path(model_path)
     has_files = path.is_dir() and any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json"))
     if has_files:
