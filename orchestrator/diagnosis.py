@@ -1,16 +1,22 @@
 """Automatic diagnosis of a sweep: pipeline bug vs drafter quality vs kernel- or host-bound.
 
-Pure functions over `RunRow`s (one per child run); every finding cites the runs and numbers that
-prove it. The rules (thresholds in `Thresholds`, set from the `report` config):
+Pure functions over `RunRow`s (one per FINISHED child run); every finding cites the runs and numbers that
+prove it, and every rule says whether the sweep let it be evaluated (a `Check`). The rules (thresholds in
+`Thresholds`, set from the `report` config):
 
 (a) the oracle drafter commits less than num_steps + 1 per verify step  -> pipeline bug;
 (b) commit collapse with context (>= `collapse_drop` below the shortest context of the same
-    drafter x page x attention) on predictable text -> drafting bug at long context; collapse only
-    on novel text -> drafter quality, not infrastructure;
+    drafter x page x attention) on predictable text -> drafting bug at long context; while the same drafter
+    holds on predictable text, a collapse with context on novel text, or novel text committing
+    >= `novel_gap` less than predictable text at the same context -> drafter quality, not infrastructure
+    (without predictable text of the same drafter the two cannot be told apart: not evaluated);
 (c) verify-step time growing faster than linearly with context, or effective KV bandwidth under
     `min_bw_frac` of the device's peak at contexts >= `bw_min_context` (shorter prefixes are
     overhead-dominated) -> attention-kernel bound (names backend and page size);
 (d) GPU utilisation under `max_gpu_util` while the step time is high -> launch- or host-bound.
+
+Runs on the stub engine (`engine` = stub) are examined by no rule: their commits and timings are simulated.
+The verdict is "Healthy" only when every rule was evaluated and none fired; with 0 runs there is no verdict.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+STUB_ENGINE = "stub"  # orchestrator.spec.EngineKind.STUB's value (the child run's `engine` tag)
+
 
 class Cause(str, enum.Enum):
     PIPELINE_BUG = "pipeline bug"
@@ -30,10 +38,29 @@ class Cause(str, enum.Enum):
     HOST_BOUND = "launch- or host-bound"
 
 
+class Rule(str, enum.Enum):
+    """What each check looks at (the names `diagnosis.md` lists under "Checked" / "Not checked")."""
+
+    ORACLE = "(a) oracle commits num_steps + 1"
+    PREDICTABLE_COLLAPSE = "(b) commit length vs context on predictable text"
+    DRAFTER_QUALITY = "(b) predictable vs novel text (drafter quality)"
+    STEP_GROWTH = "(c) verify-step time vs context"
+    KV_BANDWIDTH = "(c) KV bandwidth vs the device peak"
+    HOST_BOUND = "(d) GPU utilisation vs step time"
+
+
+class Verdict(str, enum.Enum):
+    NO_RUNS = "no verdict"  # nothing examined
+    FINDINGS = "findings"  # at least one rule fired
+    HEALTHY = "healthy"  # every rule evaluated, none fired
+    INCOMPLETE = "incomplete"  # none fired, but some rule could not be evaluated
+
+
 @dataclass(frozen=True)
 class Thresholds:
     oracle_tolerance: float = 1e-6  # commit_len_mean may fall this far below num_steps + 1
     collapse_drop: float = 0.5  # fraction lost from the shortest context
+    novel_gap: float = 0.5  # fraction novel text commits below predictable text at the same context
     superlinear_exponent: float = 1.3  # verify_step_ms ~ context^k with k above this
     min_context_ratio: float = 4.0  # the super-linearity test needs contexts this far apart
     min_bw_frac: float = 0.10  # kv_bw_gbs / device peak GB/s
@@ -55,10 +82,15 @@ class RunRow:
     is_oracle: bool = False
     num_steps: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
+    engine: str = ""  # reference | sglang | stub ("" when unknown)
 
     def metric(self, key: str) -> float | None:
         v = self.metrics.get(key)
         return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
+
+    @property
+    def simulated(self) -> bool:
+        return self.engine == STUB_ENGINE
 
 
 @dataclass(frozen=True)
@@ -67,6 +99,39 @@ class Finding:
     summary: str
     evidence: tuple[str, ...]  # one line per cited run / number
     run_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Check:
+    """One rule on this sweep: evaluated (`detail` says what was checked) or not (`detail` says why)."""
+
+    rule: Rule
+    evaluated: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    runs: int  # rows examined (stub-engine ones included)
+    simulated: int  # of them on the stub engine: in no rule
+    findings: tuple[Finding, ...]
+    checks: tuple[Check, ...]
+
+    @property
+    def not_evaluated(self) -> tuple[Check, ...]:
+        return tuple(c for c in self.checks if not c.evaluated)
+
+    @property
+    def verdict(self) -> Verdict:
+        if self.runs == self.simulated:  # nothing, or only stub-engine runs
+            return Verdict.NO_RUNS
+        if self.findings:
+            return Verdict.FINDINGS
+        return Verdict.INCOMPLETE if self.not_evaluated else Verdict.HEALTHY
+
+    @property
+    def causes(self) -> list[Cause]:
+        return [f.cause for f in self.findings]
 
 
 def _cite(row: RunRow, *keys: str) -> str:
@@ -78,11 +143,17 @@ def _ctx(n: int) -> str:
     return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
 
 
-def find_oracle_shortfall(rows: Sequence[RunRow], th: Thresholds) -> list[Finding]:
-    bad = [r for r in rows if r.is_oracle and r.metric("commit_len_mean") is not None
-           and r.metric("commit_len_mean") < r.num_steps + 1 - th.oracle_tolerance]
+def find_oracle_shortfall(rows: Sequence[RunRow], th: Thresholds) -> tuple[list[Finding], Check]:
+    oracle = [r for r in rows if r.is_oracle and r.metric("commit_len_mean") is not None]
+    if not oracle:
+        why = ("the oracle runs carry no commit_len_mean" if any(r.is_oracle for r in rows) else
+               "no oracle drafter in the sweep (add drafter=oracle to the grid)")
+        return [], Check(Rule.ORACLE, False, why)
+    bad = [r for r in oracle if r.metric("commit_len_mean") < r.num_steps + 1 - th.oracle_tolerance]
+    check = Check(Rule.ORACLE, True, f"{len(oracle) - len(bad)} of {len(oracle)} oracle run(s) commit "
+                                     f"num_steps + 1 per verify step")
     if not bad:
-        return []
+        return [], check
     return [Finding(
         Cause.PIPELINE_BUG,
         f"The oracle drafter (the target drafting for itself) committed less than num_steps + 1 in "
@@ -90,69 +161,141 @@ def find_oracle_shortfall(rows: Sequence[RunRow], th: Thresholds) -> list[Findin
         f"pipeline itself is broken (draft/verify positions, KV rollback, tree mask or acceptance).",
         tuple(f"{_cite(r, 'commit_len_mean')}; expected {r.num_steps + 1}" for r in bad),
         tuple(r.run_id for r in bad),
-    )]
+    )], check
 
 
-def _series_key(r: RunRow) -> tuple[str, str, int]:
+SeriesKey = tuple[str, str, int]  # (drafter, attention, page_size)
+
+
+def _series_key(r: RunRow) -> SeriesKey:
     return (r.drafter, r.attention, r.page_size)
 
 
-def _collapses(rows: Iterable[RunRow], th: Thresholds) -> dict[tuple, list[tuple[RunRow, RunRow]]]:
-    """(probe, drafter, attention, page) -> [(shortest-context run, collapsed longer run)]."""
+def _series_name(key: SeriesKey) -> str:
+    return f"drafter={key[0]} attn={key[1]} page={key[2]}"
+
+
+@dataclass(frozen=True)
+class _Series:
+    """One probe x drafter x attention x page over context: testable, or why not; its collapses."""
+
+    runs: tuple[RunRow, ...]  # by context
+    problem: str = ""  # why it cannot show a collapse ("" when testable)
+    collapses: tuple[tuple[RunRow, RunRow], ...] = ()  # (shortest-context run, collapsed longer run)
+
+
+def _series(rows: Iterable[RunRow], th: Thresholds) -> dict[tuple[str, str, str, int], _Series]:
+    """(probe, drafter, attention, page) -> its series, over the non-oracle runs with a commit length."""
     by: dict[tuple, list[RunRow]] = defaultdict(list)
     for r in rows:
         if not r.is_oracle and r.metric("commit_len_mean") is not None:
             by[(r.probe, *_series_key(r))].append(r)
-    out: dict[tuple, list[tuple[RunRow, RunRow]]] = {}
-    for key, series in by.items():
-        series.sort(key=lambda r: r.context_len)
-        base = series[0]
+    out = {}
+    for key, runs in by.items():
+        runs.sort(key=lambda r: r.context_len)
+        base = runs[0]
+        if len({r.context_len for r in runs}) < 2:
+            out[key] = _Series(tuple(runs), f"one context only ({_ctx(base.context_len)})")
+            continue
         # commit_len counts the bonus token (>= 1 always): a collapse is measured on the drafted part.
         base_gain = base.metric("commit_len_mean") - 1.0
         if base_gain <= 0:
+            out[key] = _Series(tuple(runs), f"nothing drafted is accepted even at the shortest context "
+                                            f"({_cite(base, 'commit_len_mean')})")
             continue
-        hits = [(base, r) for r in series[1:] if r.context_len > base.context_len
-                and (r.metric("commit_len_mean") - 1.0) <= (1 - th.collapse_drop) * base_gain]
-        if hits:
-            out[key] = hits
+        hits = tuple((base, r) for r in runs[1:] if r.context_len > base.context_len
+                     and (r.metric("commit_len_mean") - 1.0) <= (1 - th.collapse_drop) * base_gain)
+        out[key] = _Series(tuple(runs), "", hits)
     return out
 
 
-def _collapse_finding(cause: Cause, collapses: dict[tuple, list[tuple[RunRow, RunRow]]], summary: str) -> Finding:
-    pairs = [p for v in collapses.values() for p in v]
+def _collapse_finding(cause: Cause, pairs: Sequence[tuple[RunRow, RunRow]], summary: str) -> Finding:
     return Finding(cause, summary,
                    tuple(f"{_cite(lo, 'commit_len_mean')} -> {_cite(hi, 'commit_len_mean')} "
                          f"at ctx {_ctx(lo.context_len)} -> {_ctx(hi.context_len)}" for lo, hi in pairs),
                    tuple(r.run_id for p in pairs for r in p))
 
 
-def find_commit_collapse(rows: Sequence[RunRow], th: Thresholds) -> list[Finding]:
-    collapses = _collapses(rows, th)
-    findings = []
-    predictable = {k: v for k, v in collapses.items() if k[0] == "predictable"}
-    novel = {k: v for k, v in collapses.items() if k[0] != "predictable"}
-    if predictable:
-        findings.append(_collapse_finding(
-            Cause.LONG_CONTEXT_DRAFTING_BUG, predictable,
-            "Commit length collapses with context on predictable text, which any working drafter keeps "
-            "committing: drafting is broken at long context (suspect sliding-window attention, the KV "
-            "cache, or RoPE/YaRN positions)."))
-    # Novel-text collapse means drafter quality only where the same drafter stays healthy on
-    # predictable text (otherwise the predictable finding above already explains it).
-    healthy_novel = {k: v for k, v in novel.items() if ("predictable", *k[1:]) not in predictable}
-    if healthy_novel:
-        findings.append(_collapse_finding(
-            Cause.DRAFTER_QUALITY, healthy_novel,
-            "Commit length collapses with context only on novel text while predictable text keeps "
-            "committing: the pipeline is healthy; the drafter cannot predict this text (drafter quality, "
-            "not infrastructure)."))
-    return findings
+def _untestable(series: dict, probe: str) -> str:
+    return "; ".join(f"{_series_name(k[1:])}: {s.problem}" for k, s in sorted(series.items())
+                     if k[0] == probe and s.problem)
 
 
-def find_kernel_bound(rows: Sequence[RunRow], th: Thresholds, peak_gbs: float | None) -> list[Finding]:
+def _gain_frac(pred: RunRow, novel: RunRow) -> float:
+    return (novel.metric("commit_len_mean") - 1.0) / (pred.metric("commit_len_mean") - 1.0)
+
+
+def _gaps(pred: _Series, novel: _Series, th: Thresholds) -> list[tuple[RunRow, RunRow]]:
+    """(predictable run, novel run) at the same context where the novel one drafts >= novel_gap less."""
+    at = {r.context_len: r for r in novel.runs}
+    return [(p, at[p.context_len]) for p in pred.runs if p.context_len in at
+            and p.metric("commit_len_mean") > 1.0 and _gain_frac(p, at[p.context_len]) <= 1 - th.novel_gap]
+
+
+def find_commit_collapse(rows: Sequence[RunRow], th: Thresholds) -> tuple[list[Finding], list[Check]]:
+    series = _series(rows, th)
+    testable = {k: s for k, s in series.items() if not s.problem}
+    pred = {k[1:]: s for k, s in testable.items() if k[0] == "predictable"}
+    novel = {k[1:]: s for k, s in testable.items() if k[0] == "novel"}
+    findings: list[Finding] = []
+
+    # (b1) predictable text: any working drafter keeps committing at every context.
+    if pred:
+        broken = [p for s in pred.values() for p in s.collapses]
+        check1 = Check(Rule.PREDICTABLE_COLLAPSE, True,
+                       f"{len(pred)} drafter x attention x page series on predictable text, "
+                       f"{len(pred) - sum(bool(s.collapses) for s in pred.values())} hold with context")
+        if broken:
+            findings.append(_collapse_finding(
+                Cause.LONG_CONTEXT_DRAFTING_BUG, broken,
+                "Commit length collapses with context on predictable text, which any working drafter keeps "
+                "committing: drafting is broken at long context (suspect sliding-window attention, the KV "
+                "cache, or RoPE/YaRN positions)."))
+    else:
+        why = _untestable(series, "predictable")
+        check1 = Check(Rule.PREDICTABLE_COLLAPSE, False,
+                       "no predictable-text series of a drafter other than the oracle over two or more contexts"
+                       + (f" ({why})" if why else ""))
+
+    # (b2) novel text below predictable text means drafter quality only where the same drafter holds on
+    # predictable text; without that predictable series a pipeline bug and a weak drafter cannot be told apart.
+    paired = {k: s for k, s in novel.items() if k in pred}
+    quality = [p for k, s in paired.items() if not pred[k].collapses for p in s.collapses]
+    gaps = [gap for k, s in sorted(paired.items()) if not pred[k].collapses for gap in _gaps(pred[k], s, th)]
+    unpaired = sorted(k for k, s in novel.items() if k not in pred and s.collapses)
+    if quality or gaps:
+        f = _collapse_finding(
+            Cause.DRAFTER_QUALITY, quality,
+            "Novel text commits far less than predictable text (or collapses with context) while predictable "
+            "text keeps committing: the pipeline is healthy; the drafter cannot predict this text (drafter "
+            "quality, not infrastructure).")
+        findings.append(Finding(f.cause, f.summary, f.evidence + tuple(
+            f"{_cite(p, 'commit_len_mean')} vs {_cite(n, 'commit_len_mean')} at ctx {_ctx(p.context_len)}: "
+            f"novel text drafts {_gain_frac(p, n):.0%} of what predictable text does" for p, n in gaps),
+            tuple(dict.fromkeys(f.run_ids + tuple(r.run_id for g in gaps for r in g)))))
+    if unpaired:
+        check2 = Check(Rule.DRAFTER_QUALITY, False,
+                       "commit length collapses on novel text for " + ", ".join(map(_series_name, unpaired))
+                       + " but the sweep has no predictable-text series of the same drafter to tell a pipeline "
+                         "bug from drafter quality (add probe=predictable)")
+    elif paired:
+        check2 = Check(Rule.DRAFTER_QUALITY, True,
+                       f"{len(paired)} drafter x attention x page series ran on both predictable and novel text")
+    else:
+        missing = "predictable" if novel else "novel" if pred else "predictable and novel"
+        why = "; ".join(w for w in (_untestable(series, "predictable"), _untestable(series, "novel")) if w)
+        check2 = Check(Rule.DRAFTER_QUALITY, False,
+                       f"no predictable/novel pair: no {missing}-text series of the same drafter over two or "
+                       f"more contexts" + (f" ({why})" if why else ""))
+    return findings, [check1, check2]
+
+
+def find_kernel_bound(rows: Sequence[RunRow], th: Thresholds,
+                      peak_gbs: float | None) -> tuple[list[Finding], list[Check]]:
     evidence: list[str] = []
     ids: list[str] = []
     named: set[tuple[str, int]] = set()
+    growth_tested, bw_tested = [], 0
     by: dict[tuple[str, int], list[RunRow]] = defaultdict(list)
     for r in rows:
         if r.metric("verify_step_ms") is not None:
@@ -166,6 +309,7 @@ def find_kernel_bound(rows: Sequence[RunRow], th: Thresholds, peak_gbs: float | 
         med = {c: sorted(v)[len(v) // 2] for c, v in per_ctx.items()}
         if len(ctxs) >= 2 and ctxs[-1] / ctxs[0] >= th.min_context_ratio and med[ctxs[0]] > 0:
             k = math.log(med[ctxs[-1]] / med[ctxs[0]]) / math.log(ctxs[-1] / ctxs[0])
+            growth_tested.append(f"attn={attn} page={page} context^{k:.2f} over {_ctx(ctxs[0])}-{_ctx(ctxs[-1])}")
             if k > th.superlinear_exponent:
                 named.add((attn, page))
                 evidence.append(f"attn={attn} page={page}: verify_step_ms {med[ctxs[0]]:.4g} at ctx "
@@ -175,35 +319,56 @@ def find_kernel_bound(rows: Sequence[RunRow], th: Thresholds, peak_gbs: float | 
         for r in series:
             peak = r.metric("peak_bw_gbs") or peak_gbs
             bw = r.metric("kv_bw_gbs")
-            if peak and bw is not None and r.context_len >= th.bw_min_context and bw < th.min_bw_frac * peak:
+            if not peak or bw is None or r.context_len < th.bw_min_context:
+                continue
+            bw_tested += 1
+            if bw < th.min_bw_frac * peak:
                 named.add((attn, page))
                 evidence.append(f"{_cite(r, 'kv_bw_gbs', 'verify_step_ms')}: {100 * bw / peak:.1f}% of "
                                 f"the device's {peak:.0f} GB/s (< {100 * th.min_bw_frac:.0f}%)")
                 ids.append(r.run_id)
+    if growth_tested:
+        growth = Check(Rule.STEP_GROWTH, True, "; ".join(growth_tested))
+    else:
+        growth = Check(Rule.STEP_GROWTH, False,
+                       "no attention x page series with verify_step_ms at contexts "
+                       f"{th.min_context_ratio:g}x apart" if by else "no run carries verify_step_ms")
+    if bw_tested:
+        bw_check = Check(Rule.KV_BANDWIDTH, True, f"{bw_tested} run(s) at contexts >= {_ctx(th.bw_min_context)}")
+    else:
+        bw_check = Check(Rule.KV_BANDWIDTH, False,
+                         f"no run at context >= {_ctx(th.bw_min_context)} with kv_bw_gbs and a known device peak "
+                         f"(peak_bw_gbs); shorter prefixes are overhead-dominated")
+    checks = [growth, bw_check]
     if not named:
-        return []
+        return [], checks
     which = ", ".join(f"attn={a} page={p}" for a, p in sorted(named))
     return [Finding(
         Cause.KERNEL_BOUND,
         f"The verify pass is attention-kernel bound for {which}: step time far above what the KV "
         f"bytes need. Try another attention backend or page size, or this project's verify kernel.",
         tuple(evidence), tuple(dict.fromkeys(ids)),
-    )]
+    )], checks
 
 
-def find_host_bound(rows: Sequence[RunRow], th: Thresholds) -> list[Finding]:
-    bad = []
+def find_host_bound(rows: Sequence[RunRow], th: Thresholds) -> tuple[list[Finding], Check]:
+    bad, tested = [], 0
     for r in rows:
         util = r.metric("gpu_util_mean")
-        if util is None or util >= th.max_gpu_util:
-            continue
         frac, step = r.metric("roofline_frac"), r.metric("verify_step_ms")
+        if util is None or (frac is None and step is None):
+            continue
+        tested += 1
         high = (frac is not None and frac < th.max_roofline_frac_host) or \
-               (frac is None and step is not None and step >= th.high_step_ms)
-        if high:
+               (frac is None and step >= th.high_step_ms)
+        if util < th.max_gpu_util and high:
             bad.append(r)
+    if not tested:
+        return [], Check(Rule.HOST_BOUND, False, "no run carries gpu_util_mean with a step time or roofline_frac "
+                                                 "(no GPU telemetry)")
+    check = Check(Rule.HOST_BOUND, True, f"{tested} run(s) with GPU utilisation and step time")
     if not bad:
-        return []
+        return [], check
     return [Finding(
         Cause.HOST_BOUND,
         f"GPU utilisation stays under {th.max_gpu_util:.0f}% while the step time is high in {len(bad)} "
@@ -211,19 +376,48 @@ def find_host_bound(rows: Sequence[RunRow], th: Thresholds) -> list[Finding]:
         f"larger batch are the usual cures.",
         tuple(_cite(r, "gpu_util_mean", "verify_step_ms", "roofline_frac") for r in bad),
         tuple(r.run_id for r in bad),
-    )]
+    )], check
 
 
-def diagnose(rows: Sequence[RunRow], th: Thresholds = Thresholds(), peak_gbs: float | None = None) -> list[Finding]:
-    return [*find_oracle_shortfall(rows, th), *find_commit_collapse(rows, th),
-            *find_kernel_bound(rows, th, peak_gbs), *find_host_bound(rows, th)]
+def diagnose(rows: Sequence[RunRow], th: Thresholds = Thresholds(), peak_gbs: float | None = None) -> Diagnosis:
+    real = [r for r in rows if not r.simulated]
+    simulated = len(rows) - len(real)
+    if not real:
+        why = (f"all {simulated} run(s) ran on the stub engine, whose commits and timings are simulated"
+               if simulated else "no run to examine")
+        return Diagnosis(len(rows), simulated, (), tuple(Check(rule, False, why) for rule in Rule))
+    oracle, c_oracle = find_oracle_shortfall(real, th)
+    collapse, c_collapse = find_commit_collapse(real, th)
+    kernel, c_kernel = find_kernel_bound(real, th, peak_gbs)
+    host, c_host = find_host_bound(real, th)
+    return Diagnosis(len(rows), simulated, (*oracle, *collapse, *kernel, *host),
+                     (c_oracle, *c_collapse, *c_kernel, c_host))
 
 
-def render_markdown(findings: Sequence[Finding], sweep: str, n_runs: int) -> str:
-    lines = [f"# Diagnosis: {sweep}", "", f"{n_runs} run(s) examined."]
-    if not findings:
-        lines += ["", "**Healthy**: no rule fired. The oracle commits its maximum, commit length holds with "
-                  "context, and verify-step time and bandwidth show no kernel or host bottleneck."]
-    for f in findings:
+def render_markdown(diagnosis: Diagnosis, sweep: str, earlier: int = 0) -> str:
+    """`earlier`: how many of the runs examined were recorded by earlier invocations of the sweep (resume)."""
+    d = diagnosis
+    examined = f"{d.runs} run(s) examined"
+    if earlier:
+        examined += f" ({earlier} of them from earlier invocations of this sweep, skipped on resume)"
+    lines = [f"# Diagnosis: {sweep}", "", examined + "."]
+    if d.simulated:
+        lines += ["", (f"{d.simulated} run(s) ran on the stub engine: their commits and timings are simulated "
+                       f"(workers/stub_engine.py), so no rule examines them.")]
+    verdict = d.verdict
+    if verdict is Verdict.NO_RUNS:
+        lines += ["", "**No verdict**: no FINISHED run of a real engine to examine, so nothing was checked."]
+        return "\n".join(lines) + "\n"
+    if verdict is Verdict.HEALTHY:
+        lines += ["", "**Healthy**: every rule was evaluated and none fired."]
+    elif verdict is Verdict.INCOMPLETE:
+        lines += ["", (f"**No verdict**: no rule fired, but {len(d.not_evaluated)} of {len(d.checks)} could not "
+                       f"be evaluated on this sweep (listed under \"Not checked\"), so it is not called healthy.")]
+    for f in d.findings:
         lines += ["", f"## {f.cause.value}", "", f.summary, ""] + [f"- {e}" for e in f.evidence]
+    checked = [c for c in d.checks if c.evaluated]
+    if checked:
+        lines += ["", "## Checked", ""] + [f"- {c.rule.value}: {c.detail}" for c in checked]
+    if d.not_evaluated:
+        lines += ["", "## Not checked", ""] + [f"- {c.rule.value}: {c.detail}" for c in d.not_evaluated]
     return "\n".join(lines) + "\n"

@@ -564,6 +564,10 @@ def run_plan(plan, settings: ExecutionSettings, on_result: Callable[[RunResult],
     results: dict[int, RunResult] = {}
     if plan.num_runs == 0:
         return []
+    if track:
+        from orchestrator.tracking import experiment_for
+
+        experiment_for(settings, plan)  # ValueError (stub mixed with a real engine) before anything starts
     t0 = time.perf_counter()
 
     def mark(phase: str) -> None:
@@ -740,7 +744,7 @@ def _open_tracker(plan, settings: ExecutionSettings, multirun_yaml: str | None, 
         warm_mlflow(early_import_uri)
     if gate is not None and not gate.wait():
         return None
-    tracker = Tracker.from_settings(settings)
+    tracker = Tracker.from_settings(settings, plan)
     stats.parent_run_id = tracker.begin_parent(plan, work_dir=settings.work_dir, multirun_yaml=multirun_yaml)
     stats.tracking_setup_s = time.perf_counter() - t0
     return tracker
@@ -760,7 +764,7 @@ def _write_report(tracker, plan, settings: ExecutionSettings):
 
     try:
         return write_report(tracker.client, tracker.parent_run_id, settings.report, sweep=plan.sweep_name,
-                            print_summary=False)
+                            print_summary=False, run_hashes=plan.run_hashes)
     except Exception:
         logger.exception("could not write the sweep report to parent run %s", tracker.parent_run_id)
         return None

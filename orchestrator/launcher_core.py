@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from orchestrator.plan import NotRun, Plan, plan_resume, plan_sweep
 from orchestrator.schema import RunConfig, register_configs, to_run_config
-from orchestrator.spec import ExecutionSettings, RunResult, RunSpec, RunState
+from orchestrator.spec import EngineKind, ExecutionSettings, RunResult, RunSpec, RunState
 from orchestrator.validate import ConfigError, Problem, validate_run
 
 if TYPE_CHECKING:
@@ -72,6 +72,11 @@ def sweep_level_problems(configs: Sequence[RunConfig]) -> list[Problem]:
         values = {repr(getattr(rc, key)) for rc in configs}
         if len(values) > 1:
             out.append(Problem(key, sorted(values), "one value for the whole sweep (it is not a grid axis)"))
+    kinds = {rc.engine.kind for rc in configs}
+    if EngineKind.STUB in kinds and len(kinds) > 1:
+        out.append(Problem("engine.kind", sorted(k.value for k in kinds),
+                           "the stub engine alone or real engines alone in one sweep (stub runs are simulated and "
+                           "recorded in their own experiment, `<sweep_name>-stub`)"))
     return out
 
 
@@ -94,21 +99,22 @@ def execute_plan(plan: Plan, settings: ExecutionSettings) -> tuple[list[RunResul
         threading.Thread(target=warm_mlflow, args=(settings.tracking_uri,), name="mlflow-import", daemon=True).start()
     try:
         with ray_session(settings.cluster, plan.groups):
-            from orchestrator.tracking import finished_run_hashes
+            from orchestrator.tracking import experiment_for, finished_run_hashes
 
+            experiment = experiment_for(settings, plan)
             skipped = 0
             if settings.resume:
-                plan, skipped = plan_resume(plan, finished_run_hashes(settings))
+                plan, skipped = plan_resume(plan, finished_run_hashes(settings, plan))
                 if skipped:
                     log.info("resume: skipping %d run(s) already FINISHED in experiment %r (resume=false re-runs "
-                             "them)", skipped, settings.experiment_name)
+                             "them)", skipped, experiment)
             if not plan.groups:
                 log.info("nothing to run")
                 return [], skipped, plan
             results = run_plan(plan, settings)
             log.info("results: MLflow experiment %r in %s; browse with `mlflow ui --backend-store-uri %s` "
-                     "(or `make ui`), report with `python -m orchestrator.report %s`", settings.experiment_name,
-                     settings.tracking_uri, settings.tracking_uri, settings.experiment_name)
+                     "(or `make ui`), report with `python -m orchestrator.report %s`", experiment,
+                     settings.tracking_uri, settings.tracking_uri, experiment)
             return results, skipped, plan
     except PreflightError as e:
         raise ClusterCannotFit(str(e)) from None

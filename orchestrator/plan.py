@@ -26,6 +26,7 @@ class Plan:
     dropped: tuple[tuple[RunSpec | None, str], ...] = ()  # (point, why) left out at planning
     base_config: dict[str, Any] | None = None  # resolved config of the first job (parent-run params)
     overrides: tuple[str, ...] = ()  # the sweep's command-line overrides
+    resumed: tuple[str, ...] = ()  # run_hashes of grid points left out because already FINISHED (plan_resume)
 
     @property
     def runs(self) -> tuple[RunSpec, ...]:
@@ -35,6 +36,15 @@ class Plan:
     @property
     def num_runs(self) -> int:
         return sum(len(g.runs) for g in self.groups)
+
+    @property
+    def run_hashes(self) -> tuple[str, ...]:
+        """Every point of the sweep: the runs to run and those resumed (the report covers them all)."""
+        return tuple(dict.fromkeys([*(r.run_hash for r in self.runs), *self.resumed]))
+
+    @property
+    def engine_kinds(self) -> frozenset[EngineKind]:
+        return frozenset(r.server.engine.kind for r in (*self.runs, *(r for r, _ in self.dropped if r is not None)))
 
 
 @dataclass(frozen=True)
@@ -141,12 +151,13 @@ def plan_sweep(sweep_name: str, configs: Sequence[RunConfig], *, drop_over_max: 
 
 
 def plan_resume(plan: Plan, finished_hashes: Iterable[str]) -> tuple[Plan, int]:
-    """Leave out runs whose run_hash is already FINISHED; groups left empty disappear."""
+    """Leave out runs whose run_hash is already FINISHED (kept in `Plan.resumed`); groups left empty disappear."""
     finished = set(finished_hashes)
-    groups, skipped = [], 0
+    groups, resumed = [], list(plan.resumed)
     for g in plan.groups:
         keep = tuple(r for r in g.runs if r.run_hash not in finished)
-        skipped += len(g.runs) - len(keep)
+        resumed += [r.run_hash for r in g.runs if r.run_hash in finished]
         if keep:
             groups.append(replace(g, runs=keep))
-    return replace(plan, groups=tuple(groups)), skipped
+    skipped = len(resumed) - len(plan.resumed)
+    return replace(plan, groups=tuple(groups), resumed=tuple(resumed)), skipped

@@ -3,7 +3,11 @@
     python -m orchestrator.report <sweep name | parent run id> [--tracking-uri URI]
 
 Runs at the end of every sweep (the launcher calls `write_report`) and on demand. With a sweep name
-it reports the latest parent run of that experiment.
+it reports the latest parent run of that experiment (a stub-engine sweep's experiment is `<sweep name>-stub`).
+
+It covers every point of the sweep: the parent's own child runs, and for each point skipped on resume (the
+parent's `run_hashes.txt`) the latest FINISHED child run of the experiment with that run_hash, from an earlier
+invocation (column `invocation`, and the count in `diagnosis.md`).
 """
 
 from __future__ import annotations
@@ -18,21 +22,23 @@ import os
 import sys
 import tempfile
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.diagnosis import Finding, RunRow, Thresholds, diagnose, render_markdown
+from orchestrator.diagnosis import Diagnosis, Finding, RunRow, Thresholds, diagnose, render_markdown
 
 log = logging.getLogger(__name__)
 
 PARENT_TAG = "mlflow.parentRunId"
 TABLE_METRICS = ("prompt_tokens", "completion_tokens", "commit_len_mean", "accept_rate", "verify_steps",
                  "ttft_s", "decode_tok_s", "verify_step_ms", "kv_bw_gbs", "roofline_frac", "gpu_util_mean")
-TABLE_COLUMNS = ("run", "status", "context_len", "probe", "drafter", "attention", "page_size") + TABLE_METRICS
+TABLE_COLUMNS = ("run", "status", "invocation", "context_len", "probe", "drafter", "attention",
+                 "page_size") + TABLE_METRICS
+RUN_HASHES_ARTIFACT = "run_hashes.txt"  # orchestrator.tracking's: every point of the sweep
 # Kernel jobs (job=kernel, workers/kernel_job.py): no engine metrics, their own table and no engine diagnosis.
 KERNEL_METRICS = ("time_us", "gbs", "floor_frac", "rel_err")
-KERNEL_COLUMNS = ("run", "status") + KERNEL_METRICS
+KERNEL_COLUMNS = ("run", "status", "invocation") + KERNEL_METRICS
 
 
 class ReportError(RuntimeError):
@@ -45,6 +51,11 @@ class ChildRun:
     status: str
     reason: str
     job: str = "engine"  # engine | kernel (the child's `job` tag)
+    earlier_parent: str = ""  # the parent run of an earlier invocation that recorded it ("" = this one)
+
+    @property
+    def invocation(self) -> str:
+        return f"earlier ({self.earlier_parent[:8]})" if self.earlier_parent else "this"
 
 
 @dataclass(frozen=True)
@@ -53,6 +64,7 @@ class Report:
     sweep: str
     children: tuple[ChildRun, ...]
     findings: tuple[Finding, ...]
+    diagnosis: Diagnosis
     diagnosis_md: str
     artifact_files: tuple[str, ...]
 
@@ -78,6 +90,7 @@ def row_from_run(run) -> RunRow:
         is_oracle=_param(p, "drafter.is_oracle", default="False").lower() == "true",
         num_steps=int(float(_param(p, "drafter.num_steps", default="0"))),
         metrics=dict(m),
+        engine=run.data.tags.get("engine", ""),
     )
 
 
@@ -102,13 +115,53 @@ def resolve_parent(client, target: str) -> tuple[str, str]:
     return parents[0].info.run_id, exp.name
 
 
-def load_children(client, parent_run_id: str) -> list[ChildRun]:
+def _child(run, earlier_parent: str = "") -> ChildRun:
+    return ChildRun(row_from_run(run), run.info.status, run.data.tags.get("failure_reason", ""),
+                    run.data.tags.get("job", "engine"), earlier_parent)
+
+
+def sweep_run_hashes(client, parent_run_id: str) -> list[str] | None:
+    """Every point of the parent's sweep (its `run_hashes.txt`); None for a parent recorded without one."""
+    from mlflow.exceptions import MlflowException
+
+    with tempfile.TemporaryDirectory(prefix="specsweep-hashes-") as tmp:
+        try:
+            path = client.download_artifacts(parent_run_id, RUN_HASHES_ARTIFACT, tmp)
+        except (MlflowException, OSError):
+            return None
+        return Path(path).read_text().split()
+
+
+def _finished_children(client, experiment_id: str):
+    from mlflow.entities import ViewType
+
+    token = None
+    while True:
+        page = client.search_runs([experiment_id], filter_string="attributes.status = 'FINISHED'",
+                                  run_view_type=ViewType.ACTIVE_ONLY, max_results=1000, page_token=token)
+        yield from (r for r in page if PARENT_TAG in r.data.tags and "run_hash" in r.data.tags)
+        token = page.token
+        if not token:
+            return
+
+
+def load_children(client, parent_run_id: str, run_hashes: Collection[str] | None = None) -> list[ChildRun]:
+    """The parent's child runs, plus, for each of `run_hashes` without a FINISHED one among them, the latest FINISHED
+    child run of the experiment with that run_hash (recorded by an earlier invocation of the sweep)."""
     parent = client.get_run(parent_run_id)
-    runs = client.search_runs([parent.info.experiment_id], filter_string=f"tags.`{PARENT_TAG}` = '{parent_run_id}'",
-                              max_results=50000)
-    children = [ChildRun(row_from_run(r), r.info.status, r.data.tags.get("failure_reason", ""),
-                         r.data.tags.get("job", "engine")) for r in runs]
-    children.sort(key=lambda c: (c.row.context_len, c.row.probe, c.row.drafter, c.row.attention, c.row.page_size))
+    exp_id = parent.info.experiment_id
+    runs = client.search_runs([exp_id], filter_string=f"tags.`{PARENT_TAG}` = '{parent_run_id}'", max_results=50000)
+    children = [_child(r) for r in runs]
+    missing = set(run_hashes or ()) - {r.data.tags.get("run_hash") for r in runs if r.info.status == "FINISHED"}
+    if missing:
+        latest: dict[str, object] = {}
+        for r in _finished_children(client, exp_id):
+            h = r.data.tags["run_hash"]
+            if h in missing and (h not in latest or r.info.start_time > latest[h].info.start_time):
+                latest[h] = r
+        children += [_child(r, r.data.tags[PARENT_TAG]) for r in latest.values()]
+    children.sort(key=lambda c: (c.row.context_len, c.row.probe, c.row.drafter, c.row.attention, c.row.page_size,
+                                 c.earlier_parent))
     return children
 
 
@@ -128,7 +181,8 @@ def table_rows(children: Sequence[ChildRun]) -> list[list[str]]:
     for c in children:
         r = c.row
         status = c.status if not c.reason else f"{c.status} ({c.reason})"
-        out.append([r.name, status, str(r.context_len), r.probe, r.drafter, r.attention, str(r.page_size)]
+        out.append([r.name, status, c.invocation, str(r.context_len), r.probe, r.drafter, r.attention,
+                    str(r.page_size)]
                    + [_fmt(r.metric(k)) for k in TABLE_METRICS])
     return out
 
@@ -161,7 +215,7 @@ def kernel_rows(children: Sequence[ChildRun]) -> list[list[str]]:
     out = []
     for c in sorted((c for c in children if c.job == "kernel"), key=lambda c: c.row.name):
         status = c.status if not c.reason else f"{c.status} ({c.reason})"
-        out.append([c.row.name, status] + [_fmt(c.row.metric(k)) for k in KERNEL_METRICS])
+        out.append([c.row.name, status, c.invocation] + [_fmt(c.row.metric(k)) for k in KERNEL_METRICS])
     return out
 
 
@@ -263,21 +317,28 @@ def build_plots(out: Path, client, children: Sequence[ChildRun]) -> list[Path]:
 
 
 def write_report(client, parent_run_id: str, thresholds: Thresholds = Thresholds(), sweep: str | None = None,
-                 print_summary: bool = True) -> Report:
-    """Build the table, plots and diagnosis of a sweep and log them as artifacts of its parent run."""
+                 print_summary: bool = True, run_hashes: Collection[str] | None = None) -> Report:
+    """Build the table, plots and diagnosis of a sweep and log them as artifacts of its parent run.
+
+    `run_hashes`: every point of the sweep (`Plan.run_hashes`); None reads the parent's `run_hashes.txt`."""
     if sweep is None:
         parent = client.get_run(parent_run_id)
         sweep = client.get_experiment(parent.info.experiment_id).name
-    children = load_children(client, parent_run_id)
+    if run_hashes is None:
+        run_hashes = sweep_run_hashes(client, parent_run_id)
+    children = load_children(client, parent_run_id, run_hashes)
     engine_children = [c for c in children if c.job != "kernel"]
-    finished = [c.row for c in engine_children if c.status == "FINISHED"]
-    peak = max((r.metric("peak_bw_gbs") or 0.0 for r in finished), default=0.0) or None
-    findings = diagnose(finished, thresholds, peak_gbs=peak)
+    finished = [c for c in engine_children if c.status == "FINISHED"]
+    rows_finished = [c.row for c in finished]
+    peak = max((r.metric("peak_bw_gbs") or 0.0 for r in rows_finished), default=0.0) or None
+    diagnosis = diagnose(rows_finished, thresholds, peak_gbs=peak)
     krows = kernel_rows(children)
     if engine_children or not krows:
-        diagnosis_md = render_markdown(findings, sweep, len(finished))
+        diagnosis_md = render_markdown(diagnosis, sweep, earlier=sum(bool(c.earlier_parent) for c in finished))
     else:  # a kernel sweep: the engine rules have nothing to examine
-        diagnosis_md = f"# Diagnosis: {sweep}\n"
+        earlier = sum(bool(c.earlier_parent) for c in children if c.job == "kernel")
+        diagnosis_md = f"# Diagnosis: {sweep}\n" + (
+            f"\n{earlier} kernel run(s) from earlier invocations of this sweep (skipped on resume).\n" if earlier else "")
     if krows:
         diagnosis_md += "\n" + render_kernel_md(krows)
     rows = table_rows(engine_children)
@@ -298,7 +359,7 @@ def write_report(client, parent_run_id: str, thresholds: Thresholds = Thresholds
         for f in [out / "summary.csv", out / "summary.md", out / "summary.html", *plots]:
             client.log_artifact(parent_run_id, str(f), artifact_path="report")
             files.append(f"report/{f.name}")
-    report = Report(parent_run_id, sweep, tuple(children), tuple(findings), diagnosis_md, tuple(files))
+    report = Report(parent_run_id, sweep, tuple(children), diagnosis.findings, diagnosis, diagnosis_md, tuple(files))
     if print_summary:
         print_report(report)
     return report

@@ -3,7 +3,8 @@
 Public API:
 
     tracker = Tracker(uri: str = "sqlite:///mlflow.db", experiment: str = "default")
-    Tracker.from_settings(settings: ExecutionSettings) -> Tracker
+    Tracker.from_settings(settings: ExecutionSettings, plan: Plan | None = None) -> Tracker
+    experiment_for(settings, plan) -> str      the sweep's experiment: `<name>-stub` for stub-engine sweeps
     tracker.finished_run_hashes() -> set[str]          run_hash tags of FINISHED child runs (resume)
     with tracker.start_parent(plan, *, work_dir=".", multirun_yaml=None, tags=None) as parent_run_id:
         tracker.log_result(result: RunResult) -> str   one child run (status FINISHED / FAILED / KILLED)
@@ -11,11 +12,16 @@ Public API:
     # leaving the block ends the parent: FINISHED, or KILLED on KeyboardInterrupt, FAILED on another exception;
     # tracker.end_parent(status) ends it explicitly (then the block leaves it as is).
     tracker.begin_parent(plan, ...) -> str; tracker.end_parent(status)   the same without a with-block
-    finished_run_hashes(settings: ExecutionSettings) -> set[str]   module-level helper for the launcher
+    finished_run_hashes(settings: ExecutionSettings, plan: Plan | None = None) -> set[str]   helper for the launcher
+
+Experiments. One per sweep: `tracking.experiment_name`, else `sweep_name`. A sweep on the stub engine
+(`engine=stub`: simulated commits and timings) records into `<that name>-stub` instead, so its runs never mix with
+real results or resume against them; a sweep mixing the stub with a real engine is rejected (`experiment_for`).
 
 Layout. Parent: params = resolved base config flattened (`a.b.c`), `overrides`; tags = `specsweep.role=parent`,
-git sha, host, sweep; artifacts = `config.yaml`, `overrides.txt`, `multirun.yaml` (given, or found in
-Hydra's sweep dir). Child:
+git sha, host, sweep; metrics `runs_planned` (this invocation), `runs_resumed` (skipped: FINISHED earlier);
+artifacts = `config.yaml`, `overrides.txt`, `run_hashes.txt` (every point of the sweep, one run_hash a line, resumed
+ones included: what the report covers), `multirun.yaml` (given, or found in Hydra's sweep dir). Child:
 `mlflow.parentRunId`, run name = RunSpec.name, params = RunSpec.params, tags = run_hash, job_index,
 server_group, engine, engine_version, host, git sha, attempt, engine_start, failure_reason; metrics in
 `log_batch` calls, the `commit_len` series (and any `metrics.log_patterns` series) with step = index; artifacts = RunResult.artifacts
@@ -34,9 +40,12 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
-from orchestrator.spec import ExecutionSettings, RunResult, RunState
+from orchestrator.spec import EngineKind, ExecutionSettings, RunResult, RunState
+
+if TYPE_CHECKING:
+    from orchestrator.plan import Plan
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +53,18 @@ PARENT_TAG = "mlflow.parentRunId"
 ROLE_TAG = "specsweep.role"
 MAX_PARAM_VALUE = 6000  # MLflow's limit on a param value
 BATCH_METRICS, BATCH_PARAMS, BATCH_TAGS = 1000, 100, 100  # MLflow's log_batch limits
+STUB_EXPERIMENT_SUFFIX = "-stub"
+RUN_HASHES_ARTIFACT = "run_hashes.txt"
+
+
+def experiment_for(settings: ExecutionSettings, plan: Plan | None = None) -> str:
+    """The MLflow experiment of `plan`'s sweep: `settings.experiment_name`, plus `-stub` when every run is on the
+    stub engine. Raises ValueError for a plan mixing the stub with a real engine."""
+    kinds = plan.engine_kinds if plan is not None else frozenset()
+    if EngineKind.STUB in kinds and len(kinds) > 1:
+        raise ValueError(f"engine.kind={sorted(k.value for k in kinds)}: the stub engine's runs are simulated and "
+                         f"recorded in their own experiment; run stub and real engines as separate sweeps")
+    return settings.experiment_name + (STUB_EXPERIMENT_SUFFIX if kinds == {EngineKind.STUB} else "")
 
 
 def _client(uri: str):
@@ -99,8 +120,8 @@ class Tracker:
         self._parent_ended = False
 
     @classmethod
-    def from_settings(cls, settings: ExecutionSettings) -> "Tracker":
-        return cls(settings.tracking_uri, settings.experiment_name)
+    def from_settings(cls, settings: ExecutionSettings, plan: Plan | None = None) -> "Tracker":
+        return cls(settings.tracking_uri, experiment_for(settings, plan))
 
     def _experiment_id(self) -> str:
         exp = self.client.get_experiment_by_name(self.experiment)
@@ -138,7 +159,8 @@ class Tracker:
     @contextlib.contextmanager
     def start_parent(self, plan, *, work_dir: str | os.PathLike = ".", multirun_yaml: str | None = None,
                      tags: Mapping[str, str] | None = None) -> Iterator[str]:
-        """`plan` is an `orchestrator.plan.Plan` (sweep_name, base_config, overrides, num_runs are read)."""
+        """`plan` is an `orchestrator.plan.Plan` (sweep_name, base_config, overrides, num_runs, run_hashes and
+        resumed are read)."""
         rid = self.begin_parent(plan, work_dir=work_dir, multirun_yaml=multirun_yaml, tags=tags)
         try:
             yield rid
@@ -164,12 +186,14 @@ class Tracker:
         rid = self.parent_run_id
         params = flatten(plan.base_config or {})
         params["overrides"] = " ".join(plan.overrides)
-        self._log_batch(rid, params=params, metrics={"runs_planned": float(plan.num_runs)})
+        self._log_batch(rid, params=params, metrics={"runs_planned": float(plan.num_runs),
+                                                     "runs_resumed": float(len(plan.resumed))})
         if plan.base_config:
             import yaml
 
             self.client.log_text(rid, yaml.safe_dump(plan.base_config, sort_keys=False), "config.yaml")
         self.client.log_text(rid, "\n".join(plan.overrides) + "\n", "overrides.txt")
+        self.client.log_text(rid, "".join(f"{h}\n" for h in plan.run_hashes), RUN_HASHES_ARTIFACT)
         multirun_yaml = multirun_yaml or _hydra_multirun_yaml()
         if multirun_yaml:
             self.client.log_text(rid, multirun_yaml, "multirun.yaml")
@@ -250,6 +274,6 @@ def schedule_tags(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     return {"schedule": environ[ENV_SCHEDULE], "scheduled_time": environ.get(ENV_SCHEDULED_TIME, "")}
 
 
-def finished_run_hashes(settings: ExecutionSettings) -> set[str]:
-    """run_hashes already FINISHED in the settings' experiment (empty when the store or experiment is new)."""
-    return Tracker.from_settings(settings).finished_run_hashes()
+def finished_run_hashes(settings: ExecutionSettings, plan: Plan | None = None) -> set[str]:
+    """run_hashes already FINISHED in the sweep's experiment (empty when the store or experiment is new)."""
+    return Tracker.from_settings(settings, plan).finished_run_hashes()

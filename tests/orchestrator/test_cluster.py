@@ -190,7 +190,7 @@ def test_preflight_names_the_missing_label_and_launches_nothing(sim, tmp_path):
     assert "accelerator=sm_100: no node has that label" in msg, msg
     assert "2× sm_120 (8 GPU), 1× sm_90 (8 GPU)" in msg and all(g.group_id in msg for g in plan.groups)
     assert len(placement_group_table()) == before
-    assert not (tmp_path / "mlflow.db").exists() or _experiment_runs(tmp_path, "t") is None
+    assert not (tmp_path / "mlflow.db").exists() or _experiment_runs(tmp_path, "t-stub") is None
 
 
 def test_engine_start_failure_fails_that_group_and_the_sweep_goes_on(sim, tmp_path):
@@ -301,7 +301,7 @@ def test_node_lost_mid_sweep_requeues_and_every_run_finishes_once(sim, tmp_path)
     assert [r.state for r in results] == [RunState.FINISHED] * 12, [(r.run.job_index, r.message) for r in results]
     victim_node = removed[0][1].node_id
     assert all(r.tags["node_id"] != victim_node for r in results if r.tags["attempt"] != "1")
-    children = _experiment_runs(tmp_path, "loss")
+    children = _experiment_runs(tmp_path, "loss-stub")
     finished = Counter(c.data.tags["run_hash"] for c in children if c.info.status == "FINISHED")
     assert finished == Counter({r.run_hash: 1 for r in plan.runs})
     failed = [c for c in children if c.info.status == "FAILED"]
@@ -335,7 +335,7 @@ def test_interrupt_stops_every_engine_and_the_rerun_finishes_only_the_rest(sim, 
     while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(pid_alive(p) for p in pids), "an engine outlived the interrupted driver"
-    first = _experiment_runs(tmp_path, "interrupted")
+    first = _experiment_runs(tmp_path, "interrupted-stub")
     assert first and {c.info.status for c in first} <= {"FINISHED", "KILLED"}
     done_before = {c.data.tags["run_hash"] for c in first if c.info.status == "FINISHED"}
     assert len(first) == _INT_RUNS * _INT_GROUPS and len(done_before) < len(first)
@@ -345,7 +345,7 @@ def test_interrupt_stops_every_engine_and_the_rerun_finishes_only_the_rest(sim, 
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     report = json.loads(again.stdout.strip().splitlines()[-1])
     assert report["skipped"] == len(done_before) and report["ran"] == len(first) - len(done_before)
-    after = _experiment_runs(tmp_path, "interrupted")
+    after = _experiment_runs(tmp_path, "interrupted-stub")
     finished = Counter(c.data.tags["run_hash"] for c in after if c.info.status == "FINISHED")
     assert len(finished) == _INT_RUNS * _INT_GROUPS and set(finished.values()) == {1}
 

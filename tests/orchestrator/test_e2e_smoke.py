@@ -219,10 +219,15 @@ def test_interrupt_kills_engines_and_records_killed_runs(tmp_path):
 
 def test_stub_engine_sweep_through_the_orchestrator(tmp_path):
     """`+sweep=smoke engine=stub`: conf/engine/stub.yaml through the real entry point, launcher, Ray and MLflow;
-    its timing knobs reach the stub's argv and show in the recorded times."""
+    its timing knobs reach the stub's argv and show in the recorded times. Its runs go to their own experiment,
+    `smoke-stub`, and the diagnosis gives no verdict on them (simulated commits)."""
+    import mlflow
+
     token_s = 0.01
-    out = _sweep(tmp_path, "engine=stub", f"engine.stub.token_s={token_s}", "sweep_name=smoke-stub")
+    out = _sweep(tmp_path, "engine=stub", f"engine.stub.token_s={token_s}")
     assert out.returncode == 0, out.stderr[-3000:]
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
+    assert mlflow.get_experiment_by_name("smoke") is None
     parents, children = _runs(tmp_path, "smoke-stub")
     assert len(parents) == 1 and parents.iloc[0]["status"] == "FINISHED"
     assert len(children) == SMOKE_RUNS and (children["status"] == "FINISHED").all(), children["tags.message"]
@@ -240,7 +245,9 @@ def test_stub_engine_sweep_through_the_orchestrator(tmp_path):
     assert (children["metrics.verify_steps"] == -(-31 // (steps + 1))).all()
     # 32 tokens at token_s each: the knob reached the engine
     assert (children["metrics.e2e_s"] >= 32 * token_s).all(), children["metrics.e2e_s"].tolist()
-    logs = list((tmp_path / "logs" / "engines").glob("smoke-stub-*/engine-*.log"))
+    diagnosis = out.stdout + out.stderr
+    assert f"{SMOKE_RUNS} run(s) ran on the stub engine" in diagnosis and "pipeline bug" not in diagnosis
+    logs = list((tmp_path / "logs" / "engines").glob("smoke-*/engine-*.log"))
     assert len(logs) == 2
     for log in logs:
         argv = log.read_text().splitlines()[0]

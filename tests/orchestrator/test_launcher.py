@@ -112,13 +112,29 @@ def test_execute_plan_resume_skips_finished(monkeypatch, tmp_path):
     plan, settings = launcher_core.plan_jobs(launcher_core.expand_grid({"drafter": ["ngram", "oracle"]}),
                                              cwd=str(tmp_path))
     finished = {plan.groups[0].runs[0].run_hash}
-    monkeypatch.setattr(orchestrator.tracking, "finished_run_hashes", lambda s: finished)
+    monkeypatch.setattr(orchestrator.tracking, "finished_run_hashes", lambda s, p=None: finished)
     ran = []
     monkeypatch.setattr(orchestrator.execute, "run_plan", lambda p, s: ran.append(p) or
                         [RunResult(run=r, state=RunState.FINISHED) for r in p.runs])
     results, skipped, ran_plan = launcher_core.execute_plan(plan, settings)
     assert skipped == 1 and len(results) == 1 and ran_plan.num_runs == 1 and ran == [ran_plan]
+    assert ran_plan.resumed == tuple(finished) and set(ran_plan.run_hashes) == {r.run_hash for r in plan.runs}
     out = launcher_core.outcomes(plan.runs, plan, ran_plan, results)
     assert isinstance(out[0], NotRun) and "resume" in out[0].reason and out[1].state is RunState.FINISHED
     results, skipped, _ = launcher_core.execute_plan(plan, replace(settings, resume=False))
     assert skipped == 0 and len(results) == 2
+
+
+def test_stub_engine_sweeps_get_their_own_experiment_and_never_mix_with_real_engines(tmp_path):
+    from orchestrator.tracking import experiment_for
+
+    plan, settings = launcher_core.plan_jobs([["engine=stub", "sweep_name=probe"]], cwd=str(tmp_path))
+    assert experiment_for(settings, plan) == "probe-stub"
+    plan, settings = launcher_core.plan_jobs([["sweep_name=probe"]], cwd=str(tmp_path))
+    assert experiment_for(settings, plan) == "probe"
+    plan, settings = launcher_core.plan_jobs([["engine=stub", "sweep_name=probe", "tracking.experiment_name=mine"]],
+                                             cwd=str(tmp_path))
+    assert experiment_for(settings, plan) == "mine-stub"
+    with pytest.raises(launcher_core.ConfigError) as e:
+        launcher_core.plan_jobs(launcher_core.expand_grid({"engine": ["stub", "reference"]}), cwd=str(tmp_path))
+    assert "engine.kind=['reference', 'stub']" in str(e.value) and "<sweep_name>-stub" in str(e.value)

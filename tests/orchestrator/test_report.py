@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+from pathlib import Path
 
 import pytest
 
@@ -73,3 +74,54 @@ def test_cli(store, caplog):
     uri, client, parent_id = store
     assert main(["synthetic", "--tracking-uri", uri]) == 0
     assert main(["missing-sweep", "--tracking-uri", uri]) == 2
+
+
+@pytest.mark.slow
+def test_resumed_sweep_report_covers_every_finished_point(tmp_path):
+    """A real sweep (launcher edge, local Ray, stub engines, MLflow SQLite in tmp_path) run twice with overlapping
+    grids: the second parent's report covers its own new point and the point FINISHED by the first invocation
+    (and not the first's point outside its grid); the stub sweep records into `<sweep_name>-stub`."""
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator.launcher_core import execute_plan, expand_grid, plan_jobs
+
+    fixed = ("engine=stub", "engine.stub.token_s=0.001", "engine.stub.startup_s=0", "drafter=oracle",
+             "sweep_name=resume", "gen_tokens=8", "progress=false", "cluster.num_cpus=2")
+
+    def sweep(contexts):
+        plan, settings = plan_jobs(expand_grid({"context_len": contexts}, *fixed), cwd=str(tmp_path))
+        results, skipped, _ = execute_plan(plan, settings)
+        return plan, results, skipped
+
+    _, first, _ = sweep([256, 512])
+    assert [r.state.value for r in first] == ["FINISHED", "FINISHED"]
+    plan, results, skipped = sweep([512, 1024])
+    assert skipped == 1 and [r.run.probe.context_len for r in results] == [1024]
+
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    assert client.get_experiment_by_name("resume") is None
+    exp = client.get_experiment_by_name("resume-stub")
+    parents = client.search_runs([exp.experiment_id], "tags.`specsweep.role` = 'parent'",
+                                 order_by=["attributes.start_time ASC"])
+    assert len(parents) == 2
+    earlier_id, parent_id = parents[0].info.run_id, parents[1].info.run_id
+    assert parents[1].data.metrics["runs_resumed"] == 1 and parents[1].data.metrics["runs_planned"] == 1
+
+    dl = tmp_path / "dl"
+    dl.mkdir()
+    def artifact(path: str) -> str:
+        return Path(client.download_artifacts(parent_id, path, str(dl))).read_text()
+
+    table = list(csv.DictReader(io.StringIO(artifact("report/summary.csv"))))
+    assert sorted((r["context_len"], r["status"], r["invocation"]) for r in table) == \
+        [("1024", "FINISHED", "this"), ("512", "FINISHED", f"earlier ({earlier_id[:8]})")]
+    diagnosis = artifact("diagnosis.md")
+    assert "2 run(s) examined (1 of them from earlier invocations of this sweep" in diagnosis
+    assert "2 run(s) ran on the stub engine" in diagnosis and "**No verdict**" in diagnosis
+    assert "pipeline bug" not in diagnosis and "Healthy" not in diagnosis
+
+    # on demand (`python -m orchestrator.report resume-stub`): the grid comes from the parent's run_hashes.txt
+    assert resolve_parent(client, "resume-stub") == (parent_id, "resume-stub")
+    again = write_report(client, parent_id, print_summary=False)
+    assert sorted(c.row.context_len for c in again.children) == [512, 1024]
+    assert set(artifact("run_hashes.txt").split()) == {r.run_hash for r in plan.runs}
