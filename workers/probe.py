@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import requests
+import urllib3
 
 from orchestrator.spec import EngineKind, ProbeKind, ProbeSpec
 from workers.errors import BadResponse, ProbeTimeout
@@ -47,6 +48,7 @@ logger = logging.getLogger(__name__)
 NOVEL_NGRAM = 3  # no word trigram appears twice in novel text
 CHARS_PER_TOKEN = 4  # SGLang without a local tokenizer: a rough text length per requested token
 CONNECT_TIMEOUT_S = 5.0
+FLUSH_BUSY_WAIT_S = 10.0  # /flush_cache answering 400 (a request still running) is retried this long
 
 _BYTE_TOKENIZER = ByteTokenizer()
 
@@ -249,10 +251,17 @@ class ProbeClient:
     def close(self) -> None:
         self.http.close()
 
-    def flush_cache(self) -> None:
-        r = self._call("POST", "/flush_cache", timeout=60.0)
-        if r.status_code != 200:
-            raise BadResponse(f"/flush_cache answered {r.status_code}: {r.text[:200]}")
+    def flush_cache(self, busy_wait_s: float = FLUSH_BUSY_WAIT_S) -> None:
+        """400 means a request is still running (SGLang, the reference engine): one this client abandoned is
+        being cancelled, so ask again for up to `busy_wait_s`."""
+        deadline = time.monotonic() + busy_wait_s
+        while True:
+            r = self._call("POST", "/flush_cache", timeout=60.0)
+            if r.status_code == 200:
+                return
+            if r.status_code != 400 or time.monotonic() > deadline:
+                raise BadResponse(f"/flush_cache answered {r.status_code}: {r.text[:200]}")
+            time.sleep(0.1)
 
     def server_info(self) -> dict[str, Any]:
         r = self._call("GET", "/server_info", timeout=30.0)
@@ -292,6 +301,8 @@ class ProbeClient:
             except requests.exceptions.Timeout as e:
                 raise ProbeTimeout(f"/generate stream stalled past {self.timeout_s:.0f} s: {e}") from e
             except (requests.exceptions.ChunkedEncodingError, requests.exceptions.ConnectionError) as e:
+                if _is_read_timeout(e):  # requests reports a read timeout inside a body as a ConnectionError
+                    raise ProbeTimeout(f"/generate stream stalled past {self.timeout_s:.0f} s: {e}") from e
                 raise BadResponse(f"/generate stream broke: {e}") from e
             except json.JSONDecodeError as e:
                 raise BadResponse(f"/generate sent a chunk that is not JSON: {e}") from e
@@ -306,6 +317,10 @@ class ProbeClient:
             raise ProbeTimeout(f"{method} {path} timed out after {timeout:.0f} s") from e
         except requests.exceptions.RequestException as e:
             raise BadResponse(f"{method} {path} failed: {e}") from e
+
+
+def _is_read_timeout(e: Exception) -> bool:
+    return any(isinstance(a, urllib3.exceptions.ReadTimeoutError) for a in e.args)
 
 
 def _json(r: requests.Response) -> dict[str, Any]:

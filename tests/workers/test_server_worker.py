@@ -85,3 +85,20 @@ def test_gpu_engines_are_sampled(tmp_path, monkeypatch):
         runner.stop()
     assert r.metrics["gpu_util_mean"] == 50.0 and r.series["gpu_util"] == [40.0, 60.0]
     assert r.tags["gpu_name"] == "NVIDIA H200"
+
+
+def test_a_timed_out_run_does_not_spoil_the_next_runs_on_that_server(tmp_path):
+    """The engine cancels the generation its client abandoned; the next runs flush and finish on the same engine."""
+    server = tiny_server("none", context_length=8192, request_timeout_s=2.0)
+    runner = sw.GroupRunner(server, tmp_path)
+    try:
+        runner.start()
+        pid = runner.engine.pid
+        slow = runner.run(tiny_run(server, 0, gen_tokens=6000))
+        assert slow.state is RunState.FAILED and slow.reason is FailureReason.TIMEOUT, slow.message
+        after = [runner.run(tiny_run(server, i, gen_tokens=4)) for i in (1, 2)]
+        assert [r.state for r in after] == [RunState.FINISHED] * 2, [r.message for r in after]
+        assert all(r.tags["engine_pid"] == str(pid) and r.tags["engine_start"] == "1" for r in after)
+    finally:
+        runner.stop()
+    assert "cancelled: the client went away" in runner.log_path.read_text()

@@ -32,7 +32,10 @@ class RequestError(ValueError):
 
 
 class Cancelled(RuntimeError):
-    """The engine is shutting down."""
+    """The request stopped before it finished: its client went away, or the engine is shutting down."""
+
+
+LOCK_POLL_S = 0.05  # a request waiting for the engine checks this often whether it was cancelled
 
 
 @dataclass
@@ -147,13 +150,25 @@ class Engine:
                                f"the KV pool holds {self.target.pool.num_slots} (--max-total-tokens)")
 
     def generate(self, input_ids: list[int], params: SamplingParams,
-                 on_tokens: Callable[[list[int]], None] | None = None) -> Output:
-        """Greedy/sampled generation with or without speculation. on_tokens(all_output_ids) after each step."""
+                 on_tokens: Callable[[list[int]], None] | None = None,
+                 cancel: threading.Event | None = None) -> Output:
+        """Greedy/sampled generation with or without speculation. on_tokens(all_output_ids) after each step.
+        Setting `cancel` (the client went away) raises Cancelled at the next step, or while waiting for the lock."""
         self.check(input_ids, params)
-        with self.lock:
-            return self._generate(input_ids, params, on_tokens)
+        while not self.lock.acquire(timeout=LOCK_POLL_S):
+            self._check_cancelled(cancel)
+        try:
+            return self._generate(input_ids, params, on_tokens, cancel)
+        finally:
+            self.lock.release()
 
-    def _generate(self, input_ids, params, on_tokens) -> Output:
+    def _check_cancelled(self, cancel: threading.Event | None) -> None:
+        if self.cancelled.is_set():
+            raise Cancelled("the engine is shutting down")
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("the client went away")
+
+    def _generate(self, input_ids, params, on_tokens, cancel) -> Output:
         t0 = time.perf_counter()
         gen = torch.Generator().manual_seed(params.sampling_seed if params.sampling_seed is not None else self.args.random_seed)
         seq = self.target.new_sequence()
@@ -169,8 +184,7 @@ class Engine:
                 on_tokens(out)
             finish = self._finish_reason(out, params)
             while finish is None:
-                if self.cancelled.is_set():
-                    raise Cancelled("the engine is shutting down")
+                self._check_cancelled(cancel)
                 out.extend(self._step(seq, input_ids + out, params.temperature, gen, steps))
                 finish = self._finish_reason(out, params)
                 if on_tokens:

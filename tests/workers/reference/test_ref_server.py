@@ -1,6 +1,7 @@
 """HTTP conformance: the engine as a real subprocess on a free port."""
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -142,7 +143,7 @@ def test_stream_sse(server):
     (json.dumps({"sampling_params": {}}), "exactly one of text or input_ids"),
     (json.dumps({"input_ids": [[1, 2], [3]]}), "batch"),
     (json.dumps({"input_ids": [1, 99999]}), "out of range"),
-    (json.dumps({"text": "a", "sampling_params": {"max_new_tokens": "many"}}), "bad sampling_params"),
+    (json.dumps({"text": "a", "sampling_params": {"max_new_tokens": "many"}}), "sampling_params.max_new_tokens"),
     (json.dumps([1, 2]), "JSON object"),
 ])
 def test_bad_requests_get_400_and_server_stays_healthy(server, data, fragment):
@@ -152,6 +153,102 @@ def test_bad_requests_get_400_and_server_stays_healthy(server, data, fragment):
     assert fragment in r.json()["error"]["message"]
     assert requests.get(f"{url}/health", timeout=TIMEOUT).status_code == 200
     assert proc.poll() is None
+
+
+# Each answered 500 and closed the connection, or was silently coerced; SGLang answers 400 for each
+# (SamplingParams.verify: temperature finite >= 0, top_p in (0, 1], sampling_seed in [-2**63, 2**63 - 1]).
+BAD_FIELDS = [
+    ('{"text": "\\ud800", "sampling_params": {"max_new_tokens": 2}}', "text is not valid Unicode"),
+    ('{"text": "a", "sampling_params": {"max_new_tokens": 1e400}}', "sampling_params.max_new_tokens"),
+    ('{"text": "a", "sampling_params": {"temperature": NaN}}', "sampling_params.temperature"),
+    ('{"text": "a", "sampling_params": {"sampling_seed": %d}}' % 2**70, "sampling_params.sampling_seed"),
+    ('{"text": "a", "sampling_params": {"max_new_tokens": "3"}}', "sampling_params.max_new_tokens"),
+    ('{"text": "a", "sampling_params": {"max_new_tokens": 2.9}}', "sampling_params.max_new_tokens"),
+    ('{"text": "a", "sampling_params": {"temperature": -5}}', "sampling_params.temperature"),
+    ('{"text": "a", "sampling_params": {"top_p": 5}}', "sampling_params.top_p"),
+    ('{"text": "a", "sampling_params": {"ignore_eos": "false"}}', "sampling_params.ignore_eos"),
+    ('{"text": "a", "sampling_params": {"top_k": 5}}', "sampling_params.top_k"),
+    ('{"text": "a", "stream": "false"}', "stream must be true or false"),
+]
+
+
+def test_bad_fields_get_400_naming_the_field_on_a_kept_alive_connection(server):
+    url, proc, _ = server
+    conn = http.client.HTTPConnection("127.0.0.1", int(url.rsplit(":", 1)[1]), timeout=TIMEOUT)
+    try:
+        conn.connect()
+        sock = conn.sock
+        for body, fragment in BAD_FIELDS:
+            conn.request("POST", "/generate", body=body.encode(), headers={"content-type": "application/json"})
+            r = conn.getresponse()
+            answer = json.loads(r.read())
+            assert r.status == 400 and fragment in answer["error"]["message"], (body, answer)
+            assert not r.will_close and conn.sock is sock, f"connection dropped after {body}"
+        conn.request("POST", "/generate", body=json.dumps({"text": "ok", "sampling_params": greedy(2)}).encode(),
+                     headers={"content-type": "application/json"})
+        r = conn.getresponse()
+        assert r.status == 200 and len(json.loads(r.read())["output_ids"]) == 2 and conn.sock is sock
+    finally:
+        conn.close()
+    assert proc.poll() is None
+
+
+def test_sglang_defaults_and_null_max_new_tokens_are_accepted(server):
+    url, _, _ = server
+    r = post(url, {"input_ids": [1] * 4000, "sampling_params": {"max_new_tokens": None, "temperature": 0,
+                                                                "top_k": -1, "top_p": 0.5, "ignore_eos": True}})
+    assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 96  # up to the context (4096)
+
+
+def _flush_within(url: str, seconds: float) -> float:
+    """Seconds until /flush_cache answers 200 (it answers 400 while a request runs); fails after `seconds`."""
+    t0 = time.monotonic()
+    while True:
+        r = requests.post(f"{url}/flush_cache", timeout=TIMEOUT)
+        if r.status_code == 200:
+            return time.monotonic() - t0
+        assert r.status_code == 400 and time.monotonic() - t0 < seconds, r.text
+        time.sleep(0.05)
+
+
+LONG = {"input_ids": [1] * 8, "sampling_params": greedy(4000)}  # tens of seconds of generation on CPU
+
+
+def test_client_timeout_cancels_a_non_streamed_generation(server):
+    url, _, _ = server
+    with pytest.raises(requests.Timeout):
+        requests.post(f"{url}/generate", json=LONG, timeout=1.0)
+    _flush_within(url, 5.0)
+    assert post(url, {"text": "next", "sampling_params": greedy(4)}).status_code == 200
+
+
+def test_client_leaving_a_stream_cancels_the_generation(server):
+    url, _, _ = server
+    r = post(url, {**LONG, "stream": True}, stream=True)
+    lines = r.iter_lines()
+    assert next(l for l in lines if l).startswith(b"data: ")
+    r.close()
+    _flush_within(url, 5.0)
+    assert post(url, {"text": "next", "sampling_params": greedy(4)}).status_code == 200
+
+
+def test_a_stream_that_stalls_is_a_probe_timeout(server):
+    """The engine busy with another client's request: headers come, then nothing within the probe's timeout."""
+    from workers.errors import ProbeTimeout
+    from workers.probe import ProbeClient, Prompt
+
+    url, _, _ = server
+    busy = post(url, {**LONG, "stream": True}, stream=True)
+    lines = busy.iter_lines()  # held: a dropped iterator would close the connection (and cancel the request)
+    try:
+        next(l for l in lines if l)
+        client = ProbeClient(url, timeout_s=1.0)
+        with pytest.raises(ProbeTimeout, match="stalled"):
+            client.generate(Prompt(input_ids=(1, 2, 3)), 4)
+        client.close()
+    finally:
+        busy.close()
+    _flush_within(url, 5.0)
 
 
 def test_flush_cache(server):
