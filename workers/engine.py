@@ -14,9 +14,12 @@ Public API:
             engine.base_url, engine.pid, engine.check_alive(), engine.log_tail(100)
         # leaving the block stops it: SIGTERM to its process group, grace, SIGKILL, wait
 
-Errors (workers.errors): EngineStartFailed (exited or never healthy during start), EngineTimeout (its
+Errors (workers.errors): EngineStartFailed (exited, or logged a fatal error, during start), EngineTimeout (its
 subclass: no /health 200 within startup_timeout_s), EngineDied (exited after it was healthy); each carries
-the log tail.
+the log tail, and a start failure's message names its cause from the log (`start_failure_cause`: the last
+Python exception, e.g. "ModuleNotFoundError: No module named 'torchvision'", or an `error:` line).
+The wait for /health ends as soon as the process exits or its log shows a line of FATAL_LOG_PATTERNS (SGLang's
+"Scheduler hit an exception", after which a TP peer can keep the process up without ever serving).
 
 No orphans: the engine runs in its own session/process group with PR_SET_PDEATHSIG=SIGKILL (Linux), so it
 dies with the process that started it even when that process is SIGKILLed (a Ray actor killed, a driver
@@ -32,6 +35,7 @@ import inspect
 import ctypes.util
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -52,6 +56,15 @@ from workers.sglang import SGLangAdapter
 logger = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
+# Log lines after which an engine never becomes healthy, though its process may stay up (SGLang 0.5.x:
+# scheduler.py / tokenizer_manager.py / detokenizer_manager.py log "<X> hit an exception: <traceback>", and
+# engine.py "Received sigquit from a child process" before it kills its tree, which a stuck peer can outlive).
+FATAL_LOG_PATTERNS = (re.compile(r"\b\w+ hit an exception\b"), re.compile(r"Received sigquit from a child process"))
+LOG_SCAN_MAX_BYTES = 1 << 20
+FATAL_GRACE_S = 2.0  # after a fatal line: time for the traceback to be written and the process to exit itself
+_TRACEBACK = "Traceback (most recent call last):"
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)\b(:.*)?$")
+_ERROR_LINE = re.compile(r"\berror:|\b(ERROR|FATAL|CRITICAL)\b|\b[A-Z]\w*Error\b")
 
 
 # ---------------------------------------------------------------- adapters: one per EngineKind
@@ -226,6 +239,7 @@ class EngineProcess:
         self.proc: subprocess.Popen | None = None
         self.started_at = 0.0
         self.ready_s = 0.0  # seconds from spawn to the first /health 200
+        self._log_start = self._log_scanned = 0  # log offsets: this start's first byte, the fatal-line scan
         self._lock = threading.Lock()
         self._http = requests.Session()
         self._http.trust_env = False  # never route 127.0.0.1 through a proxy from the environment
@@ -275,6 +289,7 @@ class EngineProcess:
         with open(self.log_path, "ab") as log:
             log.write(f"$ {' '.join(self.argv)}\n".encode())
             log.flush()
+            self._log_start = self._log_scanned = log.tell()
             self.started_at = time.time()
             self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                          env=env, start_new_session=True, close_fds=True,
@@ -285,11 +300,18 @@ class EngineProcess:
     def _wait_healthy(self) -> None:
         deadline = self.started_at + self.startup_timeout_s
         interval = 0.05
+        fatal_at: float | None = None
         while True:
             code = self.proc.poll()
             if code is not None:
-                raise EngineStartFailed(f"engine exited with code {code} during start ({self._argv0()})",
-                                        self.log_tail())
+                raise EngineStartFailed(f"engine exited with code {code} during start: {self._cause()} "
+                                        f"({self._argv0()})", self.log_tail())
+            if fatal_at is None and self._logged_fatal():
+                fatal_at = time.time()
+                logger.warning("engine pid %d logged a fatal error during start", self.proc.pid)
+            if fatal_at is not None and time.time() - fatal_at >= FATAL_GRACE_S:
+                raise EngineStartFailed(f"engine logged a fatal error during start: {self._cause()} "
+                                        f"({self._argv0()})", self.log_tail())
             if not self.serves_http and time.time() - self.started_at >= self.settle_s:
                 logger.info("engine pid %d (no HTTP on this rank) alive after %.1f s", self.proc.pid, self.settle_s)
                 return
@@ -298,8 +320,8 @@ class EngineProcess:
                 logger.info("engine pid %d healthy after %.1f s", self.proc.pid, self.ready_s)
                 return
             if time.time() > deadline:
-                raise EngineTimeout(f"engine not healthy after {self.startup_timeout_s:.0f} s ({self._argv0()})",
-                                    self.log_tail())
+                raise EngineTimeout(f"engine not healthy after {self.startup_timeout_s:.0f} s ({self._argv0()}); "
+                                    f"its log ends: {self._cause()}", self.log_tail())
             time.sleep(interval)
             interval = min(interval * 1.5, 0.5)
 
@@ -362,6 +384,31 @@ class EngineProcess:
             return ""
         return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
 
+    def _this_start_log(self) -> str:
+        """What this start wrote to the log (the file is shared by every start of a group's engine)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(self._log_start, f.seek(0, os.SEEK_END) - LOG_SCAN_MAX_BYTES))
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def _logged_fatal(self) -> bool:
+        """A FATAL_LOG_PATTERNS line among the complete lines written since the last call."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._log_scanned)
+                data = f.read(LOG_SCAN_MAX_BYTES)
+        except OSError:
+            return False
+        end = data.rfind(b"\n") + 1
+        self._log_scanned += end
+        text = data[:end].decode("utf-8", "replace")
+        return any(p.search(text) for p in FATAL_LOG_PATTERNS)
+
+    def _cause(self) -> str:
+        return start_failure_cause(self._this_start_log()) or "nothing in its log"
+
     def _argv0(self) -> str:
         return " ".join(self.argv[:3])
 
@@ -371,3 +418,18 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)  # start_new_session: the group id is the leader's pid
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def start_failure_cause(log_text: str, max_chars: int = 300) -> str:
+    """The line of an engine's start-up log that says why it failed: the exception line of its last Python
+    traceback, else the last `error:` / ERROR / FATAL line, else the last line; "" for an empty log."""
+    lines = [line.rstrip() for line in log_text.splitlines() if line.strip()]
+    last_tb = max((i for i, line in enumerate(lines) if _TRACEBACK in line), default=None)
+    if last_tb is not None:
+        cause = next((line for line in lines[last_tb + 1:] if _EXCEPTION_LINE.match(line)), None)
+        if cause:
+            return cause[:max_chars]
+    cause = next((line for line in reversed(lines) if _ERROR_LINE.search(line) and not line.startswith("$ ")), None)
+    if cause is None:
+        cause = lines[-1] if lines else ""
+    return cause.strip()[:max_chars]

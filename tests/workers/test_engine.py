@@ -157,3 +157,43 @@ def test_killed_owner_leaves_no_orphan(tmp_path):
     finally:
         owner.kill()
         owner.wait()
+
+
+def test_a_python_exception_at_start_is_named_in_the_failure(tmp_path):
+    cmd = lambda port: [sys.executable, "-c", "import specsweep_no_such_module"]
+    with pytest.raises(EngineStartFailed) as info:
+        EngineProcess(cmd, tmp_path / "import.log", startup_timeout_s=60).start()
+    assert "ModuleNotFoundError: No module named 'specsweep_no_such_module'" in info.value.message
+
+
+# What SGLang 0.5.23 logs when a scheduler fails to start (scheduler.py `logger.error(f"Scheduler hit an
+# exception: {traceback}")`, engine.py's SIGQUIT handler); SGLang itself cannot run here. The process stays up,
+# as a launcher whose TP peer is stuck in NCCL does.
+SGLANG_SCHEDULER_FAILURE = textwrap.dedent('''
+    import sys, time
+    print("[2026-12-01 10:00:00] server_args=ServerArgs(model_path='/models/qwen3-8b', tp_size=1)", flush=True)
+    time.sleep(0.5)
+    print("""[2026-12-01 10:00:03] Scheduler hit an exception: Traceback (most recent call last):
+      File "/usr/lib/python3/dist-packages/sglang/srt/managers/scheduler.py", line 6362, in run_scheduler_process
+        scheduler = Scheduler(server_args, port_args)
+      File "/usr/lib/python3/dist-packages/sglang/srt/models/qwen3_vl.py", line 24, in <module>
+        import torchvision
+    ModuleNotFoundError: No module named 'torchvision'
+    """, flush=True)
+    print("[2026-12-01 10:00:03] Received sigquit from a child process. It usually means the child failed.",
+          flush=True)
+    time.sleep(600)
+''')
+
+
+def test_a_fatal_log_line_ends_the_wait_at_once(tmp_path):
+    engine = EngineProcess(lambda port: [sys.executable, "-c", SGLANG_SCHEDULER_FAILURE], tmp_path / "sglang.log",
+                           startup_timeout_s=120)
+    t0 = time.monotonic()
+    with pytest.raises(EngineStartFailed) as info:
+        with engine:
+            pass
+    assert time.monotonic() - t0 < 30, "waited for the startup timeout"
+    assert not isinstance(info.value, EngineTimeout)
+    assert "fatal error during start: ModuleNotFoundError: No module named 'torchvision'" in info.value.message
+    assert _wait_dead(engine.pid, 5)

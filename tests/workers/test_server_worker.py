@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import time
 
 import pytest
 
@@ -102,3 +103,19 @@ def test_a_timed_out_run_does_not_spoil_the_next_runs_on_that_server(tmp_path):
     finally:
         runner.stop()
     assert "cancelled: the client went away" in runner.log_path.read_text()
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a torch without CUDA")
+def test_an_engine_that_cannot_start_fails_its_runs_at_once_naming_the_cause(tmp_path):
+    """The reference engine on `device=cuda` with a CPU-only torch: its model load raises, the engine exits 1, and
+    every run's failure message carries the cause, long before the 120 s start-up timeout."""
+    base = tiny_server("none", startup_timeout_s=120.0)
+    server = dataclasses.replace(base, engine=dataclasses.replace(base.engine, device="cuda"))
+    runner = sw.GroupRunner(server, tmp_path)
+    t0 = time.monotonic()
+    info = runner.start()
+    assert time.monotonic() - t0 < 60 and not info.alive
+    r = runner.run(tiny_run(server, 0))
+    assert r.state is RunState.FAILED and r.reason is FailureReason.ENGINE_START_FAILED
+    assert "exited with code 1 during start: AssertionError: Torch not compiled with CUDA enabled" in r.message
+    assert "Torch not compiled with CUDA enabled" in r.artifacts[sw.LOG_TAIL_ARTIFACT]
