@@ -266,9 +266,9 @@ def find_commit_collapse(rows: Sequence[RunRow], th: Thresholds) -> tuple[list[F
     if quality or gaps:
         f = _collapse_finding(
             Cause.DRAFTER_QUALITY, quality,
-            "Novel text commits far less than predictable text (or collapses with context) while predictable "
-            "text keeps committing: the pipeline is healthy; the drafter cannot predict this text (drafter "
-            "quality, not infrastructure).")
+            "Novel text commits far less than predictable text of the same drafter (or collapses with context) "
+            "while predictable text holds with context: the drafter cannot predict this text (drafter quality, "
+            "not infrastructure; rule (a) is what vouches for the pipeline itself).")
         findings.append(Finding(f.cause, f.summary, f.evidence + tuple(
             f"{_cite(p, 'commit_len_mean')} vs {_cite(n, 'commit_len_mean')} at ctx {_ctx(p.context_len)}: "
             f"novel text drafts {_gain_frac(p, n):.0%} of what predictable text does" for p, n in gaps),
