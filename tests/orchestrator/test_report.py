@@ -125,3 +125,37 @@ def test_resumed_sweep_report_covers_every_finished_point(tmp_path):
     again = write_report(client, parent_id, print_summary=False)
     assert sorted(c.row.context_len for c in again.children) == [512, 1024]
     assert set(artifact("run_hashes.txt").split()) == {r.run_hash for r in plan.runs}
+
+
+def test_report_takes_the_latest_finished_earlier_run_per_point_and_nothing_outside_the_grid(tmp_path):
+    """Constructed store: point h0 FINISHED by two earlier invocations, h1 FAILED in this one but FINISHED earlier,
+    h9 FINISHED earlier but not in this sweep's grid."""
+    from mlflow.entities import Param, RunTag
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    exp = client.create_experiment("grid", artifact_location=str(tmp_path / "artifacts"))
+
+    def child(parent, h, ctx, status, t):
+        run = client.create_run(exp, run_name=f"ctx={ctx} {h}", start_time=t,
+                                tags={"mlflow.parentRunId": parent, "run_hash": h, "engine": "reference"})
+        client.log_batch(run.info.run_id, params=[Param("context_len", str(ctx)), Param("drafter.name", "ngram")],
+                         tags=[RunTag("specsweep.role", "child")])
+        client.set_terminated(run.info.run_id, status)
+        return run.info.run_id
+
+    old, mid, now = (client.create_run(exp, start_time=t).info.run_id for t in (1000, 2000, 3000))
+    child(old, "h0", 256, "FINISHED", 1001)
+    latest_h0 = child(mid, "h0", 256, "FINISHED", 2001)
+    earlier_h1 = child(mid, "h1", 512, "FINISHED", 2002)
+    child(mid, "h9", 4096, "FINISHED", 2003)
+    child(now, "h1", 512, "FAILED", 3001)
+    this_h2 = child(now, "h2", 1024, "FINISHED", 3002)
+    client.log_text(now, "h0\nh1\nh2\n", "run_hashes.txt")
+
+    report = write_report(client, now, print_summary=False)  # the grid from the parent's run_hashes.txt
+    got = sorted((c.row.run_id, c.status, c.invocation) for c in report.children)
+    assert len(got) == 4 and (latest_h0, "FINISHED", f"earlier ({mid[:8]})") in got
+    assert (earlier_h1, "FINISHED", f"earlier ({mid[:8]})") in got and (this_h2, "FINISHED", "this") in got
+    assert sum(c.status == "FAILED" for c in report.children) == 1  # this invocation's failure stays in the table
+    assert "3 run(s) examined (2 of them from earlier invocations" in report.diagnosis_md
