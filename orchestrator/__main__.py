@@ -1,15 +1,21 @@
 """The Hydra app: `python -m orchestrator [overrides]` (one run) or `... +sweep=NAME` (a sweep).
 
 A sweep goes through the `specsweep` launcher (hydra_plugins/specsweep_launcher), which plans and
-executes every job at once; a single run calls the same core with one job.
+executes every job at once; a single run calls the same core with one job. Before Hydra composes,
+every override key is checked against the schema: a typo'd key exits 1 naming the closest valid keys
+(Hydra would suggest `+key=...`, which the schema then refuses anyway).
 """
 
 from __future__ import annotations
 
+import sys
+from typing import Sequence
+
 import hydra
 from omegaconf import DictConfig
 
-from orchestrator.schema import register_configs
+from orchestrator.schema import override_key_problems, register_configs
+from orchestrator.validate import ConfigError
 
 register_configs()
 
@@ -20,8 +26,22 @@ def main(cfg: DictConfig) -> object:
 
     from orchestrator.launcher_core import launch_single
 
-    return launch_single(cfg, tuple(HydraConfig.get().overrides.task))
+    hc = HydraConfig.get()
+    return launch_single(cfg, tuple(hc.overrides.task), dry_run=bool(hc.launcher.get("dry_run", False)))
+
+
+def argv_overrides(argv: Sequence[str]) -> list[str]:
+    """The overrides among Hydra's command-line arguments (its own argument parser)."""
+    from hydra._internal.utils import get_args_parser
+
+    try:
+        args, _ = get_args_parser().parse_known_args(list(argv))
+    except SystemExit:  # Hydra reports its own usage errors
+        return []
+    return list(args.overrides or [])
 
 
 if __name__ == "__main__":
+    if problems := override_key_problems(argv_overrides(sys.argv[1:])):
+        sys.exit(str(ConfigError(problems)))
     main()

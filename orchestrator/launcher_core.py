@@ -3,8 +3,13 @@
 compose every job → convert to `RunConfig` → validate all (one `ConfigError` listing every invalid
 point, before any Ray or MLflow work) → plan → resume filter → execute → one `JobReturn` per job.
 
-Exit codes: an invalid config exits 1 (Hydra prints the `InvalidConfig` message, nothing started); so does
-a sweep the Ray cluster can never fit (`ClusterCannotFit`: the preflight, before MLflow and any engine).
+Exit codes: an invalid config exits 1 (Hydra prints the `InvalidConfig` message, nothing started), and so does
+a sweep whose every point exceeds the model's context. Before Ray or MLflow start, `preflight_before_start`
+exits 1 on what the config alone rules out, on servers needing more GPUs than this machine really has
+(cluster=local) and on a tracking store that does not answer within 10 s (`ClusterCannotFit`,
+`TrackingUnreachable`); once Ray is up, a sweep the Ray cluster can never fit exits 1 too (the Ray preflight,
+before MLflow and any engine). `hydra.launcher.dry_run=true` stops after these checks and the plan, sweep or
+single run alike (it does not probe the tracking store).
 A sweep that ran exits 0 even when some runs FAILED: failures are data (MLflow child runs with a
 reason, the final table); every job's JobReturn is COMPLETED with the `RunResult` as return value, so
 Hydra never re-raises one run's failure. A single run (no sweep) exits 1 when its run FAILED.
@@ -15,6 +20,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import sys
 import threading
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -23,9 +29,9 @@ from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from orchestrator.plan import NotRun, Plan, plan_resume, plan_sweep
-from orchestrator.schema import RunConfig, register_configs, to_run_config
-from orchestrator.spec import EngineKind, ExecutionSettings, RunResult, RunSpec, RunState
-from orchestrator.validate import ConfigError, Problem, validate_run
+from orchestrator.schema import RunConfig, override_key_problems, register_configs, to_run_config
+from orchestrator.spec import ClusterKind, EngineKind, ExecutionSettings, RunResult, RunSpec, RunState
+from orchestrator.validate import ConfigError, Problem, every_point_over_context, validate_run
 
 if TYPE_CHECKING:
     from hydra_plugins.specsweep_launcher.specsweep_launcher import SpecsweepLauncher
@@ -42,6 +48,10 @@ class InvalidConfig(CompactHydraException):
 
 class ClusterCannotFit(CompactHydraException):
     """The preflight found servers the Ray cluster can never place: exit 1, nothing launched or recorded."""
+
+
+class TrackingUnreachable(CompactHydraException):
+    """tracking.uri does not answer: exit 1 before Ray, MLflow or any engine starts."""
 
 
 class RunFailed(CompactHydraException):
@@ -61,6 +71,8 @@ def convert_and_validate(jobs: Sequence[tuple[DictConfig, Sequence[str]]], *, sw
         problems += validate_run(rc, check_max_context=not sweep)
         configs.append(rc)
     problems += sweep_level_problems(configs)
+    if sweep and not problems and (p := every_point_over_context(configs)):
+        problems.append(p)
     if problems:
         raise ConfigError(problems)
     return configs
@@ -84,6 +96,30 @@ def build_settings(rc: RunConfig, cwd: str) -> ExecutionSettings:
     return ExecutionSettings(sweep_name=rc.sweep_name, cluster=rc.cluster, tracking=rc.tracking,
                              resume=rc.resume, work_dir=cwd, progress=rc.progress,
                              report=rc.report)
+
+
+def _on_this_machine(settings: ExecutionSettings) -> bool:
+    """cluster=local starts its own Ray here, unless the driver is a Ray Job (RAY_ADDRESS) or Ray is already up."""
+    ray = sys.modules.get("ray")
+    return (settings.cluster.kind is ClusterKind.LOCAL and os.environ.get("RAY_ADDRESS", "local") == "local"
+            and not (ray is not None and ray.is_initialized()))
+
+
+def preflight_before_start(plan: Plan, settings: ExecutionSettings, *, dry_run: bool) -> None:
+    """Before Ray or MLflow start: what the config alone rules out (cluster.gpus_per_node), with cluster=local
+    the GPUs really on this machine, and (not in a dry run) whether tracking.uri answers within 10 s."""
+    from orchestrator.preflight import PreflightError, check_declared, probe_tracking, run_local_preflight
+
+    try:
+        if problems := check_declared(plan.groups, settings.cluster):
+            raise PreflightError(problems, f"cluster.gpus_per_node={settings.cluster.gpus_per_node} (declared)")
+        if _on_this_machine(settings):
+            run_local_preflight(plan.groups, settings.cluster)
+    except PreflightError as e:
+        raise ClusterCannotFit(str(e)) from None
+    if not dry_run and (why := probe_tracking(settings.tracking_uri)):
+        raise TrackingUnreachable(f"tracking.uri={settings.tracking_uri!r} cannot be reached: {why}; "
+                                  "nothing was started")
 
 
 def execute_plan(plan: Plan, settings: ExecutionSettings) -> tuple[list[RunResult], int, Plan]:
@@ -178,8 +214,11 @@ def launch(*, launcher: SpecsweepLauncher, job_overrides: Sequence[Sequence[str]
              f", {len(plan.dropped)} dropped" if plan.dropped else "")
     all_runs = [*plan.runs, *(r for r, _ in plan.dropped if r is not None)]
 
+    if plan.groups:
+        preflight_before_start(plan, build_settings(configs[0], cwd), dry_run=launcher.dry_run)
     if launcher.dry_run or not plan.groups:
         by_index = dry_run_outcomes(plan)
+        log.info("dry run: nothing started")
     else:
         results, _, ran = execute_plan(plan, build_settings(configs[0], cwd))
         by_index = outcomes(all_runs, plan, ran, results)
@@ -193,8 +232,9 @@ def launch(*, launcher: SpecsweepLauncher, job_overrides: Sequence[Sequence[str]
     return returns
 
 
-def launch_single(cfg: DictConfig, overrides: Sequence[str]) -> RunResult | NotRun:
-    """`python -m orchestrator [overrides]`: the same validation, plan and execution, one run."""
+def launch_single(cfg: DictConfig, overrides: Sequence[str], *, dry_run: bool = False) -> RunResult | NotRun:
+    """`python -m orchestrator [overrides]`: the same validation, plan, preflight and execution, one run;
+    `dry_run` logs the plan and starts nothing."""
     cwd = os.getcwd()
     try:
         (rc,) = convert_and_validate([(cfg, overrides)], sweep=False, cwd=cwd)
@@ -202,12 +242,49 @@ def launch_single(cfg: DictConfig, overrides: Sequence[str]) -> RunResult | NotR
         raise InvalidConfig(str(e)) from None
     plan = plan_sweep(rc.sweep_name, [rc], drop_over_max=False, base_config=_task_container(cfg),
                       overrides=tuple(overrides))
-    results, _, ran = execute_plan(plan, build_settings(rc, cwd))
+    settings = build_settings(rc, cwd)
+    preflight_before_start(plan, settings, dry_run=dry_run)
+    if dry_run:
+        outcome = dry_run_outcomes(plan)[plan.runs[0].job_index]
+        log.info("dry run: nothing started")
+        return outcome
+    results, _, ran = execute_plan(plan, settings)
     result = outcomes(plan.runs, plan, ran, results)[0]
     if isinstance(result, RunResult) and result.state is not RunState.FINISHED:
         raise RunFailed(f"run {result.run.name!r} {result.state.value}: "
                         f"{result.reason.value if result.reason else ''} {result.message}".rstrip())
     return result
+
+
+def check_overrides(overrides: Sequence[str], *, cwd: str | None = None) -> list[Problem]:
+    """Every problem `python -m orchestrator OVERRIDES` would refuse to start with (unknown keys, each grid point's
+    values, a sweep with nothing to run), found without starting anything: `orchestrator.schedule` checks each
+    schedule with it. The grid is expanded as Hydra's basic sweeper does."""
+    from hydra import compose, initialize_config_module
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from hydra.types import RunMode
+
+    if problems := override_key_problems(overrides):
+        return problems
+    register_configs()
+    try:
+        with initialize_config_module("conf", version_base="1.3"):
+            base = compose("config", overrides=list(overrides), return_hydra_config=True)
+            sweep = base.hydra.mode == RunMode.MULTIRUN
+            job_overrides: list[Sequence[str]] = [list(overrides)]
+            if sweep:
+                params = [f"{k}={v}" for k, v in base.hydra.sweeper.params.items()] + list(overrides)
+                (job_overrides,) = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(params), None)
+            jobs = [(compose("config", overrides=list(o)), o) for o in job_overrides]
+    except HydraException as e:
+        return [Problem("overrides", list(overrides), f"overrides Hydra can compose ({str(e).splitlines()[0]})")]
+    try:
+        convert_and_validate(jobs, sweep=sweep, cwd=cwd or os.getcwd())
+    except ConfigError as e:
+        return list(e.problems)
+    return []
 
 
 def expand_grid(axes: dict[str, Sequence[Any]], *fixed: str) -> list[list[str]]:

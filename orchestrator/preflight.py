@@ -10,14 +10,27 @@ Pure (no Ray):
     describe_nodes(nodes, cluster) -> "2× sm_120 (8 GPU), 1× sm_90 (8 GPU)"
     expected_work(group) -> float                         Σ (context_len + gen_tokens): the queue order
 
-Edge: `run_preflight(groups, cluster) -> Preflight` reads `ray.nodes()` and raises `PreflightError` naming
-every group that can never fit and what the cluster has. It runs before MLflow and before any engine.
+    check_declared(groups, cluster) -> [problem, ...]     what the config alone rules out (cluster.gpus_per_node,
+                                                          tp_size over nnodes): a dry run's check with cluster=ray
+    check_local(groups, gpus_found, source) -> [problem, ...]   cluster=local: servers that need more GPUs than
+                                                          this machine has (Ray's logical GPUs do not count)
+
+Edges, all before Ray and MLflow start: `run_local_preflight(groups, cluster)` counts this machine's GPUs
+(`local_gpus()`) and raises `PreflightError`; `probe_tracking(uri)` says why a tracking store does not answer
+(≤ 10 s). After Ray is up, `run_preflight(groups, cluster) -> Preflight` reads `ray.nodes()` and raises
+`PreflightError` naming every group that can never fit and what the cluster has, before MLflow and any engine.
 """
 
 from __future__ import annotations
 
+import http.client
 import math
+import os
+import socket
+import threading
+import urllib.parse
 from collections import Counter
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -29,11 +42,11 @@ ACCELERATOR_RESOURCE_UNIT = 0.001  # per bundle, of a node's {"accelerator_sm_90
 class PreflightError(RuntimeError):
     """The cluster can never place some server; nothing was launched and nothing recorded."""
 
-    def __init__(self, problems: Sequence[str], cluster_summary: str):
+    def __init__(self, problems: Sequence[str], cluster_summary: str, where: str = "the Ray cluster"):
         self.problems = list(problems)
         self.cluster_summary = cluster_summary
         lines = "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(f"the Ray cluster can never fit {len(self.problems)} server(s); nothing was launched:\n"
+        super().__init__(f"{where} can never fit {len(self.problems)} server(s); nothing was launched:\n"
                          f"{lines}\ncluster: {cluster_summary}")
 
 
@@ -153,18 +166,30 @@ def describe_nodes(nodes: Sequence[NodeInfo], cluster: ClusterSettings) -> str:
     return "nodes: " + (", ".join(parts) if parts else "none alive")
 
 
-def _group_problem(group: ServerGroup, needs: ServerNeeds, cluster: ClusterSettings,
-                   nodes: Sequence[NodeInfo]) -> str | None:
+def _head(group: ServerGroup, needs: ServerNeeds) -> str:
     s = group.server
-    head = (f"group {group.group_id} ({len(group.runs)} run(s), engine={s.engine.kind.value}, tp_size={s.tp_size}, "
+    return (f"group {group.group_id} ({len(group.runs)} run(s), engine={s.engine.kind.value}, tp_size={s.tp_size}, "
             f"nnodes={s.nnodes}, needs {needs.describe()})")
+
+
+def _declared_problem(group: ServerGroup, needs: ServerNeeds, cluster: ClusterSettings) -> str | None:
+    s, head = group.server, _head(group, needs)
     if s.nnodes > 1 and s.engine.kind is EngineKind.REFERENCE:
         return f"{head}: the reference engine runs on one node; use nnodes=1"
     if s.nnodes > 1 and s.tp_size % s.nnodes:
         return f"{head}: tp_size {s.tp_size} does not split evenly over {s.nnodes} nodes"
     if cluster.gpus_per_node is not None and needs.gpus_per_node > cluster.gpus_per_node:
         return (f"{head}: {needs.gpus_per_node} GPUs per node but cluster.gpus_per_node={cluster.gpus_per_node}; "
-                f"set nnodes={math.ceil(s.tp_size / cluster.gpus_per_node)}")
+                f"allowed: tp_size / nnodes <= {cluster.gpus_per_node}, e.g. "
+                f"nnodes={math.ceil(s.tp_size / cluster.gpus_per_node)}")
+    return None
+
+
+def _group_problem(group: ServerGroup, needs: ServerNeeds, cluster: ClusterSettings,
+                   nodes: Sequence[NodeInfo]) -> str | None:
+    head = _head(group, needs)
+    if declared := _declared_problem(group, needs, cluster):
+        return declared
     matching = [n for n in nodes if needs.matches(n)]
     if needs.accelerator and not matching:
         what = "label" if needs.match is AcceleratorMatch.LABEL else f"resource {needs.resource}"
@@ -186,6 +211,110 @@ def check_fit(groups: Sequence[ServerGroup], cluster: ClusterSettings,
         if p:
             problems.append(p)
     return match, problems
+
+
+def check_declared(groups: Sequence[ServerGroup], cluster: ClusterSettings) -> list[str]:
+    """What the configuration alone rules out, without asking Ray (a dry run with cluster=ray)."""
+    return [p for g in groups if (p := _declared_problem(g, server_needs(g.server, cluster), cluster))]
+
+
+def needs_real_gpus(server: ServerSpec) -> bool:
+    """The stub engine only simulates a GPU server: Ray's logical GPUs are enough for it."""
+    return on_gpu(server) and server.engine.kind is not EngineKind.STUB
+
+
+def check_local(groups: Sequence[ServerGroup], cluster: ClusterSettings, gpus_found: int, source: str) -> list[str]:
+    """cluster=local is this one machine: a server spans one node and its GPUs must really be here."""
+    out = []
+    for g in groups:
+        s, needs = g.server, server_needs(g.server, cluster)
+        if s.nnodes > 1:
+            out.append(f"{_head(g, needs)}: cluster=local is this one machine; allowed: nnodes=1, or cluster=ray "
+                       f"with >= {s.nnodes} nodes")
+        elif needs_real_gpus(s) and needs.gpus_per_node > gpus_found:
+            out.append(f"{_head(g, needs)}: tp_size={s.tp_size} needs {needs.gpus_per_node} GPU(s), this machine has "
+                       f"{gpus_found} ({source}); allowed with cluster=local: tp_size <= {gpus_found}"
+                       + ("" if gpus_found else ", engine.device=cpu or engine=stub") + ", or cluster=ray")
+    return out
+
+
+def local_gpus() -> tuple[int, str]:
+    """GPUs really on this machine (never Ray's logical ones), and how they were counted."""
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None and torch.backends.cuda.is_built():
+        return torch.cuda.device_count(), "torch.cuda.device_count()"
+    try:  # no CUDA torch: what the NVIDIA driver lists
+        found = len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        found = 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        found = min(found, len([d for d in visible.split(",") if d.strip()]))
+    return found, "/proc/driver/nvidia/gpus" + (", CUDA_VISIBLE_DEVICES" if visible is not None else "")
+
+
+def run_local_preflight(groups: Sequence[ServerGroup], cluster: ClusterSettings) -> None:
+    """cluster=local, before Ray starts: raise PreflightError naming every server this machine cannot run."""
+    if not any(g.server.nnodes > 1 or needs_real_gpus(g.server) for g in groups):
+        return
+    found, source = local_gpus() if any(needs_real_gpus(g.server) for g in groups) else (0, "not counted")
+    problems = check_local(groups, cluster, found, source)
+    if problems:
+        raise PreflightError(problems, f"this machine: {found} GPU(s) ({source})", where="this machine (cluster=local)")
+
+
+TRACKING_PROBE_S = 10.0
+_DB_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
+
+
+def _probe_http(url: urllib.parse.SplitResult, timeout: float) -> str | None:
+    conn_cls = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+    conn = conn_cls(url.hostname or "", url.port, timeout=timeout)
+    try:
+        conn.request("GET", url.path.rstrip("/") + "/health")
+        status = conn.getresponse().status
+    finally:
+        conn.close()
+    return f"GET /health answered HTTP {status}" if status >= 500 else None
+
+
+def _probe(uri: str, timeout: float) -> str | None:
+    url = urllib.parse.urlsplit(uri)
+    scheme = url.scheme.split("+", 1)[0]
+    if scheme in ("http", "https"):
+        return _probe_http(url, timeout)
+    if scheme in _DB_PORTS:
+        socket.create_connection((url.hostname or "localhost", url.port or _DB_PORTS[scheme]), timeout=timeout).close()
+        return None
+    if scheme == "sqlite":
+        folder = Path(uri[len("sqlite:///"):]).parent if uri.startswith("sqlite:///") else None
+        if folder is not None and not folder.is_dir():
+            return f"the folder {folder} does not exist"
+        if folder is not None and not os.access(folder, os.W_OK):
+            return f"the folder {folder} is not writable"
+    return None
+
+
+def probe_tracking(uri: str, budget_s: float = TRACKING_PROBE_S) -> str | None:
+    """None when the tracking store answers within `budget_s` (an HTTP server's /health, a database's port,
+    a SQLite file's folder); else why not, in one line. DNS and connect run in a thread: the budget holds."""
+    outcome: list[str | None] = []
+
+    def probe() -> None:
+        try:
+            outcome.append(_probe(uri, budget_s))
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            outcome.append(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
+
+    worker = threading.Thread(target=probe, name="tracking-probe", daemon=True)
+    worker.start()
+    worker.join(budget_s)
+    if not outcome:
+        return f"no answer within {budget_s:g} s"
+    return outcome[0]
 
 
 @dataclass(frozen=True)

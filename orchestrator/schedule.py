@@ -170,7 +170,22 @@ def parse_schedule(raw: object, *, source: str, sweeps: Sequence[str]) -> Schedu
     return schedule
 
 
+def sweep_problems(schedule: Schedule, *, source: str) -> list[str]:
+    """The schedule's overrides checked with the sweep's own rules (`python -m orchestrator` would refuse
+    them before starting anything); a problem shared by several grid points is listed once."""
+    from orchestrator.launcher_core import check_overrides
+
+    counts: dict[tuple[str, str, str], int] = {}
+    for p in check_overrides(schedule.overrides):
+        key = (p.key, repr(p.value), p.allowed)
+        counts[key] = counts.get(key, 0) + 1
+    return [f"schedule '{schedule.name}' ({source}): {key}={value} is invalid; allowed: {allowed}"
+            + (f" (in {n} grid points)" if n > 1 else "") for (key, value, allowed), n in counts.items()]
+
+
 def load_schedules(directory: Path | None = None) -> list[Schedule]:
+    """Every schedule of `directory`, each checked as its sweep would be; raises one ScheduleError listing
+    every problem of every file."""
     import yaml
 
     directory = directory or default_schedule_dir()
@@ -178,7 +193,10 @@ def load_schedules(directory: Path | None = None) -> list[Schedule]:
     schedules, problems = [], []
     for path in sorted(Path(directory).glob("*.yaml")):
         try:
-            schedules.append(parse_schedule(yaml.safe_load(path.read_text()), source=str(path), sweeps=sweeps))
+            schedule = parse_schedule(yaml.safe_load(path.read_text()), source=str(path), sweeps=sweeps)
+            if bad := sweep_problems(schedule, source=str(path)):
+                raise ScheduleError("\n".join(bad))
+            schedules.append(schedule)
         except ScheduleError as e:
             problems.append(str(e))
         except yaml.YAMLError as e:

@@ -15,7 +15,7 @@ import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
@@ -40,7 +40,8 @@ from orchestrator.spec import (
     TrackingSettings,
 )
 from orchestrator.diagnosis import Thresholds
-from orchestrator.validate import ConfigError, Problem
+from orchestrator.validate import (LEAF, OPEN, ConfigError, Problem, config_key_problems, probe_file_problem,
+                                   unknown_key_problem)
 
 DTYPES = ("float32", "float16", "bfloat16")
 DEVICES = ("cpu", "cuda")
@@ -294,19 +295,52 @@ def absolute_tracking_uri(uri: str, cwd: str) -> str:
     return uri
 
 
-def _unknown_keys(node: dict[str, Any], schema: type, prefix: str, p: _Problems) -> None:
-    """Keys added with `+key=...` bypass the schema at composition: report them here."""
-    fields = {f.name: f.type for f in dataclasses.fields(schema)}
-    for key, value in node.items():
-        if key not in fields:
-            p.items.append(Problem(prefix + key, value, f"a key of {schema.__name__}: " + ", ".join(fields),
-                                   p.overrides))
-        elif isinstance(value, dict) and dataclasses.is_dataclass(_SECTIONS.get(key)) and not prefix:
-            _unknown_keys(value, _SECTIONS[key], f"{key}.", p)
+def schema_tree(schema: type = SpecsweepConf) -> dict[str, Any]:
+    """The schema's keys: name -> subtree (a section), LEAF (a value) or OPEN (a dict: any sub-key is legal)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(schema):
+        section = _SECTIONS.get(f.name) if schema is SpecsweepConf else None
+        if section is None and f.default_factory is not dataclasses.MISSING \
+                and dataclasses.is_dataclass(default := f.default_factory()):
+            section = type(default)
+        if section is not None:
+            out[f.name] = schema_tree(section)
+        else:  # annotations are strings here (`from __future__ import annotations`)
+            out[f.name] = OPEN if "dict" in str(f.type) or str(f.type) == "Any" else LEAF
+    return out
 
 
-def _file_digest(path: str) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+def config_groups() -> tuple[str, ...]:
+    """Hydra config groups under conf/ (engine, model, ..., sweep): `group=option` selects a file."""
+    import importlib.resources
+
+    root = importlib.resources.files("conf")
+    return tuple(sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("_")))
+
+
+def override_key_problems(overrides: Sequence[str]) -> list[Problem]:
+    """Command-line overrides whose key the schema does not have, each with the closest valid keys, before
+    Hydra composes (its own message suggests `+key=...`, which then fails or is silently ignored).
+    Left to Hydra: hydra.* keys, config-group selections, deletions, keys under a dict (engine.env.X) and
+    anything its parser rejects."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except HydraException:
+        return []
+    tree, groups, out = schema_tree(), config_groups(), []
+    for o in parsed:
+        key = o.key_or_group
+        if o.is_delete() or o.package is not None or key == "hydra" or key.startswith("hydra."):
+            continue
+        if "." not in key and key in groups:
+            continue
+        value = o.input_line.split("=", 1)[1] if o.input_line and "=" in o.input_line else None
+        if (p := unknown_key_problem(key, value, tree, tuple(overrides))) is not None:
+            out.append(p)
+    return out
 
 
 def to_run_config(cfg: DictConfig, overrides: tuple[str, ...] = (), cwd: str | None = None) -> RunConfig:
@@ -315,7 +349,7 @@ def to_run_config(cfg: DictConfig, overrides: tuple[str, ...] = (), cwd: str | N
     p = _Problems(tuple(overrides))
     c: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
     c.pop("hydra", None)
-    _unknown_keys(c, SpecsweepConf, "", p)
+    p.items += config_key_problems(c, schema_tree(), p.overrides)
     if p.items:
         raise ConfigError(p.items)
     e, m, d, a, pr, cl, tr = (c[k] for k in ("engine", "model", "drafter", "attention", "probe",
@@ -357,7 +391,10 @@ def to_run_config(cfg: DictConfig, overrides: tuple[str, ...] = (), cwd: str | N
         else:
             probe_path = str(Path(cwd, pr["path"]).resolve())
             if Path(probe_path).is_file():
-                digest = _file_digest(probe_path)
+                raw = Path(probe_path).read_bytes()
+                digest = hashlib.sha256(raw).hexdigest()
+                if problem := probe_file_problem(pr["path"], probe_path, raw, p.overrides):
+                    p.items.append(problem)
             else:
                 p.items.append(Problem("probe.path", pr["path"], "an existing file", p.overrides))
     probe = ProbeSpec(kind=probe_kind, context_len=c["context_len"], gen_tokens=c["gen_tokens"],

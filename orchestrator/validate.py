@@ -7,9 +7,11 @@ and raises one `ConfigError` listing each. Engine rules follow what the engines 
 
 from __future__ import annotations
 
+import difflib
+import json
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from orchestrator.spec import (STUB_FLAGS, Algorithm, AttentionKind, AttentionSpec, EngineKind, JobKind, ProbeKind,
                                StubOptions)
@@ -70,6 +72,108 @@ def server_context_len(rc: RunConfig) -> int:
     return rc.server_context_len or rc.model.max_context_len
 
 
+# ================================================================ keys
+# The schema as a key tree (orchestrator.schema.schema_tree): name -> subtree, LEAF for a value, OPEN for a
+# dict-typed key (engine.env, cluster.runtime_env) under which any key is legal.
+LEAF, OPEN = None, "*"
+
+
+def did_you_mean(name: str, candidates: Iterable[str]) -> list[str]:
+    return difflib.get_close_matches(name, list(candidates), n=3, cutoff=0.6)
+
+
+def _leaf_paths(tree: Mapping[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for k, sub in tree.items():
+        out += _leaf_paths(sub, f"{prefix}{k}.") if isinstance(sub, Mapping) else [prefix + k]
+    return out
+
+
+def unknown_key_problem(key: str, value: Any, tree: Mapping[str, Any],
+                        overrides: tuple[str, ...] = ()) -> Problem | None:
+    """None when the dotted `key` exists in the schema (or lies under a dict-typed key); else a Problem
+    listing the keys allowed at that level and the closest valid keys."""
+    node: Any = tree
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        if node == OPEN:
+            return None
+        if not isinstance(node, Mapping) or part not in node:
+            break
+        node = node[part]
+    else:
+        return None
+    parent = ".".join(parts[:i])
+    siblings = list(node) if isinstance(node, Mapping) else []
+    leaves = [p for p in _leaf_paths(tree) if p != key]
+    close = [p for p in leaves if p.rsplit(".", 1)[-1] == parts[-1]]  # the right name at another level
+    close += [f"{parent}.{k}" if parent else k for k in siblings
+              if k in did_you_mean(part, siblings) or (len(part) >= 3 and k.startswith(part))]
+    if not close:
+        names = did_you_mean(parts[-1], {p.rsplit(".", 1)[-1] for p in leaves})
+        close = [p for p in leaves if p.rsplit(".", 1)[-1] in names]
+    close = list(dict.fromkeys(close))[:3]
+    if not parent:
+        where = f"a top-level key ({', '.join(siblings)}) or a config group"
+    elif siblings:
+        where = f"a key of {parent} ({', '.join(siblings)})"
+    else:
+        where = f"nothing under {parent} (it is a value)"
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    return Problem(key, value, where + hint, overrides)
+
+
+def config_key_problems(config: Mapping[str, Any], tree: Mapping[str, Any],
+                        overrides: tuple[str, ...] = ()) -> list[Problem]:
+    """Every key of a composed config (plain dicts) that the schema does not have, e.g. one added with
+    `+engine.stub.tokn_s=1`, checked whichever engine is selected."""
+    out: list[Problem] = []
+
+    def walk(node: Mapping[str, Any], sub: Mapping[str, Any], prefix: str) -> None:
+        for key, value in node.items():
+            if key not in sub:
+                out.append(unknown_key_problem(prefix + key, value, tree, overrides))  # type: ignore[arg-type]
+            elif isinstance(sub[key], Mapping) and isinstance(value, Mapping):
+                walk(value, sub[key], f"{prefix}{key}.")
+
+    walk(config, tree, "")
+    return out
+
+
+# ================================================================ probe files
+
+
+def probe_file_problem(key_value: str, name: str, raw: bytes, overrides: tuple[str, ...] = ()) -> Problem | None:
+    """A probe file must hold text: UTF-8, not blank; JSONL (.jsonl/.ndjson) lines are objects with a string
+    "text" (what workers.probe.file_text reads)."""
+
+    def bad(why: str) -> Problem:
+        return Problem("probe.path", key_value, f"a UTF-8 text or JSONL file with text ({why})", overrides)
+
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return bad(f"it is not UTF-8: {e.reason} at byte {e.start}")
+    if name.endswith((".jsonl", ".ndjson")):
+        texts = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                return bad(f"line {n} is not JSON: {e.msg}")
+            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+                return bad(f'line {n} has no string "text" field')
+            texts.append(record["text"])
+        text = "".join(texts)
+        if not text.strip():
+            return bad('no line has a non-blank "text"')
+    elif not text.strip():
+        return bad("it is empty" if not text else "it holds only whitespace")
+    return None
+
+
 def check_context(rc: RunConfig) -> Problem | None:
     """context_len + gen_tokens (+ SGLang's EAGLE reserve) must fit the server's context (a sweep drops such
     points instead). SGLang refuses a request whose prompt + reserve >= its context length, or whose prompt +
@@ -83,6 +187,17 @@ def check_context(rc: RunConfig) -> Problem | None:
         return Problem("context_len", rc.probe.context_len,
                        f"context_len + gen_tokens ({rc.probe.gen_tokens}){extra} <= {where}", rc.overrides)
     return None
+
+
+def every_point_over_context(configs: Sequence[RunConfig]) -> Problem | None:
+    """A sweep drops points above the model's context; when that leaves nothing to run it is an error."""
+    over = [p for rc in configs if rc.job is JobKind.ENGINE and (p := check_context(rc))]
+    if not configs or len(over) < len(configs):
+        return None
+    values = sorted({p.value for p in over})
+    return Problem("context_len", values if len(values) > 1 else values[0],
+                   f"at least one grid point with {over[0].allowed} (all {len(configs)} point(s) exceed it: "
+                   "nothing would run)")
 
 
 def validate_run(rc: RunConfig, *, check_max_context: bool = True) -> list[Problem]:

@@ -1,17 +1,27 @@
 """`python -m orchestrator` as a real subprocess in a temp working directory.
 
 An invalid sweep must exit non-zero within seconds, naming the key, before any Ray or MLflow work:
-the child records at exit whether `ray` or `mlflow` was ever imported.
+the child records at exit whether `ray` or `mlflow` was ever imported, and Ray's temp dir (RAY_TMPDIR)
+must stay absent.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
+
+from orchestrator.preflight import local_gpus
+
+ROOT = Path(__file__).resolve().parents[2]
+# this checkout first, whichever one the venv has installed in editable mode
+PYTHONPATH = os.pathsep.join([str(ROOT), str(ROOT / "kernels"), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 # Runs the app as `python -m orchestrator` would, then reports which heavy modules were imported.
 PROBE = """
@@ -27,12 +37,14 @@ def run_app(tmp_path, *args, timeout=60):
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", PROBE, *args], cwd=tmp_path, capture_output=True, text=True,
                           timeout=timeout, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin",
-                                                "RAY_AUTH_MODE": "disabled", "HOME": str(tmp_path)})
+                                                "RAY_AUTH_MODE": "disabled", "HOME": str(tmp_path),
+                                                "RAY_TMPDIR": str(tmp_path / "ray-tmp"), "PYTHONPATH": PYTHONPATH})
     return proc, time.monotonic() - t0
 
 
 def assert_nothing_started(tmp_path):
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "mlruns").exists()
+    assert not (tmp_path / "mlartifacts").exists() and not (tmp_path / "ray-tmp").exists()
     imported = json.loads((tmp_path / "imported.json").read_text())
     assert not any(imported.values()), imported
 
@@ -63,9 +75,8 @@ def test_every_invalid_point_listed(tmp_path):
 @pytest.mark.parametrize("args,needle", [
     (("+sweep=smoke", "attention=torch,bogus"), "Could not find 'attention/bogus'"),
     (("+sweep=smoke", "attention=bogus"), "Could not find 'attention/bogus'"),
-    (("+sweep=smoke", "model.n_layers=3"), "n_layers"),
 ])
-def test_unknown_option_or_key_is_hydras_error(tmp_path, args, needle):
+def test_unknown_option_is_hydras_error(tmp_path, args, needle):
     proc, elapsed = run_app(tmp_path, *args)
     assert proc.returncode != 0 and needle in proc.stderr and elapsed < 30
     assert not (tmp_path / "mlflow.db").exists()
@@ -77,4 +88,151 @@ def test_dry_run_plans_longctx(tmp_path):
     out = proc.stdout + proc.stderr
     assert out.count("dropped 24 of 48 grid points") == 1
     assert "plan: 24 run(s) on 4 server(s), 24 dropped" in out
+    assert_nothing_started(tmp_path)
+
+
+SGLANG = ("engine=sglang", "model=qwen3-8b", "attention=triton")
+
+
+def assert_one_clear_error(proc, *needles):
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert all(n in proc.stderr for n in needles), proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+
+
+@pytest.mark.parametrize("args,key,closest", [
+    (("engine=stub", "engine.stub.tokn_s=0.01"), "engine.stub.tokn_s='0.01'", "engine.stub.token_s"),
+    # `+` once turned this into a raw TypeError; with another engine it was silently ignored
+    (("engine=stub", "+engine.stub.tokn_s=0.01"), "engine.stub.tokn_s='0.01'", "engine.stub.token_s"),
+    (("+engine.sglang.mem_frac=0.5",), "engine.sglang.mem_frac='0.5'", "engine.sglang.mem_fraction_static"),
+    (("+sweep=smoke", "contxt_len=2048"), "contxt_len='2048'", "context_len"),
+    (("+sweep=smoke", "model.n_layers=3"), "model.n_layers='3'", "model.num_layers"),
+    (("token_s=0.01",), "token_s='0.01'", "engine.stub.token_s"),
+])
+def test_typo_key_names_the_closest_valid_keys(tmp_path, args, key, closest):
+    proc, elapsed = run_app(tmp_path, *args)
+    assert_one_clear_error(proc, key, f"did you mean {closest}")
+    assert "To append to your config use" not in proc.stderr and elapsed < 30
+    assert_nothing_started(tmp_path)
+
+
+def test_new_keys_under_a_dict_keep_hydras_behaviour(tmp_path):
+    proc, _ = run_app(tmp_path, "engine.env.HF_HOME=/data/hf", "hydra.launcher.dry_run=true")
+    assert proc.returncode == 1 and "To append to your config use +engine.env.HF_HOME=/data/hf" in proc.stderr
+    proc, _ = run_app(tmp_path, "+engine.env.HF_HOME=/data/hf", "hydra.launcher.dry_run=true")
+    assert proc.returncode == 0, proc.stderr
+    assert_nothing_started(tmp_path)
+
+
+def test_single_run_dry_run_only_plans(tmp_path):
+    proc, elapsed = run_app(tmp_path, "context_len=2048", "hydra.launcher.dry_run=true")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout + proc.stderr
+    assert "ctx=2k probe=predictable drafter=oracle page=16 attn=torch" in out and "run_hash=" in out
+    assert "dry run: nothing started" in out and elapsed < 30
+    assert_nothing_started(tmp_path)
+
+
+@pytest.mark.parametrize("body,name,why", [
+    ("", "empty.txt", "it is empty"),
+    ("\n  \n", "blank.txt", "only whitespace"),
+    ('{"prompt": "x"}\n', "p.jsonl", 'line 1 has no string "text" field'),
+    ('{"text": ""}\n\n{"text": " "}\n', "p.jsonl", 'no line has a non-blank "text"'),
+    ('{"text": "ok"}\nnot json\n', "p.jsonl", "line 2 is not JSON"),
+])
+def test_probe_file_without_text_fails_validation(tmp_path, body, name, why):
+    (tmp_path / name).write_text(body)
+    proc, _ = run_app(tmp_path, "probe=file", f"probe.path={name}")
+    assert_one_clear_error(proc, f"probe.path='{name}'", why)
+    assert_nothing_started(tmp_path)
+
+
+@pytest.mark.parametrize("dry", [False, True])
+def test_sweep_with_every_point_over_the_context_exits_nonzero(tmp_path, dry):
+    args = ("+sweep=smoke", "context_len=32768,40000") + (("hydra.launcher.dry_run=true",) if dry else ())
+    proc, _ = run_app(tmp_path, *args)
+    assert_one_clear_error(proc, "context_len=[32768, 40000]", "max_context_len 32768", "all 8 point(s) exceed it",
+                           "nothing would run")
+    assert_nothing_started(tmp_path)
+
+
+def test_sweep_with_some_points_over_the_context_still_runs_the_rest(tmp_path):
+    proc, _ = run_app(tmp_path, "+sweep=smoke", "context_len=256,40000", "hydra.launcher.dry_run=true")
+    assert proc.returncode == 0, proc.stderr
+    assert "plan: 4 run(s) on 2 server(s), 4 dropped" in proc.stdout + proc.stderr
+
+
+@pytest.mark.skipif(local_gpus()[0] >= 16, reason="this machine has 16 GPUs")
+@pytest.mark.parametrize("dry", [False, True])
+def test_local_gpu_server_needs_the_gpus_really_present(tmp_path, dry):
+    found, _ = local_gpus()
+    args = (*SGLANG, "tp_size=16") + (("hydra.launcher.dry_run=true",) if dry else ())
+    proc, elapsed = run_app(tmp_path, *args)
+    assert_one_clear_error(proc, "tp_size=16 needs 16 GPU(s)", f"this machine has {found}", "allowed with cluster=local")
+    assert elapsed < 30
+    assert_nothing_started(tmp_path)
+
+
+@pytest.mark.skipif(local_gpus()[0] > 0, reason="this machine has a GPU")
+def test_reference_engine_on_cuda_needs_a_gpu_here(tmp_path):
+    proc, _ = run_app(tmp_path, "engine.device=cuda")
+    assert_one_clear_error(proc, "tp_size=1 needs 1 GPU(s), this machine has 0", "engine.device=cpu or engine=stub")
+    assert_nothing_started(tmp_path)
+
+
+def test_stub_engine_simulates_gpus_with_rays_logical_ones(tmp_path):
+    proc, _ = run_app(tmp_path, "engine=stub", "engine.device=cuda", "tp_size=16", "drafter=ngram",
+                      "attention=triton", "hydra.launcher.dry_run=true")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_dry_run_on_a_declared_ray_cluster(tmp_path):
+    """cluster=ray in a dry run: checked against what cluster=ray declares (gpus_per_node: 8), no Ray contacted."""
+    proc, _ = run_app(tmp_path, "+sweep=smoke", *SGLANG, "cluster=ray", "tp_size=16", "hydra.launcher.dry_run=true")
+    assert_one_clear_error(proc, "tp_size=16", "cluster.gpus_per_node=8", "allowed: tp_size / nnodes <= 8")
+    assert_nothing_started(tmp_path)
+    proc, _ = run_app(tmp_path, "+sweep=smoke", *SGLANG, "cluster=ray", "tp_size=16", "nnodes=2",
+                      "hydra.launcher.dry_run=true")
+    assert proc.returncode == 0, proc.stderr
+    assert_nothing_started(tmp_path)
+
+
+@pytest.mark.parametrize("dry", [False, True])
+def test_local_multi_node_server_cannot_fit_one_machine(tmp_path, dry):
+    args = ("engine=stub", "tp_size=2", "nnodes=2") + (("hydra.launcher.dry_run=true",) if dry else ())
+    proc, _ = run_app(tmp_path, *args)
+    assert_one_clear_error(proc, "cluster=local is this one machine", "allowed: nnodes=1")
+    assert_nothing_started(tmp_path)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_tracking_server_fails_in_one_line_before_ray(tmp_path):
+    uri = f"http://127.0.0.1:{_closed_port()}"
+    proc, elapsed = run_app(tmp_path, "tracking=server", f"tracking.uri={uri}")
+    assert_one_clear_error(proc, f"tracking.uri='{uri}' cannot be reached", "Connection refused")
+    assert elapsed < 30
+    assert_nothing_started(tmp_path)
+
+
+def test_silent_tracking_server_fails_within_the_budget(tmp_path):
+    """A server that accepts connections and never answers (the case that once took 256 s)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        uri = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        proc, elapsed = run_app(tmp_path, "+sweep=smoke", "tracking=server", f"tracking.uri={uri}")
+    assert_one_clear_error(proc, f"tracking.uri='{uri}' cannot be reached")
+    assert "10 s" in proc.stderr or "timed out" in proc.stderr
+    assert 10 <= elapsed < 30
+    assert_nothing_started(tmp_path)
+
+
+def test_missing_sqlite_folder_fails_before_ray(tmp_path):
+    proc, _ = run_app(tmp_path, "tracking.uri=sqlite:///no/such/dir/mlflow.db")
+    assert_one_clear_error(proc, "tracking.uri=", "does not exist")
     assert_nothing_started(tmp_path)

@@ -71,6 +71,37 @@ def test_each_bad_key_is_named_with_value_and_allowed(tmp_path, body, key, value
     assert "allowed:" in str(e.value)
 
 
+@pytest.mark.parametrize("overrides, needle", [
+    ("['+sweep=smoke', 'page_size=0']", "page_size=0 is invalid; allowed: an integer >= 1 (in 8 grid points)"),
+    ("['+sweep=smoke', 'contxt_len=5']", "contxt_len='5' is invalid; allowed: a top-level key"),
+    ("['+sweep=smoke', 'context_len=40000']", "context_len=40000 is invalid; allowed: at least one grid point"),
+    ("['+sweep=smoke', 'attention=bogus']", "Could not find 'attention/bogus'"),
+])
+def test_overrides_checked_with_the_sweeps_own_rules(tmp_path, overrides, needle):
+    write(tmp_path, "ok", "cron: '0 2 * * *'\noverrides: ['+sweep=smoke', 'page_size=1']\n")
+    write(tmp_path, "nightly", f"cron: '0 2 * * *'\noverrides: {overrides}\n")
+    with pytest.raises(ScheduleError) as e:
+        load_schedules(tmp_path)
+    assert str(e.value).startswith(f"schedule 'nightly' ({tmp_path}/nightly.yaml): ") and needle in str(e.value)
+    assert "'ok'" not in str(e.value)
+
+
+def test_schedule_list_refuses_a_bad_override_before_starting_anything(tmp_path):
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    write(tmp_path, "nightly", "cron: '0 2 * * *'\noverrides: ['+sweep=smoke', 'page_size=0']\n")
+    probe = ("import atexit, sys; from orchestrator.schedule import main; "
+             "atexit.register(lambda: print('ray imported:', 'ray' in sys.modules)); sys.exit(main(sys.argv[1:]))")
+    proc = subprocess.run([sys.executable, "-c", probe, "--schedule-dir", str(tmp_path), "list"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(root / "kernels")])))
+    assert proc.returncode == 2
+    assert "schedule 'nightly'" in proc.stderr and "page_size=0 is invalid; allowed: an integer >= 1" in proc.stderr
+    assert "ray imported: False" in proc.stdout and not (tmp_path / "specsweep-schedule.db").exists()
+
+
 def test_duplicate_names_rejected(tmp_path):
     write(tmp_path, "a", "name: same\ncron: '0 2 * * *'\noverrides: ['+sweep=smoke']")
     write(tmp_path, "b", "name: same\ncron: '0 3 * * *'\noverrides: ['+sweep=smoke']")

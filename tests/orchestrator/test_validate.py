@@ -255,3 +255,64 @@ def test_stub_engine_section_is_typed():
         run_config("engine=stub", "engine.stub.token_s=fast")  # Hydra's own type error
     with pytest.raises(Exception, match="tokens_s"):
         run_config("engine=stub", "engine.stub.tokens_s=0.1")  # a misspelt key
+
+
+# ---------------------------------------------------------------- keys, probe files, a sweep with nothing to run
+
+
+@pytest.mark.parametrize("overrides,key,closest", [
+    (("+engine.stub.tokn_s=1",), "engine.stub.tokn_s", "engine.stub.token_s"),  # engine=reference: not ignored
+    (("engine=stub", "+engine.stub.tokn_s=1"), "engine.stub.tokn_s", "engine.stub.token_s"),
+    (("engine=sglang", "model=qwen3-8b", "attention=triton", "+engine.sglang.cuda_graph_bs=8"),
+     "engine.sglang.cuda_graph_bs", "engine.sglang.cuda_graph_max_bs"),
+    (("+contxt_len=5",), "contxt_len", "context_len"),
+])
+def test_unknown_keys_after_composition_name_the_closest(overrides, key, closest):
+    with pytest.raises(ConfigError) as e:
+        run_config(*overrides)
+    (p,) = e.value.problems
+    assert p.key == key and f"did you mean {closest}" in p.allowed and p.overrides == overrides
+
+
+def test_keys_under_a_dict_are_any():
+    assert run_config("+engine.env.HF_HOME=/x").engine.env == (("HF_HOME", "/x"),)
+
+
+def test_unknown_key_problem_lists_the_level_and_finds_names_at_other_levels():
+    from orchestrator.schema import schema_tree
+    from orchestrator.validate import unknown_key_problem
+
+    tree = schema_tree()
+    assert unknown_key_problem("engine.stub.token_s", 1, tree) is None
+    assert unknown_key_problem("engine.env.ANY", 1, tree) is None
+    p = unknown_key_problem("engine.stub.tokn_s", 1, tree)
+    assert p.allowed.startswith("a key of engine.stub (token_s, prefill_s, startup_s, rendezvous_timeout_s)")
+    assert "did you mean engine.stub.token_s" in unknown_key_problem("token_s", 1, tree).allowed
+    assert "it is a value" in unknown_key_problem("page_size.x", 1, tree).allowed
+
+
+@pytest.mark.parametrize("name,raw,why", [
+    ("a.txt", b"", "it is empty"),
+    ("a.txt", b" \n\t", "only whitespace"),
+    ("a.txt", b"\xff\xfe", "not UTF-8"),
+    ("a.jsonl", b"", 'no line has a non-blank "text"'),
+    ("a.jsonl", b'{"text": 3}\n', 'line 1 has no string "text" field'),
+    ("a.ndjson", b'{"text": "x"}\n[1]\n', 'line 2 has no string "text" field'),
+    ("a.jsonl", b'{"text": "x"}\n{bad\n', "line 2 is not JSON"),
+])
+def test_probe_file_problem(name, raw, why):
+    from orchestrator.validate import probe_file_problem
+
+    p = probe_file_problem(name, f"/d/{name}", raw)
+    assert p.key == "probe.path" and p.value == name and why in p.allowed
+    assert probe_file_problem(name, f"/d/{name}", b'{"text": "x"}\n' if "json" in name else b"x") is None
+
+
+def test_every_point_over_context():
+    from orchestrator.validate import every_point_over_context
+
+    over = [run_config("context_len=40000"), run_config("context_len=32768")]
+    p = every_point_over_context(over)
+    assert p.key == "context_len" and p.value == [32768, 40000] and "nothing would run" in p.allowed
+    assert every_point_over_context(over + [run_config("context_len=1024")]) is None
+    assert every_point_over_context([]) is None
