@@ -11,7 +11,8 @@ from .gguf_checkpoint import GGUF_MODELS, resolve_gguf
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 
 ALGORITHMS = ("NONE", "NGRAM", "STANDALONE")
-IGNORED = ("--mem-fraction-static", "--tp-size", "--max-running-requests", "--log-level-http",
+DEFAULT_MAX_RUNNING_REQUESTS = 48
+IGNORED = ("--mem-fraction-static", "--tp-size", "--log-level-http",
            "--trust-remote-code", "--skip-server-warmup",
            "--speculative-ngram-min-bfs-breadth", "--speculative-ngram-match-type",
            "--speculative-ngram-branch-length", "--speculative-ngram-capacity")
@@ -45,8 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(
         prog="python -m workers.reference", allow_abbrev=False,
         description="specsweep reference engine: a small PyTorch speculative-decoding server with SGLang's "
-                    "flag names and HTTP API. Serves ONE request at a time (batch 1, requests queue on a "
-                    "lock); no prefix cache.",
+                    "flag names and HTTP API. Continuous batching: up to --max-running-requests requests "
+                    "decode together (one batched forward per step); no prefix cache.",
     )
     m = p.add_argument_group("model")
     m.add_argument("--model-path", required=True,
@@ -66,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
     kv.add_argument("--max-total-tokens", type=positive_int, default=None,
                     help="KV pool size in tokens (default: context length + draft headroom)")
     kv.add_argument("--attention-backend", default="torch", help="torch (CPU default) or specsweep_verify (CUDA)")
+    kv.add_argument("--max-running-requests", type=positive_int, default=DEFAULT_MAX_RUNNING_REQUESTS,
+                    help="requests decoded together in one batched step; more wait (FIFO). A request also waits "
+                         "while the KV pool (--max-total-tokens) cannot hold its prompt + max_new_tokens + draft "
+                         f"headroom next to the running ones (default {DEFAULT_MAX_RUNNING_REQUESTS}, SGLang's "
+                         "cap with speculation)")
     kv.add_argument("--chunked-prefill-size", type=int, default=2048, help="tokens per prefill chunk; <= 0: one chunk")
     s = p.add_argument_group("speculative decoding")
     s.add_argument("--speculative-algorithm", default=None, type=str.upper, choices=ALGORITHMS)

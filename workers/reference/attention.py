@@ -1,11 +1,15 @@
 """Attention backends behind one small interface, chosen by `--attention-backend`.
 
-A backend sees, per layer, the queries and the fresh K/V of the T new tokens of the (single) request,
+A backend sees, per layer, the queries and the fresh K/V of the T new tokens of one request,
 that layer's whole K/V pool and `AttentionMetadata`: the page table, the prefix length, the per-token
 slots of the prefix and the T x T tree (ancestor) mask. Prefill chunks, decode steps and tree verifies
 are all this one call: the prefix is visible to every new token (minus a sliding window), the new
 tokens see each other through `tree_mask`. The model stores the new K/V in the pool (at `new_slots`)
 before it calls the backend; a backend may read them from the pool or from `k_new` / `v_new`.
+
+A batched forward (several requests, `BatchMetadata`) concatenates the requests' new tokens: the model's
+projections and MLP see all rows at once, and `forward_batch` attends each request's rows against its own KV
+(by default one `forward` call per request).
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class AttentionMetadata:
-    """One forward of one request (batch 1). Built once per forward, shared by all layers."""
+    """One request's new tokens in a forward. Built once per forward, shared by all layers."""
 
     positions: Tensor      # [T] int64, RoPE positions of the new tokens (prefix_len + tree depth)
     new_slots: Tensor      # [T] int64, pool slots the new tokens' K/V are written to
@@ -65,6 +69,23 @@ class AttentionMetadata:
         return cache[window]
 
 
+@dataclass
+class BatchMetadata:
+    """One forward over several requests: their new tokens concatenated in request order (T_i rows each)."""
+
+    requests: list[AttentionMetadata]
+    positions: Tensor  # [sum T_i] int64
+    new_slots: Tensor  # [sum T_i] int64
+
+    @classmethod
+    def of(cls, requests: list[AttentionMetadata]) -> "BatchMetadata":
+        return cls(requests, torch.cat([m.positions for m in requests]), torch.cat([m.new_slots for m in requests]))
+
+    @property
+    def sizes(self) -> list[int]:
+        return [m.num_new for m in self.requests]
+
+
 class AttentionBackend:
     """Interface. `forward` returns the attention output [T, Hq, D] in q's dtype."""
 
@@ -77,6 +98,14 @@ class AttentionBackend:
                 meta: AttentionMetadata, *, scale: float, window: int | None) -> Tensor:
         # q: [T, Hq, D]; k_new, v_new: [T, Hkv, D]; k_pool, v_pool: [S, Hkv, D]
         raise NotImplementedError
+
+    def forward_batch(self, q: Tensor, k_new: Tensor, v_new: Tensor, k_pool: Tensor, v_pool: Tensor,
+                      meta: BatchMetadata, *, scale: float, window: int | None) -> Tensor:
+        # q: [sum T_i, Hq, D]; k_new, v_new: [sum T_i, Hkv, D] -> [sum T_i, Hq, D]
+        sizes = meta.sizes
+        return torch.cat([self.forward(qi, ki, vi, k_pool, v_pool, m, scale=scale, window=window)
+                          for qi, ki, vi, m in zip(q.split(sizes), k_new.split(sizes), v_new.split(sizes),
+                                                   meta.requests)])
 
 
 ATTENTION_BACKENDS: dict[str, Callable[..., AttentionBackend]] = {}

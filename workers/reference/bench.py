@@ -17,7 +17,7 @@ import time
 import torch
 
 from .args import parse_args
-from .engine import Engine, SamplingParams
+from .engine import Engine, Request, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -54,15 +54,12 @@ def make_engine(ctx: int, page: int, algo: str, new_tokens: int, chunk: int) -> 
     return engine
 
 
-def prefill(engine: Engine, ids: list[int]):
+def prefill(engine: Engine, ids: list[int], new_tokens: int) -> tuple[Request, float]:
     """Target (and draft) prefill of one request, timed like the server's ttft."""
-    seq = engine.target.new_sequence()
+    req = Request(ids, SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True), torch.Generator())
     t0 = time.perf_counter()
-    logits = engine.target.extend(seq, ids)
-    if engine.drafter:
-        engine.drafter.start(ids)
-    first = int(logits[-1].argmax())
-    return seq, ids + [first], time.perf_counter() - t0
+    engine._prefill(req)
+    return req, time.perf_counter() - t0
 
 
 def measure(ctx: int, algo: str, pages: list[int], repeats: int, new_tokens: int, chunk: int) -> list[dict]:
@@ -77,20 +74,18 @@ def measure(ctx: int, algo: str, pages: list[int], repeats: int, new_tokens: int
     for _ in range(repeats):
         live = {}
         for page, engine in engines.items():
-            seq, context, seconds = prefill(engine, ids)
+            req, seconds = prefill(engine, ids, 8 * new_tokens)
             prefill_rates[page].append(ctx / seconds)
-            live[page] = (engine, seq, context, [])
+            live[page] = (engine, req)
         for _ in range(new_tokens - 1):
-            for page, (engine, seq, context, spec) in live.items():
+            for page, (engine, req) in live.items():
+                done = len(req.out)
                 t0 = time.perf_counter()
-                committed = engine._step(seq, context, 0.0, None, spec)
-                steps[page].append((time.perf_counter() - t0, len(committed)))
-                context.extend(committed)
-        for page, (engine, seq, _, spec) in live.items():
-            seq.release()
-            if engine.drafter:
-                engine.drafter.finish()
-            accept[page].append(statistics.mean(s["accept_len"] for s in spec) if spec else 1.0)
+                engine._step([req])
+                steps[page].append((time.perf_counter() - t0, len(req.out) - done))
+        for page, (engine, req) in live.items():
+            engine._end(req)
+            accept[page].append(statistics.mean(s["accept_len"] for s in req.steps) if req.steps else 1.0)
     rows = []
     for page in pages:
         per_step = statistics.mean(n for _, n in steps[page])

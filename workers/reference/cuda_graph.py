@@ -12,6 +12,9 @@ Triton kernels, whose result is returned), then the same forward is captured; la
 with T > 64 (prefill chunks), models with sliding-window layers, and steps whose padding doesn't fit the
 request's page table run eagerly (`ModelRunner.forward`). `--disable-cuda-graph` turns all of this off.
 
+Graphs serve one request per forward: a batched forward (`forward_batch` with two or more requests, i.e. several
+requests running at once, `--max-running-requests` > 1) runs eagerly, the verify kernel once per request.
+
 `capture=False` runs the same static-buffer path without graphs (CPU tests of the padding and masking).
 """
 from __future__ import annotations
@@ -97,6 +100,7 @@ class GraphModelRunner(ModelRunner):
         self._mempool = torch.cuda.graph_pool_handle() if capture else None
         self.replays = 0
         self.eager_fallbacks = 0
+        self.eager_batches = 0  # forwards of several requests (eager)
         # time_replays: per replay (bucket, host s before it, host s inside replay(), CUDA events around it)
         self.time_replays = False
         self.replay_times: list[tuple[int, float, float, torch.cuda.Event, torch.cuda.Event]] = []
@@ -138,6 +142,13 @@ class GraphModelRunner(ModelRunner):
             hidden = self._first_call(b, buf, seq, P)[:T]
         seq.length = P + T
         return hidden
+
+    def forward_batch(self, seqs, tokens, depths=None, tree_masks=None) -> list[Tensor]:
+        if len(seqs) == 1:  # graphs are captured for one request
+            return [self.forward(seqs[0], tokens[0], depths[0] if depths else None,
+                                 tree_masks[0] if tree_masks else None)]
+        self.eager_batches += 1
+        return super().forward_batch(seqs, tokens, depths, tree_masks)
 
     def _fill(self, buf: _Buffers, seq: PagedSequence, tokens: Tensor, depths: Tensor | None,
               tree_mask: Tensor | None, P: int, T: int, b: int) -> None:

@@ -1,7 +1,10 @@
-"""Engine: builds the target (and draft) runners from the resolved args and runs one request at a time.
+"""Engine: builds the target (and draft) runners from the resolved args and serves requests with continuous batching.
 
-Batch 1: requests are served strictly one after another (a lock); there is no continuous batching
-and no prefix cache (`cached_tokens` is always 0).
+One scheduler thread (`_loop`) owns every running request. Between steps it admits waiting requests (FIFO, up to
+`--max-running-requests` and while the KV pool can hold each one's prompt + max_new_tokens + draft headroom) and
+prefills each on its own; then one step decodes all running requests together: a draft proposal per request
+(batched), one target forward for all of them (a decode token or a draft tree each), each request's own
+acceptance. Finished and cancelled requests leave between steps. No prefix cache (`cached_tokens` is always 0).
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from .config import load_config
 from .cuda_graph import make_runner  # CUDA graphs for specsweep_verify on CUDA
 from .model import build_model
 from .runner import ModelRunner
-from .speculative import Drafter, ModelDrafter, NgramDrafter, sample, verify_tree
+from .speculative import Drafter, ModelDrafter, NgramDrafter, sample, verify_batch
 from .tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -35,7 +38,7 @@ class Cancelled(RuntimeError):
     """The request stopped before it finished: its client went away, or the engine is shutting down."""
 
 
-LOCK_POLL_S = 0.05  # a request waiting for the engine checks this often whether it was cancelled
+CANCEL_POLL_S = 0.05  # a caller waiting for its request checks this often whether it was cancelled
 
 
 @dataclass
@@ -53,6 +56,31 @@ class Output:
     meta_info: dict
 
 
+@dataclass(eq=False)
+class Request:
+    """One generation, from submission to its Output (or error). Touched by the scheduler thread only, once admitted."""
+
+    input_ids: list[int]
+    params: SamplingParams
+    gen: torch.Generator
+    on_tokens: Callable[[list[int]], None] | None = None
+    cancel: threading.Event | None = None
+    seq: object = None     # the target's PagedSequence, from prefill to release
+    draft: object = None   # the drafter's per-request state
+    out: list[int] = field(default_factory=list)
+    steps: list[dict] = field(default_factory=list)
+    finish: dict | None = None
+    t0: float = field(default_factory=time.perf_counter)
+    ttft: float = 0.0
+    result: Output | None = None
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def context(self) -> list[int]:
+        return self.input_ids + self.out
+
+
 @dataclass
 class Stats:
     """Cumulative since start; read by /metrics and /server_info."""
@@ -64,6 +92,7 @@ class Stats:
     spec_accepted_tokens: int = 0  # drafts + bonus, over all verify steps
     e2e_seconds: float = 0.0
     ttft_seconds: float = 0.0
+    max_batch_size: int = 0  # most requests in one decode step
 
 
 def _dtype(args) -> torch.dtype:
@@ -87,9 +116,14 @@ class Engine:
         self.target = self._runner(self.model)
         self.drafter = self._build_drafter(dtype)
         self.eos_id = self.config.eos_token_id if self.config.eos_token_id is not None else getattr(self.tokenizer, "eos_token_id", None)
-        self.lock = threading.Lock()
+        self.max_running_requests = args.max_running_requests
         self.stats = Stats()
-        self.cancelled = threading.Event()
+        self.cancelled = threading.Event()  # shutting down: every request ends with Cancelled
+        self.cond = threading.Condition()  # guards `waiting`, `running` (membership) and `idle`
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []  # admitted; the scheduler thread's
+        self.step_lock = threading.Lock()  # held by the scheduler around each admit + step; flush_cache takes it
+        self._thread: threading.Thread | None = None
 
     def _fused_ops(self) -> bool:
         """Triton element-wise kernels in the decoder layers: on CUDA, unless --disable-fused-ops."""
@@ -133,6 +167,10 @@ class Engine:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids)
 
+    def _pages(self, num_prompt: int, params: SamplingParams) -> int:
+        """KV pages a request may hold at most (prompt + max_new_tokens + headroom), in each pool."""
+        return -(-(num_prompt + params.max_new_tokens + self._headroom()) // self.args.page_size)
+
     def check(self, input_ids: list[int], params: SamplingParams) -> None:
         if not input_ids:
             raise RequestError("the prompt is empty")
@@ -149,18 +187,31 @@ class Engine:
             raise RequestError(f"the request needs {total} tokens (+{self._headroom()} for drafts and pages) but "
                                f"the KV pool holds {self.target.pool.num_slots} (--max-total-tokens)")
 
+    def num_active(self) -> int:
+        """Requests submitted and not yet finished (waiting or running)."""
+        with self.cond:
+            return len(self.waiting) + len(self.running)
+
     def generate(self, input_ids: list[int], params: SamplingParams,
                  on_tokens: Callable[[list[int]], None] | None = None,
                  cancel: threading.Event | None = None) -> Output:
-        """Greedy/sampled generation with or without speculation. on_tokens(all_output_ids) after each step.
-        Setting `cancel` (the client went away) raises Cancelled at the next step, or while waiting for the lock."""
+        """Greedy/sampled generation with or without speculation, batched with whatever else runs. on_tokens(all
+        output ids) after each step, from the scheduler thread. Setting `cancel` (the client went away) raises
+        Cancelled here at once; the request leaves the batch at the next step."""
         self.check(input_ids, params)
-        while not self.lock.acquire(timeout=LOCK_POLL_S):
+        seed = params.sampling_seed if params.sampling_seed is not None else self.args.random_seed
+        req = Request(list(input_ids), params, torch.Generator().manual_seed(seed), on_tokens, cancel)
+        with self.cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="engine-scheduler", daemon=True)
+                self._thread.start()
+            self.waiting.append(req)
+            self.cond.notify_all()
+        while not req.done.wait(CANCEL_POLL_S):
             self._check_cancelled(cancel)
-        try:
-            return self._generate(input_ids, params, on_tokens, cancel)
-        finally:
-            self.lock.release()
+        if req.error is not None:
+            raise req.error
+        return req.result
 
     def _check_cancelled(self, cancel: threading.Event | None) -> None:
         if self.cancelled.is_set():
@@ -168,45 +219,109 @@ class Engine:
         if cancel is not None and cancel.is_set():
             raise Cancelled("the client went away")
 
-    def _generate(self, input_ids, params, on_tokens, cancel) -> Output:
-        t0 = time.perf_counter()
-        gen = torch.Generator().manual_seed(params.sampling_seed if params.sampling_seed is not None else self.args.random_seed)
-        seq = self.target.new_sequence()
-        steps: list[dict] = []
-        out: list[int] = []
-        try:
-            logits = self.target.extend(seq, input_ids)
-            if self.drafter:
-                self.drafter.start(input_ids)  # the draft's prefill belongs to the prefill phase
-            out.append(sample(logits, params.temperature, gen)[0])
-            ttft = time.perf_counter() - t0
-            if on_tokens:
-                on_tokens(out)
-            finish = self._finish_reason(out, params)
-            while finish is None:
-                self._check_cancelled(cancel)
-                out.extend(self._step(seq, input_ids + out, params.temperature, gen, steps))
-                finish = self._finish_reason(out, params)
-                if on_tokens:
-                    on_tokens(out)
-        finally:
-            seq.release()
-            if self.drafter:
-                self.drafter.finish()
-        e2e = time.perf_counter() - t0
-        self._account(len(input_ids), len(out), steps, ttft, e2e)
-        return Output(out, self._meta(input_ids, out, finish, steps, ttft, e2e))
+    # ---- the scheduler --------------------------------------------------------------------------
 
-    def _step(self, seq, context, temperature, gen, steps) -> list[int]:
+    def _loop(self) -> None:
+        while True:
+            with self.cond:
+                while not self.waiting and not self.running:
+                    self.cond.wait()
+            with self.step_lock:
+                try:
+                    self._admit()
+                    if self.running:
+                        self._step(self.running)
+                except Exception as exc:  # a bug or an exhausted pool: every running request fails, the loop lives
+                    logger.exception("engine step failed")
+                    for req in self.running:
+                        req.error = exc
+                self._retire()
+
+    def _admit(self) -> None:
+        """Move waiting requests that fit (count and KV pages) into the batch, FIFO; prefill each on its own."""
+        with self.cond:
+            for req in [r for r in self.waiting if self._stopped(r)]:
+                self.waiting.remove(req)
+                self._end(req)
+            used = sum(self._pages(len(r.input_ids), r.params) for r in self.running)
+            admitted = []
+            while self.waiting and len(self.running) + len(admitted) < self.max_running_requests:
+                need = self._pages(len(self.waiting[0].input_ids), self.waiting[0].params)
+                if used + need > self.target.pool.allocator.num_pages:
+                    break
+                used += need
+                admitted.append(self.waiting.pop(0))
+            self.running += admitted
+        for req in admitted:
+            try:
+                self._prefill(req)
+            except Exception as exc:
+                logger.exception("prefill failed")
+                req.error = exc
+
+    def _prefill(self, req: Request) -> None:
+        req.seq = self.target.new_sequence()
+        logits = self.target.extend(req.seq, req.input_ids)
+        if self.drafter:
+            req.draft = self.drafter.start(req.input_ids, req.seq)  # the draft's prefill belongs to the prefill phase
+        req.out.append(sample(logits, req.params.temperature, req.gen)[0])
+        req.ttft = time.perf_counter() - req.t0
+        self._after_tokens(req)
+
+    def _step(self, batch: list[Request]) -> None:
+        """One decode step of every request in `batch` (prefilled, unfinished): one batched target forward."""
+        batch = [r for r in batch if r.finish is None and r.error is None and not self._stopped(r)]
+        if not batch:
+            return
+        self.stats.max_batch_size = max(self.stats.max_batch_size, len(batch))
         if self.drafter is None:
-            hidden = self.target.forward(seq, torch.tensor(context[-1:]))
-            return sample(self.target.model.logits(hidden), temperature, gen)
-        tree = self.drafter.propose(context)
-        res = verify_tree(self.target, seq, tree, temperature, gen)
-        steps.append({"accept_len": len(res.committed), "accepted_drafts": res.accepted,
-                      "proposed_drafts": res.tree_nodes - 1, "tree_depth": res.tree_depth,
-                      "tree_nodes": res.tree_nodes, "verify_s": res.verify_s})
-        return res.committed
+            hidden = self.target.forward_batch([r.seq for r in batch], [torch.tensor(r.out[-1:]) for r in batch])
+            logits = self.target.model.logits(torch.cat(hidden))  # [B, V]
+            for i, req in enumerate(batch):
+                req.out += sample(logits[i:i + 1], req.params.temperature, req.gen)
+        else:
+            trees = self.drafter.propose([r.draft for r in batch], [r.context for r in batch])
+            results = verify_batch(self.target, [r.seq for r in batch], trees, [r.params.temperature for r in batch],
+                                   [r.gen for r in batch])
+            for req, res in zip(batch, results):
+                req.steps.append({"accept_len": len(res.committed), "accepted_drafts": res.accepted,
+                                  "proposed_drafts": res.tree_nodes - 1, "tree_depth": res.tree_depth,
+                                  "tree_nodes": res.tree_nodes, "verify_s": res.verify_s, "batch_size": len(batch)})
+                req.out += res.committed
+        for req in batch:
+            self._after_tokens(req)
+
+    def _after_tokens(self, req: Request) -> None:
+        req.finish = self._finish_reason(req.out, req.params)
+        if req.on_tokens:
+            req.on_tokens(req.out)
+
+    def _stopped(self, req: Request) -> bool:
+        return self.cancelled.is_set() or (req.cancel is not None and req.cancel.is_set())
+
+    def _retire(self) -> None:
+        """Requests that finished, failed or were cancelled leave the batch: pages back, result or error set."""
+        with self.cond:
+            leaving = [r for r in self.running if r.finish is not None or r.error is not None or self._stopped(r)]
+            self.running = [r for r in self.running if r not in leaving]
+        for req in leaving:
+            self._end(req)
+
+    def _end(self, req: Request) -> None:
+        try:
+            if req.seq is not None:
+                req.seq.release()
+            if self.drafter and req.draft is not None:
+                self.drafter.finish(req.draft)
+        finally:
+            if req.error is None and req.finish is None:
+                req.error = Cancelled("the engine is shutting down" if self.cancelled.is_set()
+                                      else "the client went away")
+            elif req.error is None:
+                e2e = time.perf_counter() - req.t0
+                self._account(len(req.input_ids), len(req.out), req.steps, req.ttft, e2e)
+                req.result = Output(req.out, self._meta(req.input_ids, req.out, req.finish, req.steps, req.ttft, e2e))
+            req.done.set()
 
     def _finish_reason(self, out: list[int], params: SamplingParams) -> dict | None:
         """Trims `out` in place at the first EOS / stop string / length limit; returns SGLang's finish_reason."""
@@ -240,7 +355,8 @@ class Engine:
                 "spec_accept_rate": correct / proposed if proposed else 0.0,
                 "spec_num_correct_drafts": correct, "spec_num_proposed_drafts": proposed,
                 "spec_correct_drafts_histogram": hist,
-                "spec_steps": [{k: s[k] for k in ("accept_len", "tree_depth", "tree_nodes", "verify_s")} for s in steps],
+                "spec_steps": [{k: s[k] for k in ("accept_len", "tree_depth", "tree_nodes", "verify_s", "batch_size")}
+                               for s in steps],
             })
         return meta
 
@@ -255,8 +371,10 @@ class Engine:
         st.e2e_seconds += e2e
 
     def flush_cache(self) -> None:
-        """No prefix cache to drop; resets the page pools (only between requests)."""
-        with self.lock:
+        """No prefix cache to drop; resets the page pools. Only with no request waiting or running (RequestError)."""
+        with self.step_lock:
+            if self.num_active():
+                raise RequestError("cannot flush the cache while a request is running")
             self.target.pool.flush()
             if isinstance(self.drafter, ModelDrafter):
                 self.drafter.runner.pool.flush()

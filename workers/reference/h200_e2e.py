@@ -35,7 +35,7 @@ import torch
 from . import engine as engine_mod
 from .args import parse_args
 from .cuda_graph import bucket_for, replay_summary
-from .engine import Engine
+from .engine import Engine, Request, SamplingParams
 from .model import CausalLM
 
 logger = logging.getLogger(__name__)
@@ -135,25 +135,31 @@ def run_context(engine: Engine, ctx: int, warmup: int, steps: int, seed: int,
     seq.length = ctx  # positions [0, ctx) hold (random) KV: a prefilled prompt
     engine.target.time_replays = hasattr(engine.target, "replay_times")
     drafter = engine.drafter
-    drafter.seq = drafter.runner.new_sequence()
-    drafter.seq.reserve(ctx)
-    drafter.seq.length = ctx
+    draft_seq = drafter.runner.new_sequence()
+    draft_seq.reserve(ctx)
+    draft_seq.length = ctx
     gen = torch.Generator().manual_seed(seed)
+    req = Request(context[:-1], SamplingParams(max_new_tokens=1 << 30, temperature=0.0, ignore_eos=True), gen,
+                  seq=seq, draft=draft_seq, out=context[-1:])
+
+    def step() -> list[int]:
+        done = len(req.out)
+        engine._step([req])
+        return req.out[done:]
+
     step_s, verify_s, commits = [], [], []
     try:
         for i in range(warmup + steps):
-            recs: list[dict] = []
             _sync(device)
             t0 = time.perf_counter()
-            committed = engine._step(seq, context, 0.0, gen, recs)
+            committed = step()
             _sync(device)
             dt = time.perf_counter() - t0
-            context.extend(committed)
             if i < warmup:
                 getattr(engine.target, "replay_times", []).clear()  # the warm-up's replays are not measured
             if i >= warmup:
                 step_s.append(dt)
-                verify_s.append(recs[-1]["verify_s"])
+                verify_s.append(req.steps[-1]["verify_s"])
                 commits.append(len(committed))
         if profile_to is not None:  # kernels of two more steps (7 draft forwards + 1 verify each), by GPU time
             from torch.profiler import ProfilerActivity, profile
@@ -161,12 +167,12 @@ def run_context(engine: Engine, ctx: int, warmup: int, steps: int, seed: int,
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
             with profile(activities=activities) as prof:
                 for _ in range(2):
-                    context.extend(engine._step(seq, context, 0.0, gen, []))
+                    step()
                 _sync(device)
             profile_to.write_text(_profile_table(prof))
     finally:
         seq.release()
-        drafter.finish()
+        drafter.finish(draft_seq)
     step, verify = statistics.median(step_s), statistics.median(verify_s)
     graph = replay_summary(engine.target, bucket_for(engine.num_draft_tokens or 1))
     return {"ctx": ctx, "steps": steps, "step_ms": 1e3 * step, "verify_ms": 1e3 * verify,

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from specsweep_kernels import fused_ops
 
-from .attention import AttentionBackend, AttentionMetadata
+from .attention import AttentionBackend, AttentionMetadata, BatchMetadata
 from .config import ModelConfig
 from .kv_cache import KVPool
 
@@ -78,9 +78,9 @@ class Attention(nn.Module):
         self.qkv_weight = _fuse_views([p.weight for p in projs])
         self.qkv_bias = _fuse_views([p.bias for p in projs]) if self.q_proj.bias is not None else None
 
-    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], pool: KVPool, meta: AttentionMetadata,
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], pool: KVPool, meta: AttentionMetadata | BatchMetadata,
                 backend: AttentionBackend, fused: bool = False) -> Tensor:
-        # x: [T, hidden]
+        # x: [T, hidden] (a batch: T = sum T_i, the requests' rows concatenated)
         T = x.shape[0]
         merged = self.qkv_weight is not None and self.qkv_weight.data_ptr() == self.q_proj.weight.data_ptr()
         if merged:
@@ -100,8 +100,9 @@ class Attention(nn.Module):
                 q, k = self.q_norm(q), self.k_norm(k)  # [T, Hq, D], [T, Hkv, D]
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
             pool.store(self.layer_id, meta.new_slots, k, v)
-        out = backend.forward(q, k, v, pool.k[self.layer_id], pool.v[self.layer_id], meta,
-                              scale=self.scale, window=self.window)  # [T, Hq, D]
+        attend = backend.forward_batch if isinstance(meta, BatchMetadata) else backend.forward
+        out = attend(q, k, v, pool.k[self.layer_id], pool.v[self.layer_id], meta,
+                     scale=self.scale, window=self.window)  # [T, Hq, D]
         return self.o_proj(out.reshape(T, -1))
 
 
@@ -164,7 +165,8 @@ class DecoderModel(nn.Module):
 
 
 class CausalLM(nn.Module):
-    """`forward` runs the new tokens of one request against its paged KV and returns hidden states."""
+    """`forward` runs the new tokens of one request (or a batch of requests) against their paged KV and returns
+    hidden states."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -179,8 +181,9 @@ class CausalLM(nn.Module):
         self.fused_ops = False
 
     @torch.inference_mode()
-    def forward(self, tokens: Tensor, meta: AttentionMetadata, pool: KVPool, backend: AttentionBackend) -> Tensor:
-        # tokens: [T] -> final hidden states [T, hidden] (normed)
+    def forward(self, tokens: Tensor, meta: AttentionMetadata | BatchMetadata, pool: KVPool,
+                backend: AttentionBackend) -> Tensor:
+        # tokens: [T] -> final hidden states [T, hidden] (normed); a batch: T = sum T_i
         if not self.fused:  # a model built elsewhere (e.g. h200_e2e's on-device init)
             fuse_projections(self)
         x = self.model.embed_tokens(tokens)

@@ -1,10 +1,11 @@
-"""ModelRunner: one model, its KV pool and attention backend; runs extends, decodes and tree verifies."""
+"""ModelRunner: one model, its KV pool and attention backend; runs extends, decodes and tree verifies, for one
+request or a batch of requests (ragged: each its own sequence and number of new tokens)."""
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from .attention import AttentionBackend, AttentionMetadata
+from .attention import AttentionBackend, AttentionMetadata, BatchMetadata
 from .kv_cache import KVPool, PagedSequence
 from .model import CausalLM
 
@@ -31,20 +32,36 @@ class ModelRunner:
 
         tokens, depths: [T]; tree_mask: [T, T] bool (None = causal). Returns hidden states [T, hidden].
         """
+        return self._forward([seq], [tokens], [depths], [tree_mask])[0]
+
+    def forward_batch(self, seqs: list[PagedSequence], tokens: list[Tensor], depths: list[Tensor | None] | None = None,
+                      tree_masks: list[Tensor | None] | None = None) -> list[Tensor]:
+        """`forward` for several requests in one model call: request i appends tokens[i] ([T_i]) to seqs[i].
+        The projections and the MLP run over all sum T_i rows; attention per request. Returns [T_i, hidden] each."""
+        n = len(seqs)
+        return self._forward(seqs, tokens, depths or [None] * n, tree_masks or [None] * n)
+
+    def _forward(self, seqs, tokens, depths, tree_masks) -> list[Tensor]:
+        metas = [self._metadata(*args) for args in zip(seqs, tokens, depths, tree_masks)]
+        meta = metas[0] if len(metas) == 1 else BatchMetadata.of(metas)
+        hidden = self.model(torch.cat(tokens).to(self.device), meta, self.pool, self.backend)  # [sum T_i, hidden]
+        for seq, m in zip(seqs, metas):
+            seq.length = m.prefix_len + m.num_new
+        return list(hidden.split([m.num_new for m in metas]))
+
+    def _metadata(self, seq: PagedSequence, tokens: Tensor, depths: Tensor | None,
+                  tree_mask: Tensor | None) -> AttentionMetadata:
         P, T = seq.length, tokens.numel()
         seq.reserve(P + T)
         if depths is None:
             depths = torch.arange(T, device=self.device)
         if tree_mask is None:
             tree_mask = torch.ones(T, T, dtype=torch.bool, device=self.device).tril()
-        meta = AttentionMetadata(
+        return AttentionMetadata(
             positions=P + depths.to(self.device), new_slots=seq.slots(P, P + T), prefix_slots=seq.slots(0, P),
             prefix_len=P, tree_mask=tree_mask.to(self.device), page_table=seq.page_table[:seq.num_pages],
             page_size=self.page_size,
         )
-        hidden = self.model(tokens.to(self.device), meta, self.pool, self.backend)
-        seq.length = P + T
-        return hidden
 
     def extend(self, seq: PagedSequence, tokens: list[int], all_logits: bool = False) -> Tensor:
         """Chunked prefill of `tokens` after seq.length. Returns logits [T, V] (all) or [1, V] (last)."""

@@ -1,9 +1,10 @@
 """HTTP server (FastAPI + uvicorn) speaking SGLang's subset: /health /generate /flush_cache /server_info /metrics.
 
 The model loads and warms up in a background thread; /health answers 503 until that is done; if it cannot load,
-the server exits 1 (the traceback in its log). Generation runs in a worker thread, one request at a time (the
-engine's lock); a client that goes away (streaming or not) cancels its generation at the next step, so
-/flush_cache, which answers 400 while a request runs, works again at once. Requests are checked as SGLang does
+the server exits 1 (the traceback in its log). Concurrent requests are batched by the engine's scheduler thread
+(up to --max-running-requests at once); a client that goes away (streaming or not) cancels its generation,
+which leaves the batch at the next step, so /flush_cache, which answers 400 while a request waits or runs,
+works again right after. Requests are checked as SGLang does
 (`_parse_sampling`): a bad field is a 400 naming it, and the keep-alive connection stays open.
 """
 from __future__ import annotations
@@ -80,7 +81,8 @@ def _parse_sampling(raw) -> SamplingParams:
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise RequestError("sampling_params must be an object (batches are not supported: batch size 1)")
+        raise RequestError("sampling_params must be an object (a batch in one body is not supported: send "
+                           "concurrent requests)")
     for key, value in raw.items():
         if key in SAMPLING_KEYS or (key in SGLANG_DEFAULTS and (value is None or (
                 not isinstance(value, bool) and value == SGLANG_DEFAULTS[key]))):
@@ -130,7 +132,8 @@ def _parse_prompt(body: dict, engine: Engine) -> list[int]:
         raise RequestError("give exactly one of text or input_ids")
     if text is not None:
         if not isinstance(text, str):
-            raise RequestError("text must be a string (batches are not supported: batch size 1)")
+            raise RequestError("text must be a string (a batch in one body is not supported: send concurrent "
+                               "requests)")
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as exc:
@@ -138,7 +141,8 @@ def _parse_prompt(body: dict, engine: Engine) -> list[int]:
                                f"character {exc.start}") from exc
         return engine.encode(text)
     if not isinstance(ids, list) or not all(_is_int(t) for t in ids):
-        raise RequestError("input_ids must be a list of ints (batches are not supported: batch size 1)")
+        raise RequestError("input_ids must be a list of ints (a batch in one body is not supported: send concurrent "
+                           "requests)")
     return ids
 
 
@@ -153,7 +157,8 @@ def _metrics_text(engine: Engine | None, model_name: str) -> str:
         ("sglang:spec_verify_calls_total", "counter", "Speculative verify forwards", st.spec_verify_calls if st else 0),
         ("sglang:spec_accept_length", "gauge", "Tokens committed per verify step since start",
          engine.avg_spec_accept_length() if engine else 0.0),
-        ("sglang:num_running_reqs", "gauge", "Requests running", int(engine.lock.locked()) if engine else 0),
+        ("sglang:num_running_reqs", "gauge", "Requests running", len(engine.running) if engine else 0),
+        ("sglang:num_queue_reqs", "gauge", "Requests waiting", len(engine.waiting) if engine else 0),
         ("sglang:e2e_request_latency_seconds_sum", "counter", "Sum of end-to-end latencies", st.e2e_seconds if st else 0.0),
         ("sglang:e2e_request_latency_seconds_count", "counter", "Requests timed", st.num_requests if st else 0),
         ("sglang:time_to_first_token_seconds_sum", "counter", "Sum of times to first token", st.ttft_seconds if st else 0.0),
@@ -187,9 +192,12 @@ def create_app(state: ServerState) -> FastAPI:
     async def flush_cache():
         if not state.ready.is_set():
             return _error(503, "not ready")
-        if state.engine.lock.locked():
+        if state.engine.num_active():
             return _error(400, "cannot flush the cache while a request is running")
-        await run_in_threadpool(state.engine.flush_cache)
+        try:
+            await run_in_threadpool(state.engine.flush_cache)
+        except RequestError as exc:  # a request arrived meanwhile
+            return _error(400, str(exc))
         return PlainTextResponse("Cache flushed.\n")
 
     @app.get("/server_info")
@@ -199,13 +207,13 @@ def create_app(state: ServerState) -> FastAPI:
         info = dict(vars(state.args))
         info.update({
             "version": VERSION, "engine": "specsweep-reference", "startup_time": state.start_time,
-            "ready": state.ready.is_set(), "max_batch_size": 1,
+            "ready": state.ready.is_set(), "max_batch_size": state.args.max_running_requests,
             "context_length": engine.context_length if engine else state.args.context_length,
             "internal_states": [{
                 "avg_spec_accept_length": engine.avg_spec_accept_length() if engine else 0.0,
                 "spec_verify_calls": engine.stats.spec_verify_calls if engine else 0,
                 "num_requests": engine.stats.num_requests if engine else 0,
-                "effective_max_running_requests_per_dp": 1,
+                "effective_max_running_requests_per_dp": state.args.max_running_requests,
             }],
         })
         return JSONResponse(info)

@@ -5,6 +5,10 @@ verify forward runs all N nodes under the ancestor mask; from the root we follow
 equals the target's choice at each node (argmax at temperature 0, a sample otherwise: matching a
 target sample against a deterministic draft is lossless), then add the target's token at the last
 accepted node (the bonus). Rejected nodes' K/V are rolled back.
+
+Every step is batched over the running requests: one drafter call proposes a tree per request (a draft model runs
+one forward per tree level over all of them), one target forward verifies all trees (`verify_batch`); each
+request keeps its own paged sequence, tree and acceptance.
 """
 from __future__ import annotations
 
@@ -70,36 +74,54 @@ class VerifyResult:
     verify_s: float
 
 
+def verify_batch(runner: ModelRunner, seqs: list[PagedSequence], trees: list[DraftTree], temperatures: list[float],
+                 generators: list[torch.Generator | None]) -> list[VerifyResult]:
+    """One target forward over every request's tree; then each request's walk, commit and rollback.
+    verify_s is the whole batched step's time."""
+    t0 = time.perf_counter()
+    bases = [seq.length for seq in seqs]
+    depths = [tree.depths() for tree in trees]
+    hidden = runner.forward_batch(seqs, [torch.tensor(t.tokens) for t in trees], [torch.tensor(d) for d in depths],
+                                  [t.ancestor_mask() for t in trees])
+    logits = runner.model.logits(torch.cat(hidden)).split([t.num_nodes for t in trees])  # [N_i, V] each
+    results = []
+    for seq, tree, base, depth, rows, temperature, gen in zip(seqs, trees, bases, depths, logits, temperatures,
+                                                              generators):
+        choice = sample(rows, temperature, gen)  # [N_i] target token at each node
+        kids = tree.children()
+        node, path = 0, [0]
+        while True:
+            nxt = next((c for c in kids[node] if tree.tokens[c] == choice[node]), None)
+            if nxt is None:
+                break
+            node = nxt
+            path.append(node)
+        seq.commit_path(base, path)
+        committed = [tree.tokens[n] for n in path[1:]] + [choice[node]]
+        results.append(VerifyResult(committed, len(path) - 1, max(depth), tree.num_nodes, 0.0))
+    verify_s = time.perf_counter() - t0
+    for r in results:
+        r.verify_s = verify_s
+    return results
+
+
 def verify_tree(runner: ModelRunner, seq: PagedSequence, tree: DraftTree, temperature: float,
                 generator: torch.Generator | None = None) -> VerifyResult:
-    t0 = time.perf_counter()
-    base = seq.length
-    depths = tree.depths()
-    hidden = runner.forward(seq, torch.tensor(tree.tokens), torch.tensor(depths), tree.ancestor_mask())
-    choice = sample(runner.model.logits(hidden), temperature, generator)  # [N] target token at each node
-    kids = tree.children()
-    node, path = 0, [0]
-    while True:
-        nxt = next((c for c in kids[node] if tree.tokens[c] == choice[node]), None)
-        if nxt is None:
-            break
-        node = nxt
-        path.append(node)
-    seq.commit_path(base, path)
-    committed = [tree.tokens[n] for n in path[1:]] + [choice[node]]
-    return VerifyResult(committed, len(path) - 1, max(depths), tree.num_nodes, time.perf_counter() - t0)
+    return verify_batch(runner, [seq], [tree], [temperature], [generator])[0]
 
 
 class Drafter:
-    """Proposes a tree rooted at context[-1]; `start`/`finish` bracket one request."""
+    """Proposes a tree rooted at each request's context[-1]. `start` / `finish` bracket one request and make / drop
+    its draft state (None for a stateless drafter); `propose` drafts for several requests at once."""
 
-    def start(self, prompt: list[int]) -> None:
-        pass
+    def start(self, prompt: list[int], target_seq: PagedSequence | None = None) -> object:
+        """A request begins; target_seq is the target's sequence (its prompt prefilled). Returns its draft state."""
+        return None
 
-    def propose(self, context: list[int]) -> DraftTree:
+    def propose(self, states: list, contexts: list[list[int]]) -> list[DraftTree]:
         raise NotImplementedError
 
-    def finish(self) -> None:
+    def finish(self, state) -> None:
         pass
 
 
@@ -128,7 +150,10 @@ class NgramDrafter(Drafter):
         order = np.lexsort((-cand, -match))  # longest match, then most recent
         return (cand[order] + 1).tolist()
 
-    def propose(self, context: list[int]) -> DraftTree:
+    def propose(self, states: list, contexts: list[list[int]]) -> list[DraftTree]:
+        return [self.propose_one(context) for context in contexts]
+
+    def propose_one(self, context: list[int]) -> DraftTree:
         tokens, parents = [context[-1]], [-1]
         ctx = np.asarray(context, dtype=np.int64)
         branches = 0
@@ -151,23 +176,22 @@ class NgramDrafter(Drafter):
 
 
 class ModelDrafter(Drafter):
-    """A draft model with its own paged KV. Its cache holds the committed tokens; drafted nodes are
-    rolled back after each proposal. Expands the `topk` best nodes per depth (cumulative log-prob),
-    keeps the best `num_draft_tokens - 1` nodes overall (ancestor-closed)."""
+    """A draft model with its own paged KV (a request's draft state is its draft sequence). The cache holds the
+    committed tokens; drafted nodes are rolled back after each proposal. Expands the `topk` best nodes per depth
+    (cumulative log-prob), keeps the best `num_draft_tokens - 1` nodes overall (ancestor-closed). Each tree level
+    is one draft forward over all requests of the batch."""
 
     def __init__(self, runner: ModelRunner, num_steps: int, topk: int, num_draft_tokens: int):
         self.runner, self.num_steps, self.topk, self.max_nodes = runner, num_steps, topk, num_draft_tokens
-        self.seq: PagedSequence | None = None
 
-    def start(self, prompt: list[int]) -> None:
-        self.seq = self.runner.new_sequence()
+    def start(self, prompt: list[int], target_seq: PagedSequence | None = None) -> PagedSequence:
+        seq = self.runner.new_sequence()
         if len(prompt) > 1:
-            self.runner.extend(self.seq, prompt[:-1])
+            self.runner.extend(seq, prompt[:-1])
+        return seq
 
-    def finish(self) -> None:
-        if self.seq is not None:
-            self.seq.release()
-            self.seq = None
+    def finish(self, state: PagedSequence) -> None:
+        state.release()
 
     def _expand(self, logits: Tensor, parents: list[int], scores: list[float], nodes: list[tuple]) -> list[int]:
         """Add the top-k children of each parent (rows of logits) to `nodes`; return the new frontier."""
@@ -182,21 +206,28 @@ class ModelDrafter(Drafter):
         new.sort(key=lambda i: -nodes[i][0])
         return new[:self.topk]
 
-    def propose(self, context: list[int]) -> DraftTree:
-        seq, runner = self.seq, self.runner
-        root_logits = runner.extend(seq, context[seq.length:])  # catch up on committed tokens, root last
-        base = seq.length
-        nodes: list[tuple] = []
-        frontier = self._expand(root_logits, [-1], [0.0], nodes)
-        expanded: list[int] = []
+    def propose(self, states: list[PagedSequence], contexts: list[list[int]]) -> list[DraftTree]:
+        seqs, runner, B = states, self.runner, len(states)
+        # catch up on the committed tokens, root last: [C_i] each
+        hidden = runner.forward_batch(seqs, [torch.tensor(c[s.length:]) for s, c in zip(seqs, contexts)])
+        root_logits = runner.model.logits(torch.cat([h[-1:] for h in hidden]))  # [B, V]
+        bases = [s.length for s in seqs]
+        nodes: list[list[tuple]] = [[] for _ in range(B)]
+        frontiers = [self._expand(root_logits[i:i + 1], [-1], [0.0], nodes[i]) for i in range(B)]
+        expanded: list[list[int]] = [[] for _ in range(B)]
         for _ in range(self.num_steps - 1):
-            expanded += frontier
-            hidden = runner.forward(seq, torch.tensor([nodes[i][1] for i in expanded]),
-                                    torch.tensor([nodes[i][2] - 1 for i in expanded]), self._mask(expanded, nodes))
-            seq.truncate(base)
-            rows = hidden[len(expanded) - len(frontier):]
-            frontier = self._expand(runner.model.logits(rows), frontier, [nodes[i][0] for i in frontier], nodes)
-        return self._select(context[-1], nodes)
+            for e, f in zip(expanded, frontiers):
+                e += f
+            hidden = runner.forward_batch(
+                seqs, [torch.tensor([n[i][1] for i in e]) for n, e in zip(nodes, expanded)],
+                [torch.tensor([n[i][2] - 1 for i in e]) for n, e in zip(nodes, expanded)],
+                [self._mask(e, n) for n, e in zip(nodes, expanded)])
+            for seq, base in zip(seqs, bases):
+                seq.truncate(base)
+            rows = [h[len(e) - len(f):] for h, e, f in zip(hidden, expanded, frontiers)]  # the frontier's rows
+            logits = runner.model.logits(torch.cat(rows)).split([len(f) for f in frontiers])
+            frontiers = [self._expand(lg, f, [n[i][0] for i in f], n) for lg, f, n in zip(logits, frontiers, nodes)]
+        return [self._select(c[-1], n) for c, n in zip(contexts, nodes)]
 
     @staticmethod
     def _mask(expanded: list[int], nodes: list[tuple]) -> Tensor:

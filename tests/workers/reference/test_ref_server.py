@@ -102,7 +102,8 @@ def test_generate_fields(server):
     assert meta["spec_accept_length"] == pytest.approx(12 / meta["spec_verify_ct"])
     assert meta["spec_accept_rate"] == 1.0  # the oracle
     for step in meta["spec_steps"]:
-        assert set(step) == {"accept_len", "tree_depth", "tree_nodes", "verify_s"}
+        assert set(step) == {"accept_len", "tree_depth", "tree_nodes", "verify_s", "batch_size"}
+        assert step["batch_size"] == 1
         assert step["accept_len"] == NUM_STEPS + 1 and step["verify_s"] > 0
 
 
@@ -233,7 +234,8 @@ def test_client_leaving_a_stream_cancels_the_generation(server):
 
 
 def test_a_stream_that_stalls_is_a_probe_timeout(server):
-    """The engine busy with another client's request: headers come, then nothing within the probe's timeout."""
+    """The engine's KV pool held by another client's request (the new one waits for pages): headers come, then
+    nothing within the probe's timeout."""
     from workers.errors import ProbeTimeout
     from workers.probe import ProbeClient, Prompt
 
@@ -244,7 +246,7 @@ def test_a_stream_that_stalls_is_a_probe_timeout(server):
         next(l for l in lines if l)
         client = ProbeClient(url, timeout_s=1.0)
         with pytest.raises(ProbeTimeout, match="stalled"):
-            client.generate(Prompt(input_ids=(1, 2, 3)), 4)
+            client.generate(Prompt(input_ids=(1, 2, 3) * 70), 4)  # 210 + 4 tokens do not fit next to LONG
         client.close()
     finally:
         busy.close()
@@ -265,7 +267,7 @@ def test_server_info(server):
     info = requests.get(f"{url}/server_info", timeout=TIMEOUT).json()
     assert info["model_path"] == "tiny" and info["page_size"] == 16
     assert info["speculative_algorithm"] == "STANDALONE" and info["speculative_num_draft_tokens"] == NUM_STEPS + 1
-    assert info["version"] and info["max_batch_size"] == 1
+    assert info["version"] and info["max_batch_size"] == 48
     assert info["internal_states"][0]["avg_spec_accept_length"] == pytest.approx(NUM_STEPS + 1)
 
 

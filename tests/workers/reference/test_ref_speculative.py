@@ -104,7 +104,7 @@ def test_sampling_with_speculation_runs_and_is_seeded(make_engine):
 def test_ngram_tree_shape():
     drafter = NgramDrafter(num_steps=3, topk=2, num_draft_tokens=6, min_window=1, max_window=4)
     ctx = [1, 2, 3, 9, 1, 2, 4, 8, 7, 1, 2]  # "1 2" was followed by "3 9 1" and "4 8 7"
-    tree = drafter.propose(ctx)
+    tree = drafter.propose_one(ctx)
     assert tree.tokens[0] == 2 and tree.parents[0] == -1
     assert set(zip(tree.tokens[1:], tree.parents[1:])) == {(4, 0), (8, 1), (7, 2), (3, 0), (9, 4)}
     assert tree.num_nodes == 6 and max(tree.depths()) == 3

@@ -1,0 +1,157 @@
+"""Continuous batching: concurrent requests decode together and each gets exactly the tokens it gets alone."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from workers.reference.engine import Cancelled, SamplingParams
+
+pytestmark = pytest.mark.timeout(300)
+
+DRAFTERS = {
+    "none": [],
+    "ngram": ["--speculative-algorithm", "NGRAM", "--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
+              "--speculative-num-draft-tokens", "6"],
+    "oracle": ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "tiny",
+               "--speculative-num-steps", "3"],
+    "draft-tree": ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "tiny-draft",
+                   "--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
+                   "--speculative-num-draft-tokens", "6"],
+}
+
+
+def prompts(engine) -> list[list[int]]:
+    """Mixed lengths (9 .. ~330 tokens), predictable and novel text."""
+    return [engine.encode("The cat sat on the mat. " * 13 + "The cat"),
+            engine.encode("novel text: 7f3a9 qzx"),
+            engine.encode("A quick brown fox jumps over the lazy dog. " * 3),
+            engine.encode("1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29")]
+
+
+NEW_TOKENS = [40, 12, 29, 40]  # different lengths: requests leave the batch at different steps
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True)
+
+
+def run_concurrently(engine, jobs: list[tuple[list[int], SamplingParams]], stagger_s: float = 0.0) -> list:
+    """Each job from its own thread (as the server's worker threads); results (or exceptions) in job order."""
+    results: list = [None] * len(jobs)
+
+    def work(i):
+        try:
+            results[i] = engine.generate(*jobs[i])
+        except Exception as exc:  # recorded, asserted by the caller
+            results[i] = exc
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+        time.sleep(stagger_s)
+    for t in threads:
+        t.join(240)
+    return results
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("name", list(DRAFTERS))
+def test_concurrent_requests_get_their_sequential_tokens(make_engine, page_size, name):
+    engine = make_engine("--page-size", str(page_size), *DRAFTERS[name])
+    jobs = [(p, greedy(n)) for p, n in zip(prompts(engine), NEW_TOKENS)]
+    alone = [engine.generate(*job) for job in jobs]
+    together = run_concurrently(engine, jobs)
+    for i, (a, b) in enumerate(zip(alone, together)):
+        assert not isinstance(b, Exception), f"request {i}: {b!r}"
+        assert b.output_ids == a.output_ids, f"request {i} differs when batched"
+        assert b.meta_info["completion_tokens"] == NEW_TOKENS[i]
+    if name != "none":
+        batch = [max(s["batch_size"] for s in out.meta_info["spec_steps"]) for out in together]
+        assert max(batch) > 1, "no step ran several requests"
+        assert all(max(s["batch_size"] for s in out.meta_info["spec_steps"]) == 1 for out in alone)
+    assert engine.stats.max_batch_size > 1
+    alloc = engine.target.pool.allocator
+    assert alloc.num_free == alloc.num_pages  # every request's pages went back
+    assert engine.num_active() == 0
+
+
+def test_oracle_commits_every_draft_in_a_batch(make_engine):
+    engine = make_engine("--page-size", "16", *DRAFTERS["oracle"])
+    jobs = [(p, greedy(n)) for p, n in zip(prompts(engine), NEW_TOKENS)]
+    for out in run_concurrently(engine, jobs):
+        steps = out.meta_info["spec_steps"]
+        assert all(s["accept_len"] == 4 for s in steps[:-1])  # the last step may be cut at max_new_tokens
+
+
+def test_max_running_requests_caps_the_batch(make_engine):
+    engine = make_engine("--page-size", "16", "--max-running-requests", "2", *DRAFTERS["ngram"])
+    jobs = [(p, greedy(n)) for p, n in zip(prompts(engine), NEW_TOKENS)]
+    alone = [engine.generate(*job).output_ids for job in jobs]
+    together = run_concurrently(engine, jobs)
+    assert [out.output_ids for out in together] == alone
+    assert max(s["batch_size"] for out in together for s in out.meta_info["spec_steps"]) == 2
+    assert engine.stats.max_batch_size == 2
+
+
+def test_a_request_waits_until_the_kv_pool_can_hold_it(make_engine):
+    # pool of 512 tokens, page 16: each request reserves prompt + 40 new + headroom (~400 for the first):
+    # the first and the short ones cannot all run at once, the rest wait for pages and then run
+    engine = make_engine("--page-size", "16", "--max-total-tokens", "512", *DRAFTERS["none"])
+    jobs = [(p, greedy(n)) for p, n in zip(prompts(engine), NEW_TOKENS)]
+    alone = [engine.generate(*job).output_ids for job in jobs]
+    together = run_concurrently(engine, jobs, stagger_s=0.05)
+    assert [out.output_ids for out in together] == alone
+    alloc = engine.target.pool.allocator
+    assert alloc.num_free == alloc.num_pages
+
+
+def test_a_cancelled_request_leaves_the_batch_and_the_others_finish(make_engine):
+    engine = make_engine("--page-size", "16", *DRAFTERS["oracle"])
+    ps = prompts(engine)
+    alone = engine.generate(ps[0], greedy(40)).output_ids
+    cancel = threading.Event()
+    seen = threading.Event()
+    errors: list = []
+
+    def cancelled_one():
+        try:
+            engine.generate(ps[2], greedy(200), on_tokens=lambda ids: seen.set() if len(ids) > 8 else None,
+                            cancel=cancel)
+        except Cancelled as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=cancelled_one)
+    t.start()
+    seen.wait(60)
+    result: list = []
+    other = threading.Thread(target=lambda: result.append(engine.generate(ps[0], greedy(40))))
+    other.start()
+    time.sleep(0.3)
+    cancel.set()
+    t.join(60)
+    other.join(120)
+    assert errors and "went away" in str(errors[0])
+    assert result[0].output_ids == alone
+    alloc = engine.target.pool.allocator
+    assert alloc.num_free == alloc.num_pages
+    draft_alloc = engine.drafter.runner.pool.allocator
+    assert draft_alloc.num_free == draft_alloc.num_pages
+
+
+def test_flush_cache_refused_while_requests_run(make_engine):
+    from workers.reference.engine import RequestError
+
+    engine = make_engine("--page-size", "16")
+    started = threading.Event()
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(engine.generate(
+        prompts(engine)[0], greedy(60), on_tokens=lambda ids: started.set())))
+    t.start()
+    started.wait(60)
+    with pytest.raises(RequestError, match="while a request is running"):
+        engine.flush_cache()
+    t.join(120)
+    engine.flush_cache()
+    assert out[0].meta_info["completion_tokens"] == 60
