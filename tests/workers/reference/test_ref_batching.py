@@ -155,3 +155,40 @@ def test_flush_cache_refused_while_requests_run(make_engine):
     t.join(120)
     engine.flush_cache()
     assert out[0].meta_info["completion_tokens"] == 60
+
+
+# ---------------------------------------------------------------- over HTTP: the real engine process, a real port
+
+
+@pytest.fixture(scope="module")
+def ngram_engine(tmp_path_factory):
+    from workers.engine import EngineProcess
+    from workers.testing import tiny_server
+
+    log = tmp_path_factory.mktemp("engine") / "engine.log"
+    with EngineProcess.for_server(tiny_server("ngram", num_steps=4), log) as engine:
+        yield engine.base_url
+
+
+@pytest.mark.slow
+def test_concurrent_http_requests_get_their_sequential_tokens(ngram_engine):
+    import concurrent.futures
+
+    import requests
+
+    def generate(text: str, n: int) -> dict:
+        body = {"text": text, "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}}
+        r = requests.post(f"{ngram_engine}/generate", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    texts = [f"Request {i}. " + "The cat sat on the mat. " * (1 + 5 * i) for i in range(4)]
+    alone = [generate(t, n) for t, n in zip(texts, NEW_TOKENS)]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(generate, texts, NEW_TOKENS))
+    assert [r["output_ids"] for r in together] == [r["output_ids"] for r in alone]
+    assert max(s["batch_size"] for r in together for s in r["meta_info"]["spec_steps"]) > 1
+    info = requests.get(f"{ngram_engine}/server_info", timeout=10).json()
+    assert info["max_batch_size"] == 48 == info["internal_states"][0]["effective_max_running_requests_per_dp"]
+    metrics = requests.get(f"{ngram_engine}/metrics", timeout=10).text
+    assert "sglang:num_running_reqs" in metrics and "sglang:num_queue_reqs" in metrics

@@ -1,0 +1,120 @@
+"""`python -m workers.reference.bench_batch`: speculative speedup vs batch size on the reference engine.
+
+For each drafter (none, NGRAM, the oracle) x concurrency N: N requests submitted at once (one thread each, as
+the server's worker threads; each prompt starts with "Request <i>. " so no two are equal), all decoded by the
+engine's continuous batching. Per cell (median over --repeats rounds):
+  aggregate tok/s   = completion tokens of all N requests / wall time from the first submit to the last answer;
+  per-request tok/s = mean over requests of (completion_tokens - 1) / (e2e - ttft) (decode_tok_s);
+  commit            = tokens committed per verify step over all requests (commit_len_mean);
+  speedup           = aggregate tok/s / the none drafter's at the same N.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import threading
+import time
+
+import torch
+
+from .args import parse_args
+from .bench import cpu_name
+from .engine import Engine, Output, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+DRAFTERS = {
+    "none": [],
+    "ngram": ["--speculative-algorithm", "NGRAM", "--speculative-num-steps", "4"],
+    "oracle": ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "tiny",
+               "--speculative-num-steps", "4", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "5"],
+}
+TEXT = "The cat sat on the mat. A quick brown fox jumps over the lazy dog. "
+
+
+def make_engine(drafter: str, ctx: int, new_tokens: int, concurrency: int, page: int) -> Engine:
+    per_request = ctx + new_tokens + 64
+    engine = Engine(parse_args(["--model-path", "tiny", "--load-format", "dummy", "--page-size", str(page),
+                                "--context-length", str(per_request), "--max-total-tokens",
+                                str(concurrency * (per_request + 2 * page)), "--max-running-requests",
+                                str(concurrency), *DRAFTERS[drafter]]))
+    engine.generate(list(range(1, 65)), SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True))  # warm-up
+    return engine
+
+
+def prompt(engine: Engine, i: int, ctx: int) -> list[int]:
+    text = f"Request {i}. " + TEXT * (ctx // len(TEXT) + 1)
+    return engine.encode(text)[:ctx]
+
+
+def run_round(engine: Engine, n: int, ctx: int, new_tokens: int) -> dict:
+    params = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    prompts = [prompt(engine, i, ctx) for i in range(n)]
+    outs: list[Output | None] = [None] * n
+
+    def work(i: int) -> None:
+        outs[i] = engine.generate(prompts[i], params)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(n)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    if any(o is None for o in outs):
+        raise RuntimeError("a request failed (see the log)")
+    metas = [o.meta_info for o in outs]
+    steps = [s for m in metas for s in m.get("spec_steps", [])]
+    decode = [(m["completion_tokens"] - 1) / (m["e2e_latency"] - m["ttft"]) for m in metas]
+    return {"aggregate_tok_s": sum(m["completion_tokens"] for m in metas) / wall,
+            "request_tok_s": statistics.fmean(decode),
+            "commit": statistics.fmean(s["accept_len"] for s in steps) if steps else 1.0,
+            "batch": max((s["batch_size"] for s in steps), default=n)}
+
+
+def measure(drafter: str, n: int, ctx: int, new_tokens: int, repeats: int, page: int) -> dict:
+    engine = make_engine(drafter, ctx, new_tokens, n, page)
+    rounds = [run_round(engine, n, ctx, new_tokens) for _ in range(repeats)]
+    return {"drafter": drafter, "n": n, **{k: statistics.median(r[k] for r in rounds) for k in rounds[0]}}
+
+
+def format_table(rows: list[dict]) -> str:
+    base = {r["n"]: r["aggregate_tok_s"] for r in rows if r["drafter"] == "none"}
+    lines = ["| concurrency | drafter | aggregate tok/s | per-request tok/s | commit | speedup vs none |",
+             "|---:|---|---:|---:|---:|---:|"]
+    for r in rows:
+        speedup = f"{r['aggregate_tok_s'] / base[r['n']]:.2f}x" if r["n"] in base else "—"
+        lines.append(f"| {r['n']} | {r['drafter']} | {r['aggregate_tok_s']:.1f} | {r['request_tok_s']:.1f} "
+                     f"| {r['commit']:.2f} | {speedup} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m workers.reference.bench_batch", allow_abbrev=False)
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    p.add_argument("--drafters", nargs="+", default=list(DRAFTERS), choices=list(DRAFTERS))
+    p.add_argument("--context", type=int, default=256, help="prompt tokens per request")
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--page-size", type=int, default=16)
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    print(f"# {time.strftime('%Y-%m-%d %H:%M')}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
+          f"{cpu_name()}; tiny, dummy weights, fp32, page {a.page_size}, prompt {a.context} tokens, "
+          f"{a.new_tokens} new tokens per request, median of {a.repeats} rounds", flush=True)
+    print(f"load average at the start (1/5/15 min): {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    rows = []
+    for n in a.concurrency:
+        for drafter in a.drafters:
+            rows.append(r := measure(drafter, n, a.context, a.new_tokens, a.repeats, a.page_size))
+            print(f"  N={n} {drafter}: {r['aggregate_tok_s']:.1f} tok/s aggregate, {r['request_tok_s']:.1f} per "
+                  f"request, commit {r['commit']:.2f}, largest batch {r['batch']}", flush=True)
+    print(format_table(rows))
+    print(f"load average at the end (1/5/15 min): {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()
