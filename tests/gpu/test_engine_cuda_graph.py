@@ -1,7 +1,8 @@
 """The reference engine with CUDA graphs (workers/reference/cuda_graph.py).
 
 CPU: the graph runner's static-buffer path without capture (padding to T buckets, masks, slots) reproduces the
-plain runner token for token. GPU (marked gpu): greedy output with specsweep_verify + CUDA graphs equals the torch
+plain runner token for token, and batched steps (several running requests) run eagerly with each request's own
+tokens. GPU (marked gpu): greedy output with specsweep_verify + CUDA graphs equals the torch
 backend's (with --disable-fused-ops: every op in torch) token for token, graphs were replayed, and
 --disable-cuda-graph runs without them. Fused element-wise kernels are on by default on CUDA only.
 """
@@ -71,6 +72,31 @@ def test_padded_static_path_matches_plain_runner_on_cpu(page_size, flags):
     assert padded.generate(prompt, params).output_ids == plain.generate(prompt, params).output_ids
 
 
+def _concurrently(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
+    import threading
+
+    outs: list = [None] * len(prompts)
+    threads = [threading.Thread(target=lambda i=i: outs.__setitem__(i, engine.generate(prompts[i], params).output_ids))
+               for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(240)
+    return outs
+
+
+@pytest.mark.parametrize("flags", [ORACLE, NGRAM_TREE], ids=["oracle", "ngram-tree"])
+def test_graph_runner_batches_eagerly_and_alone_through_its_static_path_on_cpu(flags):
+    """Several running requests: the step runs eagerly (graphs are for one request); their tokens are still
+    each request's own."""
+    engine = _engine("--page-size", "4", *flags)
+    _graph_runners_without_capture(engine)
+    prompts = [engine.encode(t) for t in ("The cat sat on the mat. " * 4, "x y z " * 9, "The dog. " * 20)]
+    params = SamplingParams(max_new_tokens=24, temperature=0.0, ignore_eos=True)
+    alone = [engine.generate(p, params).output_ids for p in prompts]
+    assert engine.target.eager_batches == 0
+    assert _concurrently(engine, prompts, params) == alone
+    assert engine.target.eager_batches > 0
 
 
 @pytest.mark.gpu
@@ -94,6 +120,21 @@ def test_greedy_kernel_with_graphs_equals_torch_on_gpu(dtype, flags):
     else:  # bf16: the kernel's fp32 accumulation order differs from torch's; a near-tie may flip late
         same = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), len(expected))
         assert same >= 16, (got, expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.timeout(600)
+def test_concurrent_requests_with_graphs_on_gpu():
+    """Batched steps run eagerly (the kernel once per request), lone steps replay graphs; fp32 tokens equal each
+    request's own."""
+    engine = _engine("--device", "cuda", "--attention-backend", "specsweep_verify", "--page-size", "16", *ORACLE)
+    prompts = [engine.encode(t) for t in ("The cat sat on the mat. " * 40, "x y z " * 9, "The dog. " * 70)]
+    params = SamplingParams(max_new_tokens=48, temperature=0.0, ignore_eos=True)
+    alone = [engine.generate(p, params).output_ids for p in prompts]
+    assert engine.target.replays > 0
+    assert _concurrently(engine, prompts, params) == alone
+    assert engine.target.eager_batches > 0
 
 
 @pytest.mark.gpu
