@@ -173,6 +173,12 @@ def _metrics_text(engine: Engine | None, model_name: str) -> str:
 def create_app(state: ServerState) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app):
+        import anyio.to_thread
+
+        # a non-streamed /generate waits in one of Starlette's worker threads (40 by default): enough for every
+        # request the engine may batch, plus the short calls (/flush_cache)
+        limiter = anyio.to_thread.current_default_thread_limiter()
+        limiter.total_tokens = max(limiter.total_tokens, state.args.max_running_requests + 8)
         yield
         if state.engine is not None:
             state.engine.cancelled.set()  # let a running generation stop at its next step

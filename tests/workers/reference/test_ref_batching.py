@@ -162,11 +162,16 @@ def test_flush_cache_refused_while_requests_run(make_engine):
 
 @pytest.fixture(scope="module")
 def ngram_engine(tmp_path_factory):
+    import dataclasses
+
     from workers.engine import EngineProcess
     from workers.testing import tiny_server
 
+    server = tiny_server("ngram", num_steps=4)
+    server = dataclasses.replace(server, engine=dataclasses.replace(server.engine,
+                                                                    extra_args=("--max-total-tokens", "65536")))
     log = tmp_path_factory.mktemp("engine") / "engine.log"
-    with EngineProcess.for_server(tiny_server("ngram", num_steps=4), log) as engine:
+    with EngineProcess.for_server(server, log) as engine:
         yield engine.base_url
 
 
@@ -192,3 +197,23 @@ def test_concurrent_http_requests_get_their_sequential_tokens(ngram_engine):
     assert info["max_batch_size"] == 48 == info["internal_states"][0]["effective_max_running_requests_per_dp"]
     metrics = requests.get(f"{ngram_engine}/metrics", timeout=10).text
     assert "sglang:num_running_reqs" in metrics and "sglang:num_queue_reqs" in metrics
+
+
+@pytest.mark.slow
+def test_more_non_streamed_requests_than_starlettes_default_threads_run_together(ngram_engine):
+    """44 non-streamed requests at once (a KV pool for all of them): each waits in a server thread; all must reach
+    the engine's batch (Starlette's default pool of 40 threads would hold 4 back)."""
+    import concurrent.futures
+
+    import requests
+
+    def generate(i: int) -> dict:
+        body = {"text": f"Request {i}. The cat sat on the mat.",
+                "sampling_params": {"max_new_tokens": 200, "temperature": 0, "ignore_eos": True}}
+        r = requests.post(f"{ngram_engine}/generate", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()["meta_info"]
+
+    with concurrent.futures.ThreadPoolExecutor(44) as pool:
+        metas = list(pool.map(generate, range(44)))
+    assert max(s["batch_size"] for m in metas for s in m["spec_steps"]) > 40
