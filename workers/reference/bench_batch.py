@@ -77,7 +77,10 @@ def run_round(engine: Engine, n: int, ctx: int, new_tokens: int) -> dict:
 
 def measure(drafter: str, n: int, ctx: int, new_tokens: int, repeats: int, page: int) -> dict:
     engine = make_engine(drafter, ctx, new_tokens, n, page)
-    rounds = [run_round(engine, n, ctx, new_tokens) for _ in range(repeats)]
+    try:
+        rounds = [run_round(engine, n, ctx, new_tokens) for _ in range(repeats)]
+    finally:
+        engine.close()
     return {"drafter": drafter, "n": n, **{k: statistics.median(r[k] for r in rounds) for k in rounds[0]}}
 
 

@@ -221,11 +221,22 @@ class Engine:
 
     # ---- the scheduler --------------------------------------------------------------------------
 
+    def close(self) -> None:
+        """Stop the scheduler thread (every waiting or running request ends with Cancelled)."""
+        self.cancelled.set()
+        with self.cond:
+            thread, self._thread = self._thread, None
+            self.cond.notify_all()
+        if thread is not None:
+            thread.join()
+
     def _loop(self) -> None:
         while True:
             with self.cond:
-                while not self.waiting and not self.running:
+                while not self.waiting and not self.running and not self.cancelled.is_set():
                     self.cond.wait()
+                if self.cancelled.is_set() and not self.waiting and not self.running:
+                    return
             with self.step_lock:
                 try:
                     self._admit()

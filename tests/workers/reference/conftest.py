@@ -19,8 +19,16 @@ def _make_runner(model, page_size: int, chunk: int = 2048, max_tokens: int = 102
 
 @pytest.fixture
 def make_engine():
-    """make_engine(*extra_flags) -> Engine on `tiny` with dummy weights, context 2048."""
-    return _make_engine
+    """make_engine(*extra_flags) -> Engine on `tiny` with dummy weights, context 2048; closed after the test."""
+    engines = []
+
+    def make(*flags: str) -> Engine:
+        engines.append(_make_engine(*flags))
+        return engines[-1]
+
+    yield make
+    for engine in engines:
+        engine.close()
 
 
 @pytest.fixture

@@ -157,6 +157,16 @@ def test_flush_cache_refused_while_requests_run(make_engine):
     assert out[0].meta_info["completion_tokens"] == 60
 
 
+def test_close_ends_the_scheduler_and_later_requests(make_engine):
+    engine = make_engine("--page-size", "16")
+    assert len(engine.generate([1, 2, 3], greedy(4)).output_ids) == 4
+    thread = engine._thread
+    engine.close()
+    assert not thread.is_alive()
+    with pytest.raises(Cancelled, match="shutting down"):
+        engine.generate([1, 2, 3], greedy(4))
+
+
 # ---------------------------------------------------------------- over HTTP: the real engine process, a real port
 
 
