@@ -199,6 +199,7 @@ class Engine:
         output ids) after each step, from the scheduler thread. Setting `cancel` (the client went away) raises
         Cancelled here at once; the request leaves the batch at the next step."""
         self.check(input_ids, params)
+        self._check_cancelled(cancel)
         seed = params.sampling_seed if params.sampling_seed is not None else self.args.random_seed
         req = Request(list(input_ids), params, torch.Generator().manual_seed(seed), on_tokens, cancel)
         with self.cond:
