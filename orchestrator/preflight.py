@@ -232,21 +232,24 @@ def check_local(groups: Sequence[ServerGroup], cluster: ClusterSettings, gpus_fo
             out.append(f"{_head(g, needs)}: cluster=local is this one machine; allowed: nnodes=1, or cluster=ray "
                        f"with >= {s.nnodes} nodes")
         elif needs_real_gpus(s) and needs.gpus_per_node > gpus_found:
+            allowed = f"tp_size <= {gpus_found}" if gpus_found else "engine.device=cpu or engine=stub"
             out.append(f"{_head(g, needs)}: tp_size={s.tp_size} needs {needs.gpus_per_node} GPU(s), this machine has "
-                       f"{gpus_found} ({source}); allowed with cluster=local: tp_size <= {gpus_found}"
-                       + ("" if gpus_found else ", engine.device=cpu or engine=stub") + ", or cluster=ray")
+                       f"{gpus_found} ({source}); allowed with cluster=local: {allowed}, or cluster=ray")
     return out
 
 
 def local_gpus() -> tuple[int, str]:
-    """GPUs really on this machine (never Ray's logical ones), and how they were counted."""
+    """GPUs really on this machine (never Ray's logical ones), and how they were counted. Without an NVIDIA or
+    AMD GPU driver there are none, and torch (seconds to import) is not asked."""
+    if not Path("/proc/driver/nvidia/gpus").is_dir() and not Path("/dev/kfd").exists():
+        return 0, "no GPU driver: no /proc/driver/nvidia/gpus, no /dev/kfd"
     try:
         import torch
     except ImportError:
         torch = None
-    if torch is not None and torch.backends.cuda.is_built():
+    if torch is not None and (torch.version.cuda or torch.version.hip):
         return torch.cuda.device_count(), "torch.cuda.device_count()"
-    try:  # no CUDA torch: what the NVIDIA driver lists
+    try:  # a CPU-only torch: what the NVIDIA driver lists
         found = len(os.listdir("/proc/driver/nvidia/gpus"))
     except OSError:
         found = 0

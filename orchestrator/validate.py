@@ -113,14 +113,13 @@ def unknown_key_problem(key: str, value: Any, tree: Mapping[str, Any],
         names = did_you_mean(parts[-1], {p.rsplit(".", 1)[-1] for p in leaves})
         close = [p for p in leaves if p.rsplit(".", 1)[-1] in names]
     close = list(dict.fromkeys(close))[:3]
-    if not parent:
-        where = f"a top-level key ({', '.join(siblings)}) or a config group"
-    elif siblings:
-        where = f"a key of {parent} ({', '.join(siblings)})"
-    else:
-        where = f"nothing under {parent} (it is a value)"
     hint = f"; did you mean {' or '.join(close)}?" if close else ""
-    return Problem(key, value, where + hint, overrides)
+    if not parent:
+        return Problem(key, value, f"a top-level key or a config group{hint} (top-level keys: {', '.join(siblings)})",
+                       overrides)
+    if siblings:
+        return Problem(key, value, f"a key of {parent}{hint} ({parent} has: {', '.join(siblings)})", overrides)
+    return Problem(key, value, f"nothing under {parent} (it is a value){hint}", overrides)
 
 
 def config_key_problems(config: Mapping[str, Any], tree: Mapping[str, Any],
