@@ -83,6 +83,7 @@ class RunRow:
     num_steps: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
     engine: str = ""  # reference | sglang | stub ("" when unknown)
+    concurrency: int = 1  # probe.concurrency: requests in flight at once (runs compare only at equal values)
 
     def metric(self, key: str) -> float | None:
         v = self.metrics.get(key)
@@ -164,15 +165,19 @@ def find_oracle_shortfall(rows: Sequence[RunRow], th: Thresholds) -> tuple[list[
     )], check
 
 
-SeriesKey = tuple[str, str, int]  # (drafter, attention, page_size)
+SeriesKey = tuple[str, str, int, int]  # (drafter, attention, page_size, concurrency)
 
 
 def _series_key(r: RunRow) -> SeriesKey:
-    return (r.drafter, r.attention, r.page_size)
+    return (r.drafter, r.attention, r.page_size, r.concurrency)
+
+
+def _conc(concurrency: int) -> str:
+    return f" concurrency={concurrency}" if concurrency != 1 else ""
 
 
 def _series_name(key: SeriesKey) -> str:
-    return f"drafter={key[0]} attn={key[1]} page={key[2]}"
+    return f"drafter={key[0]} attn={key[1]} page={key[2]}{_conc(key[3])}"
 
 
 @dataclass(frozen=True)
@@ -294,13 +299,13 @@ def find_kernel_bound(rows: Sequence[RunRow], th: Thresholds,
                       peak_gbs: float | None) -> tuple[list[Finding], list[Check]]:
     evidence: list[str] = []
     ids: list[str] = []
-    named: set[tuple[str, int]] = set()
+    named: set[tuple[str, int, int]] = set()
     growth_tested, bw_tested = [], 0
-    by: dict[tuple[str, int], list[RunRow]] = defaultdict(list)
+    by: dict[tuple[str, int, int], list[RunRow]] = defaultdict(list)
     for r in rows:
         if r.metric("verify_step_ms") is not None:
-            by[(r.attention, r.page_size)].append(r)
-    for (attn, page), series in sorted(by.items()):
+            by[(r.attention, r.page_size, r.concurrency)].append(r)
+    for (attn, page, conc), series in sorted(by.items()):
         # One point per context: the median step time over drafters/probes at that context.
         per_ctx: dict[int, list[float]] = defaultdict(list)
         for r in series:
@@ -309,10 +314,10 @@ def find_kernel_bound(rows: Sequence[RunRow], th: Thresholds,
         med = {c: sorted(v)[len(v) // 2] for c, v in per_ctx.items()}
         if len(ctxs) >= 2 and ctxs[-1] / ctxs[0] >= th.min_context_ratio and med[ctxs[0]] > 0:
             k = math.log(med[ctxs[-1]] / med[ctxs[0]]) / math.log(ctxs[-1] / ctxs[0])
-            growth_tested.append(f"attn={attn} page={page} context^{k:.2f} over {_ctx(ctxs[0])}-{_ctx(ctxs[-1])}")
+            growth_tested.append(f"attn={attn} page={page}{_conc(conc)} context^{k:.2f} over {_ctx(ctxs[0])}-{_ctx(ctxs[-1])}")
             if k > th.superlinear_exponent:
-                named.add((attn, page))
-                evidence.append(f"attn={attn} page={page}: verify_step_ms {med[ctxs[0]]:.4g} at ctx "
+                named.add((attn, page, conc))
+                evidence.append(f"attn={attn} page={page}{_conc(conc)}: verify_step_ms {med[ctxs[0]]:.4g} at ctx "
                                 f"{_ctx(ctxs[0])} -> {med[ctxs[-1]]:.4g} at ctx {_ctx(ctxs[-1])}, "
                                 f"grows as context^{k:.2f} (> {th.superlinear_exponent})")
                 ids += [r.run_id for r in series]
@@ -323,7 +328,7 @@ def find_kernel_bound(rows: Sequence[RunRow], th: Thresholds,
                 continue
             bw_tested += 1
             if bw < th.min_bw_frac * peak:
-                named.add((attn, page))
+                named.add((attn, page, conc))
                 evidence.append(f"{_cite(r, 'kv_bw_gbs', 'verify_step_ms')}: {100 * bw / peak:.1f}% of "
                                 f"the device's {peak:.0f} GB/s (< {100 * th.min_bw_frac:.0f}%)")
                 ids.append(r.run_id)
@@ -342,7 +347,7 @@ def find_kernel_bound(rows: Sequence[RunRow], th: Thresholds,
     checks = [growth, bw_check]
     if not named:
         return [], checks
-    which = ", ".join(f"attn={a} page={p}" for a, p in sorted(named))
+    which = ", ".join(f"attn={a} page={p}{_conc(c)}" for a, p, c in sorted(named))
     return [Finding(
         Cause.KERNEL_BOUND,
         f"The verify pass is attention-kernel bound for {which}: step time far above what the KV "

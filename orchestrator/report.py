@@ -32,9 +32,10 @@ log = logging.getLogger(__name__)
 
 PARENT_TAG = "mlflow.parentRunId"
 TABLE_METRICS = ("prompt_tokens", "completion_tokens", "commit_len_mean", "accept_rate", "verify_steps",
-                 "ttft_s", "decode_tok_s", "verify_step_ms", "kv_bw_gbs", "roofline_frac", "gpu_util_mean")
+                 "ttft_s", "decode_tok_s", "throughput_tok_s", "verify_step_ms", "kv_bw_gbs", "roofline_frac",
+                 "gpu_util_mean")
 TABLE_COLUMNS = ("run", "status", "invocation", "context_len", "probe", "drafter", "attention",
-                 "page_size") + TABLE_METRICS
+                 "page_size", "concurrency") + TABLE_METRICS
 RUN_HASHES_ARTIFACT = "run_hashes.txt"  # orchestrator.tracking's: every point of the sweep
 # Kernel jobs (job=kernel, workers/kernel_job.py): no engine metrics, their own table and no engine diagnosis.
 KERNEL_METRICS = ("time_us", "gbs", "floor_frac", "rel_err")
@@ -91,6 +92,7 @@ def row_from_run(run) -> RunRow:
         num_steps=int(float(_param(p, "drafter.num_steps", default="0"))),
         metrics=dict(m),
         engine=run.data.tags.get("engine", ""),
+        concurrency=int(float(_param(p, "probe.concurrency", default="1"))),
     )
 
 
@@ -182,7 +184,7 @@ def table_rows(children: Sequence[ChildRun]) -> list[list[str]]:
         r = c.row
         status = c.status if not c.reason else f"{c.status} ({c.reason})"
         out.append([r.name, status, c.invocation, str(r.context_len), r.probe, r.drafter, r.attention,
-                    str(r.page_size)]
+                    str(r.page_size), str(r.concurrency)]
                    + [_fmt(r.metric(k)) for k in TABLE_METRICS])
     return out
 
@@ -291,6 +293,37 @@ def _histogram_plot(path: Path, client, children: Sequence[ChildRun]) -> bool:
     return True
 
 
+def _concurrency_plot(path: Path, rows: Sequence[RunRow]) -> bool:
+    """Aggregate throughput (all requests' tokens / wall) vs probe.concurrency, a line per drafter x context x
+    probe: speculative speedup vs batch size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        v = r.metric("throughput_tok_s")
+        if v is not None:
+            series[f"{r.drafter} ctx={r.context_len} {r.probe}"][r.concurrency].append(v)
+    if not series:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for label, pts in sorted(series.items()):
+        xs = sorted(pts)
+        ax.plot(xs, [sorted(pts[x])[len(pts[x]) // 2] for x in xs], marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("requests in flight (probe.concurrency)")
+    ax.set_ylabel("tokens / s, all requests")
+    ax.set_title("throughput vs concurrency")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def build_plots(out: Path, client, children: Sequence[ChildRun]) -> list[Path]:
     rows = [c.row for c in children if c.status == "FINISHED"]
     peak = max((r.metric("peak_bw_gbs") or 0.0 for r in rows), default=0.0) or None
@@ -308,6 +341,8 @@ def build_plots(out: Path, client, children: Sequence[ChildRun]) -> list[Path]:
     for name, metric, series_of, title, ylabel, hline, hlabel in specs:
         if _line_plot(out / name, rows, metric, series_of, title, ylabel, hline, hlabel):
             made.append(out / name)
+    if len({r.concurrency for r in rows}) > 1 and _concurrency_plot(out / "throughput_vs_concurrency.png", rows):
+        made.append(out / "throughput_vs_concurrency.png")
     if _histogram_plot(out / "accept_length_histogram.png", client, children):
         made.append(out / "accept_length_histogram.png")
     return made

@@ -235,3 +235,20 @@ def test_stub_engine_runs_never_get_a_pipeline_bug():
 def test_earlier_invocations_are_counted_in_the_text():
     d = diagnose(sweep(), peak_gbs=PEAK_GBS)
     assert "16 run(s) examined (5 of them from earlier invocations" in render_markdown(d, "s", earlier=5)
+
+
+def test_runs_at_other_concurrency_are_their_own_series():
+    """A batched run's verify step (16 requests) is slower by design: mixed into the concurrency-1 series it would
+    fake superlinear growth; as its own series (one context) it is not evidence of anything."""
+    rows = sweep()
+    batched = [dataclasses.replace(r, run_id=f"{r.run_id}-c16", concurrency=16,
+                                   metrics={**r.metrics, "verify_step_ms": 200 * r.metrics["verify_step_ms"],
+                                            "kv_bw_gbs": r.metrics["kv_bw_gbs"]})
+               for r in rows if r.context_len == 65536]
+    assert causes(rows + batched) == set()
+    d = diagnose(rows + batched, Thresholds(), peak_gbs=PEAK_GBS)
+    growth = next(c for c in d.checks if c.rule is Rule.STEP_GROWTH)
+    assert "concurrency=16" not in growth.detail  # one context only: no growth to test
+    # the same runs labelled concurrency 1 are counted as growth (the mix this keying prevents)
+    mixed = [dataclasses.replace(r, concurrency=1) for r in batched]
+    assert Cause.KERNEL_BOUND in causes(rows + mixed)

@@ -51,6 +51,7 @@ def test_report_artifacts_and_diagnosis(store, tmp_path):
               "report/commit_len_vs_context.png", "report/decode_tok_s_vs_context.png",
               "report/verify_step_ms_vs_context.png", "report/accept_length_histogram.png"):
         assert f in names
+    assert "report/throughput_vs_concurrency.png" not in names  # one concurrency: nothing to compare
     diag = (tmp_path / "dl").mkdir() or client.download_artifacts(parent_id, "diagnosis.md", str(tmp_path / "dl"))
     text = open(diag).read()
     assert "drafting bug at long context" in text and "commit_len_mean=1.2" in text
@@ -60,6 +61,31 @@ def test_report_artifacts_and_diagnosis(store, tmp_path):
     assert {r["status"] for r in rows} == {"FINISHED", "FAILED (engine_died)"}
     png = client.download_artifacts(parent_id, "report/commit_len_vs_context.png", str(tmp_path / "dl"))
     assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_concurrency_column_and_throughput_plot(tmp_path):
+    from mlflow.entities import Metric, Param
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    exp = client.create_experiment("conc", artifact_location=str(tmp_path / "artifacts"))
+    parent = client.create_run(exp, run_name="conc sweep")
+    for n, drafter, tok_s in [(1, "none", 300.0), (4, "none", 500.0), (1, "ngram", 320.0), (4, "ngram", 700.0)]:
+        rid = client.create_run(exp, run_name=f"drafter={drafter} probe.concurrency={n}",
+                                tags={"mlflow.parentRunId": parent.info.run_id}).info.run_id
+        params = {"context_len": 256, "probe.kind": "predictable", "drafter.name": drafter, "page_size": 16,
+                  "attention.name": "torch", "probe.concurrency": n}
+        client.log_batch(rid, params=[Param(k, str(v)) for k, v in params.items()],
+                         metrics=[Metric("throughput_tok_s", tok_s, 0, 0), Metric("commit_len_mean", 1.5, 0, 0)])
+        client.set_terminated(rid, "FINISHED")
+    client.set_terminated(parent.info.run_id, "FINISHED")
+    write_report(client, parent.info.run_id, print_summary=False)
+    names = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
+    assert "report/throughput_vs_concurrency.png" in names
+    table = client.download_artifacts(parent.info.run_id, "report/summary.csv", str(tmp_path / "dl"))
+    rows = list(csv.DictReader(io.StringIO(open(table).read())))
+    assert sorted((r["drafter"], r["concurrency"], r["throughput_tok_s"]) for r in rows) == [
+        ("ngram", "1", "320"), ("ngram", "4", "700"), ("none", "1", "300"), ("none", "4", "500")]
 
 
 def test_resolve_by_sweep_name_and_errors(store):
