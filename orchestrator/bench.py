@@ -35,6 +35,7 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.execute import ExecutionStats, run_plan
+from orchestrator.local_ray import init_local_ray
 from orchestrator.plan import Plan
 from orchestrator.spec import ClusterSettings, ExecutionSettings, ProbeKind, RunState, TrackingSettings
 from workers.testing import tiny_group, tiny_run, tiny_server
@@ -53,8 +54,8 @@ def bench_once(runs: int, context_len: int, gen_tokens: int, num_cpus: int, ray_
                                      tracking=TrackingSettings(uri=f"sqlite:///{tmp}/mlflow.db"))
         stats = ExecutionStats()
         if ray_mode == "running":  # a Ray that is already up (cluster=ray, or `ray start` beforehand)
-            ray.init(num_cpus=num_cpus, object_store_memory=80 * 2**20, include_dashboard=False,
-                     log_to_driver=False)
+            init_local_ray(num_cpus=num_cpus, object_store_memory=80 * 2**20, include_dashboard=False,
+                           log_to_driver=False)
         try:
             t0 = time.perf_counter()
             results = run_plan(plan, settings, stats=stats)

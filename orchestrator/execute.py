@@ -12,8 +12,9 @@ result as it arrives. With `track` (the default) the results are also recorded i
 closed FINISHED (KILLED on interrupt). `stats`, when given, is filled in (engine starts, start-up seconds,
 wall time, the parent run id) for benchmarks and the report.
 
-Ray: an existing connection is used as is; otherwise `cluster.kind=local` starts an embedded
-`ray.init()` (logical GPUs when the machine has none but a server asks for some), `cluster.kind=ray`
+Ray: an existing connection is used as is; otherwise `cluster.kind=local` starts an embedded Ray of its own,
+listening on 127.0.0.1 only (`orchestrator.local_ray`; logical GPUs when the machine has none but a server asks
+for some), `cluster.kind=ray`
 connects to `cluster.address`. Whatever this call started it shuts down, on every path (`shutdown_ray`).
 
 Overlap (see `run_plan`): a background thread imports what Ray's first remote call needs while Ray starts, sets up
@@ -64,6 +65,7 @@ from ray.util.placement_group import (PlacementGroup, placement_group, placement
                                      remove_placement_group)
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from orchestrator.local_ray import init_local_ray
 from orchestrator.preflight import Preflight, expected_work, gpus_per_node, run_preflight
 from orchestrator.spec import (ClusterKind, ClusterSettings, ExecutionSettings, FailureReason, RunResult, RunSpec,
                                RunState, ServerGroup)
@@ -185,9 +187,9 @@ def connect_ray(cluster: ClusterSettings, gpus_needed: int = 0) -> bool:
         return True
     num_gpus = cluster.num_gpus if cluster.num_gpus is not None else max(_visible_gpus(), gpus_needed)
     mb = cluster.object_store_memory_mb or LOCAL_OBJECT_STORE_MB
-    # address="local": the embedded default always starts its own Ray, never joins one already on the machine
-    ray.init(address="local", num_cpus=cluster.num_cpus, num_gpus=num_gpus, object_store_memory=mb * 2**20,
-             include_dashboard=cluster.include_dashboard, **common)
+    # its own Ray on loopback, never one already on the machine (orchestrator.local_ray)
+    init_local_ray(num_cpus=cluster.num_cpus, num_gpus=num_gpus, object_store_memory=mb * 2**20,
+                   include_dashboard=cluster.include_dashboard, **common)
     return True
 
 

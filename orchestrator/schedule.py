@@ -37,9 +37,11 @@ import importlib.resources
 import logging
 import os
 import shlex
+import shutil
 import signal
 import sqlite3
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -498,9 +500,12 @@ def job_server(address: str | None) -> Iterator[str]:
         return
     import ray
 
+    from orchestrator.local_ray import LOOPBACK, init_local_ray
+
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ctx = ray.init(include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=_free_port(),
-                   log_to_driver=False, configure_logging=False)
+    temp_dir = tempfile.mkdtemp(prefix="specsweep-ray-")  # its jobs are handed this Ray, not another on the machine
+    ctx = init_local_ray(include_dashboard=True, dashboard_host=LOOPBACK, dashboard_port=_free_port(),
+                         log_to_driver=False, configure_logging=False, job_temp_dir=temp_dir)
     try:
         if not ctx.dashboard_url:
             raise ScheduleError("the local Ray started without its dashboard, which hosts the job server "
@@ -511,6 +516,7 @@ def job_server(address: str | None) -> Iterator[str]:
         yield url
     finally:
         ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def _print_table(rows: list[list[str]], header: list[str]) -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from workers.testing import pid_alive
 
+from orchestrator.local_ray import init_local_ray
 from orchestrator.plan import Plan
 from orchestrator.spec import (ExecutionSettings, FailureReason, ProbeKind, RunState, TrackingSettings)
 from workers.server_worker import LOG_TAIL_ARTIFACT, PID_DIR_ENV
@@ -35,8 +36,8 @@ def local_ray(pid_dir):
     os.environ[PID_DIR_ENV] = str(pid_dir)  # Ray workers inherit the driver's environment at init
     if ray.is_initialized():  # left over from another module: restart so the workers see PID_DIR_ENV
         ray.shutdown()
-    ray.init(num_cpus=2, object_store_memory=80 * 2**20, include_dashboard=False, log_to_driver=False,
-             configure_logging=False)
+    init_local_ray(num_cpus=2, object_store_memory=80 * 2**20, include_dashboard=False, log_to_driver=False,
+                   configure_logging=False)
     yield
     ray.shutdown()
     os.environ.pop(PID_DIR_ENV, None)

@@ -141,8 +141,10 @@ def _free_port() -> int:
 def job_server_url():
     ray = pytest.importorskip("ray")
     os.environ["RAY_AUTH_MODE"] = "disabled"
-    ctx = ray.init(num_cpus=2, object_store_memory=80 * 2**20, include_dashboard=True,
-                   dashboard_host="127.0.0.1", dashboard_port=_free_port(), log_to_driver=False)
+    from orchestrator.local_ray import init_local_ray
+
+    ctx = init_local_ray(num_cpus=2, object_store_memory=80 * 2**20, include_dashboard=True,
+                         dashboard_host="127.0.0.1", dashboard_port=_free_port(), log_to_driver=False)
     try:
         url = "http://" + ctx.dashboard_url
         wait_for_job_server(url)
