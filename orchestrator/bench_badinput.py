@@ -5,7 +5,8 @@
 Each case runs `python -m orchestrator ...` (or `python -m orchestrator.schedule ...`) in a fresh temp dir and
 prints one Markdown row: the input, the exit code, the first line of the message, the seconds, and whether
 anything started. "Nothing started" is checked, not assumed: no Ray temp dir (RAY_TMPDIR points into the case's
-dir), no `mlflow.db`, `mlruns/` or `mlartifacts/` in the working dir, and no process other than the CLI itself
+dir), no `mlflow.db`, `mlruns/`, `mlartifacts/` or anything else new in the working dir (Hydra's `multirun/`,
+`logs/`), and no process other than the CLI itself
 carrying the case's marker in its environment for 0.3 s or more, or still alive after it exits (polled from
 /proc every 50 ms while the CLI runs: Ray's raylet and GCS, workers and engines all inherit it; a helper such as
 `git rev-parse` lives milliseconds). A stray process would be named in the row and stopped.
@@ -176,6 +177,8 @@ def run_case(case: Case, timeout: float = 300) -> Outcome:
         lived = {pid: cmd for pid, (cmd, first, last) in seen.items() if last - first >= MIN_LIFE_S}
         started = [f"process: {cmd}" for cmd in {**lived, **left}.values()]
         started += [f"{name} created" for name in ("r", "mlflow.db", "mlruns", "mlartifacts") if (work / name).exists()]
+        inputs = {Path(name).parts[0] for name in case.files} | {"r", "mlflow.db", "mlruns", "mlartifacts"}
+        started += [f"{name} left in the working dir" for name in sorted(os.listdir(work)) if name not in inputs]
         started += [f"left running: {cmd}" for cmd in left.values()]
         return Outcome(case, proc.returncode if proc.returncode is not None else -9,
                        _first_line(stderr, stdout), seconds, started, (stderr + stdout)[-3000:])

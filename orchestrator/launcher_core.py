@@ -22,6 +22,7 @@ import logging
 import os
 import sys
 import threading
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from hydra.core.utils import JobReturn, JobStatus, configure_log, setup_globals
@@ -201,6 +202,31 @@ def launch(*, launcher: SpecsweepLauncher, job_overrides: Sequence[Sequence[str]
         with open_dict(cfg):
             cfg.hydra.job.id = cfg.hydra.job.num = initial_job_idx + i
         jobs.append((cfg, overrides))
+    try:
+        return _launch_jobs(launcher, config, jobs, initial_job_idx, cwd)
+    except (InvalidConfig, ClusterCannotFit, TrackingUnreachable):
+        _remove_sweep_record(str(config.hydra.sweep.dir), cwd)
+        raise
+
+
+def _remove_sweep_record(sweep_dir: str, cwd: str) -> None:
+    """Hydra's sweeper wrote `<hydra.sweep.dir>/multirun.yaml` before the launcher saw the jobs; a sweep refused
+    before any run leaves nothing behind: the file, and the folders of a relative sweep dir once empty."""
+    folder = Path(cwd, sweep_dir)
+    if not folder.is_dir() or [p.name for p in folder.iterdir()] != ["multirun.yaml"]:
+        return
+    (folder / "multirun.yaml").unlink()
+    made = [folder] if Path(sweep_dir).is_absolute() else [Path(cwd, *Path(sweep_dir).parts[:n])
+                                                         for n in range(len(Path(sweep_dir).parts), 0, -1)]
+    for d in made:
+        try:
+            d.rmdir()
+        except OSError:  # not empty: other sweeps' records
+            return
+
+
+def _launch_jobs(launcher: SpecsweepLauncher, config: DictConfig, jobs: list[tuple[DictConfig, Sequence[str]]],
+                 initial_job_idx: int, cwd: str) -> list[JobReturn]:
     try:
         configs = convert_and_validate(jobs, sweep=True, cwd=cwd)
     except ConfigError as e:

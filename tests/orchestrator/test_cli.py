@@ -236,3 +236,17 @@ def test_missing_sqlite_folder_fails_before_ray(tmp_path):
     proc, _ = run_app(tmp_path, "tracking.uri=sqlite:///no/such/dir/mlflow.db")
     assert_one_clear_error(proc, "tracking.uri=", "does not exist")
     assert_nothing_started(tmp_path)
+
+
+def test_refused_sweep_leaves_no_hydra_record(tmp_path):
+    """Hydra's sweeper writes multirun/<date>/<time>/multirun.yaml before the launcher runs: a refused sweep
+    removes it (and the folders it made); another sweep's record stays."""
+    proc, _ = run_app(tmp_path, "+sweep=smoke", "page_size=0")
+    assert proc.returncode == 1 and not (tmp_path / "multirun").exists()
+    other = tmp_path / "multirun" / "2026-01-01" / "00-00-00" / "multirun.yaml"
+    other.parent.mkdir(parents=True)
+    other.write_text("kept")
+    proc, _ = run_app(tmp_path, "+sweep=smoke", "tracking=server", f"tracking.uri=http://127.0.0.1:{_closed_port()}")
+    assert proc.returncode == 1 and "cannot be reached" in proc.stderr
+    assert [p.relative_to(tmp_path).as_posix() for p in sorted((tmp_path / "multirun").rglob("*"))] == [
+        "multirun/2026-01-01", "multirun/2026-01-01/00-00-00", "multirun/2026-01-01/00-00-00/multirun.yaml"]
