@@ -333,8 +333,8 @@ def override_key_problems(overrides: Sequence[str]) -> list[Problem]:
     tree, groups, out = schema_tree(), config_groups(), []
     for o in parsed:
         key = o.key_or_group
-        if o.is_delete() or o.package is not None or key == "hydra" or key.startswith("hydra."):
-            continue
+        if o.is_delete() or o.package is not None or key.split(".")[0].split("/")[0] == "hydra" or "/" in key:
+            continue  # Hydra's own keys, nested group selections (hydra/job_logging=disabled)
         if "." not in key and key in groups:
             continue
         value = o.input_line.split("=", 1)[1] if o.input_line and "=" in o.input_line else None

@@ -278,6 +278,16 @@ def test_keys_under_a_dict_are_any():
     assert run_config("+engine.env.HF_HOME=/x").engine.env == (("HF_HOME", "/x"),)
 
 
+def test_override_keys_left_to_hydra():
+    from orchestrator.schema import override_key_problems
+
+    assert override_key_problems(["+sweep=smoke", "engine=stub", "hydra/job_logging=disabled", "~tracking",
+                                  "hydra.launcher.dry_run=true", "engine.env.X=1", "page_size=1,16"]) == []
+    (p,) = override_key_problems(["+sweep=smoke", "pagesize=1,16"])
+    assert p.key == "pagesize" and p.value == "1,16" and "did you mean page_size" in p.allowed
+    assert p.overrides == ("+sweep=smoke", "pagesize=1,16")
+
+
 def test_unknown_key_problem_lists_the_level_and_finds_names_at_other_levels():
     from orchestrator.schema import schema_tree
     from orchestrator.validate import unknown_key_problem
