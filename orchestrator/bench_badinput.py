@@ -201,6 +201,8 @@ REQUESTS: tuple[tuple[str, Callable[[], bytes]], ...] = (
     ("top_p 5", lambda: b'{"input_ids": [1], "sampling_params": {"top_p": 5}}'),
     ("ignore_eos \"false\"", lambda: b'{"input_ids": [1], "sampling_params": {"ignore_eos": "false"}}'),
     ("sampling_seed 2**70", lambda: b'{"input_ids": [1], "sampling_params": {"sampling_seed": %d}}' % 2**70),
+    ("top_k 5 (not implemented here)", lambda: b'{"input_ids": [1], "sampling_params": {"top_k": 5}}'),
+    ("stream \"false\"", lambda: b'{"input_ids": [1], "stream": "false"}'),
     ("malformed JSON", lambda: b'{"input_ids": [1'),
 )
 
