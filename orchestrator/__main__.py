@@ -4,6 +4,9 @@ A sweep goes through the `specsweep` launcher (hydra_plugins/specsweep_launcher)
 executes every job at once; a single run calls the same core with one job. Before Hydra composes,
 every override key is checked against the schema: a typo'd key exits 1 naming the closest valid keys
 (Hydra would suggest `+key=...`, which the schema then refuses anyway).
+
+Ctrl-C exits as Python does on KeyboardInterrupt (by SIGINT: 130 in a shell); SIGTERM exits 143. Both first stop
+every engine and close the runs (orchestrator.execute).
 """
 
 from __future__ import annotations
@@ -44,4 +47,11 @@ def argv_overrides(argv: Sequence[str]) -> list[str]:
 if __name__ == "__main__":
     if problems := override_key_problems(argv_overrides(sys.argv[1:])):
         sys.exit(str(ConfigError(problems)))
-    main()
+    try:
+        main()
+    except KeyboardInterrupt as interrupt:
+        from orchestrator.execute import Terminated  # already imported: only a sweep raises it
+
+        if isinstance(interrupt, Terminated):  # SIGTERM, cleaned up like Ctrl-C: exit 143, not as SIGINT
+            sys.exit(Terminated.exit_code)
+        raise

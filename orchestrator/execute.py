@@ -41,7 +41,8 @@ placement group, where the group resumes; a run whose node was lost more than `c
 times ends FAILED `node_lost`.
 
 Ctrl-C / SIGTERM on the driver: every actor is killed (its engine dies with it: parent-death signal),
-unfinished and queued runs become KILLED (`interrupted`) and are recorded, then KeyboardInterrupt propagates;
+unfinished and queued runs become KILLED (`interrupted`) and are recorded, then KeyboardInterrupt propagates
+(for SIGTERM its subclass `Terminated`, on which `python -m orchestrator` exits 143);
 the same command again resumes (FINISHED runs are skipped).
 """
 
@@ -507,9 +508,21 @@ class _Driver:
         self.refs.clear()
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM on the driver: cleaned up as Ctrl-C is, then `python -m orchestrator` exits 143 (128 + SIGTERM),
+    not as if interrupted by SIGINT."""
+
+    exit_code = 128 + signal.SIGTERM
+
+
+def _interrupt(signum: int) -> KeyboardInterrupt:
+    return Terminated(f"signal {signum}") if signum == signal.SIGTERM else KeyboardInterrupt(f"signal {signum}")
+
+
 class _Interrupts:
-    """SIGINT and SIGTERM raise KeyboardInterrupt, but never inside `shield()` (a result being recorded in
-    MLflow, the interrupt being cleaned up): there the signal waits for the shield to end."""
+    """SIGINT and SIGTERM raise KeyboardInterrupt (SIGTERM: its subclass Terminated), but never inside `shield()`
+    (a result being recorded in MLflow, the interrupt being cleaned up): there the signal waits for the shield
+    to end."""
 
     def __init__(self):
         self.depth = 0
@@ -519,7 +532,7 @@ class _Interrupts:
         if self.depth:
             self.pending = signum
             return
-        raise KeyboardInterrupt(f"signal {signum}")
+        raise _interrupt(signum)
 
     @contextlib.contextmanager
     def shield(self):
@@ -530,7 +543,7 @@ class _Interrupts:
             self.depth -= 1
             if not self.depth and self.pending is not None:
                 signum, self.pending = self.pending, None
-                raise KeyboardInterrupt(f"signal {signum}")
+                raise _interrupt(signum)
 
 
 @contextlib.contextmanager
