@@ -2,7 +2,8 @@
 
 For each drafter (none, NGRAM, the oracle) x concurrency N: N requests submitted at once (one thread each, as
 the server's worker threads; each prompt starts with "Request <i>. " so no two are equal), all decoded by the
-engine's continuous batching. Per cell (median over --repeats rounds):
+engine's continuous batching. The cells run in turn within each round (lock step), so load from other processes
+falls on all of them alike. Per cell (median over --repeats rounds):
   aggregate tok/s   = completion tokens of all N requests / wall time from the first submit to the last answer;
   per-request tok/s = mean over requests of (completion_tokens - 1) / (e2e - ttft) (decode_tok_s);
   commit            = tokens committed per verify step over all requests (commit_len_mean);
@@ -75,13 +76,21 @@ def run_round(engine: Engine, n: int, ctx: int, new_tokens: int) -> dict:
             "batch": max((s["batch_size"] for s in steps), default=n)}
 
 
-def measure(drafter: str, n: int, ctx: int, new_tokens: int, repeats: int, page: int) -> dict:
-    engine = make_engine(drafter, ctx, new_tokens, n, page)
+def measure(cells: list[tuple[str, int]], ctx: int, new_tokens: int, repeats: int, page: int) -> list[dict]:
+    """Every cell's engine is built first; then each round runs every cell once, in turn, so a noisy neighbour on
+    a shared machine slows all cells alike (the medians over rounds are compared, not one cell's luck)."""
+    engines = {cell: make_engine(cell[0], ctx, new_tokens, cell[1], page) for cell in cells}
+    rounds: dict[tuple[str, int], list[dict]] = {cell: [] for cell in cells}
     try:
-        rounds = [run_round(engine, n, ctx, new_tokens) for _ in range(repeats)]
+        for i in range(repeats):
+            for cell, engine in engines.items():
+                rounds[cell].append(run_round(engine, cell[1], ctx, new_tokens))
+            logger.warning("round %d of %d done", i + 1, repeats)
     finally:
-        engine.close()
-    return {"drafter": drafter, "n": n, **{k: statistics.median(r[k] for r in rounds) for k in rounds[0]}}
+        for engine in engines.values():
+            engine.close()
+    return [{"drafter": d, "n": n, **{k: statistics.median(r[k] for r in rounds[(d, n)]) for k in rounds[(d, n)][0]}}
+            for d, n in cells]
 
 
 def format_table(rows: list[dict]) -> str:
@@ -107,14 +116,13 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING)
     print(f"# {time.strftime('%Y-%m-%d %H:%M')}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
           f"{cpu_name()}; tiny, dummy weights, fp32, page {a.page_size}, prompt {a.context} tokens, "
-          f"{a.new_tokens} new tokens per request, median of {a.repeats} rounds", flush=True)
+          f"{a.new_tokens} new tokens per request, median of {a.repeats} rounds (cells in lock step)", flush=True)
     print(f"load average at the start (1/5/15 min): {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
-    rows = []
-    for n in a.concurrency:
-        for drafter in a.drafters:
-            rows.append(r := measure(drafter, n, a.context, a.new_tokens, a.repeats, a.page_size))
-            print(f"  N={n} {drafter}: {r['aggregate_tok_s']:.1f} tok/s aggregate, {r['request_tok_s']:.1f} per "
-                  f"request, commit {r['commit']:.2f}, largest batch {r['batch']}", flush=True)
+    rows = measure([(d, n) for n in a.concurrency for d in a.drafters], a.context, a.new_tokens, a.repeats,
+                   a.page_size)
+    for r in rows:
+        print(f"  N={r['n']} {r['drafter']}: {r['aggregate_tok_s']:.1f} tok/s aggregate, {r['request_tok_s']:.1f} "
+              f"per request, commit {r['commit']:.2f}, largest batch {r['batch']}", flush=True)
     print(format_table(rows))
     print(f"load average at the end (1/5/15 min): {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
