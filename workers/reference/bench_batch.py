@@ -35,12 +35,14 @@ DRAFTERS = {
 TEXT = "The cat sat on the mat. A quick brown fox jumps over the lazy dog. "
 
 
-def make_engine(drafter: str, ctx: int, new_tokens: int, concurrency: int, page: int) -> Engine:
+def make_engine(drafter: str, ctx: int, new_tokens: int, concurrency: int, page: int, model: str) -> Engine:
     per_request = ctx + new_tokens + 64
-    engine = Engine(parse_args(["--model-path", "tiny", "--load-format", "dummy", "--page-size", str(page),
+    weights = ["--load-format", "dummy"] if model in ("tiny", "tiny-draft") else []
+    oracle = [model if a == "tiny" else a for a in DRAFTERS[drafter]]  # the oracle drafts with the target itself
+    engine = Engine(parse_args(["--model-path", model, *weights, "--page-size", str(page),
                                 "--context-length", str(per_request), "--max-total-tokens",
                                 str(concurrency * (per_request + 2 * page)), "--max-running-requests",
-                                str(concurrency), *DRAFTERS[drafter]]))
+                                str(concurrency), *oracle]))
     engine.generate(list(range(1, 65)), SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True))  # warm-up
     return engine
 
@@ -76,10 +78,11 @@ def run_round(engine: Engine, n: int, ctx: int, new_tokens: int) -> dict:
             "batch": max((s["batch_size"] for s in steps), default=n)}
 
 
-def measure(cells: list[tuple[str, int]], ctx: int, new_tokens: int, repeats: int, page: int) -> list[dict]:
+def measure(cells: list[tuple[str, int]], ctx: int, new_tokens: int, repeats: int, page: int,
+            model: str = "tiny") -> list[dict]:
     """Every cell's engine is built first; then each round runs every cell once, in turn, so a noisy neighbour on
     a shared machine slows all cells alike (the medians over rounds are compared, not one cell's luck)."""
-    engines = {cell: make_engine(cell[0], ctx, new_tokens, cell[1], page) for cell in cells}
+    engines = {cell: make_engine(cell[0], ctx, new_tokens, cell[1], page, model) for cell in cells}
     rounds: dict[tuple[str, int], list[dict]] = {cell: [] for cell in cells}
     try:
         for i in range(repeats):
@@ -112,14 +115,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--model", default="tiny", help="tiny (dummy weights) or a real model, e.g. smollm2-135m, whose "
+                   "continuation of the repeated sentence NGRAM can predict")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    weights = ", dummy weights" if a.model == "tiny" else ""
     print(f"# {time.strftime('%Y-%m-%d %H:%M')}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
-          f"{cpu_name()}; tiny, dummy weights, fp32, page {a.page_size}, prompt {a.context} tokens, "
+          f"{cpu_name()}; {a.model}{weights}, fp32, page {a.page_size}, prompt {a.context} tokens, "
           f"{a.new_tokens} new tokens per request, median of {a.repeats} rounds (cells in lock step)", flush=True)
     print(f"load average at the start (1/5/15 min): {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     rows = measure([(d, n) for n in a.concurrency for d in a.drafters], a.context, a.new_tokens, a.repeats,
-                   a.page_size)
+                   a.page_size, a.model)
     for r in rows:
         print(f"  N={r['n']} {r['drafter']}: {r['aggregate_tok_s']:.1f} tok/s aggregate, {r['request_tok_s']:.1f} "
               f"per request, commit {r['commit']:.2f}, largest batch {r['batch']}", flush=True)
