@@ -130,7 +130,7 @@ class ProbeConf:
     kind: str = MISSING  # predictable | novel | file
     sentence: str = "The cat sat on the mat. "
     path: Optional[str] = None
-    concurrency: int = 1  # requests sent at once (each its own prompt); engine=reference: 1 only
+    concurrency: int = 1  # requests sent at once (each its own prompt); batched by SGLang and the reference engine
 
 
 @dataclass

@@ -393,11 +393,51 @@ def _reference_problems(rc: RunConfig) -> list[Problem]:
         out.append(Problem("tp_size", rc.tp_size, "1 on engine=reference", rc.overrides))
     if rc.nnodes > 1:
         out.append(Problem("nnodes", rc.nnodes, "1 on engine=reference (a single-node engine)", rc.overrides))
-    if rc.probe.concurrency > 1:
-        out.append(Problem("probe.concurrency", rc.probe.concurrency,
-                           "1 on engine=reference (it serves one request at a time: batching > 1 is not built "
-                           "yet); concurrency > 1 needs engine=sglang or engine=stub", rc.overrides))
+    out += _reference_concurrency_problems(rc)
     return out
+
+
+REFERENCE_MAX_RUNNING_REQUESTS = 48  # workers/reference/args.py DEFAULT_MAX_RUNNING_REQUESTS
+
+
+def _extra_int(args: tuple[str, ...], flag: str) -> int | None:
+    """The value of `flag` in an argv list (`--flag N` or `--flag=N`); None when absent or not an integer."""
+    for i, a in enumerate(args):
+        value = a.split("=", 1)[1] if a.startswith(flag + "=") else (
+            args[i + 1] if a == flag and i + 1 < len(args) else None)
+        if value is not None:
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def _reference_concurrency_problems(rc: RunConfig) -> list[Problem]:
+    """probe.concurrency requests must run at once on the reference engine, not queue: at most its
+    --max-running-requests, and their KV (prompt + gen_tokens + draft headroom each, in pages, as
+    workers/reference/engine.py `Engine._pages`) must fit its pool (--max-total-tokens, default the server's
+    context length + headroom) together."""
+    n = rc.probe.concurrency
+    if n <= 1:
+        return []
+    extra = rc.engine.extra_args
+    cap = _extra_int(extra, "--max-running-requests") or REFERENCE_MAX_RUNNING_REQUESTS
+    if n > cap:
+        return [Problem("probe.concurrency", n, f"<= {cap}, the reference engine's --max-running-requests (set "
+                        "it with engine.extra_args=[--max-running-requests,N]): more would queue", rc.overrides)]
+    d, page = rc.drafter, rc.page_size
+    headroom = (d.num_draft_tokens if d.algorithm is not Algorithm.NONE and d.num_draft_tokens else 1) + 2 * page
+    pool = _extra_int(extra, "--max-total-tokens") or server_context_len(rc) + headroom
+    need = -(-(rc.probe.context_len + rc.probe.gen_tokens + headroom) // page)  # pages per request
+    if n * need > -(-pool // page):
+        return [Problem("probe.concurrency", n,
+                        f"<= {max(1, (-(-pool // page)) // need)} at context_len {rc.probe.context_len}: each "
+                        f"request holds {need} KV pages of {page} tokens (prompt + gen_tokens + draft headroom) "
+                        f"and the pool holds {-(-pool // page)} (--max-total-tokens, default the server's context "
+                        "length; raise server_context_len or engine.extra_args=[--max-total-tokens,N])",
+                        rc.overrides)]
+    return []
 
 
 # ================================================================ SGLang

@@ -15,8 +15,11 @@ Public API:
         .server_info() -> dict               GET /server_info
     measure(gen: Generation, expect_spec: bool) -> Measurement
         metrics (DESIGN.md names), series {"commit_len": [...]}, artifacts {"continuation.txt", "steps.csv"}
+    measure_all(gens, expect_spec, wall_s) -> Measurement
+        a run's probe.concurrency answers: per-request means, commit over all verify steps, throughput_tok_s
     run_probe(base_url, probe, engine, *, expect_spec, timeout_s, model_path=None) -> Measurement
-        flush, build, generate, measure: what a ServerWorker does per RunSpec.
+        flush, build, generate (probe.concurrency requests at once, each its own prompt), measure: what a
+        ServerWorker does per RunSpec.
 
 Every HTTP call has a timeout. A response without the fields we need raises BadResponse; a request past
 its timeout raises ProbeTimeout (workers.errors).
@@ -24,6 +27,7 @@ its timeout raises ProbeTimeout (workers.errors).
 
 from __future__ import annotations
 
+import concurrent.futures
 import csv
 import functools
 import io
@@ -184,25 +188,36 @@ class Prompt:
         return {"input_ids": list(self.input_ids)} if self.input_ids is not None else {"text": self.text}
 
 
-def build_prompt(probe: ProbeSpec, engine: EngineKind, model_path: str | None = None) -> Prompt:
+def build_prompt(probe: ProbeSpec, engine: EngineKind, model_path: str | None = None, request: int = 0) -> Prompt:
+    """`request` i > 0 (probe.concurrency): the text starts with "Request i. ", so no two requests of a run share
+    a prefix."""
     n = probe.context_len
+
+    def text(min_chars: int) -> str:
+        return (f"Request {request}. " if request else "") + probe_text(probe, min_chars)
+
     if engine is EngineKind.REFERENCE:
         tokenizer = reference_tokenizer(model_path)
         if isinstance(tokenizer, ByteTokenizer):
-            return Prompt(input_ids=tuple(byte_encode(probe_text(probe, n))[:n]))  # every char is >= 1 byte
-        return Prompt(input_ids=_encode_exactly(probe, n, tokenizer.encode))
+            return Prompt(input_ids=tuple(byte_encode(text(n))[:n]))  # every char is >= 1 byte
+        return Prompt(input_ids=_encode_exactly(text, n, tokenizer.encode))
     tokenizer = _hf_tokenizer(model_path)
     if tokenizer is not None:
-        return Prompt(input_ids=_encode_exactly(probe, n, lambda t: tokenizer.encode(t, add_special_tokens=False)))
-    return Prompt(text=probe_text(probe, n * CHARS_PER_TOKEN)[:n * CHARS_PER_TOKEN])
+        return Prompt(input_ids=_encode_exactly(text, n, lambda t: tokenizer.encode(t, add_special_tokens=False)))
+    return Prompt(text=text(n * CHARS_PER_TOKEN)[:n * CHARS_PER_TOKEN])
 
 
-def _encode_exactly(probe: ProbeSpec, n: int, encode) -> tuple[int, ...]:
-    """The first n token ids of the probe's text (grown until it encodes to >= n tokens)."""
-    text = probe_text(probe, n * CHARS_PER_TOKEN)
+def build_prompts(probe: ProbeSpec, engine: EngineKind, model_path: str | None = None) -> list[Prompt]:
+    """One prompt per request of a run (probe.concurrency); request 0's is `build_prompt`'s."""
+    return [build_prompt(probe, engine, model_path, request=i) for i in range(probe.concurrency)]
+
+
+def _encode_exactly(text_of, n: int, encode) -> tuple[int, ...]:
+    """The first n token ids of text_of(min_chars) (grown until it encodes to >= n tokens)."""
+    text = text_of(n * CHARS_PER_TOKEN)
     ids = encode(text)
     while len(ids) < n:
-        text = probe_text(probe, 2 * len(text))
+        text = text_of(2 * len(text))
         ids = encode(text)
     return tuple(ids[:n])
 
@@ -427,22 +442,90 @@ def _steps_csv(steps: list[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
+def measure_all(gens: list[Generation], expect_spec: bool, wall_s: float) -> Measurement:
+    """The metrics of one run's probe.concurrency answers (`measure` of each, combined).
+
+    Per-request figures (prompt/completion tokens, ttft_s, e2e_s, decode_tok_s, verify_steps, tree shape) are
+    means over requests; commit_len_mean and accept_rate are taken over all requests' verify steps and drafts;
+    verify_step_ms is the median over every step. Aggregate: `requests`, `wall_s` (first send to last answer)
+    and `throughput_tok_s` = all completion tokens / wall_s (for one request, its completion tokens / its
+    client-side time). `batch_size_mean`: requests per verify step, from the reference engine's spec_steps.
+    The commit_len series, steps.csv and continuation.txt are request 0's."""
+    parts = [measure(g, expect_spec) for g in gens]
+    out = Measurement(metrics={}, engine_time_s=wall_s, series=parts[0].series, artifacts=parts[0].artifacts)
+    m = out.metrics
+    for key in ("prompt_tokens", "completion_tokens", "ttft_s", "e2e_s", "decode_tok_s", "verify_steps",
+                "tree_depth_mean", "tree_nodes_mean"):
+        values = [p.metrics[key] for p in parts if key in p.metrics]
+        if values:
+            m[key] = statistics.fmean(values)
+    verify = [(p.metrics["commit_len_mean"], p.metrics["verify_steps"]) for p in parts
+              if "commit_len_mean" in p.metrics and p.metrics.get("verify_steps")]
+    if verify:
+        m["commit_len_mean"] = sum(c * v for c, v in verify) / sum(v for _, v in verify)
+    drafts = [(g.meta_info.get("spec_num_correct_drafts"), g.meta_info.get("spec_num_proposed_drafts")) for g in gens]
+    if all(isinstance(c, (int, float)) and isinstance(n, (int, float)) for c, n in drafts) and sum(n for _, n in drafts):
+        m["accept_rate"] = sum(c for c, _ in drafts) / sum(n for _, n in drafts)
+    elif any("accept_rate" in p.metrics for p in parts):
+        m["accept_rate"] = statistics.fmean(p.metrics["accept_rate"] for p in parts if "accept_rate" in p.metrics)
+    steps = [s for g in gens for s in (g.meta_info.get("spec_steps") or [])]
+    step_s = [float(s["verify_s"]) for s in steps if isinstance(s.get("verify_s"), (int, float))]
+    if step_s:
+        m["verify_step_ms"] = 1000.0 * statistics.median(step_s)
+    batch = [float(s["batch_size"]) for s in steps if isinstance(s.get("batch_size"), (int, float))]
+    if batch:
+        m["batch_size_mean"] = statistics.fmean(batch)
+    m["requests"] = float(len(gens))
+    m["wall_s"] = wall_s
+    completion = sum(p.metrics["completion_tokens"] for p in parts)
+    if wall_s > 0:
+        m["throughput_tok_s"] = completion / wall_s
+    return out
+
+
+def generate_all(base_url: str, prompts: list[Prompt], gen_tokens: int, temperature: float = 0.0,
+                 timeout_s: float = 600.0) -> tuple[list[Generation], float]:
+    """Send every prompt at once (a connection and a thread each); (generations in prompt order, wall s from the
+    first send to the last answer). The first failure is raised once every request has ended."""
+    clients = [ProbeClient(base_url, timeout_s) for _ in prompts]
+    t0 = time.perf_counter()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+            futures = [pool.submit(c.generate, p, gen_tokens, temperature) for c, p in zip(clients, prompts)]
+            concurrent.futures.wait(futures)
+            gens = [f.result() for f in futures]
+    finally:
+        for c in clients:
+            c.close()
+    return gens, time.perf_counter() - t0
+
+
 def run_probe(base_url: str, probe: ProbeSpec, engine: EngineKind, *, expect_spec: bool,
               timeout_s: float = 600.0, model_path: str | None = None, flush: bool = True,
               prompt: Prompt | None = None) -> Measurement:
+    """Flush, build the prompt(s), generate (probe.concurrency requests at once), measure."""
     client = ProbeClient(base_url, timeout_s)
     try:
         if flush:
             client.flush_cache()
-        prompt = prompt or build_prompt(probe, engine, model_path)
-        gen = client.generate(prompt, probe.gen_tokens, probe.temperature)
+        if probe.concurrency == 1:
+            prompts = [prompt or build_prompt(probe, engine, model_path)]
+            t0 = time.perf_counter()
+            gens = [client.generate(prompts[0], probe.gen_tokens, probe.temperature)]
+            wall = time.perf_counter() - t0
     finally:
         client.close()
-    out = measure(gen, expect_spec)
-    if prompt.num_tokens is not None and out.metrics["prompt_tokens"] != prompt.num_tokens:
-        out.notes.append(f"sent {prompt.num_tokens} prompt tokens, engine reports {out.metrics['prompt_tokens']:.0f}")
-    if out.metrics["completion_tokens"] != probe.gen_tokens:
-        out.notes.append(f"asked {probe.gen_tokens} tokens, engine generated {out.metrics['completion_tokens']:.0f}")
+    if probe.concurrency > 1:
+        prompts = build_prompts(probe, engine, model_path)
+        gens, wall = generate_all(base_url, prompts, probe.gen_tokens, probe.temperature, timeout_s)
+    out = measure_all(gens, expect_spec, wall)
+    for i, (p, gen) in enumerate(zip(prompts, gens)):
+        who = f"request {i}: " if len(gens) > 1 else ""
+        got_prompt, got = _number(gen.meta_info, "prompt_tokens"), _number(gen.meta_info, "completion_tokens")
+        if p.num_tokens is not None and got_prompt != p.num_tokens:
+            out.notes.append(f"{who}sent {p.num_tokens} prompt tokens, engine reports {got_prompt:.0f}")
+        if got != probe.gen_tokens:
+            out.notes.append(f"{who}asked {probe.gen_tokens} tokens, engine generated {got:.0f}")
     for note in out.notes:
         logger.warning("%s: %s", base_url, note)
     return out

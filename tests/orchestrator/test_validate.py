@@ -164,8 +164,16 @@ def test_context_counts_the_server_context_and_eagle_reserve():
 
 
 def test_probe_concurrency():
-    p = problems("probe.concurrency=4")["probe.concurrency"]
-    assert p.value == 4 and "1 on engine=reference" in p.allowed and "batching" in p.allowed
+    assert problems("probe.concurrency=4") == {}  # the reference engine batches
+    assert problems("drafter=oracle", "page_size=16", "probe.concurrency=16") == {}
+    p = problems("probe.concurrency=64")["probe.concurrency"]
+    assert p.value == 64 and "<= 48" in p.allowed and "--max-running-requests" in p.allowed
+    assert problems("probe.concurrency=64", "context_len=256", "engine.extra_args=[--max-running-requests,64]") == {}
+    assert problems("probe.concurrency=64", "context_len=256", "engine.extra_args=['--max-running-requests=64']") == {}
+    # 4 requests of 16k prompt + gen tokens do not fit a pool of one 32k context: they would queue
+    p = problems("probe.concurrency=4", "context_len=16384")["probe.concurrency"]
+    assert "<= 1 at context_len 16384" in p.allowed and "KV pages" in p.allowed
+    assert problems("probe.concurrency=4", "context_len=16384", "engine.extra_args=[--max-total-tokens,70000]") == {}
     assert problems("probe.concurrency=0")["probe.concurrency"].allowed == "an integer >= 1"
     assert problems(*SGLANG, "drafter=ngram", "probe.concurrency=16") == {}
     p = problems(*SGLANG, "drafter=ngram", "probe.concurrency=64")["probe.concurrency"]

@@ -9,8 +9,8 @@ import pytest
 from orchestrator.spec import EngineKind, ProbeKind, ProbeSpec
 from workers.engine import EngineProcess
 from workers.errors import BadResponse
-from workers.probe import (NOVEL_NGRAM, Generation, ProbeClient, build_prompt, measure, novel_text, novel_words,
-                           probe_text, reference_tokenizer, run_probe)
+from workers.probe import (NOVEL_NGRAM, Generation, ProbeClient, build_prompt, build_prompts, measure, measure_all,
+                           novel_text, novel_words, probe_text, reference_tokenizer, run_probe)
 from workers.reference.tokenizer import ByteTokenizer
 from workers.testing import tiny_server
 
@@ -119,6 +119,36 @@ def test_measure_rejects_missing_fields(meta, expect_spec):
         measure(_gen(meta), expect_spec=expect_spec)
 
 
+@pytest.mark.parametrize("kind", [ProbeKind.PREDICTABLE, ProbeKind.NOVEL])
+def test_concurrent_prompts_have_exact_lengths_and_distinct_prefixes(kind):
+    probe = ProbeSpec(kind=kind, context_len=200, gen_tokens=4, concurrency=4)
+    prompts = build_prompts(probe, REF)
+    assert len(prompts) == 4 and prompts[0] == build_prompt(probe, REF)
+    assert all(len(p.input_ids) == 200 for p in prompts)
+    assert len({p.input_ids[:12] for p in prompts}) == 4  # "Request i. " prefixes
+    assert bytes(prompts[2].input_ids).startswith(b"Request 2. ")
+
+
+def test_measure_all_means_per_request_and_sums_over_steps():
+    def gen(accepts, completion, e2e, correct, proposed, batch):
+        steps = [{"accept_len": a, "tree_depth": 4, "tree_nodes": 5, "verify_s": 0.01 * a, "batch_size": batch}
+                 for a in accepts]
+        return _gen({"prompt_tokens": 100, "completion_tokens": completion, "e2e_latency": e2e, "ttft": 0.5,
+                     "spec_verify_ct": len(steps), "spec_num_correct_drafts": correct,
+                     "spec_num_proposed_drafts": proposed, "spec_steps": steps}, e2e=e2e)
+
+    a = gen([5, 5], 11, 2.5, 8, 8, 2)         # 2 steps of 5
+    b = gen([1, 1, 1, 4], 8, 4.5, 3, 16, 1)   # 4 steps, 7 committed
+    m = measure_all([a, b], expect_spec=True, wall_s=5.0).metrics
+    assert m["commit_len_mean"] == pytest.approx((10 + 7) / 6)  # over all verify steps, not a mean of means
+    assert m["accept_rate"] == pytest.approx(11 / 24)
+    assert m["verify_steps"] == 3 and m["completion_tokens"] == 9.5  # per request
+    assert m["decode_tok_s"] == pytest.approx((10 / 2.0 + 7 / 4.0) / 2)
+    assert m["requests"] == 2 and m["wall_s"] == 5.0 and m["throughput_tok_s"] == pytest.approx(19 / 5.0)
+    assert m["batch_size_mean"] == pytest.approx((2 * 2 + 4 * 1) / 6)
+    assert m["verify_step_ms"] == pytest.approx(25.0)  # median over the six steps (10, 10, 10, 40, 50, 50 ms)
+
+
 @pytest.fixture(scope="module")
 def oracle_engine(tmp_path_factory):
     log = tmp_path_factory.mktemp("engine") / "engine.log"
@@ -137,6 +167,22 @@ def test_run_probe_against_the_reference_engine(oracle_engine, kind):
     assert 0 < m.metrics["ttft_s"] < m.metrics["e2e_s"] and m.metrics["decode_tok_s"] > 0
     assert len(m.artifacts["steps.csv"].splitlines()) == m.metrics["verify_steps"] + 1
     assert not m.notes
+
+
+@pytest.mark.slow
+def test_run_probe_sends_concurrency_requests_at_once(oracle_engine):
+    probe = ProbeSpec(kind=ProbeKind.PREDICTABLE, context_len=120, gen_tokens=24, concurrency=4)
+    m = run_probe(oracle_engine.base_url, probe, REF, expect_spec=True, timeout_s=60)
+    assert m.metrics["requests"] == 4 and m.metrics["completion_tokens"] == 24 and m.metrics["prompt_tokens"] == 120
+    assert m.metrics["commit_len_mean"] == 5.0  # the oracle, batched
+    assert m.metrics["batch_size_mean"] > 1  # the engine decoded them together
+    assert m.metrics["throughput_tok_s"] == pytest.approx(4 * 24 / m.metrics["wall_s"])
+    assert m.metrics["throughput_tok_s"] > m.metrics["decode_tok_s"] / 2
+    assert not m.notes
+    one = run_probe(oracle_engine.base_url, ProbeSpec(kind=ProbeKind.PREDICTABLE, context_len=120, gen_tokens=24),
+                    REF, expect_spec=True, timeout_s=60)
+    assert one.metrics["requests"] == 1 and one.metrics["batch_size_mean"] == 1
+    assert one.metrics["throughput_tok_s"] == pytest.approx(24 / one.metrics["wall_s"])
 
 
 @pytest.mark.slow
