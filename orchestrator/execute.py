@@ -36,7 +36,8 @@ ObjectRef and the driver `ray.wait`s on all of them, so one failed run or one de
 another's result.
 
 Node loss (an actor of the slot died): the run in flight is recorded as a FAILED `node_lost` attempt
-(tag `retried=true`) and the group's unfinished runs go back to the front of the queue on a fresh
+(tag `retried=true`; tags `node_id`, `node_ip`, `engine_pid`, `engine_log` and the `engine_log_tail.txt` artifact
+when the driver can read that node's log) and the group's unfinished runs go back to the front of the queue on a fresh
 placement group, where the group resumes; a run whose node was lost more than `cluster.max_retries`
 times ends FAILED `node_lost`.
 
@@ -70,8 +71,8 @@ from orchestrator.local_ray import init_local_ray
 from orchestrator.preflight import Preflight, expected_work, gpus_per_node, run_preflight
 from orchestrator.spec import (ClusterKind, ClusterSettings, ExecutionSettings, FailureReason, RunResult, RunSpec,
                                RunState, ServerGroup)
-from workers.engine import NodeRank, free_port
-from workers.server_worker import EngineInfo, FollowerRunner, make_runner
+from workers.engine import NodeRank, free_port, read_log_tail
+from workers.server_worker import LOG_TAIL_ARTIFACT, EngineInfo, FollowerRunner, engine_log_path, make_runner
 
 if TYPE_CHECKING:  # driver-only (rich): the actors' worker processes import this module and never need it
     from orchestrator.progress import SweepProgress
@@ -256,6 +257,8 @@ class _Slot:
     last_progress: float = 0.0  # when the previous run ended (or the engine came up)
     bundle_nodes: list[str] = field(default_factory=list)  # node id of each rank (multi-node servers)
     stops_left: int = 0
+    engine: EngineInfo | None = None  # what rank 0's start() returned: node, pid
+    engine_pid: str = ""  # the engine serving the latest run (a restart changes it)
 
 
 @dataclass(frozen=True)
@@ -383,6 +386,7 @@ class _Driver:
         if kind == "start":
             self.record(slot, value)
             slot.started, slot.last_progress = True, time.time()
+            slot.engine, slot.engine_pid = value, str(value.pid or "")
             if slot.followers:
                 slot.bundle_nodes = _bundle_nodes(slot.pg)
             if value.alive:
@@ -394,6 +398,7 @@ class _Driver:
         elif kind == "run":
             slot.runs.pop(ref)
             slot.last_progress = time.time()
+            slot.engine_pid = value.tags.get("engine_pid", slot.engine_pid)
             if slot.bundle_nodes:
                 value.tags["server_node_ids"] = ",".join(slot.bundle_nodes)  # rank order
             self.emit(value)
@@ -451,6 +456,7 @@ class _Driver:
             del self.refs[ref]
         unfinished = sorted(slot.runs.values(), key=lambda r: r.job_index)
         slot.runs.clear()
+        where, artifacts = self._lost_context(slot) if unfinished else ({}, {})
         self.close(slot)
         if not unfinished:
             return
@@ -458,14 +464,15 @@ class _Driver:
         logger.warning("server %s: node or worker lost (%s); %d run(s) unfinished", gid, type(error).__name__,
                        len(unfinished))
         budget = self.cluster.max_retries
-        tags = {"attempt": str(slot.attempt), "server_group": gid, "failure_reason": FailureReason.NODE_LOST.value}
+        tags = {"attempt": str(slot.attempt), "server_group": gid, "failure_reason": FailureReason.NODE_LOST.value,
+                **where}
         message = f"node lost: {str(error)[-1000:]}"
         if slot.started:
             victim = unfinished[0]  # runs go in job order: the first unfinished one was in flight
             losses = self.run_losses[victim.job_index] = self.run_losses.get(victim.job_index, 0) + 1
             failed = RunResult(run=victim, state=RunState.FAILED, reason=FailureReason.NODE_LOST,
                                message=f"{message} (loss {losses} of this run)", started_at=slot.last_progress,
-                               ended_at=now, tags=dict(tags))
+                               ended_at=now, tags=dict(tags), artifacts=dict(artifacts))
             if losses > budget:
                 self.emit(failed)
                 unfinished = unfinished[1:]
@@ -478,10 +485,25 @@ class _Driver:
                 for spec in unfinished:
                     self.emit(RunResult(run=spec, state=RunState.FAILED, reason=FailureReason.NODE_LOST,
                                         message=f"{message} (lost {self.start_losses[gid]} times before its "
-                                                f"engine was up)", started_at=now, ended_at=now, tags=dict(tags)))
+                                                f"engine was up)", started_at=now, ended_at=now, tags=dict(tags),
+                                        artifacts=dict(artifacts)))
                 return
         if unfinished:
             self.queue.insert(0, (slot.group, tuple(unfinished), slot.attempt + 1))
+
+    def _lost_context(self, slot: _Slot) -> tuple[dict[str, str], dict[str, str]]:
+        """Tags and artifacts for a lost slot's runs: the node (id, IP), the engine's pid and log path, and the
+        log's tail when the driver can read it (the same host or a shared file system; else the path says where)."""
+        node = dict(slot.engine.node or {}) if slot.engine else {}
+        tags = {key: node[key] for key in ("node_id", "node_ip") if node.get(key)}
+        if "node_id" not in tags and (nodes := slot.bundle_nodes or _bundle_nodes(slot.pg)):
+            tags["node_id"] = nodes[0]  # rank 0's bundle: the start never returned
+        if slot.engine_pid:
+            tags["engine_pid"] = slot.engine_pid
+        log = engine_log_path(self.log_dir, slot.group.server)
+        tags["engine_log"] = str(log)
+        tail = read_log_tail(log)
+        return tags, ({LOG_TAIL_ARTIFACT: tail} if tail else {})
 
     def interrupt(self) -> None:
         """Kill every actor (engines die with them); every unfinished or queued run becomes KILLED."""

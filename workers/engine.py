@@ -375,14 +375,7 @@ class EngineProcess:
             raise EngineDied(f"engine pid {self.proc.pid} exited with code {code}", self.log_tail())
 
     def log_tail(self, lines: int = 100, max_bytes: int = 64_000) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - max_bytes))
-                data = f.read()
-        except OSError:
-            return ""
-        return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
+        return read_log_tail(self.log_path, lines, max_bytes)
 
     def _this_start_log(self) -> str:
         """What this start wrote to the log (the file is shared by every start of a group's engine)."""
@@ -418,6 +411,18 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)  # start_new_session: the group id is the leader's pid
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def read_log_tail(path: str | os.PathLike, lines: int = 100, max_bytes: int = 64_000) -> str:
+    """The last `lines` lines of a log file ("" when it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - max_bytes))
+            data = f.read()
+    except OSError:
+        return ""
+    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
 
 
 def start_failure_cause(log_text: str, max_chars: int = 300) -> str:

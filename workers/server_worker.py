@@ -90,7 +90,7 @@ class GroupRunner:
         self.node_rank: NodeRank | None = None
         self.began_at = 0.0
         self.group_id = server.key
-        self.log_path = Path(log_dir) / f"engine-{self.group_id}.log"
+        self.log_path = engine_log_path(log_dir, server)
         self.restarts_left = restarts
         self.grace_s = grace_s
         self.engine: EngineProcess | None = None
@@ -384,6 +384,11 @@ class FollowerRunner:
         return EngineInfo(group_id=self.server.key, engine_starts=1 if e else 0, alive=bool(e and e.alive),
                           pid=e.pid if e else None, error=self.error, log_path=str(self.log_path),
                           node=dict(self.node_tags), rank=self.rank, began_at=self.began_at)
+
+
+def engine_log_path(log_dir: str | os.PathLike, server: ServerSpec) -> Path:
+    """Where a group's (rank 0) engine logs, on the node that runs it; the driver reads it after a node loss."""
+    return Path(log_dir) / f"engine-{server.key}.log"
 
 
 def apply_log_patterns(patterns: tuple[str, ...] | list[str], lines: list[str], result: RunResult) -> list[str]:
