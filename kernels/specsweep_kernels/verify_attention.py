@@ -112,12 +112,42 @@ def _prefix_tile(
 
 
 @triton.jit
+def _prefix_lens_vec(kv_indptr_ptr, prefix_lens_ptr, offs_b, mask_b, USE_INDPTR: tl.constexpr):
+    if USE_INDPTR:
+        lens = (tl.load(kv_indptr_ptr + offs_b + 1, mask=mask_b, other=0)
+                - tl.load(kv_indptr_ptr + offs_b, mask=mask_b, other=0))
+    else:
+        lens = tl.load(prefix_lens_ptr + offs_b, mask=mask_b, other=0)
+    return lens
+
+
+@triton.jit
+def _work_schedule(kv_indptr_ptr, prefix_lens_ptr, batch, num_splits,
+                   BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, USE_INDPTR: tl.constexpr):
+    """The split of the whole batch's prefix work, a pure function of the prefix lengths.
+
+    The prefixes' BLOCK_N tiles, request after request, form one sequence of `total` tiles; prefix program p
+    owns tiles [p * chunk, (p + 1) * chunk) of it, chunk = ceil(total / num_splits), so every program gets the
+    same work whatever the mix of lengths (a program may cover the end of one request and the start of the
+    next). Returns (offs_b, lens [B], tile_end [B] inclusive cumsum of tiles, total, chunk)."""
+    offs_b = tl.arange(0, BLOCK_B)
+    mask_b = offs_b < batch
+    lens = _prefix_lens_vec(kv_indptr_ptr, prefix_lens_ptr, offs_b, mask_b, USE_INDPTR)
+    tiles = (lens + BLOCK_N - 1) // BLOCK_N
+    tile_end = tl.cumsum(tiles, 0)
+    total = tl.sum(tiles, 0)
+    chunk = tl.maximum((total + num_splits - 1) // num_splits, 1)
+    return offs_b, lens, tile_end, total, chunk
+
+
+@triton.jit
 def _verify_attention_kernel(
     q_ptr, k_buffer_ptr, v_buffer_ptr, k_new_ptr, v_new_ptr, tree_mask_ptr,
     kv_indices_ptr, kv_indptr_ptr, prefix_lens_ptr,
     part_out_ptr, part_lse_ptr,
     qk_scale,  # sm_scale * log2(e)
-    num_splits,
+    batch,
+    num_splits,  # prefix programs (the work is shared among them, see _work_schedule)
     stride_qb, stride_qt, stride_qh,
     stride_kbs, stride_kbh,
     stride_vbs, stride_vbh,
@@ -125,12 +155,13 @@ def _verify_attention_kernel(
     stride_vnb, stride_vnt, stride_vnh,
     stride_mb, stride_mt,
     stride_ptb,
-    stride_pob, stride_pot, stride_poh, stride_pos,
-    stride_plb, stride_plt, stride_plh,
+    stride_pos, stride_pot, stride_poh,
+    stride_pls, stride_plt,
     NUM_KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,  # Hq // Hkv
     T: tl.constexpr,
     BLOCK_T: tl.constexpr,  # pow2 >= max(T, 16)
+    BLOCK_B: tl.constexpr,  # pow2 >= batch
     BLOCK_D: tl.constexpr,  # main key dims (= Dv for MLA)
     BLOCK_DPE: tl.constexpr,  # extra key dims (MLA rope), 0 if none
     BLOCK_DV: tl.constexpr,
@@ -143,10 +174,8 @@ def _verify_attention_kernel(
     WARP_SPECIALIZE: tl.constexpr,  # Triton's automatic warp specialisation of the prefix loop (tuning)
 ):
     pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    split = tl.program_id(2)
-    b = pid_bh // NUM_KV_HEADS
-    kvh = pid_bh % NUM_KV_HEADS
+    kvh = tl.program_id(1)
+    pid_z = tl.program_id(2)  # < batch: request pid_z's new tokens; else prefix program pid_z - batch
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # row = t * GROUP + g
     mask_m = offs_m < T * GROUP
@@ -154,52 +183,24 @@ def _verify_attention_kernel(
     offs_h = kvh * GROUP + offs_m % GROUP
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-
-    q_row = q_ptr + b * stride_qb + offs_t[:, None] * stride_qt + offs_h[:, None] * stride_qh
-    q = tl.load(q_row + offs_d[None, :], mask=mask_m[:, None], other=0.0)  # [M, D]
     if BLOCK_DPE > 0:
         offs_dpe = BLOCK_D + tl.arange(0, BLOCK_DPE)
-        q_pe = tl.load(q_row + offs_dpe[None, :], mask=mask_m[:, None], other=0.0)  # [M, DPE]
-
-    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # finite: exp2(-inf - m_i) = 0, alpha = 1
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-
-    # Prefix: split s < num_splits streams tokens [lo, hi); the new-token program gets an empty range.
-    if USE_INDPTR:
-        idx_start = tl.load(kv_indptr_ptr + b)
-        prefix_len = tl.load(kv_indptr_ptr + b + 1) - idx_start
     else:
-        idx_start = b * stride_ptb
-        prefix_len = tl.load(prefix_lens_ptr + b)
-    per_split = tl.cdiv(tl.cdiv(prefix_len, num_splits), BLOCK_N) * BLOCK_N
-    lo = tl.minimum(split * per_split, prefix_len)
-    hi = tl.where(split < num_splits, tl.minimum(lo + per_split, prefix_len), lo)
-    k_head = k_buffer_ptr + kvh * stride_kbh
-    v_head = v_buffer_ptr + kvh * stride_vbh
-    if BLOCK_DPE == 0:
-        q_pe = q  # unused
-        offs_dpe = offs_d
-    # Full tiles without masks (per_split is a multiple of BLOCK_N, so only the prefix's last tile is partial),
-    # then that tile masked: the compute-bound shapes spend no ALU work on bounds.
-    hi_full = lo + (hi - lo) // BLOCK_N * BLOCK_N
-    for start_n in tl.range(lo, hi_full, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
-        m_i, l_i, acc = _prefix_tile(
-            start_n, hi, q, q_pe, m_i, l_i, acc, kv_indices_ptr + idx_start, k_head, v_head, stride_kbs, stride_vbs,
-            offs_d, offs_dpe, offs_dv, qk_scale, BLOCK_N, BLOCK_DPE, PAGE_SIZE, V_IS_K, False, DOT_PRECISION)
-    if hi_full < hi:
-        m_i, l_i, acc = _prefix_tile(
-            hi_full, hi, q, q_pe, m_i, l_i, acc, kv_indices_ptr + idx_start, k_head, v_head, stride_kbs, stride_vbs,
-            offs_d, offs_dpe, offs_dv, qk_scale, BLOCK_N, BLOCK_DPE, PAGE_SIZE, V_IS_K, True, DOT_PRECISION)
+        offs_dpe = offs_d  # unused
+    part_row = offs_t[:, None] * stride_pot + offs_h[:, None] * stride_poh + offs_dv[None, :]
+    lse_row = offs_t * stride_plt + offs_h
 
-    # New tokens: the T x T block under the tree mask, one tile.
-    if split == num_splits:
+    if pid_z < batch:  # the T new tokens of request b: the T x T block under the tree mask, one tile
+        b = pid_z
+        q_row = q_ptr + b * stride_qb + offs_t[:, None] * stride_qt + offs_h[:, None] * stride_qh
+        q = tl.load(q_row + offs_d[None, :], mask=mask_m[:, None], other=0.0)  # [M, D]
         offs_j = tl.arange(0, BLOCK_T)
         mask_j = offs_j < T
         k_row = k_new_ptr + b * stride_knb + offs_j[:, None] * stride_knt + kvh * stride_knh
         k = tl.load(k_row + offs_d[None, :], mask=mask_j[:, None], other=0.0)  # [BLOCK_T, D]
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         if BLOCK_DPE > 0:
+            q_pe = tl.load(q_row + offs_dpe[None, :], mask=mask_m[:, None], other=0.0)
             k_pe = tl.load(k_row + offs_dpe[None, :], mask=mask_j[:, None], other=0.0)
             qk = tl.dot(q_pe, tl.trans(k_pe), qk, input_precision=DOT_PRECISION)
         visible = tl.load(tree_mask_ptr + b * stride_mb + offs_t[:, None] * stride_mt + offs_j[None, :],
@@ -210,34 +211,75 @@ def _verify_attention_kernel(
         else:
             v = tl.load(v_new_ptr + b * stride_vnb + offs_j[:, None] * stride_vnt + kvh * stride_vnh
                         + offs_dv[None, :], mask=mask_j[:, None], other=0.0)
-        m_i = tl.maximum(m_i, tl.max(qk, 1))
+        m_i = tl.maximum(tl.max(qk, 1), -1.0e30)  # a row that sees nothing: p = 0, l = 0
         p = tl.exp2(qk - m_i[:, None])
         l_i = tl.sum(p, 1)
         acc = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-
-    l_safe = tl.where(l_i > 0, l_i, 1.0)
-    lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
-    part_out = (part_out_ptr + b * stride_pob + offs_t[:, None] * stride_pot + offs_h[:, None] * stride_poh
-                + split * stride_pos + offs_dv[None, :])
-    zero_m = offs_m * 0  # block-shaped conditions: the interpreter rejects a scalar bool in a mask
-    mask_store = mask_m & (((zero_m + lo) < hi) | ((zero_m + split) == num_splits))  # the merge reads splits with work
-    tl.store(part_out, acc / l_safe[:, None], mask=mask_store[:, None])
-    tl.store(part_lse_ptr + b * stride_plb + offs_t * stride_plt + offs_h * stride_plh + split, lse, mask=mask_store)
+        l_safe = tl.where(l_i > 0, l_i, 1.0)
+        slot = num_splits + batch + b
+        tl.store(part_out_ptr + slot * stride_pos + part_row, acc / l_safe[:, None], mask=mask_m[:, None])
+        tl.store(part_lse_ptr + slot * stride_pls + lse_row,
+                 tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf")), mask=mask_m)
+    else:
+        split = pid_z - batch
+        offs_b, lens, tile_end, total, chunk = _work_schedule(kv_indptr_ptr, prefix_lens_ptr, batch, num_splits,
+                                                              BLOCK_B, BLOCK_N, USE_INDPTR)
+        cur = split * chunk
+        work_hi = tl.minimum(cur + chunk, total)
+        k_head = k_buffer_ptr + kvh * stride_kbh
+        v_head = v_buffer_ptr + kvh * stride_vbh
+        while cur < work_hi:  # one segment per request this program's tiles touch
+            b = tl.sum((tile_end <= cur).to(tl.int32), 0)  # the request holding tile `cur`
+            b_tile_end = tl.sum(tl.where(offs_b == b, tile_end, 0), 0)
+            prefix_len = tl.sum(tl.where(offs_b == b, lens, 0), 0)
+            b_tile_start = b_tile_end - (prefix_len + BLOCK_N - 1) // BLOCK_N
+            seg_end = tl.minimum(work_hi, b_tile_end)
+            lo = (cur - b_tile_start) * BLOCK_N
+            hi = tl.minimum((seg_end - b_tile_start) * BLOCK_N, prefix_len)
+            if USE_INDPTR:
+                indices = kv_indices_ptr + tl.load(kv_indptr_ptr + b)
+            else:
+                indices = kv_indices_ptr + b * stride_ptb
+            q_row = q_ptr + b * stride_qb + offs_t[:, None] * stride_qt + offs_h[:, None] * stride_qh
+            q = tl.load(q_row + offs_d[None, :], mask=mask_m[:, None], other=0.0)  # [M, D]
+            if BLOCK_DPE > 0:
+                q_pe = tl.load(q_row + offs_dpe[None, :], mask=mask_m[:, None], other=0.0)  # [M, DPE]
+            else:
+                q_pe = q  # unused
+            m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # finite: exp2(-inf - m_i) = 0, alpha = 1
+            l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+            acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+            # Full tiles without masks (segments start on tile boundaries, so only a prefix's last tile is
+            # partial), then that tile masked: the compute-bound shapes spend no ALU work on bounds.
+            hi_full = lo + (hi - lo) // BLOCK_N * BLOCK_N
+            for start_n in tl.range(lo, hi_full, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+                m_i, l_i, acc = _prefix_tile(
+                    start_n, hi, q, q_pe, m_i, l_i, acc, indices, k_head, v_head, stride_kbs, stride_vbs,
+                    offs_d, offs_dpe, offs_dv, qk_scale, BLOCK_N, BLOCK_DPE, PAGE_SIZE, V_IS_K, False, DOT_PRECISION)
+            if hi_full < hi:
+                m_i, l_i, acc = _prefix_tile(
+                    hi_full, hi, q, q_pe, m_i, l_i, acc, indices, k_head, v_head, stride_kbs, stride_vbs,
+                    offs_d, offs_dpe, offs_dv, qk_scale, BLOCK_N, BLOCK_DPE, PAGE_SIZE, V_IS_K, True, DOT_PRECISION)
+            slot = split + b  # unique: the programs covering one request are consecutive, see _verify_merge_kernel
+            tl.store(part_out_ptr + slot * stride_pos + part_row, acc / l_i[:, None], mask=mask_m[:, None])
+            tl.store(part_lse_ptr + slot * stride_pls + lse_row, m_i + tl.log2(l_i), mask=mask_m)
+            cur = seg_end
 
 
 @triton.jit
 def _verify_merge_kernel(
     part_out_ptr, part_lse_ptr, out_ptr,
     kv_indptr_ptr, prefix_lens_ptr,
+    batch,
     num_splits,
-    stride_pob, stride_pot, stride_poh, stride_pos,
-    stride_plb, stride_plt, stride_plh,
+    stride_pos, stride_pot, stride_poh,
+    stride_pls, stride_plt,
     stride_ob, stride_ot, stride_oh,
     T: tl.constexpr,
     NUM_Q_HEADS: tl.constexpr,
-    BLOCK_N: tl.constexpr,  # the attention kernel's, to find its non-empty splits
+    BLOCK_B: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # the attention kernel's, to find the programs that covered this request
     BLOCK_DV: tl.constexpr,  # dims of Dv handled by this program
-    BLOCK_S: tl.constexpr,  # pow2 >= num_splits + 1
     BLOCK_SC: tl.constexpr,  # parts per loaded chunk
     USE_INDPTR: tl.constexpr,
 ):
@@ -245,31 +287,36 @@ def _verify_merge_kernel(
     b = pid // (T * NUM_Q_HEADS)
     t = (pid // NUM_Q_HEADS) % T
     h = pid % NUM_Q_HEADS
-    if USE_INDPTR:
-        prefix_len = tl.load(kv_indptr_ptr + b + 1) - tl.load(kv_indptr_ptr + b)
-    else:
-        prefix_len = tl.load(prefix_lens_ptr + b)
-    per_split = tl.cdiv(tl.cdiv(prefix_len, num_splits), BLOCK_N) * BLOCK_N
-    num_active = tl.where(prefix_len > 0, tl.cdiv(prefix_len, tl.maximum(per_split, 1)), 0)  # splits with work
+    offs_b, lens, tile_end, total, chunk = _work_schedule(kv_indptr_ptr, prefix_lens_ptr, batch, num_splits,
+                                                          BLOCK_B, BLOCK_N, USE_INDPTR)
+    b_tile_end = tl.sum(tl.where(offs_b == b, tile_end, 0), 0)
+    b_tiles = (tl.sum(tl.where(offs_b == b, lens, 0), 0) + BLOCK_N - 1) // BLOCK_N
+    # Prefix programs first_p .. last_p covered request b; program p wrote its part to slot p + b.
+    first_p = (b_tile_end - b_tiles) // chunk
+    num_parts = tl.where(b_tiles > 0, (b_tile_end - 1) // chunk - first_p + 1, 0)
     offs_dv = tl.program_id(1) * BLOCK_DV + tl.arange(0, BLOCK_DV)
-    lse_row = part_lse_ptr + b * stride_plb + t * stride_plt + h * stride_plh
-    o_row = part_out_ptr + b * stride_pob + t * stride_pot + h * stride_poh
-    offs_s = tl.arange(0, BLOCK_S)
-    mask_s = (offs_s < num_active) | (offs_s == num_splits)  # active prefix splits + the new-token part
-    lse_max = tl.max(tl.load(lse_row + offs_s, mask=mask_s, other=float("-inf")), 0)
-    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # nothing visible: output 0
-    w_new = tl.exp2(tl.load(lse_row + num_splits) - lse_max)
-    acc = w_new * tl.load(o_row + num_splits * stride_pos + offs_dv)
-    denom = tl.zeros([BLOCK_SC], dtype=tl.float32)
-    for s0 in range(0, num_active, BLOCK_SC):
+    lse_row = part_lse_ptr + t * stride_plt + h + (first_p + b) * stride_pls
+    o_row = part_out_ptr + t * stride_pot + h * stride_poh + (first_p + b) * stride_pos
+    new_slot = num_splits + batch + b
+    lse_new = tl.load(part_lse_ptr + new_slot * stride_pls + t * stride_plt + h)
+    lse_max = lse_new
+    for s0 in range(0, num_parts, BLOCK_SC):
         offs_sc = s0 + tl.arange(0, BLOCK_SC)
-        mask_sc = offs_sc < num_active
-        w = tl.exp2(tl.load(lse_row + offs_sc, mask=mask_sc, other=float("-inf")) - lse_max)  # [SC]
+        lse_max = tl.maximum(lse_max, tl.max(tl.load(lse_row + offs_sc * stride_pls, mask=offs_sc < num_parts,
+                                                     other=float("-inf")), 0))
+    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # nothing visible: output 0
+    w_new = tl.exp2(lse_new - lse_max)
+    acc = w_new * tl.load(part_out_ptr + new_slot * stride_pos + t * stride_pot + h * stride_poh + offs_dv)
+    denom = tl.zeros([BLOCK_SC], dtype=tl.float32)
+    for s0 in range(0, num_parts, BLOCK_SC):
+        offs_sc = s0 + tl.arange(0, BLOCK_SC)
+        mask_sc = offs_sc < num_parts
+        w = tl.exp2(tl.load(lse_row + offs_sc * stride_pls, mask=mask_sc, other=float("-inf")) - lse_max)  # [SC]
         o = tl.load(o_row + offs_sc[:, None] * stride_pos + offs_dv[None, :], mask=mask_sc[:, None], other=0.0)
         acc += tl.sum(w[:, None] * o, 0)
         denom += w
-    total = tl.sum(denom, 0) + w_new
-    acc = acc / tl.where(total > 0, total, 1.0)
+    total_w = tl.sum(denom, 0) + w_new
+    acc = acc / tl.where(total_w > 0, total_w, 1.0)
     tl.store(out_ptr + b * stride_ob + t * stride_ot + h * stride_oh + offs_dv, acc.to(out_ptr.dtype.element_ty))
 
 
@@ -284,14 +331,16 @@ class VerifyConfig:
 
 @dataclass(frozen=True)
 class VerifyWorkspace:
-    """fp32 partials of every split plus the new-token part; allocate once for the largest shapes."""
+    """fp32 partials: one per (prefix program, request it covered) plus one per request's new tokens.
+    Allocate once for the largest shapes."""
 
-    part_out: Tensor  # [B_max, T_max, Hq, max_splits + 1, Dv] fp32
-    part_lse: Tensor  # [B_max, T_max, Hq, max_splits + 1] fp32 (log2 domain)
+    part_out: Tensor  # [max_splits + 2 * max_batch, T_max, Hq, Dv] fp32
+    part_lse: Tensor  # [max_splits + 2 * max_batch, T_max, Hq] fp32 (log2 domain)
+    max_batch: int
 
     @property
     def max_splits(self) -> int:
-        return self.part_lse.shape[-1] - 1
+        return self.part_lse.shape[0] - 2 * self.max_batch
 
 
 @functools.lru_cache(maxsize=None)
@@ -346,25 +395,27 @@ def pick_config(*, rows: int, dk: int, dv: int, v_is_k: bool, elt: int, smem_lim
     return next((cfg for cfg in configs if (cfg, key) not in _TOO_LARGE), configs[-1])
 
 
-def _num_splits(*, batch: int, num_kv_heads: int, m_blocks: int, slots: int, max_splits: int) -> int:
-    """One full wave of prefix programs: slots = SMs x programs resident per SM. More splits only add
+def _num_splits(*, num_kv_heads: int, m_blocks: int, slots: int, max_splits: int) -> int:
+    """Prefix programs per (m-block, KV head): one full wave, slots = SMs x programs resident per SM. The batch's
+    prefix work is shared among them by _work_schedule, whatever the mix of lengths. More programs only add
     workspace traffic, and a partial second wave costs a whole one (both measured on an H200)."""
-    programs = batch * num_kv_heads * m_blocks
-    return max(1, min(max_splits, slots // programs))
+    return max(1, min(max_splits, slots // (num_kv_heads * m_blocks)))
 
 
 def allocate_workspace(
     *, max_batch: int, max_tokens: int, num_q_heads: int, v_head_dim: int, device: torch.device | str,
     max_splits: int | None = None,
 ) -> VerifyWorkspace:
-    """Workspace for any call with B <= max_batch and T <= max_tokens (allocate once, before graph capture)."""
+    """Workspace for any call with B <= max_batch and T <= max_tokens (allocate once, before graph capture).
+    max_splits bounds the prefix programs per (m-block, KV head) of one call (default 4 x SMs)."""
     device = torch.device(device)
     if max_splits is None:
         max_splits = 4 * _device_limits(_device_index(device))[1]
-    shape = (max_batch, max_tokens, num_q_heads, max_splits + 1)
+    shape = (max_splits + 2 * max_batch, max_tokens, num_q_heads)
     return VerifyWorkspace(
         part_out=torch.empty(*shape, v_head_dim, device=device, dtype=torch.float32),
         part_lse=torch.empty(*shape, device=device, dtype=torch.float32),
+        max_batch=max_batch,
     )
 
 
@@ -400,6 +451,7 @@ def _verify_attention_launch(
         kv_indices, kv_indptr, prefix_lens,
         po, pl,
         sm_scale * _LOG2E,
+        batch,
         num_splits or 3,  # a placeholder while warming up: 1 and multiples of 16 are specialised
         q.stride(0), q.stride(1), q.stride(2),
         k_buffer.stride(0), k_buffer.stride(1),
@@ -408,12 +460,13 @@ def _verify_attention_launch(
         v_new.stride(0), v_new.stride(1), v_new.stride(2),
         tree_mask.stride(0), tree_mask.stride(1),
         page_table_stride,
-        po.stride(0), po.stride(1), po.stride(2), po.stride(3),
-        pl.stride(0), pl.stride(1), pl.stride(2),
+        po.stride(0), po.stride(1), po.stride(2),
+        pl.stride(0), pl.stride(1),
     )
+    block_b = max(2, triton.next_power_of_2(batch))
     constexprs = dict(
         NUM_KV_HEADS=num_kv_heads, GROUP=group, T=num_tokens, BLOCK_T=max(16, triton.next_power_of_2(num_tokens)),
-        BLOCK_D=block_d, BLOCK_DPE=block_dpe, BLOCK_DV=dv,
+        BLOCK_B=block_b, BLOCK_D=block_d, BLOCK_DPE=block_dpe, BLOCK_DV=dv,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, PAGE_SIZE=page_size,
         USE_INDPTR=use_indptr, V_IS_K=v_is_k, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         WARP_SPECIALIZE=config.warp_specialize,
@@ -421,22 +474,23 @@ def _verify_attention_launch(
     )
     if num_splits is None:
         per_sm = _programs_per_sm(args, constexprs, q)
-        num_splits = _num_splits(batch=batch, num_kv_heads=num_kv_heads, m_blocks=m_blocks, slots=sm_count * per_sm,
+        num_splits = _num_splits(num_kv_heads=num_kv_heads, m_blocks=m_blocks, slots=sm_count * per_sm,
                                  max_splits=workspace.max_splits)
-    assert 1 <= num_splits <= workspace.max_splits
-    args = args[:12] + (num_splits,) + args[13:]
+    assert 1 <= num_splits <= workspace.max_splits, f"num_splits={num_splits} outside 1..{workspace.max_splits}"
+    args = args[:13] + (num_splits,) + args[14:]
     global _last_compiled
-    _last_compiled = _verify_attention_kernel[(m_blocks, batch * num_kv_heads, num_splits + 1)](*args, **constexprs)
+    _last_compiled = _verify_attention_kernel[(m_blocks, num_kv_heads, batch + num_splits)](*args, **constexprs)
     block_dv_merge = min(dv, 128)
     _verify_merge_kernel[(batch * num_tokens * num_q_heads, dv // block_dv_merge)](
         po, pl, out,
         kv_indptr, prefix_lens,
+        batch,
         num_splits,
-        po.stride(0), po.stride(1), po.stride(2), po.stride(3),
-        pl.stride(0), pl.stride(1), pl.stride(2),
+        po.stride(0), po.stride(1), po.stride(2),
+        pl.stride(0), pl.stride(1),
         out.stride(0), out.stride(1), out.stride(2),
-        T=num_tokens, NUM_Q_HEADS=num_q_heads, BLOCK_N=config.block_n, BLOCK_DV=block_dv_merge,
-        BLOCK_S=triton.next_power_of_2(num_splits + 1), BLOCK_SC=16, USE_INDPTR=use_indptr,
+        T=num_tokens, NUM_Q_HEADS=num_q_heads, BLOCK_B=block_b, BLOCK_N=config.block_n, BLOCK_DV=block_dv_merge,
+        BLOCK_SC=16, USE_INDPTR=use_indptr,
         num_warps=4,
     )
 
@@ -528,8 +582,8 @@ def verify_attention(
     assert tree_mask.shape == (batch, num_tokens, num_tokens) and tree_mask.dtype == torch.bool, \
         "tree_mask must be bool [B, T, T]"
     assert tree_mask.stride(2) == 1, "tree_mask must be contiguous in its last dim"
-    assert workspace.part_out.shape[0] >= batch and workspace.part_out.shape[1] >= num_tokens \
-        and workspace.part_out.shape[2] == num_q_heads and workspace.part_out.shape[4] == dv, \
+    assert workspace.max_batch >= batch and workspace.part_out.shape[1] >= num_tokens \
+        and workspace.part_out.shape[2] == num_q_heads and workspace.part_out.shape[3] == dv, \
         "workspace too small: allocate_workspace(max_batch>=B, max_tokens>=T, num_q_heads=Hq, v_head_dim=Dv)"
     if q.device.type != "cuda" and not kernel_is_interpreted():
         from specsweep_kernels.reference import verify_attention_reference

@@ -84,6 +84,31 @@ def test_empty_prefix_and_more_splits_than_tiles():
     check(problem, num_splits=1)
 
 
+@pytest.mark.parametrize("num_splits", [1, 2, 5, 13])
+@pytest.mark.parametrize("indptr", [False, True], ids=["table", "indptr"])
+def test_ragged_batch_work_split(num_splits, indptr):
+    """Prefix programs share the batch's tiles evenly: segments cross request boundaries, empty and one-token
+    prefixes sit between long ones, and a program may cover several short requests."""
+    problem = make_problem(layout=GQA, prefix_lens=[0, 300, 1, 17, 0, 129, 40], num_tokens=5, page_size=16,
+                           dtype=torch.float16, device=DEVICE, tree="random", seed=31 + num_splits)
+    check(problem, indptr=indptr, max_splits=16, num_splits=num_splits)
+
+
+def test_ragged_random_mix_mla_small():
+    gen = torch.Generator().manual_seed(4)
+    lens = torch.randint(0, 200, (9,), generator=gen).tolist() + [0, 1]
+    problem = make_problem(layout=MLA_SMALL, prefix_lens=lens, num_tokens=3, page_size=1, dtype=torch.float16,
+                           device=DEVICE, tree="random", seed=41)
+    check(problem, max_splits=8)
+    check(problem, indptr=True, max_splits=8, num_splits=3)
+
+
+def test_all_prefixes_empty():
+    problem = make_problem(layout=GQA, prefix_lens=[0, 0, 0], num_tokens=7, page_size=4, dtype=torch.float16,
+                           device=DEVICE, tree="random", seed=17)
+    check(problem)
+
+
 def test_fp32():
     problem = make_problem(layout=GQA, prefix_lens=[61], num_tokens=6, page_size=16, dtype=torch.float32,
                            device=DEVICE, tree="random", seed=9)
