@@ -40,8 +40,13 @@ bench-batch:
 bench-orchestrator:
 	RAY_AUTH_MODE=disabled $(BIN)/python -m orchestrator.bench
 
+# SGLang's Triton kernels for the peer columns: its 0.5.10.post1 wheel in .whl/ (docs/kernels.md, "Benchmark").
+SGLANG_WHEEL ?= $(wildcard .whl/sglang-0.5.10.post1-py3-none-any.whl)
+BENCH_ARGS ?=
+
 bench-kernels:
-	$(BIN)/python -m specsweep_kernels.bench
+	PYTHONPATH=$(CURDIR):$(CURDIR)/kernels $(BIN)/python -m specsweep_kernels.bench \
+		$(if $(SGLANG_WHEEL),--sglang-wheel $(SGLANG_WHEEL)) $(BENCH_ARGS)
 
 bench-sched:
 	RAY_AUTH_MODE=disabled $(BIN)/python -m orchestrator.bench_sched

@@ -37,6 +37,8 @@ class Row:
     prefix: int
     tokens: int
     page: int
+    lens: list[int] | None = None  # a ragged batch's prefix lengths (None: batch 1 of `prefix`)
+    mix: str = ""  # the ragged batch's name in the tables
     ours_us: float = math.nan
     eager_us: float = math.nan
     compiled: str = ""
@@ -48,11 +50,21 @@ class Row:
     sgl_verify_err: float = math.nan
     sgl_decode_us: float = math.nan
     sgl_mode: str = ""
+    fa2_us: float = math.nan  # FlashAttention-2 through torch SDPA on contiguous K/V
+    fa2_mode: str = ""
     model_us: float = math.nan  # per layer, `model_layers` calls on their own KV pools in one graph
     tuned_us: float = math.nan
     tuned: str = ""
     note: str = ""
     extra: list[str] = field(default_factory=list)
+
+    @property
+    def prefix_lens(self) -> list[int]:
+        return self.lens if self.lens is not None else [self.prefix]
+
+    @property
+    def label(self) -> str:
+        return self.mix or str(self.prefix)
 
     @property
     def frac_floor(self) -> float:
@@ -120,25 +132,30 @@ def _load_sglang(wheel: str | None):
 
 
 def _sglang_calls(sglang, problem, out_verify: torch.Tensor):
-    """(verify, decode or None) closures calling SGLang's kernels on the same problem (token-granular indices)."""
+    """(verify, decode or None) closures calling SGLang's kernels on the same problem (token-granular indices,
+    the whole batch in one call as SGLang runs it: ragged q through qo_indptr, one custom mask per request)."""
     extend_fwd, decode_fwd = sglang
     args = problem.attention_args()
-    q, kb = args["q"][0], args["k_buffer"]
-    t, hq, dk = q.shape
+    batch, t, hq, dk = args["q"].shape
+    q = args["q"].reshape(batch * t, hq, dk)
+    kb = args["k_buffer"]
     dv = problem.layout.v_head_dim
     vb = kb[..., :dv] if args["v_buffer"] is None else args["v_buffer"]
-    k_new = args["k_new"][0]
-    v_new = k_new[..., :dv] if args["v_new"] is None else args["v_new"][0]
+    k_new = args["k_new"].flatten(0, 1)
+    v_new = k_new[..., :dv] if args["v_new"] is None else args["v_new"].flatten(0, 1)
     addressing = problem.indptr_args()
     kv_indptr, kv_indices = addressing["kv_indptr"], addressing["kv_indices"]
-    prefix = problem.prefix_lens[0]
     dev = q.device
-    qo_indptr = torch.tensor([0, t], device=dev, dtype=torch.int32)
-    mask = torch.ones(t, prefix + t, dtype=torch.bool, device=dev)
-    mask[:, prefix:] = args["tree_mask"][0]
-    mask = mask.flatten()
-    mask_indptr = torch.tensor([0, mask.numel()], device=dev, dtype=torch.int64)
-    o = out_verify[0]
+    qo_indptr = torch.arange(0, (batch + 1) * t, t, device=dev, dtype=torch.int32)
+    masks = []
+    for b, prefix in enumerate(problem.prefix_lens):
+        mask = torch.ones(t, prefix + t, dtype=torch.bool, device=dev)
+        mask[:, prefix:] = args["tree_mask"][b]
+        masks.append(mask.flatten())
+    mask_indptr = torch.zeros(batch + 1, device=dev, dtype=torch.int64)
+    mask_indptr[1:] = torch.cumsum(torch.tensor([m.numel() for m in masks], device=dev), 0)
+    mask = torch.cat(masks)
+    o = out_verify.view(batch * t, hq, dv)
 
     def verify():
         extend_fwd(q, k_new, v_new, o, kb, vb, qo_indptr, kv_indptr, kv_indices, mask, False, mask_indptr, t,
@@ -147,14 +164,43 @@ def _sglang_calls(sglang, problem, out_verify: torch.Tensor):
     decode = None
     if t == 1:
         splits = 64
-        o1 = torch.empty(1, hq, dv, device=dev, dtype=q.dtype)
-        logits = torch.empty(1, hq, splits, dv, device=dev, dtype=torch.float32)
-        lse = torch.empty(1, hq, splits, device=dev, dtype=torch.float32)
-        nsplit = torch.tensor([splits], device=dev, dtype=torch.int32)
+        o1 = torch.empty(batch, hq, dv, device=dev, dtype=q.dtype)
+        logits = torch.empty(batch, hq, splits, dv, device=dev, dtype=torch.float32)
+        lse = torch.empty(batch, hq, splits, device=dev, dtype=torch.float32)
+        nsplit = torch.full((batch,), splits, device=dev, dtype=torch.int32)
 
         def decode():
             decode_fwd(q, kb, vb, o1, kv_indptr, kv_indices, logits, lse, nsplit, splits, problem.sm_scale, 1.0, 1.0)
     return verify, decode
+
+
+def _fa2_sdpa_call(problem):
+    """FlashAttention-2 as torch ships it (SDPA's flash backend), on contiguous per-request K/V [1, Hkv, L+T, D]
+    copied out of the pool (a layout that has no paging), one call per request. The flash backend takes no mask,
+    so the T new tokens see each other fully (same bytes, FLOPs within T / L). None for MLA (Dk 576 > 256)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    if problem.layout.mla:
+        return None, "n/a (Dk 576, Dk != Dv)"
+    args = problem.attention_args()
+    slots = problem.indptr_args()
+    indptr, indices = slots["kv_indptr"].tolist(), slots["kv_indices"].long()
+    calls = []
+    for b in range(len(problem.prefix_lens)):
+        sel = indices[indptr[b]:indptr[b + 1]]
+        k = torch.cat([args["k_buffer"][sel], args["k_new"][b]]).transpose(0, 1).unsqueeze(0).contiguous()
+        v = torch.cat([args["v_buffer"][sel], args["v_new"][b]]).transpose(0, 1).unsqueeze(0).contiguous()
+        q = args["q"][b].transpose(0, 1).unsqueeze(0).contiguous()
+        calls.append((q, k, v))
+
+    def run():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            for q, k, v in calls:
+                sdpa(q, k, v, scale=problem.sm_scale, enable_gqa=True)
+
+    run()  # raises if the flash backend refuses the shape
+    return run, "flash, enable_gqa"
 
 
 def _tune_candidates(layout: Layout, tokens: int, smem_limit: int) -> list[VerifyConfig]:
@@ -199,10 +245,11 @@ def model_graph_us(args: dict, addressing: dict, out: torch.Tensor, ws, layers: 
 def bench_row(row: Row, *, ceilings, sglang, tune: bool, with_reference: bool, smem_limit: int,
               model_layers: int = 0) -> Row:
     layout = LAYOUTS[row.layout]
-    problem = make_problem(layout=layout, prefix_lens=[row.prefix], num_tokens=row.tokens, page_size=row.page,
-                           dtype=torch.bfloat16, device="cuda", tree="chain", seed=row.prefix + row.tokens + row.page)
+    lens = row.prefix_lens
+    problem = make_problem(layout=layout, prefix_lens=lens, num_tokens=row.tokens, page_size=row.page,
+                           dtype=torch.bfloat16, device="cuda", tree="chain", seed=sum(lens) + row.tokens + row.page)
     args, addressing = problem.attention_args(), problem.table_args()
-    ws = allocate_workspace(max_batch=1, max_tokens=row.tokens, num_q_heads=layout.num_q_heads,
+    ws = allocate_workspace(max_batch=len(lens), max_tokens=row.tokens, num_q_heads=layout.num_q_heads,
                             v_head_dim=layout.v_head_dim, device="cuda")
     out = problem.new_out()
     verify_attention(**args, **addressing, out=out, workspace=ws)
@@ -212,16 +259,26 @@ def bench_row(row: Row, *, ceilings, sglang, tune: bool, with_reference: bool, s
     run = lambda: verify_attention(**args, **addressing, out=out, workspace=ws)  # noqa: E731
     row.ours_us, _ = graph_us(run)
     row.eager_us = _bench_us(run)
-    nbytes, flops, kv_bytes = verify_cost(layout=layout, prefix_len=row.prefix, num_tokens=row.tokens,
-                                          page_size=row.page)
+    costs = [verify_cost(layout=layout, prefix_len=n, num_tokens=row.tokens, page_size=row.page) for n in lens]
+    nbytes, flops, kv_bytes = (sum(c[i] for c in costs) for i in range(3))
     row.gbps = kv_bytes / (row.ours_us * 1e-6) / 1e9
     row.floor_us = floor_seconds(nbytes=nbytes, flops=flops, ceilings=ceilings) * 1e6
-    if model_layers > 1:
-        row.model_us = model_graph_us(args, addressing, out, ws, model_layers)
+    if model_layers > 1:  # as many layers as fit in ~40 GB of pool copies (a ragged batch's pool is GBs: no L2 reuse)
+        pool_bytes = sum(t.numel() * t.element_size() for t in (args["k_buffer"], args["v_buffer"]) if t is not None)
+        layers = max(2, min(model_layers, int(40e9 // pool_bytes)))
+        row.model_us = model_graph_us(args, addressing, out, ws, layers)
         torch.cuda.empty_cache()
     if with_reference:
         row.ref_us = _bench_us(lambda: verify_attention_reference(**args, **addressing, v_head_dim=layout.v_head_dim),
                                rep_ms=50)
+    try:
+        fa2, row.fa2_mode = _fa2_sdpa_call(problem)
+        if fa2 is not None:
+            row.fa2_us, mode = graph_us(fa2)
+            row.fa2_mode += f", {mode}"
+    except Exception as exc:  # noqa: BLE001 - a peer that cannot run this shape is a result
+        row.fa2_mode = f"{type(exc).__name__}: {str(exc)[:80]}"
+    torch.cuda.empty_cache()
     if tune:
         best = (row.ours_us, "default")
         sm_count = torch.cuda.get_device_properties(0).multi_processor_count
@@ -265,26 +322,45 @@ def _fmt(x: float, spec: str = ".1f") -> str:
 def full_table(rows: list[Row]) -> str:
     head = ("| layout | prefix | T | page | ours µs | GB/s | floor µs | floor/ours | rel err | ours eager µs "
             "| torch ref µs | SGLang verify µs | speed-up vs verify | SGLang decode µs (T=1) | SGLang timing "
-            "| tuned best µs | tuned config | compiled | note | in-model µs/layer | floor/in-model |")
-    lines = [head, "|" + "---|" * 21]
+            "| FA2 (SDPA, contiguous) µs | FA2 mode | tuned best µs | tuned config | compiled | note "
+            "| in-model µs/layer | floor/in-model |")
+    lines = [head, "|" + "---|" * 23]
     for r in rows:
         lines.append(
-            f"| {LAYOUTS[r.layout].name} | {r.prefix} | {r.tokens} | {r.page} | {_fmt(r.ours_us)} | {_fmt(r.gbps, '.0f')} "
+            f"| {LAYOUTS[r.layout].name} | {r.label} | {r.tokens} | {r.page} | {_fmt(r.ours_us)} | {_fmt(r.gbps, '.0f')} "
             f"| {_fmt(r.floor_us)} | {_fmt(r.frac_floor, '.0%')} | {_fmt(r.err, '.1e')} | {_fmt(r.eager_us)} "
             f"| {_fmt(r.ref_us, '.0f')} | {_fmt(r.sgl_verify_us)} | {_fmt(r.sgl_verify_us / r.ours_us, '.0f')}× "
-            f"| {_fmt(r.sgl_decode_us)} | {r.sgl_mode} | {_fmt(r.tuned_us)} | {r.tuned} | {r.compiled} | {r.note} "
+            f"| {_fmt(r.sgl_decode_us)} | {r.sgl_mode} | {_fmt(r.fa2_us)} | {r.fa2_mode} "
+            f"| {_fmt(r.tuned_us)} | {r.tuned} | {r.compiled} | {r.note} "
             f"| {_fmt(r.model_us)} | {_fmt(r.frac_floor_model, '.0%')} |")
     return "\n".join(lines)
 
 
 def short_table(rows: list[Row]) -> str:
-    lines = ["layout  prefix   T  pg    ours_us   GB/s  floor%   err      sgl_verify  x     sgl_dec  model_us  floor%"]
+    lines = ["layout  prefix          T  pg   ours_us   GB/s floor%     err  sgl_verify     x   sgl_dec    fa2_us"
+             "  model_us floor%"]
     for r in rows:
-        lines.append(f"{r.layout:<6}{r.prefix:>8}{r.tokens:>4}{r.page:>4}{r.ours_us:>11.1f}{r.gbps:>7.0f}"
-                     f"{_fmt(r.frac_floor, '.0%'):>7}{r.err:>9.1e}{_fmt(r.sgl_verify_us):>12}"
-                     f"{_fmt(r.sgl_verify_us / r.ours_us, '.0f'):>5}{_fmt(r.sgl_decode_us):>10}"
-                     f"{_fmt(r.model_us):>10}{_fmt(r.frac_floor_model, '.0%'):>8}  {r.note}")
+        lines.append(f"{r.layout:<6}{r.label:>16}{r.tokens:>3}{r.page:>4}{r.ours_us:>10.1f}{r.gbps:>7.0f}"
+                     f"{_fmt(r.frac_floor, '.0%'):>7}{r.err:>8.1e}{_fmt(r.sgl_verify_us):>12}"
+                     f"{_fmt(r.sgl_verify_us / r.ours_us, '.0f'):>6}{_fmt(r.sgl_decode_us):>10}{_fmt(r.fa2_us):>10}"
+                     f"{_fmt(r.model_us):>10}{_fmt(r.frac_floor_model, '.0%'):>7}  {r.note}")
     return "\n".join(lines)
+
+
+def ragged_mixes(spec: str, seed: int = 0) -> list[tuple[str, list[int]]]:
+    """'1024/65536/3/200000,16r,64r' -> named batches: explicit lengths, or B random lengths drawn log-uniformly
+    in 1..131072 (a fixed seed, so every run measures the same mix)."""
+    gen = torch.Generator().manual_seed(seed)
+    mixes = []
+    for item in filter(None, spec.split(",")):
+        if item.endswith("r"):
+            n = int(item[:-1])
+            lens = torch.exp(torch.rand(n, generator=gen, dtype=torch.float64) * math.log(131072)).long().tolist()
+            mixes.append((f"{n}× rand Σ{sum(lens) // 1000}k", lens))
+        else:
+            lens = [int(x) for x in item.split("/")]
+            mixes.append(("/".join(f"{n // 1000}k" if n >= 1000 else str(n) for n in lens), lens))
+    return mixes
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -294,12 +370,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prefixes", default="4096,32768,131072")
     parser.add_argument("--tokens", default="1,8,32,64")
     parser.add_argument("--pages", default="1,16")
+    parser.add_argument("--ragged", default="1024/65536/3/200000,16r,64r",
+                        help="ragged batches: lengths joined by '/', or Nr for N random lengths (empty: none)")
+    parser.add_argument("--ragged-tokens", default="1,8")
+    parser.add_argument("--ragged-page", type=int, default=16)
     parser.add_argument("--sglang-wheel", default=None, help="sglang 0.5.10.post1 wheel, for the baseline columns")
     parser.add_argument("--no-reference", action="store_true", help="skip timing the torch reference")
     parser.add_argument("--tune", action="store_true", help="also time a few tiles / split counts per row")
     parser.add_argument("--tune-prefixes", default="131072", help="prefixes whose page-1 rows --tune explores")
     parser.add_argument("--model-layers", type=int, default=36,
                         help="also time each row as `model-layers` back-to-back calls in one graph (0: skip)")
+    parser.add_argument("--cached-ceilings", action="store_true",
+                        help="reuse ceilings cached for this GPU name instead of measuring them in this run")
     parser.add_argument("--roofline-cache", default=None, help="JSON cache of measured ceilings (default: ~/.cache)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -308,41 +390,49 @@ def main(argv: list[str] | None = None) -> None:
     from specsweep_kernels.roofline import DEFAULT_CACHE
     from specsweep_kernels.verify_attention import _device_limits
 
-    ceilings = load_or_measure_ceilings(cache=Path(args.roofline_cache) if args.roofline_cache else DEFAULT_CACHE)
+    ceilings = load_or_measure_ceilings(cache=Path(args.roofline_cache) if args.roofline_cache else DEFAULT_CACHE,
+                                        remeasure=not args.cached_ceilings)
     smem_limit, sm_count = _device_limits(torch.cuda.current_device())
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     header = (f"{stamp} · {ceilings.device} · {sm_count} SMs · smem/block {smem_limit // 1024} KB · torch "
               f"{torch.__version__} · triton {__import__('triton').__version__}\n"
-              f"ceilings: copy {ceilings.copy_gbps:.0f} GB/s (read+write), bf16 matmul {ceilings.matmul_tflops:.0f} "
-              f"TFLOP/s")
+              f"ceilings{' (cached)' if args.cached_ceilings else ' measured in this run'}: copy "
+              f"{ceilings.copy_gbps:.0f} GB/s (read+write), bf16 matmul {ceilings.matmul_tflops:.0f} TFLOP/s")
     print(header, flush=True)
     sglang = _load_sglang(args.sglang_wheel)
-    rows: list[Row] = []
     out_path = Path(args.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    for name in args.layouts.split(","):
-        for prefix in map(int, args.prefixes.split(",")):
+    todo = []
+    for name in filter(None, args.layouts.split(",")):
+        for mix, lens in ragged_mixes(args.ragged):
+            for tokens in map(int, filter(None, args.ragged_tokens.split(","))):
+                todo.append(Row(name, max(lens), tokens, args.ragged_page, lens=lens, mix=mix))
+    for name in filter(None, args.layouts.split(",")):
+        for prefix in map(int, filter(None, args.prefixes.split(","))):
             for tokens in map(int, args.tokens.split(",")):
                 for page in map(int, args.pages.split(",")):
-                    row = Row(name, prefix, tokens, page)
-                    t0 = time.time()
-                    try:
-                        tune = args.tune and page == 1 and str(prefix) in args.tune_prefixes.split(",")
-                        bench_row(row, ceilings=ceilings, sglang=sglang, tune=tune,
-                                  with_reference=not args.no_reference, smem_limit=smem_limit,
-                                  model_layers=args.model_layers)
-                    except Exception as exc:  # one failing row must not lose the others
-                        row.note = f"{type(exc).__name__}: {str(exc)[:120]}"
-                    torch.cuda.empty_cache()
-                    rows.append(row)
-                    print(f"{name} L={prefix} T={tokens} page={page}: ours {row.ours_us:.1f} us "
-                          f"({_fmt(row.frac_floor, '.0%')} of floor {row.floor_us:.1f}), err {row.err:.1e}, "
-                          f"sglang verify {_fmt(row.sgl_verify_us)} decode {_fmt(row.sgl_decode_us)}, "
-                          f"tuned {_fmt(row.tuned_us)} {row.tuned} [{time.time() - t0:.0f}s] {row.compiled} "
-                          f"{row.sgl_mode} {row.note}", flush=True)
-                    detail = "\n".join(f"- {r.layout} L={r.prefix} T={r.tokens} page={r.page}: " + "; ".join(r.extra)
-                                       for r in rows if r.extra)
-                    out_path.write_text(f"{header}\n\n{full_table(rows)}\n\n{detail}\n")
+                    todo.append(Row(name, prefix, tokens, page))
+    rows: list[Row] = []
+    for row in todo:
+        t0 = time.time()
+        try:
+            tune = args.tune and row.lens is None and row.page == 1 and str(row.prefix) in args.tune_prefixes.split(",")
+            bench_row(row, ceilings=ceilings, sglang=sglang, tune=tune,
+                      with_reference=not args.no_reference and row.lens is None, smem_limit=smem_limit,
+                      model_layers=args.model_layers)
+        except Exception as exc:  # one failing row must not lose the others
+            row.note = f"{type(exc).__name__}: {str(exc)[:120]}"
+        torch.cuda.empty_cache()
+        rows.append(row)
+        print(f"{row.layout} L={row.label} T={row.tokens} page={row.page}: ours {row.ours_us:.1f} us "
+              f"({_fmt(row.frac_floor, '.0%')} of floor {row.floor_us:.1f}), in-model {_fmt(row.model_us)} "
+              f"({_fmt(row.frac_floor_model, '.0%')}), err {row.err:.1e}, sglang verify {_fmt(row.sgl_verify_us)} "
+              f"decode {_fmt(row.sgl_decode_us)}, fa2 {_fmt(row.fa2_us)}, tuned {_fmt(row.tuned_us)} {row.tuned} "
+              f"[{time.time() - t0:.0f}s] {row.compiled} {row.sgl_mode} {row.fa2_mode} {row.note}", flush=True)
+        detail = "\n".join(f"- {r.layout} L={r.label} T={r.tokens} page={r.page}: " + "; ".join(r.extra)
+                           for r in rows if r.extra)
+        mixes = "\n".join(f"- {r.mix}: {r.lens}" for r in rows if r.lens is not None and r.layout == rows[0].layout)
+        out_path.write_text(f"{header}\n\n{full_table(rows)}\n\n{detail}\n\nragged batches:\n{mixes}\n")
     print("\n" + header)
     print(short_table(rows))
     print(f"full table: {out_path}")

@@ -129,15 +129,29 @@ def _work_schedule(kv_indptr_ptr, prefix_lens_ptr, batch, num_splits,
     The prefixes' BLOCK_N tiles, request after request, form one sequence of `total` tiles; prefix program p
     owns tiles [p * chunk, (p + 1) * chunk) of it, chunk = ceil(total / num_splits), so every program gets the
     same work whatever the mix of lengths (a program may cover the end of one request and the start of the
-    next). Returns (offs_b, lens [B], tile_end [B] inclusive cumsum of tiles, total, chunk)."""
+    next). Returns (total, chunk)."""
     offs_b = tl.arange(0, BLOCK_B)
-    mask_b = offs_b < batch
-    lens = _prefix_lens_vec(kv_indptr_ptr, prefix_lens_ptr, offs_b, mask_b, USE_INDPTR)
-    tiles = (lens + BLOCK_N - 1) // BLOCK_N
-    tile_end = tl.cumsum(tiles, 0)
-    total = tl.sum(tiles, 0)
-    chunk = tl.maximum((total + num_splits - 1) // num_splits, 1)
-    return offs_b, lens, tile_end, total, chunk
+    lens = _prefix_lens_vec(kv_indptr_ptr, prefix_lens_ptr, offs_b, offs_b < batch, USE_INDPTR)
+    total = tl.sum((lens + BLOCK_N - 1) // BLOCK_N, 0)
+    return total, tl.maximum((total + num_splits - 1) // num_splits, 1)
+
+
+@triton.jit
+def _request_tiles(kv_indptr_ptr, prefix_lens_ptr, batch, b_or_tile, FIND: tl.constexpr,
+                   BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, USE_INDPTR: tl.constexpr):
+    """(b, first tile, end tile, prefix length) of request b, or (FIND) of the request holding tile b_or_tile
+    of the batch's tile sequence. Scalars only leave this function: the [BLOCK_B] vectors stay out of the
+    callers' loops (they cost registers there)."""
+    offs_b = tl.arange(0, BLOCK_B)
+    lens = _prefix_lens_vec(kv_indptr_ptr, prefix_lens_ptr, offs_b, offs_b < batch, USE_INDPTR)
+    tile_end = tl.cumsum((lens + BLOCK_N - 1) // BLOCK_N, 0)
+    if FIND:
+        b = tl.sum((tile_end <= b_or_tile).to(tl.int32), 0)  # requests ending at or before the tile; skips empties
+    else:
+        b = b_or_tile
+    end = tl.sum(tl.where(offs_b == b, tile_end, 0), 0)
+    prefix_len = tl.sum(tl.where(offs_b == b, lens, 0), 0)
+    return b, end - (prefix_len + BLOCK_N - 1) // BLOCK_N, end, prefix_len
 
 
 @triton.jit
@@ -187,9 +201,6 @@ def _verify_attention_kernel(
         offs_dpe = BLOCK_D + tl.arange(0, BLOCK_DPE)
     else:
         offs_dpe = offs_d  # unused
-    part_row = offs_t[:, None] * stride_pot + offs_h[:, None] * stride_poh + offs_dv[None, :]
-    lse_row = offs_t * stride_plt + offs_h
-
     if pid_z < batch:  # the T new tokens of request b: the T x T block under the tree mask, one tile
         b = pid_z
         q_row = q_ptr + b * stride_qb + offs_t[:, None] * stride_qt + offs_h[:, None] * stride_qh
@@ -217,22 +228,21 @@ def _verify_attention_kernel(
         acc = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         l_safe = tl.where(l_i > 0, l_i, 1.0)
         slot = num_splits + batch + b
+        part_row = offs_t[:, None] * stride_pot + offs_h[:, None] * stride_poh + offs_dv[None, :]
+        lse_row = offs_t * stride_plt + offs_h
         tl.store(part_out_ptr + slot * stride_pos + part_row, acc / l_safe[:, None], mask=mask_m[:, None])
         tl.store(part_lse_ptr + slot * stride_pls + lse_row,
                  tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf")), mask=mask_m)
     else:
         split = pid_z - batch
-        offs_b, lens, tile_end, total, chunk = _work_schedule(kv_indptr_ptr, prefix_lens_ptr, batch, num_splits,
-                                                              BLOCK_B, BLOCK_N, USE_INDPTR)
+        total, chunk = _work_schedule(kv_indptr_ptr, prefix_lens_ptr, batch, num_splits, BLOCK_B, BLOCK_N, USE_INDPTR)
         cur = split * chunk
         work_hi = tl.minimum(cur + chunk, total)
         k_head = k_buffer_ptr + kvh * stride_kbh
         v_head = v_buffer_ptr + kvh * stride_vbh
         while cur < work_hi:  # one segment per request this program's tiles touch
-            b = tl.sum((tile_end <= cur).to(tl.int32), 0)  # the request holding tile `cur`
-            b_tile_end = tl.sum(tl.where(offs_b == b, tile_end, 0), 0)
-            prefix_len = tl.sum(tl.where(offs_b == b, lens, 0), 0)
-            b_tile_start = b_tile_end - (prefix_len + BLOCK_N - 1) // BLOCK_N
+            b, b_tile_start, b_tile_end, prefix_len = _request_tiles(kv_indptr_ptr, prefix_lens_ptr, batch, cur, True,
+                                                                     BLOCK_B, BLOCK_N, USE_INDPTR)
             seg_end = tl.minimum(work_hi, b_tile_end)
             lo = (cur - b_tile_start) * BLOCK_N
             hi = tl.minimum((seg_end - b_tile_start) * BLOCK_N, prefix_len)
@@ -261,6 +271,8 @@ def _verify_attention_kernel(
                     hi_full, hi, q, q_pe, m_i, l_i, acc, indices, k_head, v_head, stride_kbs, stride_vbs,
                     offs_d, offs_dpe, offs_dv, qk_scale, BLOCK_N, BLOCK_DPE, PAGE_SIZE, V_IS_K, True, DOT_PRECISION)
             slot = split + b  # unique: the programs covering one request are consecutive, see _verify_merge_kernel
+            part_row = offs_t[:, None] * stride_pot + offs_h[:, None] * stride_poh + offs_dv[None, :]
+            lse_row = offs_t * stride_plt + offs_h
             tl.store(part_out_ptr + slot * stride_pos + part_row, acc / l_i[:, None], mask=mask_m[:, None])
             tl.store(part_lse_ptr + slot * stride_pls + lse_row, m_i + tl.log2(l_i), mask=mask_m)
             cur = seg_end
@@ -287,13 +299,12 @@ def _verify_merge_kernel(
     b = pid // (T * NUM_Q_HEADS)
     t = (pid // NUM_Q_HEADS) % T
     h = pid % NUM_Q_HEADS
-    offs_b, lens, tile_end, total, chunk = _work_schedule(kv_indptr_ptr, prefix_lens_ptr, batch, num_splits,
-                                                          BLOCK_B, BLOCK_N, USE_INDPTR)
-    b_tile_end = tl.sum(tl.where(offs_b == b, tile_end, 0), 0)
-    b_tiles = (tl.sum(tl.where(offs_b == b, lens, 0), 0) + BLOCK_N - 1) // BLOCK_N
+    total, chunk = _work_schedule(kv_indptr_ptr, prefix_lens_ptr, batch, num_splits, BLOCK_B, BLOCK_N, USE_INDPTR)
+    _, b_tile_start, b_tile_end, _ = _request_tiles(kv_indptr_ptr, prefix_lens_ptr, batch, b, False,
+                                                    BLOCK_B, BLOCK_N, USE_INDPTR)
     # Prefix programs first_p .. last_p covered request b; program p wrote its part to slot p + b.
-    first_p = (b_tile_end - b_tiles) // chunk
-    num_parts = tl.where(b_tiles > 0, (b_tile_end - 1) // chunk - first_p + 1, 0)
+    first_p = b_tile_start // chunk
+    num_parts = tl.where(b_tile_end > b_tile_start, (b_tile_end - 1) // chunk - first_p + 1, 0)
     offs_dv = tl.program_id(1) * BLOCK_DV + tl.arange(0, BLOCK_DV)
     lse_row = part_lse_ptr + t * stride_plt + h + (first_p + b) * stride_pls
     o_row = part_out_ptr + t * stride_pot + h * stride_poh + (first_p + b) * stride_pos

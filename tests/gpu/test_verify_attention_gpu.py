@@ -42,6 +42,15 @@ def test_bf16_matches_fp32_reference(layout, page_size, num_tokens, tree):
     run_and_check(problem)
 
 
+@pytest.mark.parametrize("layout", [GQA_32_8, MLA_16], ids=["gqa", "mla"])
+@pytest.mark.parametrize("indptr", [False, True], ids=["table", "indptr"])
+def test_bf16_ragged_batch(layout, indptr):
+    """A ragged batch: the prefix work is split by total tiles, so programs cross request boundaries."""
+    problem = make_problem(layout=layout, prefix_lens=[1024, 65536, 3, 20011, 0, 777], num_tokens=7, page_size=16,
+                           dtype=torch.bfloat16, device="cuda", tree="random", seed=55)
+    run_and_check(problem, indptr=indptr)
+
+
 def test_bf16_sglang_indptr_long_prefix():
     problem = make_problem(layout=MLA_16, prefix_lens=[40_000], num_tokens=8, page_size=1, dtype=torch.bfloat16,
                            device="cuda", tree="random", seed=77)
@@ -69,7 +78,7 @@ def test_cuda_graph_capture_and_replay(layout):
     with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
         verify_attention(**args, **addressing, out=out, workspace=ws)
     torch.cuda.current_stream().wait_stream(stream)
-    for lens_now in ([1000, 4000], [2345, 8191], [1, 7000]):
+    for lens_now in ([1000, 4000], [2345, 8191], [1, 7000], [0, 8000], [6000, 0]):
         lens.copy_(torch.tensor(lens_now, dtype=torch.int32))
         args["q"].copy_(torch.randn_like(args["q"]))
         args["tree_mask"].copy_(torch.rand_like(args["tree_mask"], dtype=torch.float32) < 0.5)
