@@ -327,7 +327,8 @@ def full_table(rows: list[Row]) -> str:
     lines = [head, "|" + "---|" * 23]
     for r in rows:
         lines.append(
-            f"| {LAYOUTS[r.layout].name} | {r.label} | {r.tokens} | {r.page} | {_fmt(r.ours_us)} | {_fmt(r.gbps, '.0f')} "
+            f"| {LAYOUTS[r.layout].name} | {r.label} | {r.tokens} | {r.page} | {_fmt(r.ours_us)} "
+            f"| {_fmt(r.gbps, '.0f')} "
             f"| {_fmt(r.floor_us)} | {_fmt(r.frac_floor, '.0%')} | {_fmt(r.err, '.1e')} | {_fmt(r.eager_us)} "
             f"| {_fmt(r.ref_us, '.0f')} | {_fmt(r.sgl_verify_us)} | {_fmt(r.sgl_verify_us / r.ours_us, '.0f')}× "
             f"| {_fmt(r.sgl_decode_us)} | {r.sgl_mode} | {_fmt(r.fa2_us)} | {r.fa2_mode} "
