@@ -31,17 +31,19 @@ Slot s of the pool is row s of k_buffer; page p holds slots p * page_size .. p *
 GQA needs Hq % Hkv == 0 and Dk = Dv in {16, ..., 256} (powers of two). MLA needs Hkv = 1 and
 Dk = Dv + Dpe with Dv and Dpe powers of two (DeepSeek: 576 = 512 + 64).
 
-Design. Grid = (m-blocks, B * Hkv, num_splits + 1). One program owns BLOCK_M rows of the
-(draft token t, query head g of the KV group) matrix of one KV head, so every KV tile it loads is used by
-all Hq/Hkv heads x T tokens at once (tl.dot; for MLA 16 heads x T rows). Programs 0..num_splits-1 each
-stream one contiguous slice of the prefix; program num_splits handles the T new tokens under the tree
-mask. Each writes an fp32 partial output and its log2-sum-exp into the workspace; `_verify_merge_kernel`
-combines them. The grid depends only on static shapes (B, T, heads, num_splits), and the prefix lengths
-are read on the device, so the two launches can be captured in a CUDA graph and replayed as the prefix
-grows. Block sizes come from the device's per-block shared-memory limit (sm_90 ~227 KB, sm_120 ~100 KB), with a
-fall-back to the next smaller tile if the compiler still runs out of resources; the number of splits fills one
-wave of the SMs, counted from the compiled kernel's shared memory, registers and warps. docs/kernels.md has the
-measurements behind the choices.
+Design. One program owns BLOCK_M rows of the (draft token t, query head g of the KV group) matrix of one KV
+head, so every KV tile it loads is used by all Hq/Hkv heads x T tokens at once (tl.dot; for MLA 16 heads x T
+rows). B > 1: grid = (m-blocks, Hkv, B + P); programs 0..B-1 do each request's T new tokens under the tree mask,
+and the P prefix programs share the whole batch's prefix work: the requests' tiles (plus a fixed cost per
+request) form one sequence cut into P equal ranges, so any mix of lengths is balanced (_work_schedule); a range
+crossing requests runs one segment per request. The schedule is recomputed on the device from the prefix
+lengths by each program, so nothing is planned on the host and CUDA-graph replays may change the lengths.
+B = 1: the loop-free _single_request_kernel (P equal slices of the one prefix, program P the new tokens).
+Each part writes an fp32 partial output and its log2-sum-exp into the workspace; a merge kernel combines them.
+The grid depends only on static shapes (B, T, heads, P). Block sizes come from the device's per-block
+shared-memory limit (sm_90 ~227 KB, sm_120 ~100 KB), with a fall-back to the next smaller tile if the compiler
+still runs out of resources; P fills one wave of the SMs, counted from the compiled kernel's shared memory,
+registers and warps. docs/kernels.md has the measurements behind the choices.
 """
 from __future__ import annotations
 
