@@ -296,13 +296,15 @@ def check_overrides(overrides: Sequence[str], *, cwd: str | None = None) -> list
         return problems
     register_configs()
     try:
+        parser = OverridesParser.create()
+        fixed = [o.input_line for o in parser.parse_overrides(list(overrides)) if not o.is_sweep_override()]
         with initialize_config_module("conf", version_base="1.3"):
-            base = compose("config", overrides=list(overrides), return_hydra_config=True)
+            base = compose("config", overrides=fixed, return_hydra_config=True)
             sweep = base.hydra.mode == RunMode.MULTIRUN
             job_overrides: list[Sequence[str]] = [list(overrides)]
             if sweep:
                 params = [f"{k}={v}" for k, v in base.hydra.sweeper.params.items()] + list(overrides)
-                (job_overrides,) = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(params), None)
+                (job_overrides,) = BasicSweeper.split_arguments(parser.parse_overrides(params), None)
             jobs = [(compose("config", overrides=list(o)), o) for o in job_overrides]
     except HydraException as e:
         return [Problem("overrides", list(overrides), f"overrides Hydra can compose ({str(e).splitlines()[0]})")]

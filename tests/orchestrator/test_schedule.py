@@ -76,6 +76,7 @@ def test_each_bad_key_is_named_with_value_and_allowed(tmp_path, body, key, value
     ("['+sweep=smoke', 'contxt_len=5']", "contxt_len='5' is invalid; allowed: a top-level key"),
     ("['+sweep=smoke', 'context_len=40000']", "context_len=40000 is invalid; allowed: at least one grid point"),
     ("['+sweep=smoke', 'attention=bogus']", "Could not find 'attention/bogus'"),
+    ("['+sweep=smoke', 'context_len=64,128', 'page_size=0']", "page_size=0 is invalid; allowed: an integer >= 1 (in 8"),
 ])
 def test_overrides_checked_with_the_sweeps_own_rules(tmp_path, overrides, needle):
     write(tmp_path, "ok", "cron: '0 2 * * *'\noverrides: ['+sweep=smoke', 'page_size=1']\n")
@@ -84,6 +85,12 @@ def test_overrides_checked_with_the_sweeps_own_rules(tmp_path, overrides, needle
         load_schedules(tmp_path)
     assert str(e.value).startswith(f"schedule 'nightly' ({tmp_path}/nightly.yaml): ") and needle in str(e.value)
     assert "'ok'" not in str(e.value)
+
+
+def test_sweep_axes_in_a_schedules_overrides_are_expanded(tmp_path):
+    write(tmp_path, "nightly", "cron: '0 2 * * *'\noverrides: ['+sweep=smoke', 'context_len=64,128', 'page_size=1']\n")
+    (schedule,) = load_schedules(tmp_path)
+    assert schedule.overrides == ("+sweep=smoke", "context_len=64,128", "page_size=1")
 
 
 def test_schedule_list_refuses_a_bad_override_before_starting_anything(tmp_path):
