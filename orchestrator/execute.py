@@ -585,10 +585,13 @@ def _sigterm_as_interrupt():
 
 def run_plan(plan, settings: ExecutionSettings, on_result: Callable[[RunResult], None] | None = None, *,
              track: bool = True, stats: ExecutionStats | None = None,
-             multirun_yaml: str | None = None) -> list[RunResult]:
+             multirun_yaml: str | None = None, tracker=None) -> list[RunResult]:
     """Run every RunSpec of `plan` (an orchestrator.plan.Plan); see the module docstring.
 
     `multirun_yaml`: the text of Hydra's `<sweep dir>/multirun.yaml`, stored on the parent run.
+    `tracker`: an `orchestrator.tracking.Tracker` whose parent run is already begun (the launcher's, holding this
+    plan's claims); results are recorded there and no set-up thread runs. Claims still without a result at the end
+    are closed (KILLED when interrupted, else FAILED), and the parent is closed even on a second Ctrl-C.
 
     Timeline (what overlaps what): Ray starts (or is reused) → preflight → every actor is submitted → MLflow is
     set up in a thread (import, store, experiment, parent run) while the actors' workers start their engines;
@@ -619,8 +622,11 @@ def run_plan(plan, settings: ExecutionSettings, on_result: Callable[[RunResult],
     pool.submit(_warm_imports)  # while Ray starts
     gate = _Gate()
     early = settings.tracking_uri if ray.is_initialized() else None
-    setup = pool.submit(_open_tracker, plan, settings, multirun_yaml, stats, t0, gate, early) if track else None
-    tracker = None
+    setup = None
+    if tracker is not None:
+        stats.parent_run_id = tracker.parent_run_id
+    elif track:
+        setup = pool.submit(_open_tracker, plan, settings, multirun_yaml, stats, t0, gate, early)
     report_job = None  # the report, written in `pool` once every run has its result
     backlog: list[RunResult] = []  # results that came before MLflow was ready
     log_dir = Path(settings.work_dir).resolve() / "logs" / "engines" / f"{plan.sweep_name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -706,27 +712,34 @@ def run_plan(plan, settings: ExecutionSettings, on_result: Callable[[RunResult],
                         driver.interrupt()
                 raise
     finally:
-        if started_ray:
-            t = time.perf_counter()
-            shutdown_ray()
-            stats.ray_shutdown_s = time.perf_counter() - t
-            mark("ray_down")
-        stats.wall_s = time.perf_counter() - t0
-        if tracker is None and setup is not None:
-            with contextlib.suppress(Exception):  # set-up raised: that error is already propagating
-                tracker_ready()
         report = None
-        if tracker is not None:
-            try:
+        try:
+            if started_ray:
+                logger.info("stopping Ray")
+                t = time.perf_counter()
+                shutdown_ray()
+                stats.ray_shutdown_s = time.perf_counter() - t
+                mark("ray_down")
+            stats.wall_s = time.perf_counter() - t0
+            if tracker is None and setup is not None:
+                with contextlib.suppress(Exception):  # set-up raised: that error is already propagating
+                    tracker_ready()
+            if tracker is not None:
+                if status is not RunState.FINISHED:
+                    logger.warning("writing the report of the runs that ended (Ctrl-C again skips it; the MLflow "
+                                   "runs are closed either way)")
                 if report_job is None and results:  # not every run has a result (interrupted, failed)
                     report_job = pool.submit(_timed_report, tracker, plan, settings, stats)
                 report = report_job.result() if report_job is not None else None
                 mark("report_done")
-                tracker.log_parent_metrics(_parent_metrics(results.values(), stats))
-                tracker.end_parent(status)
-            except Exception:  # never mask the sweep's own outcome
-                logger.exception("could not close the parent run in MLflow")
-        pool.shutdown(wait=False)
+        except KeyboardInterrupt:  # a second Ctrl-C while stopping: the runs are still closed below
+            status = RunState.KILLED
+            logger.warning("interrupted again: closing the MLflow runs without the report")
+            raise
+        finally:
+            with _sigterm_as_interrupt() as shield, shield():  # a third Ctrl-C waits for the runs to be closed
+                _close_tracking(tracker, status, results.values(), stats)
+            pool.shutdown(wait=False)
         mark("end")
         progress.summary(list(results.values()))
         if report is not None and settings.progress:
@@ -785,6 +798,25 @@ def _open_tracker(plan, settings: ExecutionSettings, multirun_yaml: str | None, 
     stats.parent_run_id = tracker.begin_parent(plan, work_dir=settings.work_dir, multirun_yaml=multirun_yaml)
     stats.tracking_setup_s = time.perf_counter() - t0
     return tracker
+
+
+def _close_tracking(tracker, status: RunState, results, stats: ExecutionStats) -> None:
+    """Parent metrics, claims left without a result, the parent's status: each attempted, none masks the sweep's
+    own outcome."""
+    if tracker is None:
+        return
+    try:
+        tracker.log_parent_metrics(_parent_metrics(results, stats))
+    except Exception:
+        logger.exception("could not log the parent run's metrics in MLflow")
+    try:
+        if status is RunState.FINISHED:
+            tracker.release_claims(RunState.FAILED, FailureReason.WORKER_ERROR, "execution returned no result")
+        else:
+            tracker.release_claims(status, FailureReason.INTERRUPTED, "the sweep was interrupted")
+        tracker.end_parent(status)
+    except Exception:
+        logger.exception("could not close the parent run in MLflow")
 
 
 def _timed_report(tracker, plan, settings: ExecutionSettings, stats: ExecutionStats):

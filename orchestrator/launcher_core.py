@@ -22,6 +22,7 @@ import logging
 import os
 import sys
 import threading
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -110,6 +111,7 @@ def preflight_before_start(plan: Plan, settings: ExecutionSettings, *, dry_run: 
     """Before Ray or MLflow start: what the config alone rules out (cluster.gpus_per_node), with cluster=local
     the GPUs really on this machine, and (not in a dry run) whether tracking.uri answers within 10 s."""
     from orchestrator.preflight import PreflightError, check_declared, probe_tracking, run_local_preflight
+    from orchestrator.redact import redact_text
 
     try:
         if problems := check_declared(plan.groups, settings.cluster):
@@ -119,48 +121,87 @@ def preflight_before_start(plan: Plan, settings: ExecutionSettings, *, dry_run: 
     except PreflightError as e:
         raise ClusterCannotFit(str(e)) from None
     if not dry_run and (why := probe_tracking(settings.tracking_uri)):
-        raise TrackingUnreachable(f"tracking.uri={settings.tracking_uri!r} cannot be reached: {why}; "
+        raise TrackingUnreachable(f"tracking.uri={redact_text(settings.tracking_uri)!r} cannot be reached: "
+                                  f"{redact_text(why)}; "
                                   "nothing was started")
 
 
-def execute_plan(plan: Plan, settings: ExecutionSettings) -> tuple[list[RunResult], int, Plan]:
-    """The edge: Ray and the cluster preflight (ClusterCannotFit before MLflow is touched), the resume
-    lookup in MLflow, then the runs. Returns (results, skipped, the plan that ran).
+@dataclass
+class Executed:
+    """What `execute_plan` did: the results, how many FINISHED runs resume skipped, the plan that ran, and the
+    runs left to another live driver that held them (job index -> which driver)."""
 
-    The lookup needs MLflow right after the preflight, so with `resume` MLflow's import (≈ 1.7 s) runs in a thread
-    while Ray starts; it writes nothing (the store is only opened after the preflight)."""
+    results: list[RunResult]
+    skipped: int
+    ran: Plan
+    held: dict[int, str] = field(default_factory=dict)
+
+    def __iter__(self):  # results, skipped, ran = execute_plan(...)
+        return iter((self.results, self.skipped, self.ran))
+
+
+def execute_plan(plan: Plan, settings: ExecutionSettings) -> Executed:
+    """The edge: Ray and the cluster preflight (ClusterCannotFit before MLflow is touched), then, under the
+    store's lock (orchestrator.tracking): close RUNNING runs of drivers that are gone (`driver_lost`), skip run_hashes
+    FINISHED (with `resume`) or claimed by another live driver, begin the parent and claim the rest; then the runs.
+
+    MLflow's import (≈ 1.7 s) runs in a thread while Ray starts; it writes nothing (the store is only opened
+    after the preflight)."""
     from orchestrator.execute import ray_session, run_plan, warm_mlflow
     from orchestrator.preflight import PreflightError
 
-    if settings.resume:
-        threading.Thread(target=warm_mlflow, args=(settings.tracking_uri,), name="mlflow-import", daemon=True).start()
+    threading.Thread(target=warm_mlflow, args=(settings.tracking_uri,), name="mlflow-import", daemon=True).start()
     try:
         with ray_session(settings.cluster, plan.groups):
-            from orchestrator.tracking import experiment_for, finished_run_hashes
+            from orchestrator.tracking import Tracker, experiment_for
 
             experiment = experiment_for(settings, plan)
-            skipped = 0
-            if settings.resume:
-                plan, skipped = plan_resume(plan, finished_run_hashes(settings, plan))
-                if skipped:
-                    log.info("resume: skipping %d run(s) already FINISHED in experiment %r (resume=false re-runs "
-                             "them)", skipped, experiment)
+            tracker = Tracker.from_settings(settings, plan)
+            all_runs = plan.runs
+            with tracker.store_lock():
+                tracker.reap_lost_drivers()
+                skipped = 0
+                if settings.resume:
+                    plan, skipped = plan_resume(plan, tracker.finished_run_hashes())
+                    if skipped:
+                        log.info("resume: skipping %d run(s) already FINISHED in experiment %r (resume=false "
+                                 "re-runs them)", skipped, experiment)
+                claims = tracker.live_claims()
+                plan = replace(plan_resume(plan, claims)[0], resumed=plan.resumed)  # held: not FINISHED yet
+                ran = {r.job_index for r in plan.runs}
+                held = {r.job_index: claims[r.run_hash] for r in all_runs
+                        if r.job_index not in ran and r.run_hash in claims}
+                log_held(all_runs, held)
+                if plan.groups:
+                    tracker.begin_parent(plan, work_dir=settings.work_dir)
+                    tracker.claim(plan.runs)
             if not plan.groups:
                 log.info("nothing to run")
-                return [], skipped, plan
-            results = run_plan(plan, settings)
+                return Executed([], skipped, plan, held)
+            results = run_plan(plan, settings, tracker=tracker)
             log.info("results: MLflow experiment %r in %s; browse with `mlflow ui --backend-store-uri %s` "
                      "(or `make ui`), report with `python -m orchestrator.report %s`", experiment,
-                     settings.tracking_uri, settings.tracking_uri, experiment)
-            return results, skipped, plan
+                     tracker.redact(settings.tracking_uri), tracker.redact(settings.tracking_uri), experiment)
+            log_held(all_runs, held)
+            return Executed(results, skipped, plan, held)
     except PreflightError as e:
         raise ClusterCannotFit(str(e)) from None
 
 
-def outcomes(all_runs: Sequence[RunSpec], plan: Plan, ran: Plan,
-             results: Sequence[RunResult]) -> dict[int, RunResult | NotRun]:
-    """job index → what happened to it: a RunResult, or NotRun (dropped, skipped, no result)."""
+def log_held(runs: Sequence[RunSpec], held: dict[int, str]) -> None:
+    """The runs this driver left to other drivers: one line, then each run and who holds it."""
+    if not held:
+        return
+    log.info("skipped %d run(s) another driver is running (it records them): %s", len(held),
+             "; ".join(f"#{r.job_index} {r.name} [{held[r.job_index]}]" for r in runs if r.job_index in held))
+
+
+def outcomes(all_runs: Sequence[RunSpec], plan: Plan, ran: Plan, results: Sequence[RunResult],
+             held: dict[int, str] | None = None) -> dict[int, RunResult | NotRun]:
+    """job index → what happened to it: a RunResult, or NotRun (dropped, skipped, held by another driver,
+    no result)."""
     by_index: dict[int, RunResult | NotRun] = {r.run.job_index: r for r in results}
+    held = held or {}
     dropped = {run.job_index: why for run, why in plan.dropped if run is not None}
     ran_idx = {r.job_index for r in ran.runs}
     for run in all_runs:
@@ -169,6 +210,8 @@ def outcomes(all_runs: Sequence[RunSpec], plan: Plan, ran: Plan,
             continue
         if i in dropped:
             by_index[i] = NotRun(run, f"dropped: {dropped[i]}")
+        elif i in held:
+            by_index[i] = NotRun(run, f"skipped: another driver is running it ({held[i]})")
         elif i not in ran_idx:
             by_index[i] = NotRun(run, "skipped: already FINISHED in MLflow (resume)")
         else:
@@ -246,8 +289,8 @@ def _launch_jobs(launcher: SpecsweepLauncher, config: DictConfig, jobs: list[tup
         by_index = dry_run_outcomes(plan)
         log.info("dry run: nothing started")
     else:
-        results, _, ran = execute_plan(plan, build_settings(configs[0], cwd))
-        by_index = outcomes(all_runs, plan, ran, results)
+        done = execute_plan(plan, build_settings(configs[0], cwd))
+        by_index = outcomes(all_runs, plan, done.ran, done.results, done.held)
 
     returns = []
     for i, (cfg, overrides) in enumerate(jobs):
@@ -274,8 +317,8 @@ def launch_single(cfg: DictConfig, overrides: Sequence[str], *, dry_run: bool = 
         outcome = dry_run_outcomes(plan)[plan.runs[0].job_index]
         log.info("dry run: nothing started")
         return outcome
-    results, _, ran = execute_plan(plan, settings)
-    result = outcomes(plan.runs, plan, ran, results)[0]
+    done = execute_plan(plan, settings)
+    result = outcomes(plan.runs, plan, done.ran, done.results, done.held)[0]
     if isinstance(result, RunResult) and result.state is not RunState.FINISHED:
         raise RunFailed(f"run {result.run.name!r} {result.state.value}: "
                         f"{result.reason.value if result.reason else ''} {result.message}".rstrip())

@@ -10,6 +10,7 @@ import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
+from orchestrator.redact import redact_config, redact_override, redact_params
 from orchestrator.spec import EngineKind, EngineSpec, JobKind, RunSpec, ServerGroup, ServerSpec, stable_hash
 from orchestrator.validate import check_context, resolved_backends
 
@@ -24,8 +25,8 @@ class Plan:
     sweep_name: str
     groups: tuple[ServerGroup, ...]  # one per distinct ServerSpec, deterministic order
     dropped: tuple[tuple[RunSpec | None, str], ...] = ()  # (point, why) left out at planning
-    base_config: dict[str, Any] | None = None  # resolved config of the first job (parent-run params)
-    overrides: tuple[str, ...] = ()  # the sweep's command-line overrides
+    base_config: dict[str, Any] | None = None  # resolved config of the first job, redacted (parent-run params)
+    overrides: tuple[str, ...] = ()  # the sweep's command-line overrides, redacted
     resumed: tuple[str, ...] = ()  # run_hashes of grid points left out because already FINISHED (plan_resume)
 
     @property
@@ -72,7 +73,7 @@ def build_name(rc: RunConfig) -> str:
     for o in rc.overrides:
         key = o.split("=", 1)[0].lstrip("+~")
         if key not in _NAMED_KEYS and not key.startswith(_UNNAMED_PREFIXES):
-            parts.append(o.lstrip("+~"))
+            parts.append(redact_override(o.lstrip("+~")))
     return " ".join(parts)
 
 
@@ -99,18 +100,19 @@ def build_kernel_server(rc: RunConfig) -> ServerSpec:
 
 
 def build_run(rc: RunConfig, job_index: int) -> RunSpec:
+    """Name, params and overrides are redacted (orchestrator.redact); the server keeps the real values."""
+    params, overrides = redact_params(rc.params), tuple(redact_override(o) for o in rc.overrides)
     if rc.job is JobKind.KERNEL:
         assert rc.kernel is not None
         return RunSpec(job_index=job_index, server=build_kernel_server(rc), probe=rc.probe,
                        run_hash=stable_hash("kernel", rc.kernel), name=rc.kernel.name + f" dtype={rc.kernel.dtype}",
-                       params=rc.params, overrides=rc.overrides, kernel=rc.kernel)
+                       params=params, overrides=overrides, kernel=rc.kernel)
     server = build_server(rc)
-    params = rc.params
     if rc.engine.kind is EngineKind.SGLANG:  # which backend runs prefill, decode and verify (not identity)
         params = tuple(sorted({**dict(params), **resolved_backends(rc.attention, rc.drafter.algorithm).params()}
                               .items()))
     return RunSpec(job_index=job_index, server=server, probe=rc.probe, run_hash=stable_hash(server, rc.probe),
-                   name=build_name(rc), params=params, overrides=rc.overrides, log_patterns=rc.log_patterns)
+                   name=build_name(rc), params=params, overrides=overrides, log_patterns=rc.log_patterns)
 
 
 def group_runs(runs: Iterable[RunSpec]) -> tuple[ServerGroup, ...]:
@@ -147,7 +149,8 @@ def plan_sweep(sweep_name: str, configs: Sequence[RunConfig], *, drop_over_max: 
     if dropped:
         log.info(_drop_summary(dropped, len(configs)))
     return Plan(sweep_name=sweep_name, groups=group_runs(runs), dropped=tuple(dropped),
-                base_config=base_config, overrides=tuple(overrides))
+                base_config=redact_config(base_config) if base_config else base_config,
+                overrides=tuple(redact_override(o) for o in overrides))
 
 
 def plan_resume(plan: Plan, finished_hashes: Iterable[str]) -> tuple[Plan, int]:

@@ -14,9 +14,26 @@ Public API:
     tracker.begin_parent(plan, ...) -> str; tracker.end_parent(status)   the same without a with-block
     finished_run_hashes(settings: ExecutionSettings, plan: Plan | None = None) -> set[str]   helper for the launcher
 
+    with tracker.store_lock():                       the store's file lock (SQLite stores), reentrant in a process
+        tracker.reap_lost_drivers() -> int           RUNNING runs of gone drivers -> FAILED `driver_lost`
+        tracker.live_claims() -> dict[str, str]      run_hash -> who holds it (RUNNING children of live drivers)
+        tracker.claim(runs) -> dict[int, str]        a RUNNING child per RunSpec (job_index -> run id)
+    tracker.release_claims(state, reason, message)  claims that got no result: closed, never left RUNNING
+
 Experiments. One per sweep: `tracking.experiment_name`, else `sweep_name`. A sweep on the stub engine
 (`engine=stub`: simulated commits and timings) records into `<that name>-stub` instead, so its runs never mix with
 real results or resume against them; a sweep mixing the stub with a real engine is rejected (`experiment_for`).
+
+Concurrent drivers (docs/orchestrator.md, "Concurrent sweeps and lost drivers"). A SQLite store is created and
+migrated under an exclusive `flock` on `<db>.lock` beside the database: the kernel drops it when its holder
+exits, however it exits, so a lock left by a dead process never blocks. The launcher claims its points under
+the same lock: each RunSpec it will run gets a RUNNING child run at submission, tagged with the driver's
+identity (`driver_host`, `driver_pid`, `driver_start`); another driver skips every run_hash with such a claim
+while that driver lives, and marks claims (and parents) of drivers that are gone FAILED `driver_lost`, then
+runs those points itself. The parent carries `driver_heartbeat` (unix seconds, every `HEARTBEAT_S`).
+
+Secrets: names, params, tags and artifacts go through `orchestrator.redact` (structure, and the literal secrets
+of the plan given to `from_settings`, or given as `secrets`, or found in the tracking URI).
 
 Layout. Parent: params = resolved base config flattened (`a.b.c`), `overrides`; tags = `specsweep.role=parent`,
 git sha, host, sweep; metrics `runs_planned` (this invocation), `runs_resumed` (skipped: FINISHED earlier);
@@ -33,16 +50,20 @@ With a `sqlite:` store, artifacts go to `mlartifacts/` next to the database file
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
 import socket
 import subprocess
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
-from orchestrator.spec import EngineKind, ExecutionSettings, RunResult, RunState
+from orchestrator.redact import plan_secrets, redact_config, redact_text, uri_secrets
+from orchestrator.spec import EngineKind, ExecutionSettings, FailureReason, RunResult, RunSpec, RunState
 
 if TYPE_CHECKING:
     from orchestrator.plan import Plan
@@ -65,6 +86,10 @@ def experiment_for(settings: ExecutionSettings, plan: Plan | None = None) -> str
         raise ValueError(f"engine.kind={sorted(k.value for k in kinds)}: the stub engine's runs are simulated and "
                          f"recorded in their own experiment; run stub and real engines as separate sweeps")
     return settings.experiment_name + (STUB_EXPERIMENT_SUFFIX if kinds == {EngineKind.STUB} else "")
+DRIVER_LOST = "driver_lost"  # failure_reason of a RUNNING run whose driver is gone
+HEARTBEAT_S = 30.0  # the parent's `driver_heartbeat` tag is refreshed this often
+STALE_HEARTBEAT_S = 600.0  # a driver on another host is gone when its heartbeat is older than this
+LOCK_TIMEOUT_S = 300.0  # waiting for another driver's store lock (a migration takes seconds)
 
 
 def _client(uri: str):
@@ -108,20 +133,166 @@ def _chunks(items: list, n: int) -> Iterator[list]:
         yield items[i:i + n]
 
 
+def lock_path_for(uri: str) -> Path | None:
+    """`<db>.lock` beside a SQLite database; None for other stores (a server serialises its own schema)."""
+    if uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///"):].split("?", 1)[0]).resolve()
+        return db.with_name(db.name + ".lock")
+    return None
+
+
+class StoreLock:
+    """An exclusive `flock` on one lock file, reentrant within the process (threads wait on an RLock).
+
+    The kernel releases a flock when the holding process exits, so a lock file left by a killed driver blocks
+    no one; the file itself stays (its content names the last holder, for the timeout message)."""
+
+    _by_path: dict[Path, "StoreLock"] = {}
+    _guard = threading.Lock()
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._rlock = threading.RLock()
+        self._depth = 0
+        self._fd: int | None = None
+
+    @classmethod
+    def for_uri(cls, uri: str) -> "StoreLock | None":
+        path = lock_path_for(uri)
+        if path is None:
+            return None
+        with cls._guard:
+            return cls._by_path.setdefault(path, cls(path))
+
+    @contextlib.contextmanager
+    def hold(self, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
+        with self._rlock:
+            if self._depth == 0:
+                self._acquire(timeout_s)
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+                if self._depth == 0:
+                    self._release()
+
+    def _acquire(self, timeout_s: float) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
+                    os.close(fd)
+                    raise TimeoutError(f"MLflow store lock {self.path} held for over {timeout_s:.0f} s by "
+                                       f"{holder}") from None
+                time.sleep(0.05)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        self._fd = fd
+
+    def _release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+
+def _process_start(pid: int) -> str:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22); "" when unknown.
+    With the pid it names one process: a recycled pid has another start time."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass(frozen=True)
+class DriverId:
+    """The process that owns a RUNNING run: host, pid and its start time."""
+
+    host: str
+    pid: int
+    start: str = ""
+
+    TAGS = ("driver_host", "driver_pid", "driver_start")
+
+    @classmethod
+    def current(cls) -> "DriverId":
+        return cls(socket.gethostname(), os.getpid(), _process_start(os.getpid()))
+
+    @classmethod
+    def from_tags(cls, tags: Mapping[str, str]) -> "DriverId | None":
+        if "driver_host" not in tags or not tags.get("driver_pid", "").isdigit():
+            return None
+        return cls(tags["driver_host"], int(tags["driver_pid"]), tags.get("driver_start", ""))
+
+    def tags(self) -> dict[str, str]:
+        return {"driver_host": self.host, "driver_pid": str(self.pid), "driver_start": self.start}
+
+    def __str__(self) -> str:
+        return f"pid {self.pid} on {self.host}"
+
+    def gone_reason(self, heartbeat: float | None, now: float | None = None) -> str | None:
+        """Why this driver is gone, or None while it may be alive. This host: its pid must exist with the same
+        start time. Another host: gone only when its heartbeat is older than STALE_HEARTBEAT_S."""
+        if self.host == socket.gethostname():
+            if not _pid_alive(self.pid):
+                return f"driver {self} is gone (no such process)"
+            if self.start and _process_start(self.pid) not in ("", self.start):
+                return f"driver {self} is gone (pid {self.pid} now belongs to another process)"
+            return None
+        if heartbeat is not None:
+            age = (now or time.time()) - heartbeat
+            if age > STALE_HEARTBEAT_S:
+                return f"driver {self} is gone (last heartbeat {age:.0f} s ago, over {STALE_HEARTBEAT_S:.0f} s)"
+        return None
+
+
 class Tracker:
-    def __init__(self, uri: str = "sqlite:///mlflow.db", experiment: str = "default"):
+    def __init__(self, uri: str = "sqlite:///mlflow.db", experiment: str = "default", secrets: Iterable[str] = ()):
         self.uri = uri
         self.experiment = experiment
-        self.client = _client(uri)
-        self.experiment_id = self._experiment_id()
+        self.secrets: set[str] = set(secrets) | set(uri_secrets(uri))
+        self.lock = StoreLock.for_uri(uri)
+        self.driver = DriverId.current()
+        self.host = self.driver.host
+        with self.store_lock():  # creating (migrating) a new SQLite store: one driver at a time
+            self.client = _client(uri)
+            self.experiment_id = self._experiment_id()
         self.parent_run_id: str | None = None
-        self.host = socket.gethostname()
         self.git_sha = "unknown"
         self._parent_ended = False
+        self.claims: dict[int, str] = {}  # job_index -> the RUNNING child run claimed for it
+        self._heartbeat_stop = threading.Event()
+
+    def store_lock(self):
+        """Exclusive across drivers on this store (SQLite: a file lock); a no-op for a tracking server."""
+        return self.lock.hold() if self.lock is not None else contextlib.nullcontext()
+
+    def redact(self, text: str) -> str:
+        return redact_text(text, self.secrets)
 
     @classmethod
     def from_settings(cls, settings: ExecutionSettings, plan: Plan | None = None) -> "Tracker":
-        return cls(settings.tracking_uri, experiment_for(settings, plan))
+        """The sweep's experiment (`experiment_for`); `plan`'s secrets are redacted in all it records."""
+        return cls(settings.tracking_uri, experiment_for(settings, plan), plan_secrets(plan) if plan else ())
 
     def _experiment_id(self) -> str:
         exp = self.client.get_experiment_by_name(self.experiment)
@@ -142,17 +313,82 @@ class Tracker:
     # -- resume
 
     def finished_run_hashes(self) -> set[str]:
+        return {r.data.tags["run_hash"] for r in self._search("attributes.status = 'FINISHED'")
+                if "run_hash" in r.data.tags}
+
+    def _search(self, filter_string: str) -> list:
         from mlflow.entities import ViewType
 
-        hashes: set[str] = set()
-        token = None
+        runs, token = [], None
         while True:
-            page = self.client.search_runs([self.experiment_id], filter_string="attributes.status = 'FINISHED'",
+            page = self.client.search_runs([self.experiment_id], filter_string=filter_string,
                                            run_view_type=ViewType.ACTIVE_ONLY, max_results=1000, page_token=token)
-            hashes.update(r.data.tags["run_hash"] for r in page if "run_hash" in r.data.tags)
+            runs += list(page)
             token = page.token
             if not token:
-                return hashes
+                return runs
+
+    # -- concurrent drivers: claims and lost drivers (call under `store_lock()`)
+
+    def reap_lost_drivers(self) -> int:
+        """Mark every RUNNING run of this experiment whose driver is gone FAILED `driver_lost` (see
+        `DriverId.gone_reason`); a child whose parent is no longer RUNNING is an orphan claim and gone too. Runs
+        without driver tags (older versions) are left alone. Returns how many were closed."""
+        running = self._search("attributes.status = 'RUNNING'")
+        heartbeats = {r.info.run_id: float(r.data.tags["driver_heartbeat"]) for r in running
+                      if r.data.tags.get("driver_heartbeat", "").replace(".", "", 1).isdigit()}
+        running_ids = {r.info.run_id for r in running}
+        closed = 0
+        for r in running:
+            tags = r.data.tags
+            driver = DriverId.from_tags(tags)
+            if driver is None or driver == self.driver:
+                continue
+            parent = tags.get(PARENT_TAG)
+            if parent and parent not in running_ids:
+                why = f"driver {driver} ended its parent run {parent} and left this run RUNNING"
+            else:
+                why = driver.gone_reason(heartbeats.get(parent or r.info.run_id))
+            if why is None:
+                continue
+            self.client.log_batch(r.info.run_id, tags=_run_tags({"failure_reason": DRIVER_LOST, "message": why,
+                                                                  "state": RunState.FAILED.value}))
+            self.client.set_terminated(r.info.run_id, status=RunState.FAILED.value)
+            logger.warning("run %s (%s) FAILED %s: %s", r.info.run_id, r.info.run_name, DRIVER_LOST, why)
+            closed += 1
+        return closed
+
+    def live_claims(self) -> dict[str, str]:
+        """run_hash -> "driver pid P on H (run R)" for each RUNNING child of another live driver (after
+        `reap_lost_drivers`, every RUNNING child with driver tags belongs to one)."""
+        out = {}
+        for r in self._search(f"attributes.status = 'RUNNING' and tags.{ROLE_TAG} = 'child'"):
+            driver = DriverId.from_tags(r.data.tags)
+            if driver is not None and driver != self.driver and "run_hash" in r.data.tags:
+                out[r.data.tags["run_hash"]] = f"driver {driver} (run {r.info.run_id})"
+        return out
+
+    def claim(self, runs: Sequence[RunSpec]) -> dict[int, str]:
+        """A RUNNING child run per RunSpec, tagged with this driver: other drivers skip these run_hashes."""
+        for spec in runs:
+            tags = {**self._child_tags(spec), **self.driver.tags(), "state": "RUNNING"}
+            run = self.client.create_run(self.experiment_id, run_name=self.redact(spec.name), tags=_redacted(
+                tags, self))
+            self.claims[spec.job_index] = run.info.run_id
+        return dict(self.claims)
+
+    def release_claims(self, state: RunState = RunState.KILLED, reason: FailureReason = FailureReason.INTERRUPTED,
+                       message: str = "the sweep ended before this run had a result") -> int:
+        """Close every claim that got no result (it would otherwise stay RUNNING)."""
+        n = 0
+        for job_index, rid in list(self.claims.items()):
+            with contextlib.suppress(Exception):  # one failed close must not leave the others RUNNING
+                self.client.log_batch(rid, tags=_run_tags({"failure_reason": reason.value, "message": message,
+                                                           "state": state.value}))
+                self.client.set_terminated(rid, status=state.value)
+                n += 1
+            del self.claims[job_index]
+        return n
 
     # -- parent
 
@@ -179,77 +415,129 @@ class Tracker:
         self.git_sha = git_sha(work_dir)
         run = self.client.create_run(
             self.experiment_id, run_name=f"{plan.sweep_name} {time.strftime('%Y-%m-%d %H:%M:%S')}",
-            tags={ROLE_TAG: "parent", "sweep": plan.sweep_name, "git_sha": self.git_sha, "host": self.host,
-                  **schedule_tags(), **dict(tags or {})})
+            tags=_redacted({ROLE_TAG: "parent", "sweep": plan.sweep_name, "git_sha": self.git_sha, "host": self.host,
+                            **self.driver.tags(), "driver_heartbeat": f"{time.time():.0f}", **schedule_tags(),
+                            **dict(tags or {})}, self))
         self.parent_run_id = run.info.run_id
         self._parent_ended = False
         rid = self.parent_run_id
-        params = flatten(plan.base_config or {})
+        base = redact_config(plan.base_config) if plan.base_config else None
+        params = flatten(base or {})
         params["overrides"] = " ".join(plan.overrides)
         self._log_batch(rid, params=params, metrics={"runs_planned": float(plan.num_runs),
                                                      "runs_resumed": float(len(plan.resumed))})
-        if plan.base_config:
+        if base:
             import yaml
 
-            self.client.log_text(rid, yaml.safe_dump(plan.base_config, sort_keys=False), "config.yaml")
-        self.client.log_text(rid, "\n".join(plan.overrides) + "\n", "overrides.txt")
+            self.client.log_text(rid, self.redact(yaml.safe_dump(base, sort_keys=False)), "config.yaml")
+        self.client.log_text(rid, self.redact("\n".join(plan.overrides) + "\n"), "overrides.txt")
         self.client.log_text(rid, "".join(f"{h}\n" for h in plan.run_hashes), RUN_HASHES_ARTIFACT)
         multirun_yaml = multirun_yaml or _hydra_multirun_yaml()
         if multirun_yaml:
-            self.client.log_text(rid, multirun_yaml, "multirun.yaml")
+            self.client.log_text(rid, self._redact_yaml(multirun_yaml), "multirun.yaml")
+        self._heartbeat_stop.clear()
+        threading.Thread(target=self._heartbeat, args=(rid,), name="mlflow-heartbeat", daemon=True).start()
         return rid
+
+    def _redact_yaml(self, text: str) -> str:
+        """Hydra's multirun.yaml: its mappings structurally (engine.env, extra_args), its override lists by value."""
+        import yaml
+
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError:
+            return self.redact(text)
+        if isinstance(doc, dict):
+            task = doc.get("hydra", {}).get("overrides", {}) if isinstance(doc.get("hydra"), dict) else {}
+            if isinstance(task, dict):
+                from orchestrator.redact import redact_override
+
+                for k, v in task.items():
+                    if isinstance(v, list):
+                        task[k] = [redact_override(o) if isinstance(o, str) else o for o in v]
+            doc = redact_config(doc)
+            text = yaml.safe_dump(doc, sort_keys=False)
+        return self.redact(text)
+
+    def _heartbeat(self, rid: str) -> None:
+        while not self._heartbeat_stop.wait(HEARTBEAT_S):
+            with contextlib.suppress(Exception):  # a missed beat only ages the heartbeat
+                self.client.set_tag(rid, "driver_heartbeat", f"{time.time():.0f}")
 
     def log_parent_metrics(self, metrics: Mapping[str, float]) -> None:
         if self.parent_run_id:
             self._log_batch(self.parent_run_id, metrics=metrics)
 
     def end_parent(self, status: RunState | str = RunState.FINISHED) -> None:
+        self._heartbeat_stop.set()
         if self.parent_run_id and not self._parent_ended:
             self.client.set_terminated(self.parent_run_id, status=RunState(status).value)
             self._parent_ended = True
 
     # -- children
 
-    def log_result(self, result: RunResult) -> str:
-        spec = result.run
+    def _child_tags(self, spec: RunSpec) -> dict[str, str]:
         tags = {ROLE_TAG: "child", "run_hash": spec.run_hash, "job_index": str(spec.job_index),
                 "server_group": spec.server.key, "engine": spec.server.engine.kind.value,
-                "engine_version": spec.server.engine.version, "host": self.host, "git_sha": self.git_sha,
-                "state": result.state.value, **result.tags}
+                "engine_version": spec.server.engine.version, "host": self.host, "git_sha": self.git_sha}
+        if self.parent_run_id:
+            tags[PARENT_TAG] = self.parent_run_id
+        return tags
+
+    def log_result(self, result: RunResult) -> str:
+        """One child run: the RunSpec's claim when it has one (a retried attempt always gets its own run)."""
+        spec = result.run
+        tags = {**self._child_tags(spec), "state": result.state.value, **result.tags}
         if result.reason:
             tags["failure_reason"] = result.reason.value
         if result.message:
             tags["message"] = result.message[:5000]
-        if self.parent_run_id:
-            tags[PARENT_TAG] = self.parent_run_id
-        start_ms = int((result.started_at or time.time()) * 1000)
-        run = self.client.create_run(self.experiment_id, run_name=spec.name, start_time=start_ms, tags=tags)
-        rid = run.info.run_id
+        claimed = None if result.tags.get("retried") == "true" else self.claims.pop(spec.job_index, None)
+        if claimed is not None:
+            rid = claimed
+            self._log_batch(rid, tags=_redacted(tags, self))
+        else:
+            start_ms = int((result.started_at or time.time()) * 1000)
+            run = self.client.create_run(self.experiment_id, run_name=self.redact(spec.name), start_time=start_ms,
+                                         tags=_redacted(tags, self))
+            rid = run.info.run_id
         params = {k: v for k, v in spec.params}
         if spec.overrides:
             params.setdefault("overrides", " ".join(spec.overrides))
         self._log_batch(rid, params=params, metrics={**result.metrics, "engine_time_s": result.engine_time_s},
                         series=result.series, timestamp_ms=int((result.ended_at or time.time()) * 1000))
         for name, text in result.artifacts.items():
-            self.client.log_text(rid, text, name)
+            self.client.log_text(rid, self.redact(text), name)
         self.client.set_terminated(rid, status=result.state.value,
                                    end_time=int((result.ended_at or time.time()) * 1000))
         return rid
 
     def _log_batch(self, run_id: str, *, params: Mapping[str, str] | None = None,
                    metrics: Mapping[str, float] | None = None, series: Mapping[str, list[float]] | None = None,
-                   timestamp_ms: int | None = None) -> None:
+                   tags: Mapping[str, str] | None = None, timestamp_ms: int | None = None) -> None:
         from mlflow.entities import Metric, Param
 
         ts = timestamp_ms or int(time.time() * 1000)
         ms = [Metric(k, float(v), ts, 0) for k, v in (metrics or {}).items()]
         for key, values in (series or {}).items():
             ms += [Metric(key, float(v), ts, i) for i, v in enumerate(values)]
-        ps = [Param(k[:250], str(v)[:MAX_PARAM_VALUE]) for k, v in (params or {}).items()]
+        ps = [Param(k[:250], self.redact(str(v))[:MAX_PARAM_VALUE]) for k, v in (params or {}).items()]
+        for chunk in _chunks(_run_tags(tags or {}), BATCH_TAGS):
+            self.client.log_batch(run_id, tags=chunk)
         for chunk in _chunks(ps, BATCH_PARAMS):
             self.client.log_batch(run_id, params=chunk)
         for chunk in _chunks(ms, BATCH_METRICS):
             self.client.log_batch(run_id, metrics=chunk)
+
+
+def _redacted(tags: Mapping[str, str], tracker: Tracker) -> dict[str, str]:
+    return {k: tracker.redact(str(v)) for k, v in tags.items()}
+
+
+def _run_tags(tags: Mapping[str, str]) -> list:
+    from mlflow.entities import RunTag
+
+    return [RunTag(k, str(v)) for k, v in tags.items()]
 
 
 def _hydra_multirun_yaml() -> str | None:

@@ -49,6 +49,7 @@ from typing import Callable, Mapping, Protocol
 
 import requests
 
+from orchestrator.redact import redact_argv
 from orchestrator.spec import Algorithm, EngineKind, ServerSpec
 from workers.errors import EngineDied, EngineStartFailed, EngineTimeout
 from workers.sglang import SGLangAdapter
@@ -295,7 +296,7 @@ class EngineProcess:
                                          env=env, start_new_session=True, close_fds=True,
                                          preexec_fn=_die_with_parent(os.getpid()))
         _LIVE.add(self)
-        logger.info("engine pid %d on %s: %s", self.proc.pid, self.base_url, " ".join(self.argv))
+        logger.info("engine pid %d on %s: %s", self.proc.pid, self.base_url, " ".join(redact_argv(self.argv)))
 
     def _wait_healthy(self) -> None:
         deadline = self.started_at + self.startup_timeout_s

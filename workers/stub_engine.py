@@ -12,7 +12,7 @@ and becomes healthy only once every other rank has connected to it; ranks > 0 se
 rank 0, and exit when rank 0 goes away (as a torch.distributed peer would fail).
 
 Test hook: with SPECSWEEP_STUB_RECORD_DIR set, each process writes `<dir>/stub-<pid>.json` with its argv,
-rank, node address and CUDA_VISIBLE_DEVICES before it starts serving.
+rank, node address, CUDA_VISIBLE_DEVICES and whole environment before it starts serving.
 
     python -m workers.stub_engine --port 30000 --stub-token-s 0.01 [SGLang flags...]
     python -m orchestrator engine=stub engine.stub.token_s=0.01        # through the orchestrator (conf/engine/stub.yaml)
@@ -81,7 +81,7 @@ def record(args: argparse.Namespace, argv: list[str]) -> None:
     out = {"pid": os.getpid(), "argv": argv, "node_rank": args.node_rank, "nnodes": args.nnodes,
            "dist_init_addr": args.dist_init_addr, "host": socket.gethostname(),
            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-           "ray_node_id": os.environ.get("SPECSWEEP_NODE_ID"), "started_at": time.time()}
+           "ray_node_id": os.environ.get("SPECSWEEP_NODE_ID"), "started_at": time.time(), "env": dict(os.environ)}
     path = Path(d) / f"stub-{os.getpid()}.json"
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(out))
