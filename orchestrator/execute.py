@@ -4,7 +4,7 @@ Public API:
 
     run_plan(plan: Plan, settings: ExecutionSettings, on_result: Callable[[RunResult], None] | None = None,
              *, track: bool = True, stats: ExecutionStats | None = None,
-             multirun_yaml: str | None = None) -> list[RunResult]
+             multirun_yaml: str | None = None, tracker: Tracker | None = None) -> list[RunResult]
 
 Exactly one RunResult per RunSpec of `plan`, in job order. `on_result` is called on the driver for each
 result as it arrives. With `track` (the default) the results are also recorded in MLflow
@@ -44,7 +44,8 @@ times ends FAILED `node_lost`.
 Ctrl-C / SIGTERM on the driver: every actor is killed (its engine dies with it: parent-death signal),
 unfinished and queued runs become KILLED (`interrupted`) and are recorded, then KeyboardInterrupt propagates
 (for SIGTERM its subclass `Terminated`, on which `python -m orchestrator` exits 143);
-the same command again resumes (FINISHED runs are skipped).
+the same command again resumes (FINISHED runs are skipped). A second Ctrl-C while stopping skips the report but
+never the closing of the parent run and of claims without a result.
 """
 
 from __future__ import annotations

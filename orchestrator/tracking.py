@@ -95,6 +95,8 @@ LOCK_TIMEOUT_S = 300.0  # waiting for another driver's store lock (a migration t
 def _client(uri: str):
     from mlflow import MlflowClient  # ~3 s import: only when tracking is used
 
+    if uri_secrets(uri):  # MLflow prints "View run <uri>/#/..." on stdout per run: with the password in it
+        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
     return MlflowClient(tracking_uri=uri)
 
 

@@ -288,7 +288,7 @@ class EngineProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         with open(self.log_path, "ab") as log:
-            log.write(f"$ {' '.join(self.argv)}\n".encode())
+            log.write(f"$ {' '.join(redact_argv(self.argv))}\n".encode())
             log.flush()
             self._log_start = self._log_scanned = log.tell()
             self.started_at = time.time()

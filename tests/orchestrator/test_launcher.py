@@ -36,7 +36,7 @@ def fake_execution(monkeypatch):
         results = [RunResult(run=r, state=RunState.FAILED if r.job_index % 3 == 0 else RunState.FINISHED,
                              reason=FailureReason.ENGINE_DIED if r.job_index % 3 == 0 else None,
                              metrics={"commit_len_mean": 5.0}) for r in plan.runs]
-        return results[::-1], 0, plan  # results stream back in any order
+        return launcher_core.Executed(results[::-1], 0, plan)  # results stream back in any order
 
     monkeypatch.setattr(launcher_core, "execute_plan", execute_plan)
     return seen
@@ -112,9 +112,9 @@ def test_execute_plan_resume_skips_finished(monkeypatch, tmp_path):
     plan, settings = launcher_core.plan_jobs(launcher_core.expand_grid({"drafter": ["ngram", "oracle"]}),
                                              cwd=str(tmp_path))
     finished = {plan.groups[0].runs[0].run_hash}
-    monkeypatch.setattr(orchestrator.tracking, "finished_run_hashes", lambda s, p=None: finished)
+    monkeypatch.setattr(orchestrator.tracking.Tracker, "finished_run_hashes", lambda self: finished)
     ran = []
-    monkeypatch.setattr(orchestrator.execute, "run_plan", lambda p, s: ran.append(p) or
+    monkeypatch.setattr(orchestrator.execute, "run_plan", lambda p, s, tracker=None: ran.append(p) or
                         [RunResult(run=r, state=RunState.FINISHED) for r in p.runs])
     results, skipped, ran_plan = launcher_core.execute_plan(plan, settings)
     assert skipped == 1 and len(results) == 1 and ran_plan.num_runs == 1 and ran == [ran_plan]

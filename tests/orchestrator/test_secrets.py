@@ -1,0 +1,129 @@
+"""Secrets (engine.env values, --api-key style flags, URI passwords) never reach MLflow or the logs, while the
+engine still gets them: a real `python -m orchestrator` sweep on the stub engine against a real MLflow tracking
+server on loopback whose URI carries a password; then the whole store (SQLite dump and artifact files), the
+driver's output and every log file are searched for the secret strings."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.plan import Plan
+from orchestrator.redact import MASK, redact_argv, redact_config, redact_override, redact_params, redact_text
+from orchestrator.spec import FailureReason, RunResult, RunState
+from orchestrator.tracking import Tracker
+from workers.stub_engine import stub_server
+from workers.testing import tiny_group, tiny_run
+
+mlflow = pytest.importorskip("mlflow")
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV_SECRET = "envsecret-7Q2fJ9xk"
+KEY_SECRET = "sk-apikey-4Hn8Wc3e"
+URI_SECRET = "uripass-Zp5Lt6Rv"
+
+
+def test_redaction_rules():
+    assert redact_argv(["--api-key", "K123", "--max-total-tokens", "4096", "--hf-token=T123", "--page-size", "1"]) == \
+        ["--api-key", MASK, "--max-total-tokens", "4096", f"--hf-token={MASK}", "--page-size", "1"]
+    assert redact_text("http://bob:pw1234@h:5000/x?token=abc&page=2&api_key=zz") == \
+        f"http://bob:{MASK}@h:5000/x?token={MASK}&page=2&api_key={MASK}"
+    assert redact_override("engine.env.HF_TOKEN=abc") == f"engine.env.HF_TOKEN={MASK}"
+    assert redact_override("engine.extra_args=[--api-key,K123,--tp-size,2]") == \
+        f"engine.extra_args=[--api-key,{MASK},--tp-size,2]"
+    assert redact_override("engine.stub.token_s=0.1") == "engine.stub.token_s=0.1"  # token_s is not a token
+    assert redact_config({"engine": {"env": {"A": "1"}, "extra_args": ["--db-password", "pw"]}, "n": 3}) == \
+        {"engine": {"env": {"A": MASK}, "extra_args": ["--db-password", MASK]}, "n": 3}
+    assert dict(redact_params([("engine.env.A", "v"), ("engine.extra_args", '["--api-key", "K123"]'),
+                               ("context_len", "1024")])) == \
+        {"engine.env.A": MASK, "engine.extra_args": f'["--api-key", "{MASK}"]', "context_len": "1024"}
+
+
+def test_tracker_scrubs_the_plans_secrets_from_every_text(tmp_path):
+    """A failed run's engine log tail and message quoting the key (SGLang logs its server_args) are scrubbed."""
+    server = stub_server(extra_args=("--api-key", KEY_SECRET))
+    spec = tiny_run(server, 0)
+    plan = Plan(sweep_name="s", groups=(tiny_group(server, [spec]),), base_config={"a": 1})
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tracker = Tracker(uri, "s", secrets={KEY_SECRET})
+    with tracker.start_parent(plan, work_dir=tmp_path):
+        tracker.log_result(RunResult(run=spec, state=RunState.FAILED, reason=FailureReason.ENGINE_DIED,
+                                     message=f"engine exited: server_args=ServerArgs(api_key='{KEY_SECRET}')",
+                                     artifacts={"engine_log_tail.txt": f"api_key='{KEY_SECRET}'\nboom\n"}))
+    assert_absent(tmp_path, [KEY_SECRET])
+    run = mlflow.MlflowClient(uri).search_runs([tracker.experiment_id], "tags.`specsweep.role` = 'child'")[0]
+    assert MASK in run.data.tags["message"]
+
+
+def assert_absent(root: Path, secrets: list[str], skip=lambda path: False) -> int:
+    """No file under `root` (SQLite databases as their SQL dump) holds any of `secrets`; returns files read."""
+    seen = 0
+    for path in root.rglob("*"):
+        if not path.is_file() or skip(path.relative_to(root)):
+            continue
+        if path.suffix == ".db":
+            with sqlite3.connect(path) as db:
+                text = "\n".join(db.iterdump()).encode()
+        else:
+            text = path.read_bytes()
+        seen += 1
+        for s in secrets:
+            assert s.encode() not in text, f"{s!r} found in {path}"
+    return seen
+
+
+def test_sweep_records_no_secret_and_the_engine_gets_every_one(tmp_path, mlflow_ui):
+    store, records, work = tmp_path / "store", tmp_path / "records", tmp_path / "work"
+    for d in (store, records, work):
+        d.mkdir()
+    (store / "artifacts").mkdir()
+    with mlflow_ui(f"sqlite:///{store}/mlflow.db", store / "artifacts") as url:
+        uri = url.replace("http://", f"http://specsweep:{URI_SECRET}@")
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "RAY_AUTH_MODE": "disabled",
+               "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "kernels")]), "COLUMNS": "200",
+               "SPECSWEEP_STUB_RECORD_DIR": str(records)}
+        cmd = [sys.executable, "-m", "orchestrator", "+sweep=smoke", "engine=stub", "progress=false",
+               "cluster.num_cpus=2", f"+engine.env.SPECSWEEP_TEST_SECRET={ENV_SECRET}",
+               f"engine.extra_args=[--api-key,{KEY_SECRET}]", "tracking=server", f"tracking.uri={uri}",
+               "hydra.sweep.dir=multirun/secrets"]
+        t0 = time.monotonic()
+        proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=300)
+        output = proc.stdout + proc.stderr
+        assert proc.returncode == 0, output[-4000:]
+        client = mlflow.MlflowClient(url)
+        exp = client.get_experiment_by_name("smoke-stub")
+        runs = client.search_runs([exp.experiment_id])
+    children = [r for r in runs if r.data.tags.get("specsweep.role") == "child"]
+    (parent,) = [r for r in runs if r.data.tags.get("specsweep.role") == "parent"]
+    assert len(children) == 8 and {r.info.status for r in children} == {"FINISHED"}, time.monotonic() - t0
+
+    for secret in (ENV_SECRET, KEY_SECRET, URI_SECRET):
+        assert secret not in output
+    (tmp_path / "driver-output.log").write_text(output)
+    # the store (SQLite dump + artifacts), the MLflow server's log, the driver's output, the engine logs, Hydra's
+    # job log: everything but the stub's test-hook records and Hydra's own copy of the command line (its
+    # multirun.yaml in the sweep dir, written before any of our code runs: docs/orchestrator.md)
+    read = assert_absent(tmp_path, [ENV_SECRET, KEY_SECRET, URI_SECRET],
+                         skip=lambda p: p.parts[0] == "records" or (p.parts[:2] == ("work", "multirun")
+                                                                    and p.suffix == ".yaml"))
+    assert read > 20 and list(store.rglob("config.yaml")) and list(work.glob("logs/engines/*/*"))
+
+    params = parent.data.params
+    assert params["engine.env.SPECSWEEP_TEST_SECRET"] == MASK
+    assert params["tracking.uri"].startswith(f"http://specsweep:{MASK}@")
+    assert MASK in children[0].data.params["engine.extra_args"]
+    assert all(MASK in c.info.run_name for c in children)  # the env override is part of every run name
+
+    stubs = [json.loads(p.read_text()) for p in records.glob("stub-*.json")]
+    assert len(stubs) == 2  # one engine per server
+    for s in stubs:
+        i = s["argv"].index("--api-key")
+        assert s["argv"][i + 1] == KEY_SECRET
+        assert s["env"]["SPECSWEEP_TEST_SECRET"] == ENV_SECRET
