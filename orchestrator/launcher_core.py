@@ -17,6 +17,7 @@ Hydra never re-raises one run's failure. A single run (no sweep) exits 1 when it
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -32,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from orchestrator.plan import NotRun, Plan, plan_resume, plan_sweep
 from orchestrator.schema import RunConfig, override_key_problems, register_configs, to_run_config
-from orchestrator.spec import ClusterKind, EngineKind, ExecutionSettings, RunResult, RunSpec, RunState
+from orchestrator.spec import ClusterKind, EngineKind, ExecutionSettings, FailureReason, RunResult, RunSpec, RunState
 from orchestrator.validate import ConfigError, Problem, every_point_over_context, validate_run
 
 if TYPE_CHECKING:
@@ -172,13 +173,21 @@ def execute_plan(plan: Plan, settings: ExecutionSettings) -> Executed:
                 held = {r.job_index: claims[r.run_hash] for r in all_runs
                         if r.job_index not in ran and r.run_hash in claims}
                 log_held(all_runs, held)
-                if plan.groups:
-                    tracker.begin_parent(plan, work_dir=settings.work_dir)
-                    tracker.claim(plan.runs)
+                try:
+                    if plan.groups:
+                        tracker.begin_parent(plan, work_dir=settings.work_dir)
+                        tracker.claim(plan.runs)
+                except BaseException as e:  # e.g. Ctrl-C while claiming: nothing of this driver stays RUNNING
+                    _abandon(tracker, e)
+                    raise
             if not plan.groups:
                 log.info("nothing to run")
                 return Executed([], skipped, plan, held)
-            results = run_plan(plan, settings, tracker=tracker)
+            try:
+                results = run_plan(plan, settings, tracker=tracker)
+            except BaseException as e:  # run_plan closes what it was given; this covers a failure before it began
+                _abandon(tracker, e)
+                raise
             log.info("results: MLflow experiment %r in %s; browse with `mlflow ui --backend-store-uri %s` "
                      "(or `make ui`), report with `python -m orchestrator.report %s`", experiment,
                      tracker.redact(settings.tracking_uri), tracker.redact(settings.tracking_uri), experiment)
@@ -186,6 +195,14 @@ def execute_plan(plan: Plan, settings: ExecutionSettings) -> Executed:
             return Executed(results, skipped, plan, held)
     except PreflightError as e:
         raise ClusterCannotFit(str(e)) from None
+
+
+def _abandon(tracker, error: BaseException) -> None:
+    state = RunState.KILLED if isinstance(error, KeyboardInterrupt) else RunState.FAILED
+    with contextlib.suppress(Exception):
+        tracker.release_claims(state, FailureReason.INTERRUPTED if state is RunState.KILLED
+                               else FailureReason.WORKER_ERROR, f"the driver stopped: {type(error).__name__}")
+        tracker.end_parent(state)
 
 
 def log_held(runs: Sequence[RunSpec], held: dict[int, str]) -> None:

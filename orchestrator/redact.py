@@ -22,7 +22,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 MASK = "***"
 ENV_PREFIX = "engine.env"
-MIN_SCRUB_LEN = 4  # shorter values ("1", "on") are only redacted where the structure marks them
+MIN_SCRUB_LEN = 8  # shorter values ("1", "true", a short path) are only redacted where the structure marks them
 
 # A name is sensitive when one of its words (split on - _ .) is one of these, or its last word is "token"
 # (HF_TOKEN, --hf-token, --token; not --max-total-tokens, engine.stub.token_s, --tokenizer-path).

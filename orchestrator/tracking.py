@@ -437,8 +437,9 @@ class Tracker:
         multirun_yaml = multirun_yaml or _hydra_multirun_yaml()
         if multirun_yaml:
             self.client.log_text(rid, self._redact_yaml(multirun_yaml), "multirun.yaml")
-        self._heartbeat_stop.clear()
-        threading.Thread(target=self._heartbeat, args=(rid,), name="mlflow-heartbeat", daemon=True).start()
+        self._heartbeat_stop = threading.Event()  # one per parent: a late beat never touches the next parent
+        threading.Thread(target=self._heartbeat, args=(rid, self._heartbeat_stop), name="mlflow-heartbeat",
+                         daemon=True).start()
         return rid
 
     def _redact_yaml(self, text: str) -> str:
@@ -461,8 +462,8 @@ class Tracker:
             text = yaml.safe_dump(doc, sort_keys=False)
         return self.redact(text)
 
-    def _heartbeat(self, rid: str) -> None:
-        while not self._heartbeat_stop.wait(HEARTBEAT_S):
+    def _heartbeat(self, rid: str, stop: threading.Event) -> None:
+        while not stop.wait(HEARTBEAT_S):
             with contextlib.suppress(Exception):  # a missed beat only ages the heartbeat
                 self.client.set_tag(rid, "driver_heartbeat", f"{time.time():.0f}")
 

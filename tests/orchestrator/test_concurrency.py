@@ -171,7 +171,8 @@ def test_concurrent_identical_sweeps_run_each_point_once(tmp_path, engines):
     for o in outputs:  # each driver accounts for every point: it ran it, found it FINISHED, or left it to another
         ran = len(re.findall(r"\[\d+/\d+\] (?:FINISHED|FAILED|KILLED)", o))
         resumed = re.search(r"resume: skipping (\d+) run", o)
-        held = re.search(r"skipped (\d+) run\(s\) another driver is running \(it records them\): #\d+ .*\[driver pid \d+ ", o)
+        held = re.search(r"skipped (\d+) run\(s\) another driver is running \(it records them\): "
+                         r"#\d+ .*\[driver pid \d+ ", o)
         held_any |= held is not None
         assert ran + int(resumed[1] if resumed else 0) + int(held[1] if held else 0) == SWEEP_RUNS, o[-3000:]
     assert held_any, "no driver overlapped another (the claims were never exercised)"
