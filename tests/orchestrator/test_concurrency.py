@@ -156,10 +156,31 @@ def test_store_lock_is_reentrant_and_exclusive_between_threads(tmp_path):
 # ---------------------------------------------------------------- concurrent identical sweeps
 
 
-def test_concurrent_identical_sweeps_run_each_point_once(tmp_path, engines):
+@pytest.fixture
+def shared_ray(tmp_path):
+    """One Ray for the concurrent drivers (`cluster.kind=ray`): three embedded Rays starting at once on a busy
+    2-core machine can miss Ray's own start-up timeout, which is not what this test is about."""
+    from ray.cluster_utils import Cluster
+
+    previous = os.environ.get("SPECSWEEP_STUB_RECORD_DIR")
+    os.environ["SPECSWEEP_STUB_RECORD_DIR"] = str(tmp_path / "stubs")  # the raylet passes it on to the engines
+    cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=4, num_gpus=0, include_dashboard=False,
+                                                                object_store_memory=128 * 2**20))
+    try:
+        yield cluster.address
+    finally:
+        cluster.shutdown()
+        if previous is None:
+            os.environ.pop("SPECSWEEP_STUB_RECORD_DIR", None)
+        else:
+            os.environ["SPECSWEEP_STUB_RECORD_DIR"] = previous
+
+
+def test_concurrent_identical_sweeps_run_each_point_once(tmp_path, engines, shared_ray):
     """Three drivers start the same sweep at once on a store that does not exist yet: none crashes in MLflow's
     migration, every point ends FINISHED exactly once, and a driver that left points to another says so."""
-    drivers = [Driver(tmp_path, f"d{i}", token_s=0.1) for i in range(3)]
+    drivers = [Driver(tmp_path, f"d{i}", "cluster.kind=ray", f"cluster.address={shared_ray}", token_s=0.1)
+               for i in range(3)]
     codes = [d.wait() for d in drivers]
     outputs = [d.output() for d in drivers]
     assert codes == [0, 0, 0], "\n=====\n".join(o[-3000:] for o in outputs)
