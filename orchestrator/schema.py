@@ -111,6 +111,7 @@ class DrafterConf:
     is_oracle: bool = False
     extra_args: list[str] = field(default_factory=list)
     draft_window_size: Optional[int] = None  # DFLASH (SGLang): --speculative-draft-window-size
+    draft_num_layers: Optional[int] = None  # reference engine: --speculative-draft-num-layers (early-exit draft)
 
 
 @dataclass
@@ -379,6 +380,7 @@ def to_run_config(cfg: DictConfig, overrides: tuple[str, ...] = (), cwd: str | N
         draft_model_path=d["draft_model_path"], num_steps=d["num_steps"], topk=d["topk"],
         num_draft_tokens=d["num_draft_tokens"], is_oracle=d["is_oracle"],
         extra_args=tuple(d["extra_args"]), draft_window_size=d["draft_window_size"],
+        draft_num_layers=d["draft_num_layers"],
     )
     attention = AttentionSpec(name=a["name"], backend=a["backend"], decode_backend=a["decode_backend"],
                               prefill_backend=a["prefill_backend"], draft_backend=a["draft_backend"],

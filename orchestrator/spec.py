@@ -151,6 +151,9 @@ class DrafterSpec:
     is_oracle: bool = False  # the target drafts for itself: commit must be num_steps + 1
     extra_args: tuple[str, ...] = ()  # additional engine argv, e.g. DFLASH block size
     draft_window_size: int | None = field(default=None, metadata=IDENTITY_IF_SET)  # DFLASH draft window (tokens)
+    # reference engine: the draft model's first N layers + its norm and LM head (self-speculation when the draft
+    # is the target); --speculative-draft-num-layers
+    draft_num_layers: int | None = field(default=None, metadata=IDENTITY_IF_SET)
 
 
 @dataclass(frozen=True)

@@ -371,6 +371,16 @@ def _drafter_problems(rc: RunConfig) -> list[Problem]:
         bad("draft_model_path", d.draft_model_path, f"the target's own path {rc.model.path!r} for the oracle")
     if d.is_oracle and d.algorithm is not Algorithm.STANDALONE:
         bad("algorithm", d.algorithm.value, "STANDALONE for the oracle")
+    if d.draft_num_layers is not None:
+        if d.algorithm is not Algorithm.STANDALONE:
+            bad("draft_num_layers", d.draft_num_layers, f"null with algorithm {d.algorithm.value} (STANDALONE only)")
+        elif d.is_oracle:
+            bad("draft_num_layers", d.draft_num_layers, "null for the oracle (it drafts with every layer)")
+        elif d.draft_model_path == rc.model.path and not 1 <= d.draft_num_layers <= rc.model.num_layers:
+            bad("draft_num_layers", d.draft_num_layers,
+                f"1..{rc.model.num_layers} (the layers of model {rc.model.name}), or null")
+        elif d.draft_num_layers < 1:
+            bad("draft_num_layers", d.draft_num_layers, "an integer >= 1, or null")
     return out
 
 
@@ -499,7 +509,9 @@ SGLANG_BACKEND_PAGE_SIZES: dict[str, tuple[int, ...]] = {
     "flashmla": (64,), "hpc_ops": (64,), "trtllm_mla": (32, 64), "cutedsl_mla": (32, 64),
     "trtllm_mha": (16, 32, 64, 128), "intel_xpu": (64, 128),
 }
-REFERENCE_MODEL_PATHS = ("tiny", "tiny-draft")  # built into workers/reference; SGLang cannot load them
+# built into workers/reference (smollm2-135m: a name the reference engine resolves to a packaged GGUF file);
+# SGLang cannot load them
+REFERENCE_MODEL_PATHS = ("tiny", "tiny-draft", "smollm2-135m")
 
 
 def sglang_draft_backend(a: AttentionSpec, algorithm: Algorithm) -> str | None:
@@ -586,6 +598,9 @@ def sglang_problems(rc: RunConfig) -> list[Problem]:
             f"{m.path!r} is built into the reference engine")
     if d.draft_model_path in REFERENCE_MODEL_PATHS:
         bad("drafter.draft_model_path", d.draft_model_path, "a checkpoint dir or HF id on engine=sglang")
+    if d.draft_num_layers is not None:
+        bad("drafter.draft_num_layers", d.draft_num_layers, "null on engine=sglang (SGLang has no such flag: "
+            "early-exit self-speculation is a reference-engine feature, --speculative-draft-num-layers)")
 
     targets = {"backend": a.backend, "decode_backend": a.decode_backend, "prefill_backend": a.prefill_backend}
     for key, value in targets.items():

@@ -143,6 +143,8 @@ class ReferenceAdapter:
 
     def build_argv(self, server: ServerSpec, port: int) -> list[str]:
         argv = [sys.executable, "-m", "workers.reference"] + _common_flags(server, port)
+        if server.drafter.draft_num_layers is not None:  # a reference-engine flag (SGLang has none)
+            argv += ["--speculative-draft-num-layers", str(server.drafter.draft_num_layers)]
         if server.engine.device != "cpu":
             argv += ["--device", server.engine.device]
         return argv + list(server.engine.extra_args)

@@ -335,3 +335,23 @@ def test_every_point_over_context():
     assert p.key == "context_len" and p.value == [32768, 40000] and "nothing would run" in p.allowed
     assert every_point_over_context(over + [run_config("context_len=1024")]) is None
     assert every_point_over_context([]) is None
+
+
+def test_layer_skip_self_draft_is_a_reference_engine_feature():
+    real = ("model=smollm2-135m", "drafter=layer_skip")
+    assert problems(*real) == {}
+    rc = run_config(*real)
+    assert rc.drafter.draft_num_layers == 24 and rc.drafter.draft_model_path == rc.model.path == "smollm2-135m"
+    p = problems(*real, "drafter.draft_num_layers=31")["drafter.draft_num_layers"]
+    assert p.value == 31 and "1..30" in p.allowed
+    p = problems("drafter=layer_skip")["drafter.draft_num_layers"]  # tiny has 4 layers
+    assert p.value == 24 and "1..4" in p.allowed
+    p = problems("drafter=ngram", "+drafter.draft_num_layers=2")["drafter.draft_num_layers"]
+    assert "STANDALONE only" in p.allowed
+    p = problems("drafter=oracle", "+drafter.draft_num_layers=2")["drafter.draft_num_layers"]
+    assert "oracle" in p.allowed
+    p = problems(*SGLANG, "drafter=layer_skip")["drafter.draft_num_layers"]
+    assert p.value == 24 and "null on engine=sglang" in p.allowed and "--speculative-draft-num-layers" in p.allowed
+    assert "drafter.draft_model_path" not in problems(*SGLANG, "drafter=layer_skip")  # qwen3's path: not built in
+    p = problems(*SGLANG, "model.path=smollm2-135m", "drafter=ngram")["model.path"]
+    assert "reference engine" in p.allowed

@@ -55,6 +55,20 @@ def test_reference_argv_uses_sglang_flag_names():
     assert not any(a.startswith("--speculative") for a in plain)
 
 
+def test_reference_argv_carries_the_self_draft_layer_count():
+    import dataclasses
+
+    server = tiny_server("oracle", num_steps=3)
+    server = dataclasses.replace(server, drafter=dataclasses.replace(server.drafter, name="layer_skip", is_oracle=False,
+                                                                     draft_num_layers=2))
+    argv = build_engine_argv(server, 4321)
+    assert argv[argv.index("--speculative-draft-num-layers") + 1] == "2"
+    from workers.reference.args import parse_args  # the engine's own parser accepts what the adapter emits
+
+    args = parse_args(argv[3:])
+    assert args.speculative_draft_num_layers == 2 and args.speculative_draft_model_path == "tiny"
+
+
 def test_sglang_adapter_emits_launch_server():
     import dataclasses
 

@@ -79,6 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="STANDALONE draft: a built-in config (e.g. tiny-draft), a checkpoint dir, or the target "
                         "itself (the oracle)")
     s.add_argument("--speculative-draft-load-format", default=None, choices=LOAD_FORMATS)
+    s.add_argument("--speculative-draft-num-layers", type=positive_int, default=None,
+                   help="reference engine only (SGLang has no such flag): STANDALONE drafts with N of the draft "
+                        "model's decoder layers, the first ceil(N/2) and the last floor(N/2) (the middle ones "
+                        "skipped), then its final norm and LM head. Draft path = the target: self-speculation "
+                        "reading the target's KV of those layers")
     s.add_argument("--speculative-num-steps", type=positive_int, default=None, help="tree depth (default 3)")
     s.add_argument("--speculative-eagle-topk", type=positive_int, default=None, help="tree branching (default 1)")
     s.add_argument("--speculative-num-draft-tokens", type=positive_int, default=None,
@@ -110,6 +115,8 @@ def resolve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> argpar
     """Cross-field defaults and checks (SGLang's rules where they apply); parser.error -> exit 2."""
     algo = args.speculative_algorithm or "NONE"
     args.speculative_algorithm = algo
+    if args.speculative_draft_num_layers is not None and algo != "STANDALONE":
+        parser.error(f"--speculative-draft-num-layers needs --speculative-algorithm STANDALONE, got {algo}")
     if algo == "NONE":
         return args
     if algo == "STANDALONE" and not args.speculative_draft_model_path:
@@ -146,6 +153,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"{flag} {path!r} is neither a built-in config ({', '.join(BUILTIN_CONFIGS)}), a .gguf file, "
                      f"a known GGUF model ({', '.join(GGUF_MODELS)}) nor a directory with a config.json")
     args = resolve(args, parser)
+    if args.speculative_draft_num_layers is not None:
+        from .config import load_config  # a GGUF's config: read once, cached for the engine
+
+        layers = load_config(args.speculative_draft_model_path).num_hidden_layers
+        if args.speculative_draft_num_layers > layers:
+            parser.error(f"--speculative-draft-num-layers {args.speculative_draft_num_layers}: the draft model "
+                         f"{args.speculative_draft_model_path!r} has {layers} layers (allowed 1..{layers})")
     from .attention import ATTENTION_BACKENDS  # imports torch: only once the cheap checks passed
 
     if args.attention_backend not in ATTENTION_BACKENDS:

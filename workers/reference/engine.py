@@ -20,9 +20,9 @@ import torch
 from .attention import create_attention_backend
 from .config import load_config
 from .cuda_graph import make_runner  # CUDA graphs for specsweep_verify on CUDA
-from .model import build_model
+from .model import build_model, layer_subset, skip_layers_kept
 from .runner import ModelRunner
-from .speculative import Drafter, ModelDrafter, NgramDrafter, sample, verify_batch
+from .speculative import Drafter, ModelDrafter, NgramDrafter, SelfDrafter, sample, verify_batch
 from .tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -129,12 +129,16 @@ class Engine:
         """Triton element-wise kernels in the decoder layers: on CUDA, unless --disable-fused-ops."""
         return self.device.type == "cuda" and not getattr(self.args, "disable_fused_ops", False)
 
-    def _runner(self, model) -> ModelRunner:
+    def _runner(self, model, pool=None, eager: bool = False) -> ModelRunner:
+        """eager: a plain ModelRunner even where CUDA graphs would be used (a runner sharing another's pool)."""
         a = self.args
         max_seq = self.context_length + self._headroom()
-        return make_runner(a, model, create_attention_backend(a.attention_backend, self.device), self.device,
-                           page_size=a.page_size, max_total_tokens=a.max_total_tokens or max_seq,
-                           max_seq_tokens=max_seq, chunked_prefill_size=a.chunked_prefill_size)
+        kw = dict(page_size=a.page_size, max_total_tokens=a.max_total_tokens or max_seq, max_seq_tokens=max_seq,
+                  chunked_prefill_size=a.chunked_prefill_size)
+        backend = create_attention_backend(a.attention_backend, self.device)
+        if eager:
+            return ModelRunner(model, backend, device=self.device, pool=pool, **kw)
+        return make_runner(a, model, backend, self.device, **kw)
 
     def _headroom(self) -> int:
         """KV positions a request may use past prompt + max_new_tokens: a draft tree, a partial page."""
@@ -152,12 +156,19 @@ class Engine:
         if draft_cfg.vocab_size != self.config.vocab_size:
             raise ValueError(f"draft vocab {draft_cfg.vocab_size} != target vocab {self.config.vocab_size}")
         draft_format = a.speculative_draft_load_format or a.load_format
+        layers = getattr(a, "speculative_draft_num_layers", None)
+        tree = (self.num_steps, self.topk, self.num_draft_tokens)
         if path == a.model_path and draft_format == a.load_format:
-            draft_model = self.model  # the oracle: same weights, its own KV pool
-        else:
-            draft_model = build_model(draft_cfg, path, draft_format, a.random_seed, dtype, self.device)
-            draft_model.fused_ops = self._fused_ops()
-        return ModelDrafter(self._runner(draft_model), self.num_steps, self.topk, self.num_draft_tokens)
+            if layers is not None:  # self-speculation: a subset of the target's layers, reading its KV
+                view = layer_subset(self.model, skip_layers_kept(self.config.num_hidden_layers, layers))
+                return SelfDrafter(self._runner(view, pool=self.target.pool, eager=True), *tree)
+            # the oracle: same weights, its own KV pool (seeded with the target's prompt K/V: no second prefill)
+            return ModelDrafter(self._runner(self.model), *tree, same_as_target=True)
+        draft_model = build_model(draft_cfg, path, draft_format, a.random_seed, dtype, self.device)
+        draft_model.fused_ops = self._fused_ops()
+        if layers is not None:
+            draft_model = layer_subset(draft_model, skip_layers_kept(draft_cfg.num_hidden_layers, layers))
+        return ModelDrafter(self._runner(draft_model), *tree)
 
     # ---- requests -------------------------------------------------------------------------------
 

@@ -61,6 +61,11 @@ class KVPool:
         self.k[:, dst] = self.k[:, src]
         self.v[:, dst] = self.v[:, src]
 
+    def copy_from(self, other: KVPool, src: Tensor, dst: Tensor) -> None:
+        """K/V rows of every layer from `other`'s slots `src` into this pool's slots `dst` (both [n])."""
+        self.k[:, dst] = other.k[:, src]
+        self.v[:, dst] = other.v[:, src]
+
     def flush(self) -> None:
         self.allocator.reset()
 

@@ -1,6 +1,7 @@
 """Qwen3/Llama-style decoder: GQA + RoPE (+ q/k RMSNorm for Qwen3), SwiGLU MLP, RMSNorm, LM head; HF parameter names."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -253,6 +254,30 @@ def build_model(cfg: ModelConfig, model_path: str, load_format: str, seed: int, 
     model = model.to(device=device, dtype=dtype).eval()
     fuse_projections(model)
     return model
+
+
+def skip_layers_kept(num_layers: int, keep: int) -> list[int]:
+    """The layers a `keep`-layer self-draft runs: the first ceil(keep/2) and the last floor(keep/2), the middle
+    skipped (Draft & Verify / SWIFT-style layer skipping)."""
+    if not 1 <= keep <= num_layers:
+        raise ValueError(f"draft layers {keep}: the model has {num_layers} (allowed 1..{num_layers})")
+    head = -(-keep // 2)
+    return list(range(head)) + list(range(num_layers - (keep - head), num_layers))
+
+
+def layer_subset(model: CausalLM, layers: list[int]) -> CausalLM:
+    """`model` running only `layers` (ascending indices), then its final norm and LM head. Shares every parameter
+    with `model` (no memory); each layer keeps its layer_id, so it reads and writes that layer's KV pool rows."""
+    cfg = model.config
+    sub = dataclasses.replace(cfg, num_hidden_layers=len(layers),
+                              layer_types=tuple(cfg.layer_types[i] for i in layers) if cfg.layer_types else ())
+    with torch.device("meta"):  # the skeleton allocates nothing; every module is replaced by the model's own
+        view = CausalLM(sub)
+    view.model.embed_tokens, view.model.norm = model.model.embed_tokens, model.model.norm
+    view.model.layers = nn.ModuleList([model.model.layers[i] for i in layers])
+    view.lm_head = model.lm_head
+    view.fused, view.fused_ops = model.fused, model.fused_ops
+    return view.eval()
 
 
 def fuse_projections(model: CausalLM) -> None:

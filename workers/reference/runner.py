@@ -12,7 +12,9 @@ from .model import CausalLM
 
 class ModelRunner:
     def __init__(self, model: CausalLM, backend: AttentionBackend, *, page_size: int, max_total_tokens: int,
-                 max_seq_tokens: int, chunked_prefill_size: int, device: torch.device | str = "cpu"):
+                 max_seq_tokens: int, chunked_prefill_size: int, device: torch.device | str = "cpu",
+                 pool: KVPool | None = None):
+        """pool: another runner's pool to share (a self-draft reads and writes the target's layers it runs)."""
         cfg = model.config
         self.model, self.backend, self.device = model, backend, torch.device(device)
         self.page_size = page_size
@@ -20,8 +22,8 @@ class ModelRunner:
         self.max_seq_tokens = max_seq_tokens
         num_pages = -(-max_total_tokens // page_size)
         dtype = next(model.parameters()).dtype
-        self.pool = KVPool(cfg.num_hidden_layers, num_pages, page_size, cfg.num_key_value_heads, cfg.head_dim,
-                           dtype, self.device)
+        self.pool = pool if pool is not None else KVPool(
+            cfg.num_hidden_layers, num_pages, page_size, cfg.num_key_value_heads, cfg.head_dim, dtype, self.device)
 
     def new_sequence(self) -> PagedSequence:
         return PagedSequence(self.pool, self.max_seq_tokens)

@@ -181,12 +181,21 @@ class ModelDrafter(Drafter):
     (cumulative log-prob), keeps the best `num_draft_tokens - 1` nodes overall (ancestor-closed). Each tree level
     is one draft forward over all requests of the batch."""
 
-    def __init__(self, runner: ModelRunner, num_steps: int, topk: int, num_draft_tokens: int):
+    def __init__(self, runner: ModelRunner, num_steps: int, topk: int, num_draft_tokens: int,
+                 same_as_target: bool = False):
+        """same_as_target: the draft model is the target (the oracle): its prompt K/V would be what the target's
+        prefill already computed, so `start` copies those rows instead of a second prefill."""
         self.runner, self.num_steps, self.topk, self.max_nodes = runner, num_steps, topk, num_draft_tokens
+        self.same_as_target = same_as_target
 
     def start(self, prompt: list[int], target_seq: PagedSequence | None = None) -> PagedSequence:
         seq = self.runner.new_sequence()
-        if len(prompt) > 1:
+        n = len(prompt) - 1  # the root (last prompt token) is fed by the first proposal
+        if n >= 1 and self.same_as_target and target_seq is not None and target_seq.length >= n:
+            seq.reserve(n)
+            self.runner.pool.copy_from(target_seq.pool, target_seq.slots(0, n), seq.slots(0, n))
+            seq.length = n
+        elif n >= 1:
             self.runner.extend(seq, prompt[:-1])
         return seq
 
@@ -255,3 +264,29 @@ class ModelDrafter(Drafter):
         index = {n: k + 1 for k, n in enumerate(chosen)}
         return DraftTree([root] + [nodes[i][1] for i in chosen],
                          [-1] + [index.get(nodes[i][3], 0) for i in chosen])
+
+
+class SelfDrafter(ModelDrafter):
+    """Self-speculation: a subset of the target's layers (model.layer_subset) drafts, reading the K/V the target
+    already wrote for those layers: the runner shares the target's pool and a request's draft state is the
+    target's own sequence. No draft prefill and no draft cache: each proposal writes the root and the drafted
+    nodes after the committed prefix and rolls them all back; the target's verify then writes those positions.
+    With skipped layers, a kept layer after the gap reads prefix K/V that the full stack computed: an approximation
+    that only changes what is drafted (verification decides what is committed)."""
+
+    def start(self, prompt: list[int], target_seq: PagedSequence | None = None) -> PagedSequence:
+        if target_seq is None or target_seq.pool is not self.runner.pool:
+            raise ValueError("SelfDrafter needs the target's sequence, in the pool it shares")
+        return target_seq
+
+    def finish(self, state: PagedSequence) -> None:
+        pass  # the target owns the sequence
+
+    def propose(self, states: list[PagedSequence], contexts: list[list[int]]) -> list[DraftTree]:
+        for seq, ctx in zip(states, contexts):  # the target's cache holds all but the root (context[-1])
+            if seq.length != len(ctx) - 1:
+                raise RuntimeError(f"target cache holds {seq.length} tokens, context has {len(ctx)}")
+        trees = super().propose(states, contexts)  # feeds each root, drafts, rolls the drafts back
+        for seq, ctx in zip(states, contexts):
+            seq.truncate(len(ctx) - 1)  # and the root: the target's verify writes it
+        return trees

@@ -119,3 +119,42 @@ def test_conversion_cache_round_trips(tmp_path, monkeypatch, gguf_file):
         assert prepare_gguf(gguf_file) == directory
     finally:
         prepare_gguf.cache_clear()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_speculation_reproduces_greedy_on_the_real_model():
+    """Temperature 0 on SmolLM2: NGRAM, the oracle and the layer-skip self-draft (chain and tree) emit exactly the
+    plain greedy tokens; the oracle commits num_steps + 1 on every step; the self-draft is imperfect (some steps
+    reject) but accepts drafts."""
+    from workers.reference.args import parse_args
+    from workers.reference.engine import Engine, SamplingParams
+
+    def engine(*flags):
+        return Engine(parse_args(["--model-path", MODEL, "--context-length", "1024", "--page-size", "16", *flags]))
+
+    draft = ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", MODEL]
+    configs = {
+        "ngram": ["--speculative-algorithm", "NGRAM", "--speculative-num-steps", "4"],
+        "oracle": [*draft, "--speculative-num-steps", "4"],
+        "layer-skip-chain": [*draft, "--speculative-draft-num-layers", "24", "--speculative-num-steps", "4"],
+        "layer-skip-tree": [*draft, "--speculative-draft-num-layers", "20", "--speculative-num-steps", "3",
+                            "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "6"],
+    }
+    plain = engine()
+    ids = plain.encode("The cat sat on the mat. " * 8 + TEXTS[0] + " Once upon a time, in a small village by the sea,")
+    params = SamplingParams(max_new_tokens=40, temperature=0.0, ignore_eos=True)
+    expected = plain.generate(ids, params).output_ids
+    del plain
+    for name, flags in configs.items():
+        eng = engine(*flags)
+        out = eng.generate(ids, params)
+        assert out.output_ids == expected, name
+        steps = out.meta_info["spec_steps"]
+        if name == "oracle":
+            assert all(s["accept_len"] == 5 for s in steps), steps
+        if name.startswith("layer-skip"):
+            assert out.meta_info["spec_num_correct_drafts"] > 0, name
+            assert out.meta_info["spec_accept_rate"] < 1.0, name  # a real, imperfect draft
+        alloc = eng.target.pool.allocator
+        assert alloc.num_free == alloc.num_pages  # drafts rolled back, the request released
