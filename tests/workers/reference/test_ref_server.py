@@ -196,9 +196,11 @@ def test_bad_fields_get_400_naming_the_field_on_a_kept_alive_connection(server):
 
 def test_sglang_defaults_and_null_max_new_tokens_are_accepted(server):
     url, _, _ = server
-    r = post(url, {"input_ids": [1] * 4000, "sampling_params": {"max_new_tokens": None, "temperature": 0,
-                                                                "top_k": -1, "top_p": 0.5, "ignore_eos": True}})
-    assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 96  # up to the context (4096)
+    r = post(url, {"input_ids": [1, 2, 3], "sampling_params": {**greedy(4), "top_k": -1, "top_p": 0.5, "n": 1}})
+    assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 4, r.text
+    r = requests.post(f"{url}/generate", json={"input_ids": [1] * 4090, "sampling_params": greedy(None)},
+                      timeout=3 * TIMEOUT)
+    assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 6, r.text  # up to the context
 
 
 def _flush_within(url: str, seconds: float) -> float:
