@@ -1,6 +1,6 @@
 """`python -m workers.reference.bench_batch`: speculative speedup vs batch size on the reference engine.
 
-For each drafter (none, NGRAM, the oracle) x concurrency N: N requests submitted at once (one thread each, as
+For each drafter (none, NGRAM, the oracle; `self`: the target's first --self-layers layers) x concurrency N: N requests submitted at once (one thread each, as
 the server's worker threads; each prompt starts with "Request <i>. " so no two are equal), all decoded by the
 engine's continuous batching. The cells run in turn within each round (lock step), so load from other processes
 falls on all of them alike. Per cell (median over --repeats rounds):
@@ -31,14 +31,20 @@ DRAFTERS = {
     "ngram": ["--speculative-algorithm", "NGRAM", "--speculative-num-steps", "4"],
     "oracle": ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "tiny",
                "--speculative-num-steps", "4", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "5"],
+    # self-speculation: the target's first layers draft (--speculative-draft-num-layers, set from --self-layers)
+    "self": ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "tiny",
+             "--speculative-num-steps", "4", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "5"],
 }
 TEXT = "The cat sat on the mat. A quick brown fox jumps over the lazy dog. "
 
 
-def make_engine(drafter: str, ctx: int, new_tokens: int, concurrency: int, page: int, model: str) -> Engine:
+def make_engine(drafter: str, ctx: int, new_tokens: int, concurrency: int, page: int, model: str,
+                self_layers: int) -> Engine:
     per_request = ctx + new_tokens + 64
     weights = ["--load-format", "dummy"] if model in ("tiny", "tiny-draft") else []
     oracle = [model if a == "tiny" else a for a in DRAFTERS[drafter]]  # the oracle drafts with the target itself
+    if drafter == "self":
+        oracle += ["--speculative-draft-num-layers", str(self_layers)]
     engine = Engine(parse_args(["--model-path", model, *weights, "--page-size", str(page),
                                 "--context-length", str(per_request), "--max-total-tokens",
                                 str(concurrency * (per_request + 2 * page)), "--max-running-requests",
@@ -79,10 +85,10 @@ def run_round(engine: Engine, n: int, ctx: int, new_tokens: int) -> dict:
 
 
 def measure(cells: list[tuple[str, int]], ctx: int, new_tokens: int, repeats: int, page: int,
-            model: str = "tiny") -> list[dict]:
+            model: str = "tiny", self_layers: int = 2) -> list[dict]:
     """Every cell's engine is built first; then each round runs every cell once, in turn, so a noisy neighbour on
     a shared machine slows all cells alike (the medians over rounds are compared, not one cell's luck)."""
-    engines = {cell: make_engine(cell[0], ctx, new_tokens, cell[1], page, model) for cell in cells}
+    engines = {cell: make_engine(cell[0], ctx, new_tokens, cell[1], page, model, self_layers) for cell in cells}
     rounds: dict[tuple[str, int], list[dict]] = {cell: [] for cell in cells}
     try:
         for i in range(repeats):
@@ -110,7 +116,8 @@ def format_table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m workers.reference.bench_batch", allow_abbrev=False)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
-    p.add_argument("--drafters", nargs="+", default=list(DRAFTERS), choices=list(DRAFTERS))
+    p.add_argument("--drafters", nargs="+", default=["none", "ngram", "oracle"], choices=list(DRAFTERS))
+    p.add_argument("--self-layers", type=int, default=2, help="drafter self: the target's first N layers draft")
     p.add_argument("--context", type=int, default=256, help="prompt tokens per request")
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
@@ -125,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
           f"{a.new_tokens} new tokens per request, median of {a.repeats} rounds (cells in lock step)", flush=True)
     print(f"load average at the start (1/5/15 min): {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     rows = measure([(d, n) for n in a.concurrency for d in a.drafters], a.context, a.new_tokens, a.repeats,
-                   a.page_size, a.model)
+                   a.page_size, a.model, a.self_layers)
     for r in rows:
         print(f"  N={r['n']} {r['drafter']}: {r['aggregate_tok_s']:.1f} tok/s aggregate, {r['request_tok_s']:.1f} "
               f"per request, commit {r['commit']:.2f}, largest batch {r['batch']}", flush=True)

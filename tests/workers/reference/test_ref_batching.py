@@ -19,6 +19,8 @@ DRAFTERS = {
     "draft-tree": ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "tiny-draft",
                    "--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
                    "--speculative-num-draft-tokens", "6"],
+    "self-draft": ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "tiny",
+                   "--speculative-draft-num-layers", "2", "--speculative-num-steps", "3"],
 }
 
 
