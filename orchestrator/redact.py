@@ -93,7 +93,8 @@ def uri_secrets(text: str) -> list[str]:
     return [m.group(2) for m in _URI_PASSWORD.finditer(text)] + [m.group(2) for m in _QUERY_SECRET.finditer(text)]
 
 
-def _path_is_secret(path: str) -> bool:
+def is_secret_path(path: str) -> bool:
+    """A dotted config key whose value is a secret: under `engine.env`, or a sensitive last word."""
     return path == ENV_PREFIX or path.startswith(ENV_PREFIX + ".") or is_sensitive_name(path.rsplit(".", 1)[-1])
 
 
@@ -103,7 +104,7 @@ def redact_config(value: Any, path: str = "") -> Any:
         if path == ENV_PREFIX:
             return {k: MASK for k in value}
         return {k: redact_config(v, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
-    if path and _path_is_secret(path) and value not in (None, "", [], ()):
+    if path and is_secret_path(path) and value not in (None, "", [], ()):
         return MASK
     if isinstance(value, (list, tuple)):
         if all(isinstance(v, str) for v in value):
@@ -116,7 +117,7 @@ def redact_config(value: Any, path: str = "") -> Any:
 
 def redact_params(params: Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
     """Flattened `(a.b.c, value)` pairs: secret keys -> ***, secrets inside values (argv lists, URIs) -> ***."""
-    return tuple((k, MASK if _path_is_secret(k) and v not in ("", "null", "{}") else redact_text(v))
+    return tuple((k, MASK if is_secret_path(k) and v not in ("", "null", "{}") else redact_text(v))
                  for k, v in params)
 
 
@@ -125,7 +126,7 @@ def redact_override(override: str) -> str:
     key, eq, value = override.partition("=")
     if not eq:
         return override
-    if _path_is_secret(key.lstrip("+~")):
+    if is_secret_path(key.lstrip("+~")):
         return f"{key}={MASK}"
     return f"{key}={redact_text(value)}"
 

@@ -372,8 +372,11 @@ class Tracker:
 
     def claim(self, runs: Sequence[RunSpec]) -> dict[int, str]:
         """A RUNNING child run per RunSpec, tagged with this driver: other drivers skip these run_hashes."""
-        for spec in runs:
-            tags = {**self._child_tags(spec), **self.driver.tags(), "state": "RUNNING"}
+        for spec in runs:  # the fewest tags here (a claim is on the critical path); log_result adds the rest
+            tags = {ROLE_TAG: "child", "run_hash": spec.run_hash, "job_index": str(spec.job_index),
+                    **self.driver.tags(), "state": "RUNNING"}
+            if self.parent_run_id:
+                tags[PARENT_TAG] = self.parent_run_id
             run = self.client.create_run(self.experiment_id, run_name=self.redact(spec.name), tags=_redacted(
                 tags, self))
             self.claims[spec.job_index] = run.info.run_id

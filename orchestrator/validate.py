@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
+from orchestrator.redact import MASK, is_secret_path, redact_override, redact_text
 from orchestrator.spec import (STUB_FLAGS, Algorithm, AttentionKind, AttentionSpec, EngineKind, JobKind, ProbeKind,
                                StubOptions)
 
@@ -28,7 +29,8 @@ class Problem:
     overrides: tuple[str, ...] = ()  # the job's Hydra overrides (which grid point)
 
     def __str__(self) -> str:
-        return f"{self.key}={self.value!r}: allowed {self.allowed}"
+        value = MASK if is_secret_path(self.key) else redact_text(repr(self.value))
+        return f"{self.key}={value}: allowed {self.allowed}"
 
 
 class ConfigError(ValueError):
@@ -44,7 +46,7 @@ class ConfigError(ValueError):
             points.setdefault(p.overrides, []).append(p)
         lines = [f"invalid config: {len(self.problems)} problem(s) in {len(points)} grid point(s)"]
         for overrides, problems in points.items():
-            where = " ".join(overrides) if overrides else "(no overrides)"
+            where = " ".join(redact_override(o) for o in overrides) if overrides else "(no overrides)"
             lines.append(f"  [{where}]")
             lines.extend(f"    {p}" for p in problems)
         return "\n".join(lines)

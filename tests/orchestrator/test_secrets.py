@@ -46,6 +46,16 @@ def test_redaction_rules():
         {"engine.env.A": MASK, "engine.extra_args": f'["--api-key", "{MASK}"]', "context_len": "1024"}
 
 
+def test_config_errors_show_no_secret():
+    from orchestrator.validate import ConfigError, Problem
+
+    overrides = (f"engine.env.HF_TOKEN={ENV_SECRET}", f"engine.extra_args=[--api-key,{KEY_SECRET}]", "page_size=0")
+    message = str(ConfigError([Problem("page_size", 0, "an integer >= 1", overrides),
+                               Problem("engine.env.HF_TOKEN", ENV_SECRET, "a string", overrides)]))
+    assert ENV_SECRET not in message and KEY_SECRET not in message
+    assert "page_size=0: allowed an integer >= 1" in message and f"engine.env.HF_TOKEN={MASK}" in message
+
+
 def test_tracker_scrubs_the_plans_secrets_from_every_text(tmp_path):
     """A failed run's engine log tail and message quoting the key (SGLang logs its server_args) are scrubbed."""
     server = stub_server(extra_args=("--api-key", KEY_SECRET))
