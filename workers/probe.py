@@ -31,6 +31,7 @@ import concurrent.futures
 import csv
 import functools
 import io
+import itertools
 import json
 import logging
 import random
@@ -46,12 +47,14 @@ import urllib3
 from orchestrator.spec import EngineKind, ProbeKind, ProbeSpec
 from workers.errors import BadResponse, ProbeTimeout
 from workers.reference.tokenizer import ByteTokenizer
+from workers.sglang_metrics import spec_metrics_from_meta_info
 
 logger = logging.getLogger(__name__)
 
 NOVEL_NGRAM = 3  # no word trigram appears twice in novel text
 CHARS_PER_TOKEN = 4  # SGLang without a local tokenizer: a rough text length per requested token
 CONNECT_TIMEOUT_S = 5.0
+MAX_TEXT_DOUBLINGS = 6  # a tokenizer giving < 1 token per 256 chars is not a text tokenizer
 FLUSH_BUSY_WAIT_S = 10.0  # /flush_cache answering 400 (a request still running) is retried this long
 
 _BYTE_TOKENIZER = ByteTokenizer()
@@ -200,10 +203,17 @@ def build_prompt(probe: ProbeSpec, engine: EngineKind, model_path: str | None = 
         tokenizer = reference_tokenizer(model_path)
         if isinstance(tokenizer, ByteTokenizer):
             return Prompt(input_ids=tuple(byte_encode(text(n))[:n]))  # every char is >= 1 byte
-        return Prompt(input_ids=_encode_exactly(text, n, tokenizer.encode))
+        ids = _encode_exactly(text, n, tokenizer.encode)
+        if ids is None:
+            raise ValueError(f"the tokenizer of {model_path} gives fewer than {n} tokens for any probe text")
+        return Prompt(input_ids=ids)
     tokenizer = _hf_tokenizer(model_path)
     if tokenizer is not None:
-        return Prompt(input_ids=_encode_exactly(text, n, lambda t: tokenizer.encode(t, add_special_tokens=False)))
+        ids = _encode_exactly(text, n, lambda t: tokenizer.encode(t, add_special_tokens=False))
+        if ids is not None:
+            return Prompt(input_ids=ids)
+        logger.warning("the tokenizer of %s gives fewer than %d tokens for any probe text; sending text",
+                       model_path, n)
     return Prompt(text=text(n * CHARS_PER_TOKEN)[:n * CHARS_PER_TOKEN])
 
 
@@ -212,14 +222,17 @@ def build_prompts(probe: ProbeSpec, engine: EngineKind, model_path: str | None =
     return [build_prompt(probe, engine, model_path, request=i) for i in range(probe.concurrency)]
 
 
-def _encode_exactly(text_of, n: int, encode) -> tuple[int, ...]:
-    """The first n token ids of text_of(min_chars) (grown until it encodes to >= n tokens)."""
+def _encode_exactly(text_of, n: int, encode) -> tuple[int, ...] | None:
+    """The first n token ids of text_of(min_chars) (grown until it encodes to >= n tokens); None when the
+    tokenizer still gives fewer after MAX_TEXT_DOUBLINGS (it is not a text tokenizer)."""
     text = text_of(n * CHARS_PER_TOKEN)
     ids = encode(text)
-    while len(ids) < n:
+    for _ in range(MAX_TEXT_DOUBLINGS):
+        if len(ids) >= n:
+            return tuple(ids[:n])
         text = text_of(2 * len(text))
         ids = encode(text)
-    return tuple(ids[:n])
+    return tuple(ids[:n]) if len(ids) >= n else None
 
 
 @functools.cache
@@ -325,6 +338,13 @@ class ProbeClient:
                 raise BadResponse("/generate stream ended without a chunk")
             return _generation(chunks, ttft, time.perf_counter() - t0)
 
+    def metrics_text(self) -> str:
+        """GET /metrics (Prometheus text; SGLang mounts it with --enable-metrics)."""
+        r = self._call("GET", "/metrics", timeout=30.0)
+        if r.status_code != 200:
+            raise BadResponse(f"/metrics answered {r.status_code}")
+        return r.text
+
     def _call(self, method: str, path: str, timeout: float, **kw) -> requests.Response:
         try:
             return self.http.request(method, self.base_url + path, timeout=(CONNECT_TIMEOUT_S, timeout), **kw)
@@ -377,6 +397,8 @@ class Measurement:
     artifacts: dict[str, str] = field(default_factory=dict)
     engine_time_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+    histogram: list[float] = field(default_factory=list)  # verify steps that accepted k drafts, by k
+    drafts: tuple[float, float] | None = None  # (accepted, proposed) drafts, where the engine counts them
 
 
 def _number(meta: dict, key: str) -> float:
@@ -386,7 +408,23 @@ def _number(meta: dict, key: str) -> float:
     return float(v)
 
 
-def measure(gen: Generation, expect_spec: bool) -> Measurement:
+def accept_at_depth(histogram: list[float]) -> list[float]:
+    """[fraction of verify steps that accepted >= d drafts, for d = 1 .. len - 1] from counts by k accepted."""
+    total = sum(histogram)
+    return [sum(histogram[d:]) / total for d in range(1, len(histogram))] if total else []
+
+
+def _depth_metrics(out: Measurement, max_depth: int | None) -> None:
+    """series accept_at_depth and depth_accept_rate (mean accepted drafts / max_depth) from out.histogram."""
+    depth = accept_at_depth(out.histogram)
+    if depth:
+        out.series["accept_at_depth"] = depth
+        if max_depth:
+            out.metrics["depth_accept_rate"] = sum(depth) / max_depth  # = sum_k k * hist[k] / steps / max_depth
+
+
+def measure(gen: Generation, expect_spec: bool, *, version: str | None = None,
+            max_depth: int | None = None) -> Measurement:
     """DESIGN.md metrics from one /generate. `expect_spec`: the server speculates, so spec fields must be there."""
     meta = gen.meta_info
     prompt_tokens = _number(meta, "prompt_tokens")
@@ -420,16 +458,23 @@ def measure(gen: Generation, expect_spec: bool) -> Measurement:
         if verify:
             m["verify_step_ms"] = 1000.0 * statistics.median(verify)
         out.artifacts["steps.csv"] = _steps_csv(steps)
+        out.histogram = [0.0] * int(max(commit))
+        for c in commit:
+            out.histogram[int(c) - 1] += 1.0  # accept_len counts the bonus token
     elif "spec_verify_ct" in meta:
         verify_ct = _number(meta, "spec_verify_ct")
         m["verify_steps"] = verify_ct
         if verify_ct > 0:  # SGLang counts the prefill token in completion_tokens: strict per-verify figure
             m["commit_len_mean"] = (completion - 1) / verify_ct
-    proposed = meta.get("spec_num_proposed_drafts")
-    if isinstance(proposed, (int, float)) and proposed > 0:
-        m["accept_rate"] = _number(meta, "spec_num_correct_drafts") / float(proposed)
+            m["engine_accept_length"] = completion / verify_ct  # SGLang's spec_accept_length
+            out.histogram = spec_metrics_from_meta_info(meta, version).histogram
+    sm = spec_metrics_from_meta_info(meta, version).metrics if "spec_verify_ct" in meta else {}
+    if sm.get("proposed_drafts"):
+        out.drafts = (sm.get("accepted_drafts", 0.0), sm["proposed_drafts"])
+        m["accept_rate"] = out.drafts[0] / out.drafts[1]
     elif isinstance(meta.get("spec_accept_rate"), (int, float)):
         m["accept_rate"] = float(meta["spec_accept_rate"])
+    _depth_metrics(out, max_depth)
     return out
 
 
@@ -442,7 +487,8 @@ def _steps_csv(steps: list[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
-def measure_all(gens: list[Generation], expect_spec: bool, wall_s: float) -> Measurement:
+def measure_all(gens: list[Generation], expect_spec: bool, wall_s: float, *, version: str | None = None,
+                max_depth: int | None = None) -> Measurement:
     """The metrics of one run's probe.concurrency answers (`measure` of each, combined).
 
     Per-request figures (prompt/completion tokens, ttft_s, e2e_s, decode_tok_s, verify_steps, tree shape) are
@@ -451,7 +497,7 @@ def measure_all(gens: list[Generation], expect_spec: bool, wall_s: float) -> Mea
     and `throughput_tok_s` = all completion tokens / wall_s (for one request, its completion tokens / its
     client-side time). `batch_size_mean`: requests per verify step, from the reference engine's spec_steps.
     The commit_len series, steps.csv and continuation.txt are request 0's."""
-    parts = [measure(g, expect_spec) for g in gens]
+    parts = [measure(g, expect_spec, version=version) for g in gens]
     out = Measurement(metrics={}, engine_time_s=wall_s, series=parts[0].series, artifacts=parts[0].artifacts)
     m = out.metrics
     for key in ("prompt_tokens", "completion_tokens", "ttft_s", "e2e_s", "decode_tok_s", "verify_steps",
@@ -463,9 +509,13 @@ def measure_all(gens: list[Generation], expect_spec: bool, wall_s: float) -> Mea
               if "commit_len_mean" in p.metrics and p.metrics.get("verify_steps")]
     if verify:
         m["commit_len_mean"] = sum(c * v for c, v in verify) / sum(v for _, v in verify)
-    drafts = [(g.meta_info.get("spec_num_correct_drafts"), g.meta_info.get("spec_num_proposed_drafts")) for g in gens]
-    if all(isinstance(c, (int, float)) and isinstance(n, (int, float)) for c, n in drafts) and sum(n for _, n in drafts):
-        m["accept_rate"] = sum(c for c, _ in drafts) / sum(n for _, n in drafts)
+    engine_len = [(p.metrics["engine_accept_length"], p.metrics["verify_steps"]) for p in parts
+                  if "engine_accept_length" in p.metrics]
+    if engine_len:
+        m["engine_accept_length"] = sum(c * v for c, v in engine_len) / sum(v for _, v in engine_len)
+    drafts = [p.drafts for p in parts]
+    if all(d is not None for d in drafts) and sum(d[1] for d in drafts):
+        m["accept_rate"] = sum(d[0] for d in drafts) / sum(d[1] for d in drafts)
     elif any("accept_rate" in p.metrics for p in parts):
         m["accept_rate"] = statistics.fmean(p.metrics["accept_rate"] for p in parts if "accept_rate" in p.metrics)
     steps = [s for g in gens for s in (g.meta_info.get("spec_steps") or [])]
@@ -475,6 +525,8 @@ def measure_all(gens: list[Generation], expect_spec: bool, wall_s: float) -> Mea
     batch = [float(s["batch_size"]) for s in steps if isinstance(s.get("batch_size"), (int, float))]
     if batch:
         m["batch_size_mean"] = statistics.fmean(batch)
+    out.histogram = [sum(x) for x in itertools.zip_longest(*(p.histogram for p in parts), fillvalue=0.0)]
+    _depth_metrics(out, max_depth)
     m["requests"] = float(len(gens))
     m["wall_s"] = wall_s
     completion = sum(p.metrics["completion_tokens"] for p in parts)
@@ -502,8 +554,11 @@ def generate_all(base_url: str, prompts: list[Prompt], gen_tokens: int, temperat
 
 def run_probe(base_url: str, probe: ProbeSpec, engine: EngineKind, *, expect_spec: bool,
               timeout_s: float = 600.0, model_path: str | None = None, flush: bool = True,
-              prompt: Prompt | None = None) -> Measurement:
-    """Flush, build the prompt(s), generate (probe.concurrency requests at once), measure."""
+              prompt: Prompt | None = None, version: str | None = None,
+              max_depth: int | None = None) -> Measurement:
+    """Flush, build the prompt(s), generate (probe.concurrency requests at once), measure. `version`: SGLang's
+    meta_info names (workers.sglang_metrics.META_NAMES; None: told apart by the names); `max_depth`: the most
+    drafts one verify step can accept, for depth_accept_rate."""
     client = ProbeClient(base_url, timeout_s)
     try:
         if flush:
@@ -518,7 +573,7 @@ def run_probe(base_url: str, probe: ProbeSpec, engine: EngineKind, *, expect_spe
     if probe.concurrency > 1:
         prompts = build_prompts(probe, engine, model_path)
         gens, wall = generate_all(base_url, prompts, probe.gen_tokens, probe.temperature, timeout_s)
-    out = measure_all(gens, expect_spec, wall)
+    out = measure_all(gens, expect_spec, wall, version=version, max_depth=max_depth)
     for i, (p, gen) in enumerate(zip(prompts, gens)):
         who = f"request {i}: " if len(gens) > 1 else ""
         got_prompt, got = _number(gen.meta_info, "prompt_tokens"), _number(gen.meta_info, "completion_tokens")

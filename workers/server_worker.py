@@ -21,6 +21,14 @@ never restarted in place (the other ranks would need restarting too): it is give
 Each result's tags carry `engine_start` (which start of this group's engine served it, 1-based) and
 `engine_pid`, so a sweep can be checked for exactly one start per ServerSpec.
 
+SGLang: once per engine start the runner reads `/server_info` (the resolved server args): every run of that engine
+gets them as `sglang.<key>` tags (backends for prefill/decode/verify, num_steps, topk, draft tokens, ...), and a
+note in its message (tag `sglang.changed`) where SGLang runs something other than the config asked
+(`workers.sglang.server_arg_changes`, e.g. NGRAM's num_steps). Around each probe it scrapes `/metrics` and, after it,
+reads `/server_info` again: `engine_accept_length_metrics` (Prometheus counter deltas) and
+`engine_accept_length_server` (avg_spec_accept_length, reset by the run's /flush_cache) cross-check
+`engine_accept_length` from meta_info. A failure to read them is a note, never a failed run.
+
 GPU engines (SGLang, or the reference engine on cuda): each run is sampled with `workers.telemetry.GpuSampler`
 over CUDA_VISIBLE_DEVICES (set by Ray from the actor's GPUs): `gpu_*` metrics and series, GPU name and compute
 capability tags.
@@ -51,10 +59,12 @@ from pathlib import Path
 from orchestrator.spec import (Algorithm, EngineKind, FailureReason, JobKind, RunResult, RunSpec, RunState,
                                ServerSpec)
 from workers.engine import EngineProcess, NodeRank
-from workers.errors import EngineDied, EngineStartFailed, WorkerError
 from workers.derived import derived_metrics
-from workers.probe import run_probe
-from workers.sglang_metrics import LogPatterns, follow_log
+from workers.errors import BadResponse, EngineDied, EngineStartFailed, ProbeTimeout, WorkerError
+from workers.probe import ProbeClient, run_probe
+from workers.sglang import max_draft_depth, reported_server_args, server_arg_changes, server_arg_tags
+from workers.sglang_metrics import (META_NAMES, LogPatterns, accept_length_from_counters, follow_log, parse_prometheus,
+                                    server_accept_length)
 from workers.telemetry import GpuSampler, gpu_identity
 
 logger = logging.getLogger(__name__)
@@ -102,6 +112,8 @@ class GroupRunner:
         # GPU engines: NVML telemetry over the GPUs Ray gave this actor (CUDA_VISIBLE_DEVICES)
         self.on_gpu = server.engine.kind is EngineKind.SGLANG or server.engine.device == "cuda"
         self.gpu_tags = self._gpu_tags() if self.on_gpu else {}
+        self.sglang = server.engine.kind is EngineKind.SGLANG
+        self.server_args: SGLangServerArgs | None = None  # /server_info of the engine now running (SGLang)
 
     # -- engine lifecycle
 
@@ -155,16 +167,24 @@ class GroupRunner:
             if spec.log_patterns:
                 log_offset = _file_size(self.log_path)
             result.tags.update(engine_start=str(self.engine_starts), engine_pid=str(engine.pid))
+            args = self._server_args(engine) if self.sglang else None
+            before = scrape_metrics(engine.base_url) if self.sglang else None
             marker = self._mark(spec, engine.pid)
             sampler = self._sampler() if self.on_gpu else None
             try:
                 m = run_probe(engine.base_url, spec.probe, _prompt_kind(self.server.engine.kind),
                               expect_spec=self.server.drafter.algorithm is not Algorithm.NONE,
-                              timeout_s=self.server.engine.request_timeout_s, model_path=_prompt_model(self.server))
+                              timeout_s=self.server.engine.request_timeout_s, model_path=_prompt_model(self.server),
+                              version=self.server.engine.version if self.sglang and self.server.engine.version
+                              in META_NAMES else None, max_depth=self._max_depth(args))
             finally:
                 samples = sampler.stop() if sampler else None
                 if marker:
                     marker.unlink(missing_ok=True)
+            if args is not None:
+                result.tags.update(args.tags)
+                m.notes += args.notes
+                m.notes += engine_cross_checks(engine.base_url, before, m.metrics)
             result.metrics, result.series, result.engine_time_s = m.metrics, m.series, m.engine_time_s
             result.metrics.update(derived_metrics(result.metrics, self.server.model, on_gpu=self.on_gpu))
             if samples is not None and sampler.available:  # NVML missing or no GPU: nothing recorded
@@ -187,6 +207,19 @@ class GroupRunner:
             result.tags["failure_reason"] = result.reason.value
         result.ended_at = time.time()
         return result
+
+    def _server_args(self, engine: EngineProcess) -> "SGLangServerArgs":
+        if self.server_args is None or self.server_args.pid != engine.pid:
+            self.server_args = read_server_args(engine.base_url, self.server, engine.pid)
+            for note in self.server_args.notes:
+                logger.warning("group %s: %s", self.group_id, note)
+        return self.server_args
+
+    def _max_depth(self, args: "SGLangServerArgs | None") -> int | None:
+        if args is not None:
+            return max_draft_depth(args.reported) if args.reported else None
+        d = self.server.drafter
+        return d.num_steps if d.algorithm is not Algorithm.NONE and d.num_steps > 0 else None
 
     def _log_series(self, spec: RunSpec, offset: int, result: RunResult) -> None:
         """`metrics.log_patterns` over the log lines this run produced; never fails the run it observes."""
@@ -389,6 +422,68 @@ class FollowerRunner:
 def engine_log_path(log_dir: str | os.PathLike, server: ServerSpec) -> Path:
     """Where a group's (rank 0) engine logs, on the node that runs it; the driver reads it after a node loss."""
     return Path(log_dir) / f"engine-{server.key}.log"
+
+
+@dataclass
+class SGLangServerArgs:
+    """What one SGLang engine start reported in /server_info."""
+
+    pid: int | None
+    reported: dict  # workers.sglang.reported_server_args; {} when /server_info could not be read
+    tags: dict[str, str]  # sglang.<key>, sglang.changed
+    notes: list[str]  # for each run's message
+
+
+def read_server_args(base_url: str, server: ServerSpec, pid: int | None = None) -> SGLangServerArgs:
+    """/server_info once: the resolved args as tags, and a note per value SGLang changed from the config's."""
+    client = ProbeClient(base_url, timeout_s=30.0)
+    try:
+        info = client.server_info()
+    except (BadResponse, ProbeTimeout, ValueError) as e:
+        return SGLangServerArgs(pid, {}, {}, [f"/server_info not read: {e}"])
+    finally:
+        client.close()
+    reported = reported_server_args(info)
+    changes = server_arg_changes(server, info)
+    tags = server_arg_tags(reported)
+    if changes:
+        tags["sglang.changed"] = "; ".join(changes)
+    return SGLangServerArgs(pid, reported, tags, changes)
+
+
+def scrape_metrics(base_url: str) -> dict[str, float] | None:
+    """/metrics samples, or None when they cannot be read (the caller then skips the cross-check)."""
+    client = ProbeClient(base_url, timeout_s=30.0)
+    try:
+        return parse_prometheus(client.metrics_text())
+    except (BadResponse, ProbeTimeout, ValueError) as e:
+        logger.warning("%s: /metrics not read: %s", base_url, e)
+        return None
+    finally:
+        client.close()
+
+
+def engine_cross_checks(base_url: str, before: dict[str, float] | None, metrics: dict[str, float]) -> list[str]:
+    """After a probe: engine_accept_length_metrics (/metrics deltas since `before`) and
+    engine_accept_length_server (/server_info, reset by the run's flush) into `metrics`; notes for what failed."""
+    notes = []
+    after = scrape_metrics(base_url)
+    value = accept_length_from_counters(before, after) if before is not None and after is not None else None
+    if value is not None:
+        metrics["engine_accept_length_metrics"] = value
+    elif "verify_steps" in metrics:
+        notes.append("/metrics gave no accept length for the run (no counters or no verify call)")
+    client = ProbeClient(base_url, timeout_s=30.0)
+    try:
+        value = server_accept_length(client.server_info())
+    except (BadResponse, ProbeTimeout, ValueError) as e:
+        value = None
+        notes.append(f"/server_info not read after the run: {e}")
+    finally:
+        client.close()
+    if value is not None:
+        metrics["engine_accept_length_server"] = value
+    return notes
 
 
 def apply_log_patterns(patterns: tuple[str, ...] | list[str], lines: list[str], result: RunResult) -> list[str]:

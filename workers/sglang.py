@@ -6,6 +6,15 @@ Public API:
     sglang_env(server: ServerSpec) -> dict[str, str]
     flag_set(version: str) -> FlagSet            the flag names of one supported SGLang version
     SGLangAdapter                                 the `EngineAdapter` for EngineKind.SGLANG (workers/engine.py)
+    expected_server_args(server) -> dict          what SGLang's /server_info will report for the keys we track
+    reported_server_args(info) -> dict            those keys from a /server_info answer (or ServerArgs.resolved_dict())
+    server_arg_changes(server, info) -> list[str] where the server runs something other than the config asked
+
+/server_info carries the resolved server args (0.5.23: `ServerArgs.resolved_dict()`; 0.5.10: the dataclass after
+`__post_init__`). Known rewrites: NGRAM sets num_steps = num_draft_tokens // topk and topk = the max BFS breadth;
+DFLASH forces num_steps = topk = 1; speculation sets max_running_requests = 48 when unset. Split prefill/decode
+backends fall back to --attention-backend; TARGET_VERIFY runs on the prefill backend unless
+--speculative-attention-mode decode (`orchestrator.validate.resolved_backends`).
 
 `engine.version` picks the flag set (`FLAG_SETS`; shared/docs/sglang-facts.md §0, docs/sglang.md has the table).
 Cross-field rules (what SGLang itself would reject at start-up) are checked at plan time by
@@ -20,9 +29,10 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 from orchestrator.spec import Algorithm, EngineKind, ServerSpec, SGLangOptions
-from orchestrator.validate import SGLANG_PLUGIN_BACKENDS, sglang_draft_backend
+from orchestrator.validate import SGLANG_PLUGIN_BACKENDS, resolved_backends, sglang_draft_backend
 
 LONGER_CONTEXT_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
 
@@ -135,6 +145,105 @@ def sglang_env(server: ServerSpec) -> dict[str, str]:
     return env
 
 
+# ServerArgs fields read from /server_info (and from resolved_dict() by workers/sglang_argcheck.py).
+SERVER_INFO_FIELDS = (
+    "attention_backend", "prefill_attention_backend", "decode_attention_backend", "speculative_attention_mode",
+    "page_size", "context_length", "tp_size", "speculative_algorithm", "speculative_num_steps",
+    "speculative_eagle_topk", "speculative_num_draft_tokens", "speculative_draft_attention_backend",
+    "speculative_draft_window_size", "max_running_requests",
+)
+# The keys we record (tags `sglang.<key>`): the fields above with the split backends resolved, and the verify one.
+SERVER_ARG_KEYS = (
+    "attention_backend", "prefill_backend", "decode_backend", "verify_backend", "page_size", "context_length",
+    "tp_size", "speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk",
+    "speculative_num_draft_tokens", "speculative_draft_attention_backend", "speculative_draft_window_size",
+    "max_running_requests",
+)
+# Which config key asked for each recorded value (for the change notes).
+_ASKED_BY = {
+    "attention_backend": "attention.backend", "prefill_backend": "attention.prefill_backend",
+    "decode_backend": "attention.decode_backend", "verify_backend": "attention.speculative_attention_mode",
+    "page_size": "page_size", "context_length": "server_context_len", "tp_size": "tp_size",
+    "speculative_algorithm": "drafter.algorithm", "speculative_num_steps": "drafter.num_steps",
+    "speculative_eagle_topk": "drafter.topk", "speculative_num_draft_tokens": "drafter.num_draft_tokens",
+    "speculative_draft_attention_backend": "attention.draft_backend",
+    "speculative_draft_window_size": "drafter.draft_window_size",
+    "max_running_requests": "engine.sglang.max_running_requests",
+}
+
+
+def _server_args(server: ServerSpec, *, predict: bool) -> dict[str, Any]:
+    """predict=False: what the config asks (None = left to SGLang); True: what SGLang will run with."""
+    a, d = server.attention, server.drafter
+    r = resolved_backends(a, d.algorithm)
+    opts = server.engine.sglang or SGLangOptions()
+    spec = d.algorithm is not Algorithm.NONE
+    out: dict[str, Any] = {"attention_backend": a.backend, "prefill_backend": r.prefill, "decode_backend": r.decode,
+                           "verify_backend": r.verify, "page_size": server.page_size,
+                           "context_length": server.context_length, "tp_size": server.tp_size,
+                           "speculative_algorithm": d.algorithm.value if spec else None,
+                           "max_running_requests": opts.max_running_requests}
+    steps = topk = tokens = draft_backend = window = None
+    if spec:
+        steps, topk, tokens = d.num_steps, d.topk, d.num_draft_tokens
+        draft_backend, window = sglang_draft_backend(a, d.algorithm), d.draft_window_size
+        if predict:
+            if d.algorithm is Algorithm.NGRAM:
+                steps = tokens // topk
+            elif d.algorithm is Algorithm.DFLASH:
+                steps = topk = 1
+                draft_backend = draft_backend or r.prefill
+            if opts.max_running_requests is None:
+                out["max_running_requests"] = 48
+    out.update(speculative_num_steps=steps, speculative_eagle_topk=topk, speculative_num_draft_tokens=tokens,
+               speculative_draft_attention_backend=draft_backend, speculative_draft_window_size=window)
+    return out
+
+
+def expected_server_args(server: ServerSpec) -> dict[str, Any]:
+    """The SERVER_ARG_KEYS values a validated spec's server reports (SGLang's known rewrites applied)."""
+    return _server_args(server, predict=True)
+
+
+def reported_server_args(info: Mapping[str, Any]) -> dict[str, Any]:
+    """SERVER_ARG_KEYS from a /server_info answer: split backends fall back to attention_backend; verify is the
+    decode backend with speculative_attention_mode=decode, else the prefill one (None without speculation)."""
+    backend = info.get("attention_backend")
+    prefill = info.get("prefill_attention_backend") or backend
+    decode = info.get("decode_attention_backend") or backend
+    spec = info.get("speculative_algorithm")
+    verify = None if not spec else decode if info.get("speculative_attention_mode") == "decode" else prefill
+    out = {k: info.get(k) for k in SERVER_ARG_KEYS}
+    out.update(prefill_backend=prefill, decode_backend=decode, verify_backend=verify)
+    return out
+
+
+def server_arg_changes(server: ServerSpec, info: Mapping[str, Any]) -> list[str]:
+    """One note per recorded value the server runs differently from what the config asked (keys the config
+    leaves to SGLang are not compared)."""
+    asked, ran = _server_args(server, predict=False), reported_server_args(info)
+    return [f"SGLang runs {key}={ran[key]!r}, asked {_ASKED_BY[key]} -> {asked[key]!r}"
+            for key in SERVER_ARG_KEYS if asked[key] is not None and ran[key] != asked[key]]
+
+
+def max_draft_depth(args: Mapping[str, Any]) -> int | None:
+    """The most drafts one verify step can accept, from reported server args: num_steps for the EAGLE family,
+    num_draft_tokens - 1 for NGRAM and DFLASH (a linear block, or a tree of that many nodes below its root)."""
+    algorithm = args.get("speculative_algorithm")
+    if not algorithm:
+        return None
+    if algorithm in (Algorithm.NGRAM.value, Algorithm.DFLASH.value):
+        tokens = args.get("speculative_num_draft_tokens")
+        return tokens - 1 if isinstance(tokens, int) and tokens > 1 else None
+    steps = args.get("speculative_num_steps")
+    return steps if isinstance(steps, int) and steps > 0 else None
+
+
+def server_arg_tags(args: Mapping[str, Any]) -> dict[str, str]:
+    """`sglang.<key>` run tags of reported server args."""
+    return {f"sglang.{k}": str(args.get(k)) for k in SERVER_ARG_KEYS}
+
+
 class SGLangAdapter:
     """`EngineAdapter` for SGLang (see workers/engine.py)."""
 
@@ -148,5 +257,7 @@ class SGLangAdapter:
         return sglang_env(server)
 
 
-__all__ = ["FLAG_SETS", "FlagSet", "LONGER_CONTEXT_ENV", "SGLangAdapter", "build_sglang_argv",
-           "flag_set", "sglang_env", "uses_plugin"]
+__all__ = ["FLAG_SETS", "FlagSet", "LONGER_CONTEXT_ENV", "SERVER_ARG_KEYS", "SERVER_INFO_FIELDS", "SGLangAdapter",
+           "build_sglang_argv", "expected_server_args", "flag_set", "max_draft_depth", "reported_server_args",
+           "server_arg_changes", "server_arg_tags",
+           "sglang_env", "uses_plugin"]

@@ -3,7 +3,8 @@
     python -m workers.sglang_argcheck [--sglang-path DIR] [--parse-only] < cases.jsonl > results.jsonl
 
 Each input line is `{"id": str, "argv": [flags...], "env": {NAME: VALUE}}` (argv without the interpreter and
-`-m module`); each output line is `{"id", "ok", "stage", "error", "resolved"}` with stage one of `parse` (argparse:
+`-m module`); each output line is `{"id", "ok", "stage", "error", "resolved"}` (`resolved`: the
+`workers.sglang.SERVER_INFO_FIELDS` SGLang's /server_info would report) with stage one of `parse` (argparse:
 unknown flag, bad choice, bad type), `resolve` (`ServerArgs.resolve_once()` + `check_server_args()` on >= 0.5.16;
 0.5.10 validates inside `prepare_server_args`) or `done`. `--sglang-path` puts another SGLang (an unpacked
 `pip install --no-deps --target DIR sglang==X`) first on sys.path.
@@ -31,6 +32,8 @@ import os
 import sys
 import types
 from typing import Any
+
+from workers.sglang import SERVER_INFO_FIELDS
 
 logger = logging.getLogger(__name__)
 
@@ -106,9 +109,10 @@ def check_one(argv: list[str], env: dict[str, str], parse_only: bool) -> dict[st
             if not parse_only and hasattr(server_args, "resolve_once"):
                 server_args.resolve_once()
                 server_args.check_server_args()
-        resolved = {k: _plain(getattr(server_args, k, None)) for k in
-                    ("attention_backend", "page_size", "speculative_algorithm", "speculative_eagle_topk",
-                     "speculative_num_draft_tokens", "speculative_draft_attention_backend", "context_length")}
+        # What /server_info will report: 0.5.23 resolves into a view (`resolved_dict()`, the raw fields keep the
+        # input); 0.5.10 resolved in place.
+        values = server_args.resolved_dict() if hasattr(server_args, "resolved_dict") else vars(server_args)
+        resolved = {k: _plain(values.get(k)) for k in SERVER_INFO_FIELDS}
         return {"ok": True, "stage": "done", "error": "", "resolved": resolved}
     except SystemExit as e:  # argparse
         return {"ok": False, "stage": stage, "error": err.getvalue().strip()[-2000:] or f"exit {e.code}",

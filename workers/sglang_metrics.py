@@ -7,12 +7,15 @@ Public API:
         told apart by the field names. DESIGN.md names: verify_steps, commit_len_mean (= (completion_tokens - 1)
         / spec_verify_ct, the first token comes from prefill), accept_rate (correct / proposed drafts),
         plus engine_accept_length (SGLang's own completion_tokens / spec_verify_ct) and the histogram.
-    parse_prometheus(text) -> dict[str, float]          sample values summed over labels, per metric name
+    parse_prometheus(text) -> dict[str, float]          sample values summed over labels, per sample name
+                                                        (prometheus_client's parser)
     accept_length_from_counters(before, after) -> float | None
-        Δ sglang:generation_tokens_total / Δ sglang:spec_verify_calls_total over a run (a cross-check)
-    accept_length_delta(avg_before, calls_before, avg_after, calls_after) -> float | None
-        `/server_info` internal_states[].avg_spec_accept_length is cumulative since server start (warm-up and
-        health requests included): only its change over a run, weighted by verify calls, means anything.
+        Δ sglang:generation_tokens_total / Δ sglang:spec_verify_calls_total between two scrapes of one run
+        (Prometheus counters are never reset; both move when a request finishes)
+    server_accept_length(info) -> float | None
+        `/server_info` internal_states[].avg_spec_accept_length (mean over the DP ranks reporting one). SGLang resets its
+        counters in /flush_cache (`MetricsReporter.reset_metrics`), so read after a run that began with a flush it
+        covers exactly that run's requests (no deltas: the flush breaks them).
     LogPatterns(patterns).feed(line) / .series     named-group regexes over server log lines -> per-step series
     follow_log(path, offset) -> (lines, new_offset)  new complete lines of a growing log file
 
@@ -23,9 +26,12 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
+
+from prometheus_client.parser import text_string_to_metric_families
 
 
 @dataclass(frozen=True)
@@ -102,24 +108,15 @@ def spec_metrics_from_meta_info(meta_info: Mapping[str, Any], version: str | Non
 
 # ---------------------------------------------------------------- /metrics (Prometheus text format)
 
-_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(?P<value>\S+)")
-
 
 def parse_prometheus(text: str) -> dict[str, float]:
-    """{metric name: sum over label sets} of every sample line (histogram buckets keep their own names)."""
+    """{sample name: sum over label sets} of every sample (histogram buckets keep their own names). A text the
+    Prometheus parser refuses raises ValueError."""
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        match = _SAMPLE.match(line)
-        if not match:
-            continue
-        try:
-            value = float(match["value"])
-        except ValueError:
-            continue
-        if not math.isnan(value):
-            out[match["name"]] = out.get(match["name"], 0.0) + value
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not math.isnan(sample.value):
+                out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
     return out
 
 
@@ -140,12 +137,16 @@ def accept_length_from_counters(before: Mapping[str, float], after: Mapping[str,
     return (gen_a - gen_b) / calls if calls > 0 else None
 
 
-def accept_length_delta(avg_before: float, calls_before: float, avg_after: float, calls_after: float) -> float | None:
-    """Accept length over an interval from the cumulative `avg_spec_accept_length` and verify-call counts."""
-    calls = calls_after - calls_before
-    if calls <= 0:
+def server_accept_length(info: Mapping[str, Any]) -> float | None:
+    """avg_spec_accept_length of /server_info's internal_states (one per DP rank; ranks without verify steps
+    report none). Meaningful for one run only when that run started with /flush_cache (see the module doc)."""
+    states = info.get("internal_states")
+    if not isinstance(states, list):
         return None
-    return (avg_after * calls_after - avg_before * calls_before) / calls
+    values = [float(st["avg_spec_accept_length"]) for st in states
+              if isinstance(st, dict) and isinstance(st.get("avg_spec_accept_length"), (int, float))
+              and not isinstance(st.get("avg_spec_accept_length"), bool)]
+    return statistics.fmean(values) if values else None
 
 
 # ---------------------------------------------------------------- server log lines -> per-step series

@@ -30,7 +30,8 @@ from orchestrator.plan import build_server
 from orchestrator.schema import register_configs, to_run_config
 from orchestrator.spec import Algorithm, AttentionKind, ModelSpec
 from orchestrator.validate import ConfigError, validate_run
-from workers.sglang import LONGER_CONTEXT_ENV, build_sglang_argv, sglang_env
+from workers.sglang import (LONGER_CONTEXT_ENV, SERVER_ARG_KEYS, build_sglang_argv, expected_server_args,
+                            reported_server_args, sglang_env)
 
 ROOT = Path(__file__).resolve().parents[2]
 SGLANG_0_5_10 = Path(os.environ.get("SPECSWEEP_SGLANG_0_5_10", ROOT / ".venv" / "sglang-0.5.10"))
@@ -84,58 +85,88 @@ def _compose(overrides: list[str]):
     return to_run_config(cfg, tuple(overrides), cwd=str(ROOT))
 
 
-def _grid(tmp: Path) -> tuple[list[tuple[str, list[str], dict[str, str], str]], int]:
-    """[(id, argv without interpreter/module, env, version)] for every valid point, and the number rejected."""
-    cases, rejected, dirs = [], 0, {}
-    for model in _names("model"):
+# attention variants beyond conf/attention: the kernel as the decode half of a split, with and without the mode
+# that makes it verify
+ATTENTION_VARIANTS = {
+    "split-decode-ours": ["attention=triton", "attention.decode_backend=specsweep_verify"],
+    "split-decode-ours-mode-decode": ["attention=triton", "attention.decode_backend=specsweep_verify",
+                                      "attention.speculative_attention_mode=decode"],
+    "split-prefill-ours-mode-decode": ["attention=specsweep_verify", "attention.decode_backend=triton",
+                                       "attention.speculative_attention_mode=decode"],
+}
+
+
+@dataclasses.dataclass
+class Point:
+    name: str
+    version: str
+    argv: list[str]  # without interpreter and module
+    env: dict[str, str]
+    problems: list  # our validation's Problems; empty = accepted
+    server: object  # ServerSpec, with local model dirs
+
+
+def _attention_choices() -> list[tuple[str, list[str]]]:
+    return [(a, [f"attention={a}"]) for a in _names("attention")] + list(ATTENTION_VARIANTS.items())
+
+
+def _grid(tmp: Path, versions=("0.5.23", "0.5.10"), *, null_paths: bool = False) -> list[Point]:
+    """Every point of engine=sglang x conf/model x conf/drafter x attention (conf/ + ATTENTION_VARIANTS) x a tree
+    and a draft-window variant of each drafter x page size x version, accepted or not. Models built into the
+    reference engine are left out (SGLang cannot load them: our validation refuses them by name).
+    null_paths: also the drafters that need a draft path without one."""
+    points, dirs = [], {}
+    models = [m for m in _names("model") if m not in ("tiny", "tiny-draft")]
+    for model in models:
         for drafter in _names("drafter"):
-            for attention in _names("attention"):
-                base = ["engine=sglang", f"model={model}", f"drafter={drafter}", f"attention={attention}"]
+            for attention, attn_overrides in _attention_choices():
+                base = ["engine=sglang", f"model={model}", f"drafter={drafter}", *attn_overrides]
+                rc0 = _compose(base)
                 variants = [base]
-                try:
-                    rc0 = _compose(base)
-                except ConfigError:
-                    rejected += 1
-                    continue
                 if rc0.drafter.algorithm not in (Algorithm.NONE, Algorithm.DFLASH):
                     variants.append(base + list(TREE) + (["drafter.num_steps=3"] if rc0.drafter.algorithm
                                                          is not Algorithm.NGRAM else []))
+                if rc0.drafter.algorithm is not Algorithm.NONE:
+                    variants.append(base + ["drafter.draft_window_size=64"])
                 for overrides in variants:
                     rc = _compose(overrides)
-                    for version in ("0.5.23", "0.5.10"):
+                    for version in versions:
                         for page in PAGE_SIZES:
                             point = dataclasses.replace(rc, page_size=page, engine=dataclasses.replace(
                                 rc.engine, version=version))
-                            if rc.drafter.draft_model_path is None and rc.drafter.algorithm in (
-                                    Algorithm.EAGLE3, Algorithm.STANDALONE, Algorithm.DFLASH):
-                                point = dataclasses.replace(point, drafter=dataclasses.replace(
-                                    point.drafter, draft_model_path="org/draft-model"))
-                            if validate_run(point):
-                                rejected += 1
-                                continue
-                            # local config.json dirs stand in for the HF ids of conf/model
-                            m = point.model
-                            target = dirs.setdefault(m.name, _write_model(tmp / m.name, m))
-                            draft = target if point.drafter.is_oracle else dirs.setdefault(
-                                "draft-" + m.name, _write_model(tmp / ("draft-" + m.name), dataclasses.replace(
-                                    m, num_layers=1)))
-                            local = dataclasses.replace(point, model=dataclasses.replace(m, path=target))
-                            if local.drafter.draft_model_path:
-                                local = dataclasses.replace(local, drafter=dataclasses.replace(
-                                    local.drafter, draft_model_path=draft))
-                            server = build_server(local)
-                            argv = build_sglang_argv(server, 30000)
-                            name = f"{version} page={page} " + " ".join(overrides[1:])
-                            cases.append((name, argv[3:], sglang_env(server), version))
-    return cases, rejected
+                            paths = [None, "org/draft-model"] if null_paths else ["org/draft-model"]
+                            needs_path = rc.drafter.draft_model_path is None and rc.drafter.algorithm in (
+                                Algorithm.EAGLE3, Algorithm.STANDALONE, Algorithm.DFLASH)
+                            for path in paths if needs_path else [rc.drafter.draft_model_path]:
+                                p = dataclasses.replace(point, drafter=dataclasses.replace(
+                                    point.drafter, draft_model_path=path))
+                                name = (f"{version} page={page} {attention} " + " ".join(overrides[1:]) +
+                                        (" no-draft-path" if needs_path and path is None else ""))
+                                points.append(_point(p, name, version, tmp, dirs))
+    return points
+
+
+def _point(rc, name: str, version: str, tmp: Path, dirs: dict) -> Point:
+    problems = validate_run(rc)
+    # local config.json dirs stand in for the HF ids of conf/model
+    m = rc.model
+    target = dirs.setdefault(m.name, _write_model(tmp / m.name, m))
+    draft = target if rc.drafter.is_oracle else dirs.setdefault(
+        "draft-" + m.name, _write_model(tmp / ("draft-" + m.name), dataclasses.replace(m, num_layers=1)))
+    local = dataclasses.replace(rc, model=dataclasses.replace(m, path=target))
+    if local.drafter.draft_model_path:
+        local = dataclasses.replace(local, drafter=dataclasses.replace(local.drafter, draft_model_path=draft))
+    server = build_server(local)
+    return Point(name, version, build_sglang_argv(server, 30000)[3:], sglang_env(server), problems, server)
 
 
 def _check(cases, *, sglang_path: Path | None = None) -> dict[str, dict]:
+    """cases: [(id, argv, env, version)] -> {id: argcheck result}, plus "_header"."""
     cmd = [sys.executable, "-m", "workers.sglang_argcheck"]
     if sglang_path:
         cmd += ["--sglang-path", str(sglang_path)]
     stdin = "".join(json.dumps({"id": cid, "argv": argv, "env": env}) + "\n" for cid, argv, env, _ in cases)
-    proc = subprocess.run(cmd, input=stdin, capture_output=True, text=True, cwd=ROOT, timeout=900,
+    proc = subprocess.run(cmd, input=stdin, capture_output=True, text=True, cwd=ROOT, timeout=1800,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert proc.returncode == 0 and lines, f"argcheck failed:\n{proc.stderr[-3000:]}"
@@ -146,28 +177,65 @@ def _check(cases, *, sglang_path: Path | None = None) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def grid(tmp_path_factory):
-    return _grid(tmp_path_factory.mktemp("sglang-models"))
+    return _grid(tmp_path_factory.mktemp("sglang-models"), versions=("0.5.10",))
 
 
-# ---------------------------------------------------------------- every conf combination passes SGLang
+# ---------------------------------------------------------------- our verdict = SGLang 0.5.23's verdict
+
+# Rules of ours that SGLang's parser cannot see (it accepts the point and keeps what we asked), each with why the
+# point would still not measure what its labels say. Every other rejection must be an SGLang rejection or an
+# SGLang rewrite (resolved values != what the point asks).
+OURS_ONLY = [  # (key, words of its `allowed`)
+    ("attention.speculative_attention_mode", "would never verify"),  # the kernel is not the verify backend
+    ("attention.prefill_backend", "without speculation"),  # prefill-only kernel without speculation: never runs
+    ("attention.backend", "MLA model"),  # the plugin hands MLA layers to SGLang's Triton backend
+    ("attention.decode_backend", "MLA model"),
+    ("attention.prefill_backend", "MLA model"),
+    ("drafter.draft_window_size", "ignores the draft window"),  # NGRAM/STANDALONE: SGLang says "has no effect"
+    ("drafter.draft_model_path", "draft with the target itself"),  # that would be the oracle, unlabelled
+    ("attention.draft_backend", "draft worker does not support"),  # EAGLE draft worker: fails at start-up
+]
 
 
-def test_every_conf_combination_passes_sglang_0_5_23(grid):
+def _ours_only(problems) -> bool:
+    return all(any(p.key == key and words in p.allowed for key, words in OURS_ONLY) for p in problems)
+
+
+def test_our_verdict_equals_sglang_0_5_23_on_every_conf_combination(tmp_path):
     _require(_sglang_installed(), "sglang is not installed (pip install --no-deps sglang==0.5.23, see docs/sglang.md)")
-    cases, rejected = grid
-    cases = [c for c in cases if c[3] == "0.5.23"]
-    results = _check(cases)
+    points = _grid(tmp_path, versions=("0.5.23",), null_paths=True)
+    results = _check([(p.name, p.argv, p.env, p.version) for p in points])
     assert results.pop("_header")["sglang_version"] == "0.5.23"
-    failed = {cid: r["error"] for cid, r in results.items() if not r["ok"]}
-    print(f"\nSGLang 0.5.23 parsed+resolved {len(cases) - len(failed)}/{len(cases)} argv; "
-          f"our validation rejected {rejected} grid points (both versions)")
-    assert len(cases) >= 100 and not failed, json.dumps(failed, indent=1)[:6000]
+    wrong: dict[str, str] = {}
+    counts = {"accepted": 0, "sglang rejects": 0, "sglang rewrites": 0, "ours only": 0}
+    for p in points:
+        r = results[p.name]
+        resolved = reported_server_args(r["resolved"]) if r["ok"] else {}
+        expected = expected_server_args(p.server)
+        differs = {k: (expected[k], resolved[k]) for k in SERVER_ARG_KEYS if resolved and resolved[k] != expected[k]}
+        if not p.problems:
+            counts["accepted"] += 1
+            if not r["ok"]:
+                wrong[p.name] = f"ours accepts, SGLang rejects: {r['error'][-300:]}"
+            elif differs:
+                wrong[p.name] = f"ours accepts, SGLang resolves differently (expected, got): {differs}"
+        elif not r["ok"]:
+            counts["sglang rejects"] += 1
+        elif differs:
+            counts["sglang rewrites"] += 1
+        elif _ours_only(p.problems):
+            counts["ours only"] += 1
+        else:
+            wrong[p.name] = f"ours rejects ({'; '.join(map(str, p.problems))}), SGLang accepts it unchanged"
+    print(f"\nSGLang 0.5.23 verdicts over {len(points)} points: {counts}")
+    assert counts["accepted"] >= 100 and counts["sglang rejects"] and counts["sglang rewrites"] and counts["ours only"]
+    assert not wrong, json.dumps(wrong, indent=1)[:8000]
 
 
 def test_every_conf_combination_passes_sglang_0_5_10(grid):
     _require(SGLANG_0_5_10.is_dir() and _sglang_installed(),
              f"SGLang 0.5.10 not unpacked at {SGLANG_0_5_10} (pip install --no-deps --target ... sglang==0.5.10)")
-    cases = [c for c in grid[0] if c[3] == "0.5.10"]
+    cases = [(p.name, p.argv, p.env, p.version) for p in grid if p.version == "0.5.10" and not p.problems]
     results = _check(cases, sglang_path=SGLANG_0_5_10)
     assert results.pop("_header")["sglang_version"] == "0.5.10"
     failed = {cid: r["error"] for cid, r in results.items() if not r["ok"]}

@@ -6,10 +6,10 @@ import pytest
 
 from workers.sglang_metrics import (
     LogPatterns,
-    accept_length_delta,
     accept_length_from_counters,
     follow_log,
     parse_prometheus,
+    server_accept_length,
     spec_metrics_from_meta_info,
 )
 
@@ -78,12 +78,18 @@ def test_prometheus_labels_summed_and_suffixless_counter():
     assert accept_length_from_counters({"sglang:generation_tokens": 0, "sglang:spec_verify_calls": 0}, s) == 3
 
 
-def test_avg_spec_accept_length_only_as_a_delta():
-    # warm-up: 10 verify calls at 1.0 (cumulative avg 1.0); the run adds 21 calls committing 64 tokens
-    avg_after = (10 * 1.0 + 64) / 31
-    assert accept_length_delta(1.0, 10, avg_after, 31) == pytest.approx(64 / 21)
-    assert avg_after != pytest.approx(64 / 21)  # the cumulative figure alone would be wrong
-    assert accept_length_delta(1.0, 10, 1.0, 10) is None
+def test_server_accept_length_is_read_after_a_flushed_run():
+    """SGLang's /flush_cache resets avg_spec_accept_length's counters (MetricsReporter.reset_metrics), so the value
+    read after a run that started with a flush is that run's; a DP rank without verify steps reports none."""
+    info = {"internal_states": [{"avg_spec_accept_length": 64 / 21, "last_gen_throughput": 10.0},
+                                {"last_gen_throughput": 0.0}], "version": "0.5.23"}
+    assert server_accept_length(info) == pytest.approx(64 / 21)
+    assert server_accept_length({"internal_states": [{}]}) is None and server_accept_length({}) is None
+
+
+def test_prometheus_text_the_parser_refuses_raises():
+    with pytest.raises(ValueError):
+        parse_prometheus("sglang:generation_tokens_total{model_name=\"x\" 5\n")  # unclosed label set
 
 
 def test_log_patterns_become_per_step_series(tmp_path):

@@ -1,0 +1,205 @@
+"""What a run records from an SGLang server: /server_info's resolved args (from SGLang 0.5.23's own resolver), the
+changes SGLang made to what the config asked, the per-depth acceptance and the /metrics and /server_info
+cross-checks, and probe.concurrency as parallel requests.
+
+An SGLang server cannot run here (no GPU). The stand-in below serves SGLang 0.5.23's HTTP subset in its documented
+formats (shared/docs/sglang-facts.md §2): its /server_info fields are what SGLang's `ServerArgs.resolved_dict()`
+returned for the run's own argv (workers/sglang_argcheck.py, a real parse + resolve), its /metrics is Prometheus
+text with SGLang's metric names, and it resets avg_spec_accept_length in /flush_cache as SGLang does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from orchestrator.plan import build_run
+from orchestrator.spec import RunState
+from workers.probe import run_probe
+from workers.server_worker import GroupRunner, read_server_args
+from workers.sglang import SERVER_INFO_FIELDS, build_sglang_argv, expected_server_args, reported_server_args
+
+from tests.workers.test_sglang_args import _check, _compose, _require, _sglang_installed, _write_model
+
+# one request: 64 tokens in 21 verify steps, 2 drafts accepted per step on average (42 of 21 x 4 NGRAM nodes)
+HISTOGRAM = [2, 4, 7, 8]  # verify steps that accepted k = 0..3 drafts: 21 steps, 42 drafts
+
+
+class FakeSGLang:
+    """SGLang 0.5.23's /generate, /flush_cache, /server_info and /metrics, with the counters they imply."""
+
+    def __init__(self, resolved: dict):
+        self.resolved = resolved
+        self.lock = threading.Lock()
+        self.generation_tokens, self.verify_calls = 1000.0, 400.0  # Prometheus counters since start
+        self.accept_tokens, self.forward_ct = 50.0, 20.0  # MetricsReporter's, reset by /flush_cache
+        self.requests = 0
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def meta(self, prompt_tokens: int) -> dict:
+        return {"id": "r", "finish_reason": {"type": "length", "length": 64}, "prompt_tokens": prompt_tokens,
+                "completion_tokens": 64, "cached_tokens": 0, "e2e_latency": 0.5, "spec_verify_ct": 21,
+                "spec_accept_rate": 42 / 84, "spec_accept_length": 64 / 21, "spec_num_correct_drafts": 42,
+                "spec_num_proposed_drafts": 84, "spec_correct_drafts_histogram": HISTOGRAM}
+
+    def _handler(self):
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _send(self, code: int, body: str, ctype: str = "application/json") -> None:
+                data = body.encode()
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                if self.path == "/server_info":
+                    with fake.lock:
+                        avg = fake.accept_tokens / fake.forward_ct if fake.forward_ct else None
+                    state = {"last_gen_throughput": 1.0, "memory_usage": {}}
+                    if avg is not None:
+                        state["avg_spec_accept_length"] = avg
+                    self._send(200, json.dumps({**fake.resolved, "launch_command": "x", "version": "0.5.23",
+                                                "internal_states": [state]}))
+                elif self.path == "/metrics":
+                    with fake.lock:
+                        text = ("# HELP sglang:generation_tokens_total Number of generation tokens processed.\n"
+                                "# TYPE sglang:generation_tokens_total counter\n"
+                                f'sglang:generation_tokens_total{{model_name="m"}} {fake.generation_tokens}\n'
+                                "# HELP sglang:spec_verify_calls_total Number of speculative verify calls.\n"
+                                "# TYPE sglang:spec_verify_calls_total counter\n"
+                                f'sglang:spec_verify_calls_total{{model_name="m"}} {fake.verify_calls}\n'
+                                "# TYPE sglang:spec_accept_length gauge\n"
+                                'sglang:spec_accept_length{model_name="m"} 2.9\n')
+                    self._send(200, text, "text/plain; version=0.0.4")
+                else:
+                    self._send(404, "{}")
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                if self.path == "/flush_cache":
+                    with fake.lock:
+                        fake.accept_tokens = fake.forward_ct = 0.0
+                    self._send(200, "Cache flushed.", "text/plain")
+                elif self.path == "/generate":
+                    prompt = body.get("input_ids") or body.get("text") or ""
+                    with fake.lock:
+                        fake.requests += 1
+                        fake.generation_tokens += 64
+                        fake.verify_calls += 21
+                        fake.accept_tokens += 64
+                        fake.forward_ct += 21
+                    self._send(200, json.dumps({"text": "x" * 64, "output_ids": list(range(64)),
+                                                "meta_info": fake.meta(len(prompt))}))
+                else:
+                    self._send(404, "{}")
+
+        return Handler
+
+
+@pytest.fixture(scope="module")
+def ngram_point(tmp_path_factory):
+    """qwen3-8b x drafter=ngram (num_steps 4, 5 draft tokens) on SGLang 0.5.23, and SGLang's own resolution."""
+    _require(_sglang_installed(), "sglang is not installed (pip install --no-deps sglang==0.5.23, see docs/sglang.md)")
+    rc = _compose(["engine=sglang", "model=qwen3-8b", "drafter=ngram", "attention=triton", "page_size=1",
+                   "context_len=256", "gen_tokens=64"])
+    target = _write_model(tmp_path_factory.mktemp("m") / "qwen", rc.model)
+    rc = dataclasses.replace(rc, model=dataclasses.replace(rc.model, path=target))
+    run = build_run(rc, 0)
+    results = _check([("ngram", build_sglang_argv(run.server, 30000)[3:], {}, "0.5.23")])
+    assert results["ngram"]["ok"], results["ngram"]["error"]
+    return run, results["ngram"]["resolved"]
+
+
+@pytest.fixture
+def fake(ngram_point):
+    server = FakeSGLang(ngram_point[1])
+    yield server
+    server.close()
+
+
+def test_sglang_resolution_of_ngram_is_what_we_expect(ngram_point):
+    run, resolved = ngram_point
+    assert set(resolved) == set(SERVER_INFO_FIELDS)
+    assert reported_server_args(resolved) == expected_server_args(run.server)
+    assert resolved["speculative_num_steps"] == 5  # num_draft_tokens // topk, not drafter.num_steps = 4
+
+
+def test_server_args_are_read_once_and_changes_flagged(fake, ngram_point):
+    run, _ = ngram_point
+    args = read_server_args(fake.base_url, run.server, pid=1)
+    assert args.tags["sglang.verify_backend"] == "triton" and args.tags["sglang.prefill_backend"] == "triton"
+    assert args.tags["sglang.speculative_num_steps"] == "5" and args.tags["sglang.speculative_eagle_topk"] == "1"
+    assert args.tags["sglang.speculative_num_draft_tokens"] == "5" and args.tags["sglang.page_size"] == "1"
+    assert args.notes == ["SGLang runs speculative_num_steps=5, asked drafter.num_steps -> 4"]
+    assert args.tags["sglang.changed"] == args.notes[0]
+
+
+def test_probe_reads_depth_acceptance_and_cross_checks(fake, ngram_point):
+    run, _ = ngram_point
+    m = run_probe(fake.base_url, run.probe, run.server.engine.kind, expect_spec=True, version="0.5.23",
+                  max_depth=4, model_path="/nonexistent")
+    assert m.metrics["commit_len_mean"] == pytest.approx(3.0)  # (64 - 1) / 21
+    assert m.metrics["engine_accept_length"] == pytest.approx(64 / 21)
+    assert m.metrics["accept_rate"] == pytest.approx(0.5)  # 42 of 21 x (5 - 1) tree nodes
+    assert m.series["accept_at_depth"] == pytest.approx([19 / 21, 15 / 21, 8 / 21])  # >= 1, 2, 3 drafts
+    assert m.metrics["depth_accept_rate"] == pytest.approx(2 / 4)  # 2 drafts a step of at most 4
+
+
+def test_group_runner_records_server_args_and_cross_checks(fake, ngram_point, tmp_path):
+    """The run path of GroupRunner against the stand-in (an SGLang process cannot start here)."""
+    run, _ = ngram_point
+
+    class Engine:  # the running engine, as EngineProcess exposes it to the runner
+        base_url, pid, alive = fake.base_url, os.getpid(), True
+
+        def log_tail(self):
+            return ""
+
+        def poll(self):
+            return None
+
+        def stop(self):
+            pass
+
+    runner = GroupRunner(run.server, tmp_path)
+    runner.engine, runner.engine_starts = Engine(), 1
+    results = [runner.run(run), runner.run(dataclasses.replace(run, job_index=1))]
+    for r in results:
+        assert r.state is RunState.FINISHED, r.message
+        assert r.tags["sglang.verify_backend"] == "triton" and r.tags["sglang.speculative_num_steps"] == "5"
+        assert "speculative_num_steps=5" in r.message and "drafter.num_steps -> 4" in r.message
+        assert r.metrics["engine_accept_length_metrics"] == pytest.approx(64 / 21)  # Δ 64 tokens / Δ 21 calls
+        assert r.metrics["engine_accept_length_server"] == pytest.approx(64 / 21)  # reset by the run's flush
+        assert r.metrics["depth_accept_rate"] == pytest.approx(2 / 4)  # max depth = 5 draft tokens - 1
+    assert fake.requests == 2
+
+
+def test_concurrency_sends_parallel_requests_and_aggregates(fake, ngram_point):
+    run, _ = ngram_point
+    probe = dataclasses.replace(run.probe, concurrency=4)
+    m = run_probe(fake.base_url, probe, run.server.engine.kind, expect_spec=True, version="0.5.23",
+                  model_path="/nonexistent")
+    assert fake.requests == 4
+    assert m.metrics["requests"] == 4 and m.metrics["completion_tokens"] == 64  # per request
+    assert m.metrics["commit_len_mean"] == pytest.approx(3.0) and m.metrics["verify_steps"] == 21
+    assert m.metrics["throughput_tok_s"] == pytest.approx(4 * 64 / m.metrics["wall_s"])
+    assert m.metrics["accept_rate"] == pytest.approx(0.5)
+    assert m.series["accept_at_depth"] == pytest.approx([19 / 21, 15 / 21, 8 / 21])
