@@ -15,7 +15,9 @@ Both are what workers/sglang.py emits for `attention=specsweep_verify`. `registe
 What runs our kernel: `forward_extend` in TARGET_VERIFY mode (T draft tokens per request against the cached
 prefix, `spec_info.custom_mask` -> tree mask; None = a linear chain, causal) and `forward_decode` (T = 1). Everything
 else (prefill / plain extend, draft-extend, MLA, sliding window, sinks, logit soft-cap, fp8 KV scales, decode
-context parallelism, head dims the kernel does not take, T > 64) goes to `TritonAttnBackend` unchanged.
+context parallelism, head dims the kernel does not take, T > 64) goes to `TritonAttnBackend` unchanged. Because
+MLA layers would silently run Triton, `orchestrator.validate` refuses specsweep_verify with an MLA model on SGLang,
+and refuses split backends where SGLang would verify on the other backend (docs/sglang.md).
 Metadata is the parent's: `forward_metadata.kv_indptr/kv_indices` (verify prefix, token slot ids at any page
 size), `req_to_token` rows (decode prefix), and its CUDA-graph buffers; the kernel's workspace is allocated in
 `init_cuda_graph_state` (or on first use) for the largest batch, so replays allocate nothing.

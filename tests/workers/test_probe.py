@@ -193,3 +193,15 @@ def test_non_streaming_generate_and_bad_request(oracle_engine):
     assert gen.client_ttft_s is None and len(gen.output_ids) == 5
     with pytest.raises(BadResponse, match="400"):
         client.generate(prompt, 0)
+
+
+def test_a_tokenizer_without_a_vocabulary_falls_back_to_text(tmp_path):
+    """A model dir with only config.json makes transformers build a 1-token tokenizer: the prompt builder must not
+    grow the text forever (it used to, until the process ran out of memory)."""
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 64, "intermediate_size": 128,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32, "num_hidden_layers": 1,
+        "vocab_size": 64, "max_position_embeddings": 4096}))
+    p = build_prompt(ProbeSpec(kind=ProbeKind.PREDICTABLE, context_len=100, gen_tokens=1), EngineKind.SGLANG,
+                     model_path=str(tmp_path))
+    assert p.input_ids is None and len(p.text) == 400

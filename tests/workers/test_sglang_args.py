@@ -29,7 +29,7 @@ from hydra import compose, initialize_config_module
 from orchestrator.plan import build_server
 from orchestrator.schema import register_configs, to_run_config
 from orchestrator.spec import Algorithm, AttentionKind, ModelSpec
-from orchestrator.validate import ConfigError, validate_run
+from orchestrator.validate import REFERENCE_MODEL_PATHS, ConfigError, validate_run
 from workers.sglang import (LONGER_CONTEXT_ENV, SERVER_ARG_KEYS, build_sglang_argv, expected_server_args,
                             reported_server_args, sglang_env)
 
@@ -116,7 +116,8 @@ def _grid(tmp: Path, versions=("0.5.23", "0.5.10"), *, null_paths: bool = False)
     reference engine are left out (SGLang cannot load them: our validation refuses them by name).
     null_paths: also the drafters that need a draft path without one."""
     points, dirs = [], {}
-    models = [m for m in _names("model") if m not in ("tiny", "tiny-draft")]
+    models = [m for m in _names("model")
+              if _compose(["engine=sglang", f"model={m}"]).model.path not in REFERENCE_MODEL_PATHS]
     for model in models:
         for drafter in _names("drafter"):
             for attention, attn_overrides in _attention_choices():
