@@ -195,6 +195,7 @@ OURS_ONLY = [  # (key, words of its `allowed`)
     ("drafter.draft_window_size", "ignores the draft window"),  # NGRAM/STANDALONE: SGLang says "has no effect"
     ("drafter.draft_model_path", "draft with the target itself"),  # that would be the oracle, unlabelled
     ("attention.draft_backend", "draft worker does not support"),  # EAGLE draft worker: fails at start-up
+    ("drafter.draft_num_layers", "SGLang has no such flag"),  # layer skipping is the reference engine's
 ]
 
 
