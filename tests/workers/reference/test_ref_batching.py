@@ -105,6 +105,7 @@ def test_a_request_waits_until_the_kv_pool_can_hold_it(make_engine):
     alone = [engine.generate(*job).output_ids for job in jobs]
     together = run_concurrently(engine, jobs, stagger_s=0.05)
     assert [out.output_ids for out in together] == alone
+    assert 1 < engine.stats.max_batch_size < 4  # the pool never held all four at once
     alloc = engine.target.pool.allocator
     assert alloc.num_free == alloc.num_pages
 
