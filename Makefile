@@ -23,7 +23,7 @@ setup: $(BIN)/python
 	$(BIN)/pip install -q --no-deps --target $(VENV)/sglang-0.5.10 sglang==0.5.10
 
 run:
-	$(BIN)/python -m orchestrator +sweep=longctx
+	$(BIN)/specsweep +sweep=longctx
 
 test:
 	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q -ra tests

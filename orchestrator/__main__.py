@@ -1,4 +1,4 @@
-"""The Hydra app: `python -m orchestrator [overrides]` (one run) or `... +sweep=NAME` (a sweep).
+"""The Hydra app: `specsweep [overrides]` or `python -m orchestrator [overrides]` (one run), `... +sweep=NAME` (a sweep).
 
 A sweep goes through the `specsweep` launcher (hydra_plugins/specsweep_launcher), which plans and
 executes every job at once; a single run calls the same core with one job. Before Hydra composes,
@@ -24,7 +24,7 @@ register_configs()
 
 
 @hydra.main(config_path="pkg://conf", config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> object:
+def app(cfg: DictConfig) -> object:
     from hydra.core.hydra_config import HydraConfig
 
     from orchestrator.launcher_core import launch_single
@@ -44,14 +44,19 @@ def argv_overrides(argv: Sequence[str]) -> list[str]:
     return list(args.overrides or [])
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """The `specsweep` console script (pyproject's [project.scripts]); reads `sys.argv` as Hydra does."""
     if problems := override_key_problems(argv_overrides(sys.argv[1:])):
         sys.exit(str(ConfigError(problems)))
     try:
-        main()
+        app()
     except KeyboardInterrupt as interrupt:
         from orchestrator.execute import Terminated  # already imported: only a sweep raises it
 
         if isinstance(interrupt, Terminated):  # SIGTERM, cleaned up like Ctrl-C: exit 143, not as SIGINT
             sys.exit(Terminated.exit_code)
         raise
+
+
+if __name__ == "__main__":
+    main()

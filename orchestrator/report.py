@@ -1,6 +1,6 @@
 """Sweep report: summary table (CSV, Markdown, HTML), plots (PNG) and `diagnosis.md` on the parent run.
 
-    python -m orchestrator.report <sweep name | parent run id> [--tracking-uri URI]
+    specsweep-report <sweep name | parent run id> [--tracking-uri URI]     # or python -m orchestrator.report
 
 Runs at the end of every sweep (the launcher calls `write_report`) and on demand. With a sweep name
 it reports the latest parent run of that experiment (a stub-engine sweep's experiment is `<sweep name>-stub`).
@@ -416,7 +416,7 @@ def print_report(report: Report) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.report", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="specsweep-report", description=__doc__.split("\n")[0])
     parser.add_argument("target", help="sweep name (its latest parent run) or a parent run id")
     parser.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db"))
     args = parser.parse_args(argv)

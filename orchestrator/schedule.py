@@ -1,9 +1,11 @@
 """Cron-scheduled sweeps submitted as Ray Jobs: never doubled, never silently lost.
 
-    python -m orchestrator.schedule list              # schedules and their next firing times
-    python -m orchestrator.schedule run               # the daemon
-    python -m orchestrator.schedule fire NAME         # submit one firing now
-    python -m orchestrator.schedule history [NAME]    # what was submitted or skipped, and why
+    specsweep-schedule list              # schedules and their next firing times
+    specsweep-schedule run               # the daemon
+    specsweep-schedule fire NAME         # submit one firing now
+    specsweep-schedule history [NAME]    # what was submitted or skipped, and why
+
+(`specsweep-schedule` is the console script; `python -m orchestrator.schedule` is the same.)
 
 A schedule is one YAML file in `conf/schedule/` (or `--schedule-dir`):
 
@@ -530,7 +532,7 @@ def _print_table(rows: list[list[str]], header: list[str]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.schedule", description=__doc__.split("\n")[0],
+    parser = argparse.ArgumentParser(prog="specsweep-schedule", description=__doc__.split("\n")[0],
                                      allow_abbrev=False)
     parser.add_argument("--schedule-dir", type=Path, default=None, help="folder of schedule YAML files")
     parser.add_argument("--state", type=Path, default=Path(DEFAULT_STATE), help="SQLite state file")
