@@ -677,7 +677,6 @@ def _verify_attention_launch(
         per_sm = _programs_per_sm(_verify_attention_kernel, args, constexprs, q)
         num_splits = _num_splits(num_kv_heads=num_kv_heads, m_blocks=m_blocks, slots=sm_count * per_sm,
                                  max_splits=workspace.max_splits)
-    assert 1 <= num_splits <= workspace.max_splits, f"num_splits={num_splits} outside 1..{workspace.max_splits}"
     args = args[:13] + (num_splits,) + args[14:]
     global _last_compiled
     _last_compiled = _verify_attention_kernel[(m_blocks, num_kv_heads, batch + num_splits)](*args, **constexprs)
@@ -737,7 +736,6 @@ def _single_request_launch(
         num_splits = _num_splits(num_kv_heads=num_kv_heads, m_blocks=m_blocks,
                                  slots=_device_limits(_device_index(q.device))[1] * per_sm,
                                  max_splits=workspace.max_splits)
-    assert 1 <= num_splits <= workspace.max_splits, f"num_splits={num_splits} outside 1..{workspace.max_splits}"
     args = args[:12] + (num_splits,) + args[13:]
     global _last_compiled
     _last_compiled = _single_request_kernel[(m_blocks, num_kv_heads, num_splits + 1)](*args, **constexprs)
@@ -790,6 +788,101 @@ def _is_pow2(x: int) -> bool:
     return x > 0 and x & (x - 1) == 0
 
 
+def _shape(t: Tensor) -> tuple[int, ...]:
+    return tuple(t.shape)
+
+
+def _check_inputs(
+    *, q: Tensor, k_buffer: Tensor, v_buffer: Tensor | None, k_new: Tensor, v_new: Tensor | None, tree_mask: Tensor,
+    out: Tensor, workspace: VerifyWorkspace, kv_indptr: Tensor | None, kv_indices: Tensor | None,
+    page_table: Tensor | None, prefix_lens: Tensor | None, page_size: int, num_splits: int | None,
+) -> None:
+    """verify_attention's arguments: ValueError (shape, layout, range) or TypeError (dtype) naming the argument,
+    what it is and what is allowed; raised before any kernel runs (explicit checks: `python -O` keeps them)."""
+    if q.dim() != 4:
+        raise ValueError(f"q: shape {_shape(q)}; allowed: [B, T, Hq, Dk]")
+    batch, num_tokens, num_q_heads, dk = q.shape
+    if k_buffer.dim() != 3 or k_buffer.shape[2] != dk:
+        raise ValueError(f"k_buffer: shape {_shape(k_buffer)}; allowed: [slots, Hkv, Dk={dk}]")
+    num_kv_heads = k_buffer.shape[1]
+    if num_kv_heads < 1 or num_q_heads % num_kv_heads:
+        raise ValueError(f"k_buffer: Hkv={num_kv_heads} with q's Hq={num_q_heads}; allowed: Hkv dividing Hq")
+    if not 1 <= num_tokens <= 64:
+        raise ValueError(f"q: T={num_tokens} new tokens; allowed: 1..64")
+    if out.dim() != 4 or _shape(out)[:3] != (batch, num_tokens, num_q_heads):
+        raise ValueError(f"out: shape {_shape(out)}; allowed: [B, T, Hq, Dv] = [{batch}, {num_tokens}, {num_q_heads}, Dv]")
+    dv = out.shape[3]
+    if _shape(k_new) != (batch, num_tokens, num_kv_heads, dk):
+        raise ValueError(f"k_new: shape {_shape(k_new)}; allowed: [B, T, Hkv, Dk] = "
+                         f"[{batch}, {num_tokens}, {num_kv_heads}, {dk}]")
+    tensors = {"q": q, "k_buffer": k_buffer, "k_new": k_new, "out": out}
+    if v_buffer is None:
+        if v_new is not None:
+            raise ValueError(f"v_new: shape {_shape(v_new)} with v_buffer=None (MLA); allowed: None "
+                             "(V is the first Dv dims of K)")
+        if num_kv_heads != 1 or not dv < dk or not _is_pow2(dv) or not _is_pow2(dk - dv):
+            raise ValueError(f"MLA (v_buffer=None): Hkv={num_kv_heads} Dk={dk} Dv={dv}; allowed: Hkv=1 and "
+                             "Dk = Dv + Dpe, Dv and Dpe powers of two (DeepSeek: 576 = 512 + 64)")
+    else:
+        if _shape(v_buffer) != (k_buffer.shape[0], num_kv_heads, dv):
+            raise ValueError(f"v_buffer: shape {_shape(v_buffer)}; allowed: [slots, Hkv, Dv] = "
+                             f"[{k_buffer.shape[0]}, {num_kv_heads}, {dv}]")
+        if v_new is None or _shape(v_new) != (batch, num_tokens, num_kv_heads, dv):
+            raise ValueError(f"v_new: {None if v_new is None else _shape(v_new)}; allowed: [B, T, Hkv, Dv] = "
+                             f"[{batch}, {num_tokens}, {num_kv_heads}, {dv}]")
+        if dv != dk or not _is_pow2(dk) or not 16 <= dk <= 256:
+            raise ValueError(f"GQA (v_buffer given): Dk={dk} Dv={dv}; allowed: Dk = Dv, a power of two in 16..256")
+        tensors |= {"v_buffer": v_buffer, "v_new": v_new}
+    for name, t in tensors.items():
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name}: dtype {t.dtype}; allowed: q's dtype {q.dtype}")
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name}: strides {t.stride()}; allowed: contiguous in the last dim (stride 1)")
+        if t.device != q.device:
+            raise ValueError(f"{name}: on {t.device}; allowed: q's device {q.device}")
+    if tree_mask.dtype != torch.bool:
+        raise TypeError(f"tree_mask: dtype {tree_mask.dtype}; allowed: torch.bool")
+    if _shape(tree_mask) != (batch, num_tokens, num_tokens) or tree_mask.stride(2) != 1:
+        raise ValueError(f"tree_mask: shape {_shape(tree_mask)} strides {tree_mask.stride()}; allowed: "
+                         f"[B, T, T] = [{batch}, {num_tokens}, {num_tokens}], contiguous in the last dim")
+    ws = workspace.part_out.shape  # [splits + 2 * max_batch, max_tokens, Hq, Dv]
+    if workspace.max_batch < batch or ws[1] < num_tokens or ws[2] != num_q_heads or ws[3] != dv:
+        raise ValueError(f"workspace too small: max_batch={workspace.max_batch} max_tokens={ws[1]} num_q_heads={ws[2]} "
+                         f"v_head_dim={ws[3]}; allowed: allocate_workspace(max_batch>={batch}, max_tokens>={num_tokens}, "
+                         f"num_q_heads={num_q_heads}, v_head_dim={dv})")
+    if num_splits is not None and not 1 <= num_splits <= workspace.max_splits:
+        raise ValueError(f"num_splits={num_splits}; allowed: None or 1..{workspace.max_splits} (the workspace's "
+                         "max_splits)")
+    if kv_indptr is not None:
+        if page_table is not None or prefix_lens is not None or page_size != 1:
+            raise ValueError(f"kv_indptr given with page_table={None if page_table is None else _shape(page_table)} "
+                             f"prefix_lens={None if prefix_lens is None else _shape(prefix_lens)} "
+                             f"page_size={page_size}; allowed: page_table=None, prefix_lens=None, page_size=1 "
+                             "(kv_indices are per-token slots)")
+        if kv_indices is None:
+            raise ValueError("kv_indices=None with kv_indptr given; allowed: an int32 tensor of slot ids")
+        if _shape(kv_indptr) != (batch + 1,):
+            raise ValueError(f"kv_indptr: shape {_shape(kv_indptr)}; allowed: [B+1] = [{batch + 1}]")
+        for name, t in (("kv_indptr", kv_indptr), ("kv_indices", kv_indices)):
+            if t.dtype != torch.int32:
+                raise TypeError(f"{name}: dtype {t.dtype}; allowed: torch.int32")
+        return
+    if page_table is None or prefix_lens is None:
+        raise ValueError(f"page_table={None if page_table is None else _shape(page_table)}, "
+                         f"prefix_lens={None if prefix_lens is None else _shape(prefix_lens)}; allowed: both tensors "
+                         "(page_table + prefix_lens + page_size), or kv_indptr + kv_indices")
+    if page_table.dim() != 2 or page_table.shape[0] != batch or page_table.stride(1) != 1:
+        raise ValueError(f"page_table: shape {_shape(page_table)} strides {page_table.stride()}; allowed: "
+                         f"[B={batch}, max_pages], contiguous rows")
+    if _shape(prefix_lens) != (batch,):
+        raise ValueError(f"prefix_lens: shape {_shape(prefix_lens)}; allowed: [B] = [{batch}]")
+    for name, t in (("page_table", page_table), ("prefix_lens", prefix_lens)):
+        if t.dtype != torch.int32:
+            raise TypeError(f"{name}: dtype {t.dtype}; allowed: torch.int32")
+    if not page_size >= 1:
+        raise ValueError(f"page_size={page_size!r}; allowed: an integer >= 1")
+
+
 def verify_attention(
     *,
     q: Tensor,
@@ -815,37 +908,12 @@ def verify_attention(
 
     config / num_splits override the tile and split heuristics (benchmarks, tuning); leave them None.
     """
-    assert q.dim() == 4, f"q must be [B, T, Hq, Dk], got {tuple(q.shape)}"
-    batch, num_tokens, num_q_heads, dk = q.shape
-    assert k_buffer.dim() == 3 and k_buffer.shape[2] == dk, f"k_buffer must be [slots, Hkv, {dk}]"
-    num_kv_heads = k_buffer.shape[1]
-    assert num_q_heads % num_kv_heads == 0, f"Hq={num_q_heads} is not a multiple of Hkv={num_kv_heads}"
-    assert 1 <= num_tokens <= 64, f"T={num_tokens} outside 1..64"
-    assert out.shape[:3] == (batch, num_tokens, num_q_heads), f"out must be [B, T, Hq, Dv], got {tuple(out.shape)}"
-    dv = out.shape[3]
-    assert out.dtype == q.dtype and k_buffer.dtype == q.dtype and k_new.dtype == q.dtype, "dtypes must match q"
-    assert k_new.shape == (batch, num_tokens, num_kv_heads, dk), f"k_new must be [B, T, Hkv, Dk]"
+    _check_inputs(q=q, k_buffer=k_buffer, v_buffer=v_buffer, k_new=k_new, v_new=v_new, tree_mask=tree_mask, out=out,
+                  workspace=workspace, kv_indptr=kv_indptr, kv_indices=kv_indices, page_table=page_table,
+                  prefix_lens=prefix_lens, page_size=page_size, num_splits=num_splits)
     v_is_k = v_buffer is None
     if v_is_k:
-        assert v_new is None, "MLA (v_buffer=None) takes v_new=None: V is the first Dv dims of K"
-        assert num_kv_heads == 1 and dv < dk and _is_pow2(dv) and _is_pow2(dk - dv), \
-            f"MLA needs Hkv=1 and Dk = Dv + Dpe, both powers of two; got Hkv={num_kv_heads} Dk={dk} Dv={dv}"
         v_buffer, v_new = k_buffer, k_new  # unused by the kernel
-    else:
-        assert v_buffer.shape == (k_buffer.shape[0], num_kv_heads, dv), f"v_buffer must be [slots, Hkv, {dv}]"
-        assert v_new is not None and v_new.shape == (batch, num_tokens, num_kv_heads, dv), "v_new must be [B,T,Hkv,Dv]"
-        assert dv == dk and _is_pow2(dk) and 16 <= dk <= 256, f"GQA needs Dk = Dv, a power of two in 16..256"
-        assert v_buffer.dtype == q.dtype and v_new.dtype == q.dtype, "dtypes must match q"
-    for name, t in [("q", q), ("k_buffer", k_buffer), ("v_buffer", v_buffer), ("k_new", k_new), ("v_new", v_new),
-                    ("out", out)]:
-        assert t.stride(-1) == 1, f"{name} must be contiguous in its last dim"
-        assert t.device == q.device, f"{name} is on {t.device}, q on {q.device}"
-    assert tree_mask.shape == (batch, num_tokens, num_tokens) and tree_mask.dtype == torch.bool, \
-        "tree_mask must be bool [B, T, T]"
-    assert tree_mask.stride(2) == 1, "tree_mask must be contiguous in its last dim"
-    assert workspace.max_batch >= batch and workspace.part_out.shape[1] >= num_tokens \
-        and workspace.part_out.shape[2] == num_q_heads and workspace.part_out.shape[3] == dv, \
-        "workspace too small: allocate_workspace(max_batch>=B, max_tokens>=T, num_q_heads=Hq, v_head_dim=Dv)"
     if q.device.type != "cuda" and not kernel_is_interpreted():
         from specsweep_kernels.reference import verify_attention_reference
 
@@ -855,20 +923,10 @@ def verify_attention(
             kv_indices=kv_indices, page_table=page_table, prefix_lens=prefix_lens, page_size=page_size)
     use_indptr = kv_indptr is not None
     if use_indptr:
-        assert page_table is None and prefix_lens is None and page_size == 1, \
-            "kv_indptr/kv_indices are per-token slots: pass page_size=1 and no page_table"
-        assert kv_indices is not None and kv_indptr.shape == (batch + 1,), "kv_indptr must be [B+1]"
-        assert kv_indptr.dtype == torch.int32 and kv_indices.dtype == torch.int32, "kv_indptr/kv_indices must be int32"
         page_table_stride = 0
         prefix_lens = kv_indptr
         indices = kv_indices
     else:
-        assert page_table is not None and prefix_lens is not None, "pass kv_indptr+kv_indices or page_table+prefix_lens"
-        assert page_table.dim() == 2 and page_table.shape[0] == batch and page_table.stride(1) == 1, \
-            "page_table must be [B, max_pages], contiguous rows"
-        assert prefix_lens.shape == (batch,), "prefix_lens must be [B]"
-        assert page_table.dtype == torch.int32 and prefix_lens.dtype == torch.int32, "page_table/prefix_lens: int32"
-        assert page_size >= 1, "page_size must be >= 1"
         page_table_stride = page_table.stride(0)
         indices = page_table
         kv_indptr = prefix_lens

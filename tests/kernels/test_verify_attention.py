@@ -131,14 +131,52 @@ def test_reference_matches_dense_attention():
     torch.testing.assert_close(ref[0], dense.transpose(0, 1), rtol=1e-4, atol=1e-5)
 
 
-def test_rejects_bad_shapes():
+def bad_input_case():
     problem = make_problem(layout=GQA, prefix_lens=[8], num_tokens=2, page_size=1, dtype=torch.float16,
                            device=DEVICE)
-    args = problem.attention_args()
     ws = allocate_workspace(max_batch=1, max_tokens=2, num_q_heads=4, v_head_dim=32, device=DEVICE, max_splits=2)
-    with pytest.raises(AssertionError, match="tree_mask"):
-        verify_attention(**{**args, "tree_mask": args["tree_mask"].int()}, **problem.table_args(),
-                         out=problem.new_out(), workspace=ws)
-    with pytest.raises(AssertionError, match="workspace too small"):
-        small = allocate_workspace(max_batch=1, max_tokens=1, num_q_heads=4, v_head_dim=32, device=DEVICE)
-        verify_attention(**args, **problem.table_args(), out=problem.new_out(), workspace=small)
+    return problem, dict(**problem.attention_args(), **problem.table_args(), out=problem.new_out(), workspace=ws)
+
+
+@pytest.mark.parametrize("change,error,message", [
+    (lambda a: {"tree_mask": a["tree_mask"].int()}, TypeError, "tree_mask: dtype torch.int32; allowed: torch.bool"),
+    (lambda a: {"q": a["q"][0]}, ValueError, r"q: shape \(2, 4, 32\); allowed: \[B, T, Hq, Dk\]"),
+    (lambda a: {"k_new": a["k_new"].float()}, TypeError, "k_new: dtype torch.float32; allowed: q's dtype torch.float16"),
+    (lambda a: {"v_new": None}, ValueError, r"v_new: None; allowed: \[B, T, Hkv, Dv\] = \[1, 2, 2, 32\]"),
+    (lambda a: {"prefix_lens": a["prefix_lens"].long()}, TypeError, "prefix_lens: dtype torch.int64; allowed: torch.int32"),
+    (lambda a: {"page_size": 0}, ValueError, "page_size=0; allowed: an integer >= 1"),
+    (lambda a: {"page_table": None}, ValueError, "page_table=None, prefix_lens=.*kv_indptr \\+ kv_indices"),
+    (lambda a: {"num_splits": 3}, ValueError, r"num_splits=3; allowed: None or 1..2"),
+    (lambda a: {"workspace": allocate_workspace(max_batch=1, max_tokens=1, num_q_heads=4, v_head_dim=32, device=DEVICE)},
+     ValueError, r"workspace too small: .*max_tokens=1 .*allocate_workspace\(max_batch>=1, max_tokens>=2"),
+])
+def test_rejects_bad_input_naming_the_argument(change, error, message):
+    _, args = bad_input_case()
+    with pytest.raises(error, match=message):
+        verify_attention(**{**args, **change(args)})
+
+
+def test_input_checks_survive_python_O(tmp_path):
+    # asserts vanish under -O; the checks are explicit raises
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    code = ("import torch\n"
+            "from specsweep_kernels.problems import Layout, make_problem\n"
+            "from specsweep_kernels.verify_attention import allocate_workspace, verify_attention\n"
+            "assert False, 'asserts run'\n"
+            "p = make_problem(layout=Layout(4, 2, 32, 32, mla=False), prefix_lens=[8], num_tokens=2, page_size=1,\n"
+            "                 dtype=torch.float16, device='cpu')\n"
+            "ws = allocate_workspace(max_batch=1, max_tokens=2, num_q_heads=4, v_head_dim=32, device='cpu', max_splits=2)\n"
+            "args = {**p.attention_args(), **p.table_args(), 'out': p.new_out(), 'workspace': ws}\n"
+            "try:\n"
+            "    verify_attention(**{**args, 'tree_mask': args['tree_mask'].int()})\n"
+            "except TypeError as e:\n"
+            "    print('raised:', e)\n")
+    proc = subprocess.run([sys.executable, "-O", "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(root / "kernels")])))
+    assert proc.returncode == 0, proc.stderr
+    assert "raised: tree_mask: dtype torch.int32; allowed: torch.bool" in proc.stdout
