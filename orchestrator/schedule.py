@@ -7,7 +7,8 @@
 
 (`specsweep-schedule` is the console script; `python -m orchestrator.schedule` is the same.)
 
-A schedule is one YAML file in `conf/schedule/` (or `--schedule-dir`):
+A schedule is one YAML file in `orchestrator/schedules/` (shipped with the package; or `--schedule-dir`). That folder is
+outside Hydra's config root (`conf/`): a schedule is not a run config, so `specsweep +schedule=...` is refused.
 
     name: nightly-longctx          # default: the file's stem
     cron: "0 2 * * *"              # 5 fields (croniter)
@@ -120,7 +121,8 @@ class Schedule:
 
 
 def default_schedule_dir() -> Path:
-    return Path(str(importlib.resources.files("conf"))) / "schedule"
+    """orchestrator/schedules/: package data, not under `conf/` (Hydra would offer it as a config group)."""
+    return Path(str(importlib.resources.files("orchestrator"))) / "schedules"
 
 
 def known_sweeps() -> list[str]:

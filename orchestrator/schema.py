@@ -339,6 +339,11 @@ def override_key_problems(overrides: Sequence[str]) -> list[Problem]:
         if "." not in key and key in groups:
             continue
         value = o.input_line.split("=", 1)[1] if o.input_line and "=" in o.input_line else None
+        if key == "schedule":  # not a config group: schedules are not run configs (orchestrator/schedules/)
+            run_groups = ", ".join(g for g in groups if g != "hydra")
+            out.append(Problem(key, value, f"a config group ({run_groups}); schedule is none: a schedule is run by "
+                               "`specsweep-schedule fire|run` (files in orchestrator/schedules/)", tuple(overrides)))
+            continue
         if (p := unknown_key_problem(key, value, tree, tuple(overrides))) is not None:
             out.append(p)
     return out

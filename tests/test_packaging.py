@@ -28,6 +28,8 @@ def test_wheel_ships_specsweep_kernels_not_kernels(tmp_path):
     assert "kernels" not in tops
     assert "specsweep_kernels/verify_attention.py" in names
     assert "specsweep_kernels/sglang_plugin.py" in names
+    assert "orchestrator/schedules/nightly.yaml" in names and "conf/sweep/longctx.yaml" in names
+    assert not any(n.startswith("conf/schedule") for n in names)  # out of Hydra's search path
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "specsweep_kernels.sglang_plugin:register" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
@@ -66,7 +68,8 @@ def test_specsweep_help_and_dry_run(tmp_path):
     proc = run_entry_point("specsweep", "--help", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("specsweep is powered by Hydra")
-    assert "sweep: concurrency, longctx, smoke, verify_kernel" in proc.stdout
+    sweeps = sorted(f.stem for f in (ROOT / "conf" / "sweep").glob("*.yaml"))
+    assert f"sweep: {', '.join(sweeps)}\n" in proc.stdout and "\nschedule:" not in proc.stdout
     proc = run_entry_point("specsweep", "context_len=2048", "hydra.launcher.dry_run=true", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout + proc.stderr  # Rich logs to the console (stdout)

@@ -82,6 +82,17 @@ def test_unknown_option_is_hydras_error(tmp_path, args, needle):
     assert not (tmp_path / "mlflow.db").exists()
 
 
+def test_schedule_is_not_a_config_group(tmp_path):
+    # schedules live in orchestrator/schedules/, outside Hydra's root: never composed as a run config
+    proc, elapsed = run_app(tmp_path, "+schedule=nightly", "hydra.launcher.dry_run=true")
+    groups = ", ".join(sorted(p.name for p in (ROOT / "conf").iterdir() if p.is_dir() and p.name[0] not in "_."
+                              and p.name != "hydra"))
+    assert_one_clear_error(proc, f"schedule='nightly': allowed a config group ({groups}); schedule is none",
+                           "specsweep-schedule fire|run")
+    assert elapsed < 30
+    assert_nothing_started(tmp_path)
+
+
 def test_dry_run_plans_longctx(tmp_path):
     proc, _ = run_app(tmp_path, "+sweep=longctx", "hydra.launcher.dry_run=true")
     assert proc.returncode == 0, proc.stderr

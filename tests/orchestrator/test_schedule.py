@@ -20,6 +20,7 @@ from orchestrator.schedule import (
     Scheduler,
     StateStore,
     daemon_lock,
+    default_schedule_dir,
     load_schedules,
     parse_schedule,
     wait_for_job_server,
@@ -38,6 +39,18 @@ def write(tmp_path: Path, name: str, text: str) -> None:
 def test_shipped_schedules_load():
     schedules = load_schedules()
     assert schedules and all(s.sweep for s in schedules)
+    assert "nightly-longctx" in {s.name for s in schedules}
+
+
+def test_schedules_live_outside_hydras_config_root():
+    import importlib.resources
+
+    from orchestrator.schema import config_groups
+
+    conf = Path(str(importlib.resources.files("conf")))
+    assert default_schedule_dir() == Path(str(importlib.resources.files("orchestrator"))) / "schedules"
+    assert conf not in default_schedule_dir().parents and not (conf / "schedule").exists()
+    assert "schedule" not in config_groups() and "sweep" in config_groups()
 
 
 def test_bad_cron_fails_at_load_naming_the_schedule(tmp_path):
