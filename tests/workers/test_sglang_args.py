@@ -1,11 +1,15 @@
 """Every SGLang launch argv our builder emits for the conf/ tree, checked by SGLang's own parser.
 
-The grid: engine=sglang x every conf/model x conf/drafter x conf/attention (composed through Hydra and our
-schema), x page sizes 1/16/64, x a tree variant (topk 4) of each tree-capable drafter, x SGLang 0.5.23 and
-0.5.10. Points our validation rejects are skipped (and counted); every other argv must pass SGLang:
-- 0.5.23 (the installed wheel): `prepare_server_args` + `resolve_once()` + `check_server_args()`;
-- 0.5.10 (`pip install --no-deps --target .venv/sglang-0.5.10 sglang==0.5.10`): `prepare_server_args`, which
-  in 0.5.10 runs the whole `__post_init__` validation.
+The grid: engine=sglang x every conf/model SGLang can load x conf/drafter x conf/attention plus split-backend
+variants (ATTENTION_VARIANTS), composed through Hydra and our schema, x a tree variant (topk 4) and a draft-window
+variant of each drafter, x page sizes 1/16/64 (x drafters needing a draft path without one, for 0.5.23).
+- 0.5.23 (the installed wheel), every point, accepted or not: `prepare_server_args` + `resolve_once()` +
+  `check_server_args()`. Our verdict must be SGLang's: a point we accept passes and resolves (`resolved_dict()`,
+  what /server_info reports) to `workers.sglang.expected_server_args`; a point we refuse is refused by SGLang,
+  or resolved to something else than it asks (a silent rewrite), or breaks one of the OURS_ONLY rules the parser
+  cannot see (each with the reason the run would not measure what its labels say).
+- 0.5.10 (`pip install --no-deps --target .venv/sglang-0.5.10 sglang==0.5.10`), the points we accept:
+  `prepare_server_args`, which in 0.5.10 runs the whole `__post_init__` validation.
 SGLang runs in a child process (workers/sglang_argcheck.py) with `--device cuda` (our argv carries it) and
 model directories holding a hand-written config.json (shared/docs/sglang-facts.md §5).
 
