@@ -547,11 +547,14 @@ class _Interrupts:
     (a result being recorded in MLflow, the interrupt being cleaned up): there the signal waits for the shield
     to end."""
 
+    last: int | None = None  # the latest signal handled, by any instance
+
     def __init__(self):
         self.depth = 0
         self.pending: int | None = None
 
     def handler(self, signum, frame):
+        _Interrupts.last = signum
         if self.depth:
             self.pending = signum
             return
@@ -681,6 +684,7 @@ def run_plan(plan, settings: ExecutionSettings, on_result: Callable[[RunResult],
 
     started_ray, driver, status = False, None, RunState.FINISHED
     try:
+        _Interrupts.last = None
         with _sigterm_as_interrupt() as shield, progress:
             try:
                 t = time.perf_counter()
@@ -711,6 +715,8 @@ def run_plan(plan, settings: ExecutionSettings, on_result: Callable[[RunResult],
                                    else f"execution failed ({type(e).__name__})", len(driver.slots))
                     with shield():
                         driver.interrupt()
+                if type(e) is KeyboardInterrupt and _Interrupts.last == signal.SIGTERM:
+                    raise _interrupt(signal.SIGTERM) from e  # Ray's ray.wait turns our Terminated into its own
                 raise
     finally:
         report = None
