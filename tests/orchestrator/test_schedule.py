@@ -5,7 +5,9 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
+import shutil
 import socket
+import tempfile
 import time
 from pathlib import Path
 
@@ -163,14 +165,17 @@ def job_server_url():
     os.environ["RAY_AUTH_MODE"] = "disabled"
     from orchestrator.local_ray import init_local_ray
 
+    temp_dir = tempfile.mkdtemp(prefix="specsweep-ray-")  # its jobs are handed this Ray (orchestrator.local_ray)
     ctx = init_local_ray(num_cpus=2, object_store_memory=80 * 2**20, include_dashboard=True,
-                         dashboard_host="127.0.0.1", dashboard_port=_free_port(), log_to_driver=False)
+                         dashboard_host="127.0.0.1", dashboard_port=_free_port(), log_to_driver=False,
+                         job_temp_dir=temp_dir)
     try:
         url = "http://" + ctx.dashboard_url
         wait_for_job_server(url)
         yield url
     finally:
         ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 class FakeClock:
