@@ -38,7 +38,7 @@ from orchestrator.execute import ExecutionStats, run_plan
 from orchestrator.local_ray import init_local_ray
 from orchestrator.plan import Plan
 from orchestrator.spec import ClusterSettings, ExecutionSettings, ProbeKind, RunState, TrackingSettings
-from workers.testing import tiny_group, tiny_run, tiny_server
+from orchestrator.testing import tiny_group, tiny_run, tiny_server
 
 logger = logging.getLogger(__name__)
 

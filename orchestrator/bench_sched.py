@@ -27,8 +27,7 @@ from pathlib import Path
 
 from orchestrator.plan import Plan
 from orchestrator.spec import ClusterKind, ClusterSettings, ExecutionSettings, RunState, TrackingSettings
-from workers.stub_engine import stub_server
-from workers.testing import tiny_group, tiny_run
+from orchestrator.testing import stub_server, tiny_group, tiny_run
 
 log = logging.getLogger(__name__)
 

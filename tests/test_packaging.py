@@ -104,3 +104,32 @@ def test_installed_specsweep_script_runs_from_another_directory(tmp_path):
     proc = subprocess.run([str(script), "--help"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                           env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": PYTHONPATH})
     assert proc.returncode == 0 and proc.stdout.startswith("specsweep is powered by Hydra"), proc.stderr
+
+
+# --- test helpers stay out of runtime code ---------------------------------------------------------
+
+
+def test_runtime_code_never_imports_the_test_helpers():
+    # orchestrator/testing.py is for tests/ and the benchmarks (orchestrator/bench*.py) only
+    import ast
+
+    offenders = []
+    for path in sorted([*ROOT.glob("orchestrator/*.py"), *ROOT.glob("workers/**/*.py"),
+                        *ROOT.glob("kernels/specsweep_kernels/*.py"), *ROOT.glob("hydra_plugins/**/*.py")]):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel in ("orchestrator/testing.py", "workers/testing.py") or path.name.startswith("bench"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or "", *(f"{node.module}.{a.name}" for a in node.names)] \
+                if isinstance(node, ast.ImportFrom) else []
+            offenders += [f"{rel}:{node.lineno} imports {n}" for n in names
+                          if n in ("orchestrator.testing", "workers.testing")]
+    assert offenders == []
+
+
+def test_stub_engine_imports_nothing_of_the_orchestrator():
+    code = "import sys, workers.stub_engine; print(sorted(m for m in sys.modules if m.split('.')[0] == 'orchestrator'))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": PYTHONPATH})
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr

@@ -16,7 +16,7 @@ rank, node address, CUDA_VISIBLE_DEVICES and whole environment before it starts 
 
     python -m workers.stub_engine --port 30000 --stub-token-s 0.01 [SGLang flags...]
     python -m orchestrator engine=stub engine.stub.token_s=0.01        # through the orchestrator (conf/engine/stub.yaml)
-    stub_server(tp_size=8, nnodes=1, token_s=0.005, prefill_s=0.0, seed=0) -> ServerSpec   (engine.kind=stub)
+    orchestrator.testing.stub_server(tp_size=8, nnodes=1, token_s=0.005, seed=0) -> ServerSpec   # tests, benches
 
 Its timing flags are `orchestrator.spec.StubOptions` (`engine.stub.*` in the config), emitted by `StubOptions.argv()`.
 """
@@ -39,21 +39,6 @@ SENTENCE = b"The cat sat on the mat. "
 CHARS_PER_TOKEN = 4  # text prompts (no input_ids): a rough token count, as the probe assumes
 
 logger = logging.getLogger("stub_engine")
-
-
-def stub_server(*, tp_size: int = 1, nnodes: int = 1, token_s: float = 0.005, prefill_s: float = 0.0,
-                startup_s: float = 0.2, drafter: str = "oracle", seed: int = 0, extra_args: tuple[str, ...] = ()):
-    """A ServerSpec for this engine (tests, `orchestrator.bench_sched`): `device=cuda`, so it takes
-    tp_size / nnodes GPUs per node from Ray like a real GPU server. Distinct seeds make distinct servers."""
-    from orchestrator.plan import launch_engine
-    from orchestrator.spec import AttentionSpec, EngineKind, EngineSpec, ServerSpec, StubOptions
-    from workers.testing import TINY, tiny_drafter
-
-    timing = StubOptions(token_s=token_s, prefill_s=prefill_s, startup_s=startup_s)
-    engine = launch_engine(EngineSpec(kind=EngineKind.STUB, version="0.1.0", device="cuda", startup_timeout_s=60.0,
-                                      request_timeout_s=120.0, extra_args=tuple(extra_args), stub=timing))
-    return ServerSpec(engine=engine, model=TINY, drafter=tiny_drafter(drafter), attention=AttentionSpec("torch", "torch"),
-                      page_size=16, context_length=32768, seed=seed, tp_size=tp_size, nnodes=nnodes)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

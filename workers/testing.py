@@ -1,56 +1,6 @@
-"""Spec builders for the tiny reference engine, shared by tests and `orchestrator.bench` (no Hydra needed).
+"""Moved to `orchestrator.testing` (issue 16: test helpers out of runtime packages). This re-export keeps
+branches written before the move importing; delete it once none imports `workers.testing`."""
 
-    tiny_server(drafter="oracle"|"ngram"|"none", num_steps=4, page_size=16, context_length=4096) -> ServerSpec
-    tiny_run(server, job_index, kind=ProbeKind.PREDICTABLE, context_len=64, gen_tokens=8) -> RunSpec
-    tiny_group(server, runs) -> ServerGroup
-"""
+from orchestrator.testing import TINY, pid_alive, stub_server, tiny_drafter, tiny_group, tiny_run, tiny_server
 
-from __future__ import annotations
-
-from orchestrator.spec import (Algorithm, AttentionSpec, DrafterSpec, EngineKind, EngineSpec, ModelSpec, ProbeKind,
-                               ProbeSpec, RunSpec, ServerGroup, ServerSpec, stable_hash)
-
-TINY = ModelSpec(name="tiny", path="tiny", max_context_len=32768, num_layers=4, hidden_size=256, num_q_heads=8,
-                 num_kv_heads=2, head_dim=32, v_head_dim=32)
-
-
-def tiny_drafter(kind: str = "oracle", num_steps: int = 4) -> DrafterSpec:
-    if kind == "oracle":
-        return DrafterSpec(name="oracle", algorithm=Algorithm.STANDALONE, draft_model_path="tiny",
-                           num_steps=num_steps, topk=1, num_draft_tokens=num_steps + 1, is_oracle=True)
-    if kind == "ngram":
-        return DrafterSpec(name="ngram", algorithm=Algorithm.NGRAM, num_steps=num_steps, topk=1,
-                           num_draft_tokens=num_steps + 1)
-    return DrafterSpec(name="none", algorithm=Algorithm.NONE)
-
-
-def tiny_server(drafter: str = "oracle", *, num_steps: int = 4, page_size: int = 16, context_length: int = 4096,
-                startup_timeout_s: float = 120.0, request_timeout_s: float = 120.0, seed: int = 0) -> ServerSpec:
-    return ServerSpec(engine=EngineSpec(kind=EngineKind.REFERENCE, version="0.1.0", startup_timeout_s=startup_timeout_s,
-                                        request_timeout_s=request_timeout_s),
-                      model=TINY, drafter=tiny_drafter(drafter, num_steps),
-                      attention=AttentionSpec(name="torch", backend="torch"), page_size=page_size,
-                      context_length=context_length, seed=seed)
-
-
-def tiny_run(server: ServerSpec, job_index: int, kind: ProbeKind = ProbeKind.PREDICTABLE, *, context_len: int = 64,
-             gen_tokens: int = 8, seed: int = 0) -> RunSpec:
-    probe = ProbeSpec(kind=kind, context_len=context_len, gen_tokens=gen_tokens, seed=seed)
-    name = f"ctx={context_len} probe={kind.value} drafter={server.drafter.name} page={server.page_size} #{job_index}"
-    params = (("context_len", str(context_len)), ("probe", kind.value), ("drafter", server.drafter.name),
-              ("page_size", str(server.page_size)), ("gen_tokens", str(gen_tokens)))
-    return RunSpec(job_index=job_index, server=server, probe=probe, run_hash=stable_hash(server, probe, job_index),
-                   name=name, params=params)
-
-
-def tiny_group(server: ServerSpec, runs: list[RunSpec] | tuple[RunSpec, ...]) -> ServerGroup:
-    return ServerGroup(server=server, runs=tuple(runs))
-
-
-def pid_alive(pid: int) -> bool:
-    """True while the process exists and is not a zombie (Linux /proc)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
+__all__ = ["TINY", "pid_alive", "stub_server", "tiny_drafter", "tiny_group", "tiny_run", "tiny_server"]

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from workers.testing import pid_alive
+from orchestrator.testing import pid_alive
 
 pytestmark = pytest.mark.slow
 

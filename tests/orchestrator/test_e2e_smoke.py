@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.testing import pid_alive
+from orchestrator.testing import pid_alive
 
 pytestmark = pytest.mark.slow
 

@@ -7,9 +7,9 @@ import threading
 import time
 
 from orchestrator.spec import RunResult, RunState
+from orchestrator.testing import tiny_run, tiny_server
 from workers.server_worker import LOG_SETTLE_S, _wait_quiet, apply_log_patterns
 from workers.sglang_metrics import follow_log
-from workers.testing import tiny_run, tiny_server
 
 FORK_LOG = [
     "[2026-11-30 00:10:23] Prefill batch. #new-seq: 1, #new-token: 1024",

@@ -13,9 +13,8 @@ import pytest
 from orchestrator.plan import Plan
 from orchestrator.spec import (ClusterKind, ClusterSettings, ExecutionSettings, FailureReason, RunState,
                                TrackingSettings)
+from orchestrator.testing import pid_alive, stub_server, tiny_group, tiny_run
 from workers.server_worker import LOG_TAIL_ARTIFACT, PID_DIR_ENV
-from workers.stub_engine import stub_server
-from workers.testing import pid_alive, tiny_group, tiny_run
 
 pytestmark = pytest.mark.slow
 

@@ -10,8 +10,7 @@ import pytest
 
 from orchestrator.preflight import check_declared, check_local, probe_tracking
 from orchestrator.spec import ClusterKind, ClusterSettings, EngineKind
-from workers.stub_engine import stub_server
-from workers.testing import tiny_group, tiny_run, tiny_server
+from orchestrator.testing import stub_server, tiny_group, tiny_run, tiny_server
 
 
 def _group(server):

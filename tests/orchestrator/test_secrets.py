@@ -18,9 +18,8 @@ import pytest
 from orchestrator.plan import Plan
 from orchestrator.redact import MASK, redact_argv, redact_config, redact_override, redact_params, redact_text
 from orchestrator.spec import FailureReason, RunResult, RunState
+from orchestrator.testing import stub_server, tiny_group, tiny_run
 from orchestrator.tracking import Tracker
-from workers.stub_engine import stub_server
-from workers.testing import tiny_group, tiny_run
 
 mlflow = pytest.importorskip("mlflow")
 

@@ -14,9 +14,9 @@ import pytest
 import requests
 
 from orchestrator.spec import EngineKind
+from orchestrator.testing import tiny_server
 from workers.engine import EngineProcess, adapter_for, build_engine_argv
 from workers.errors import EngineDied, EngineStartFailed, EngineTimeout
-from workers.testing import tiny_server
 
 pytestmark = pytest.mark.slow
 
@@ -151,7 +151,7 @@ def test_engine_death_is_noticed(tmp_path):
 OWNER = textwrap.dedent("""
     import sys, time
     from workers.engine import EngineProcess
-    from workers.testing import tiny_server
+    from orchestrator.testing import tiny_server
     engine = EngineProcess.for_server(tiny_server("none"), sys.argv[1])
     engine.start()
     print(engine.pid, flush=True)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from orchestrator.launcher_core import plan_jobs
 from orchestrator.spec import STUB_FLAGS, StubOptions
+from orchestrator.testing import stub_server
 from workers.engine import build_engine_argv
-from workers.stub_engine import parse_args, stub_server
+from workers.stub_engine import parse_args
 
 
 def test_stub_options_round_trip_through_the_stub_parser():
