@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from workers.engine import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = "SPECSWEEP_BADINPUT_CASE"
 SGLANG = ("engine=sglang", "model=qwen3-8b", "attention=triton")
@@ -128,12 +130,6 @@ def _first_line(stderr: str, stdout: str) -> str:
     return first
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_case(case: Case, timeout: float = 300) -> Outcome:
     work = Path(tempfile.mkdtemp(prefix="bb-", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
     token = work.name
@@ -149,7 +145,7 @@ def run_case(case: Case, timeout: float = 300) -> Outcome:
             listener.listen(8)
             port = listener.getsockname()[1]
         elif case.closed_port:
-            port = _free_port()
+            port = free_port()
         args = [a.replace("{port}", str(port)) for a in case.args]
         env = dict(os.environ, RAY_TMPDIR=str(work / "r"), RAY_AUTH_MODE="disabled", COLUMNS="200",
                    PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "kernels")]), **{MARKER: token})
@@ -240,7 +236,7 @@ def run_engine_requests() -> tuple[list[RequestOutcome], bool]:
     import http.client
     import json
 
-    port = _free_port()
+    port = free_port()
     log = tempfile.NamedTemporaryFile(prefix="bb-engine-", suffix=".log", delete=False)
     proc = subprocess.Popen([sys.executable, "-m", "workers.reference", "--model-path", "tiny", "--load-format",
                              "dummy", "--port", str(port), "--host", "127.0.0.1"], stdout=log, stderr=subprocess.STDOUT,

@@ -233,7 +233,9 @@ def render_kernel_md(rows: list[list[str]]) -> str:
 
 
 def _line_plot(path: Path, rows: Sequence[RunRow], metric: str, series_of, title: str, ylabel: str,
-               hline: float | None = None, hline_label: str = "") -> bool:
+               hline: float | None = None, hline_label: str = "", *, x_of=lambda r: r.context_len,
+               xlabel: str = "context length (tokens)") -> bool:
+    """The median of `metric` per x (log2 axis), a line per `series_of(row)`; False (no file) without values."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -243,7 +245,7 @@ def _line_plot(path: Path, rows: Sequence[RunRow], metric: str, series_of, title
     for r in rows:
         v = r.metric(metric)
         if v is not None:
-            series[series_of(r)][r.context_len].append(v)
+            series[series_of(r)][x_of(r)].append(v)
     if not series:
         return False
     fig, ax = plt.subplots(figsize=(7, 4.2))
@@ -253,7 +255,7 @@ def _line_plot(path: Path, rows: Sequence[RunRow], metric: str, series_of, title
     if hline:
         ax.axhline(hline, color="k", linestyle="--", linewidth=1, label=hline_label)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("context length (tokens)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
@@ -296,32 +298,9 @@ def _histogram_plot(path: Path, client, children: Sequence[ChildRun]) -> bool:
 def _concurrency_plot(path: Path, rows: Sequence[RunRow]) -> bool:
     """Aggregate throughput (all requests' tokens / wall) vs probe.concurrency, a line per drafter x context x
     probe: speculative speedup vs batch size."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    series: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for r in rows:
-        v = r.metric("throughput_tok_s")
-        if v is not None:
-            series[f"{r.drafter} ctx={r.context_len} {r.probe}"][r.concurrency].append(v)
-    if not series:
-        return False
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for label, pts in sorted(series.items()):
-        xs = sorted(pts)
-        ax.plot(xs, [sorted(pts[x])[len(pts[x]) // 2] for x in xs], marker="o", label=label)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("requests in flight (probe.concurrency)")
-    ax.set_ylabel("tokens / s, all requests")
-    ax.set_title("throughput vs concurrency")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return _line_plot(path, rows, "throughput_tok_s", lambda r: f"{r.drafter} ctx={r.context_len} {r.probe}",
+                      "throughput vs concurrency", "tokens / s, all requests", x_of=lambda r: r.concurrency,
+                      xlabel="requests in flight (probe.concurrency)")
 
 
 def build_plots(out: Path, client, children: Sequence[ChildRun]) -> list[Path]:

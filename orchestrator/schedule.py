@@ -487,14 +487,6 @@ def wait_for_job_server(url: str, timeout_s: float = 90.0) -> None:
         time.sleep(0.5)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @contextlib.contextmanager
 def job_server(address: str | None) -> Iterator[str]:
     """Yield a Ray job-server URL: the given one, or a local Ray started here with its job server."""
@@ -505,10 +497,11 @@ def job_server(address: str | None) -> Iterator[str]:
     import ray
 
     from orchestrator.local_ray import LOOPBACK, init_local_ray
+    from workers.engine import free_port
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     temp_dir = tempfile.mkdtemp(prefix="specsweep-ray-")  # its jobs are handed this Ray, not another on the machine
-    ctx = init_local_ray(include_dashboard=True, dashboard_host=LOOPBACK, dashboard_port=_free_port(),
+    ctx = init_local_ray(include_dashboard=True, dashboard_host=LOOPBACK, dashboard_port=free_port(LOOPBACK),
                          log_to_driver=False, configure_logging=False, job_temp_dir=temp_dir)
     try:
         if not ctx.dashboard_url:

@@ -23,13 +23,10 @@ from pathlib import Path
 
 import torch
 
-from specsweep_kernels.problems import GQA_32_8, MLA_16, Layout, make_problem
+from specsweep_kernels.problems import LAYOUTS, Layout, make_problem
 from specsweep_kernels.reference import verify_attention_reference
 from specsweep_kernels.roofline import load_or_measure_ceilings, floor_seconds, verify_cost
 from specsweep_kernels.verify_attention import (VerifyConfig, allocate_workspace, candidate_configs, verify_attention)
-
-LAYOUTS = {"mla": MLA_16, "gqa": GQA_32_8}
-
 
 @dataclass
 class Row:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-__all__ = ["Layout", "Problem", "make_problem", "chain_mask", "random_tree_mask", "GQA_32_8", "MLA_16"]
+__all__ = ["Layout", "Problem", "make_problem", "chain_mask", "random_tree_mask", "GQA_32_8", "MLA_16", "LAYOUTS"]
 
 
 @dataclass(frozen=True)
@@ -27,8 +27,11 @@ class Layout:
         return elt * self.num_kv_heads * (self.k_head_dim + (0 if self.mla else self.v_head_dim))
 
 
-GQA_32_8 = Layout(32, 8, 128, 128, mla=False)
-MLA_16 = Layout(16, 1, 576, 512, mla=True)
+GQA_32_8 = Layout(32, 8, 128, 128, mla=False)  # Qwen3-8B-like
+MLA_16 = Layout(16, 1, 576, 512, mla=True)  # DeepSeek-V3 latent (512 + 64 rope), one latent head
+# The named presets (`kernel.layout` of a sweep, `--layouts` of the bench). orchestrator.spec.KERNEL_LAYOUTS holds
+# the same figures without torch for planning; tests/kernels/test_verify_attention.py checks that they agree.
+LAYOUTS = {"gqa": GQA_32_8, "mla": MLA_16, "gqa-small": Layout(8, 2, 32, 32, mla=False)}
 
 
 def chain_mask(num_tokens: int) -> Tensor:

@@ -180,3 +180,12 @@ def test_input_checks_survive_python_O(tmp_path):
                           env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(root / "kernels")])))
     assert proc.returncode == 0, proc.stderr
     assert "raised: tree_mask: dtype torch.int32; allowed: torch.bool" in proc.stdout
+
+
+def test_kernel_layout_presets_agree_with_the_orchestrators():
+    # orchestrator.spec plans without torch, so it keeps the figures as tuples: they must not drift
+    from orchestrator.spec import KERNEL_LAYOUTS
+    from specsweep_kernels.problems import LAYOUTS
+
+    assert {name: (lay.num_q_heads, lay.num_kv_heads, lay.k_head_dim, lay.v_head_dim, lay.mla)
+            for name, lay in LAYOUTS.items()} == KERNEL_LAYOUTS

@@ -8,13 +8,14 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from workers.engine import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -23,12 +24,6 @@ psutil = pytest.importorskip("psutil")
 
 LOOPBACK_IPS = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
 ADDRESS_FILE = Path("/tmp/ray/ray_current_cluster")  # what a bare ray.init() joins
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _session_processes(session: str) -> list[psutil.Process]:
@@ -52,12 +47,12 @@ def _session_of_gcs(port: int) -> str | None:
 def foreign_ray(tmp_path):
     """A `ray start --head` as another user of the machine would run it; yields its GCS address."""
     previous = ADDRESS_FILE.read_text() if ADDRESS_FILE.exists() else None
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     env.pop("RAY_ADDRESS", None)
     out = subprocess.run([str(Path(sys.executable).with_name("ray")), "start", "--head", f"--port={port}",
                           "--num-cpus=1", "--include-dashboard=false", "--disable-usage-stats",
-                          f"--dashboard-agent-listen-port={_free_port()}", "--object-store-memory=80000000"],
+                          f"--dashboard-agent-listen-port={free_port()}", "--object-store-memory=80000000"],
                          env=env, capture_output=True, text=True, timeout=120)
     session = _session_of_gcs(port)
     try:

@@ -6,7 +6,6 @@ import datetime as dt
 import logging
 import os
 import shutil
-import socket
 import tempfile
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ from orchestrator.schedule import (
     parse_schedule,
     wait_for_job_server,
 )
+from workers.engine import free_port
 
 T0 = dt.datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 
@@ -153,12 +153,6 @@ def test_one_daemon_per_state_file(tmp_path):
 # --- the daemon against a real Ray job server ----------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def job_server_url():
     ray = pytest.importorskip("ray")
@@ -167,7 +161,7 @@ def job_server_url():
 
     temp_dir = tempfile.mkdtemp(prefix="specsweep-ray-")  # its jobs are handed this Ray (orchestrator.local_ray)
     ctx = init_local_ray(num_cpus=2, object_store_memory=80 * 2**20, include_dashboard=True,
-                         dashboard_host="127.0.0.1", dashboard_port=_free_port(), log_to_driver=False,
+                         dashboard_host="127.0.0.1", dashboard_port=free_port(), log_to_driver=False,
                          job_temp_dir=temp_dir)
     try:
         url = "http://" + ctx.dashboard_url
@@ -221,6 +215,14 @@ def ray_jobs_with_prefix(url: str, prefix: str) -> list[str]:
                   if j.submission_id and j.submission_id.startswith(prefix + "-"))
 
 
+def started_daemon(tmp_path: Path, url: str, schedule: Schedule) -> tuple[FakeClock, CountingBackend, Scheduler]:
+    """A daemon for `schedule` against the real job server, after its first pass at T0."""
+    clock, backend = FakeClock(T0), CountingBackend(url)
+    daemon = Scheduler([schedule], StateStore(tmp_path / "state.db"), backend, clock)
+    daemon.tick()
+    return clock, backend, daemon
+
+
 def run_window(scheduler: Scheduler, clock: FakeClock, until: dt.datetime, step_s: float = 20) -> None:
     while clock.now < until:
         clock.advance(step_s)
@@ -265,10 +267,7 @@ def test_ten_minute_window_submits_exactly_ten_even_across_a_kill(tmp_path, job_
 @pytest.mark.slow
 def test_downtime_beyond_grace_logs_skipped_firings(tmp_path, job_server_url, caplog):
     schedule = minute_schedule("graceful", allow_overlap=True, misfire_grace_s=120)
-    clock = FakeClock(T0)
-    backend = CountingBackend(job_server_url)
-    daemon = Scheduler([schedule], StateStore(tmp_path / "state.db"), backend, clock)
-    daemon.tick()
+    clock, backend, daemon = started_daemon(tmp_path, job_server_url, schedule)
     run_window(daemon, clock, T0 + dt.timedelta(minutes=3))  # fires 12:01..12:03
     clock.now = T0 + dt.timedelta(minutes=9)  # down from 12:03 to 12:09
     with caplog.at_level(logging.WARNING, logger="orchestrator.schedule"):
@@ -286,10 +285,7 @@ def test_downtime_beyond_grace_logs_skipped_firings(tmp_path, job_server_url, ca
 @pytest.mark.slow
 def test_no_overlap_with_a_running_firing(tmp_path, job_server_url, caplog):
     schedule = minute_schedule("no-overlap", allow_overlap=False, misfire_grace_s=300)
-    clock = FakeClock(T0)
-    backend = CountingBackend(job_server_url)
-    daemon = Scheduler([schedule], StateStore(tmp_path / "state.db"), backend, clock)
-    daemon.tick()
+    clock, backend, daemon = started_daemon(tmp_path, job_server_url, schedule)
     clock.advance(61)
     daemon.tick()  # 12:01 submitted; its job takes seconds (a Python start + Hydra compose)
     first = schedule.submission_id(T0 + dt.timedelta(minutes=1))
