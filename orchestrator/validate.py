@@ -97,7 +97,7 @@ def unknown_key_problem(key: str, value: Any, tree: Mapping[str, Any],
     listing the keys allowed at that level and the closest valid keys."""
     node: Any = tree
     parts = key.split(".")
-    for i, part in enumerate(parts):
+    for i, part in enumerate(parts):  # noqa: B007 (i is read after the break)
         if node == OPEN:
             return None
         if not isinstance(node, Mapping) or part not in node:

@@ -492,7 +492,7 @@ def apply_log_patterns(patterns: tuple[str, ...] | list[str], lines: list[str], 
     the run's message: patterns that matched no line, groups that captured values that are not numbers."""
     matcher = LogPatterns(patterns).feed_all(lines)
     notes = []
-    for i, (pattern, hits) in enumerate(zip(patterns, matcher.matches)):
+    for i, hits in enumerate(matcher.matches):
         if not hits:
             notes.append(f"metrics.log_patterns[{i}] matched none of the run's {len(lines)} engine log line(s)")
     for name, values in matcher.series.items():

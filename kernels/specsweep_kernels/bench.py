@@ -229,7 +229,7 @@ def model_graph_us(args: dict, addressing: dict, out: torch.Tensor, ws, layers: 
     pools = [(kb.clone(), None if vb is None else vb.clone()) for _ in range(layers - 1)] + [(kb, vb)]
 
     def forward():
-        for k_pool, v_pool in pools:
+        for k_pool, v_pool in pools:  # noqa: F821 (called before the del below)
             verify_attention(**{**args, "k_buffer": k_pool, "v_buffer": v_pool}, **addressing, out=out, workspace=ws)
 
     try:
@@ -287,8 +287,8 @@ def bench_row(row: Row, *, ceilings, sglang, tune: bool, with_reference: bool, s
                     o2 = problem.new_out()
                     verify_attention(**args, **addressing, out=o2, workspace=ws, config=cfg, num_splits=splits)
                     err = _rel_err(o2, ref)
-                    us, _ = graph_us(lambda: verify_attention(**args, **addressing, out=o2, workspace=ws, config=cfg,
-                                                               num_splits=splits), rep_ms=40)
+                    us, _ = graph_us(lambda: verify_attention(**args, **addressing, out=o2, workspace=ws,  # noqa: B023
+                                                              config=cfg, num_splits=splits), rep_ms=40)  # noqa: B023
                 except Exception as exc:  # a tile the compiler rejects is a result, not the end of the run
                     row.extra.append(f"{cfg} splits={splits}: {type(exc).__name__}")
                     continue

@@ -32,7 +32,7 @@ def measure_ceilings(device: torch.device | str = "cuda", copy_bytes: int = 2 <<
 
     src = torch.randn(copy_bytes // 4, device=device, dtype=torch.float32)
     dst = torch.empty_like(src)
-    t_copy_ms = do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
+    t_copy_ms = do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")  # noqa: F821 (del below)
     del src, dst
     a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     b = torch.randn(n, n, device=device, dtype=torch.bfloat16)

@@ -81,7 +81,7 @@ def test_each_bad_key_is_named_with_value_and_allowed(tmp_path, body, key, value
     write(tmp_path, "s1", body)
     with pytest.raises(ScheduleError) as e:
         load_schedules(tmp_path)
-    assert f"schedule 's1'" in str(e.value)
+    assert "schedule 's1'" in str(e.value)
     assert f"{key}={value}" in str(e.value)
     assert "allowed:" in str(e.value)
 

@@ -33,7 +33,7 @@ from hydra import compose, initialize_config_module
 from orchestrator.plan import build_server
 from orchestrator.schema import register_configs, to_run_config
 from orchestrator.spec import Algorithm, AttentionKind, ModelSpec
-from orchestrator.validate import REFERENCE_MODEL_PATHS, ConfigError, validate_run
+from orchestrator.validate import REFERENCE_MODEL_PATHS, validate_run
 from workers.sglang import (LONGER_CONTEXT_ENV, SERVER_ARG_KEYS, build_sglang_argv, expected_server_args,
                             reported_server_args, sglang_env)
 
@@ -314,7 +314,7 @@ def test_sglang_itself_rejects_the_bad_points_marked_so(tmp_path):
                       num_kv_heads=2, head_dim=32, v_head_dim=32, dtype="bfloat16")
     target = _write_model(tmp_path / "m", model)
     cases = {"0.5.23": [], "0.5.10": []}
-    for overrides, version, key, sglang_rejects in BAD:
+    for overrides, version, _key, sglang_rejects in BAD:
         if not sglang_rejects:
             continue
         rc = _bad_point(overrides, version)

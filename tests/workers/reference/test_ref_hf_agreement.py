@@ -42,7 +42,7 @@ def hf_logits(model, ids: list[int]) -> torch.Tensor:
 def test_logits_match_transformers(tmp_path, make_runner, page_size, variant, monkeypatch):
     calls = {"qk_norm_rope_store": 0, "add_rms_norm": 0, "silu_mul": 0}
     for name in calls:  # count the fused kernels' calls, to know the fused path ran
-        def counted(*a, _f=getattr(fused_ops, name), _n=name, **kw):
+        def counted(*a, _f=getattr(fused_ops, name), _n=name, **kw):  # noqa: B008 (binds this name now)
             calls[_n] += 1
             return _f(*a, **kw)
         monkeypatch.setattr(fused_ops, name, counted)

@@ -229,7 +229,7 @@ def test_client_leaving_a_stream_cancels_the_generation(server):
     url, _, _ = server
     r = post(url, {**LONG, "stream": True}, stream=True)
     lines = r.iter_lines()
-    assert next(l for l in lines if l).startswith(b"data: ")
+    assert next(x for x in lines if x).startswith(b"data: ")
     r.close()
     _flush_within(url, 5.0)
     assert post(url, {"text": "next", "sampling_params": greedy(4)}).status_code == 200
@@ -245,7 +245,7 @@ def test_a_stream_that_stalls_is_a_probe_timeout(server):
     busy = post(url, {**LONG, "stream": True}, stream=True)
     lines = busy.iter_lines()  # held: a dropped iterator would close the connection (and cancel the request)
     try:
-        next(l for l in lines if l)
+        next(x for x in lines if x)
         client = ProbeClient(url, timeout_s=1.0)
         with pytest.raises(ProbeTimeout, match="stalled"):
             client.generate(Prompt(input_ids=(1, 2, 3) * 70), 4)  # 210 + 4 tokens do not fit next to LONG
@@ -280,7 +280,7 @@ def test_metrics(server):
     text = requests.get(f"{url}/metrics", timeout=TIMEOUT).text
 
     def value(metrics, name):
-        line = next(l for l in metrics.splitlines() if l.startswith(name + "{"))
+        line = next(x for x in metrics.splitlines() if x.startswith(name + "{"))
         return float(line.rsplit(" ", 1)[1])
 
     assert value(text, "sglang:prompt_tokens_total") - value(before, "sglang:prompt_tokens_total") == 3
