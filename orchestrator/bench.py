@@ -43,7 +43,7 @@ from orchestrator.testing import tiny_group, tiny_run, tiny_server
 logger = logging.getLogger(__name__)
 
 
-def bench_once(runs: int, context_len: int, gen_tokens: int, num_cpus: int, ray_mode: str) -> dict[str, float]:
+def bench_once(runs: int, context_len: int, gen_tokens: int, num_cpus: int, ray_mode: str) -> dict[str, float | str]:
     server = tiny_server("none", context_length=max(64, context_len + gen_tokens))
     specs = [tiny_run(server, i, ProbeKind.PREDICTABLE, context_len=context_len, gen_tokens=gen_tokens)
              for i in range(runs)]
@@ -69,7 +69,7 @@ def bench_once(runs: int, context_len: int, gen_tokens: int, num_cpus: int, ray_
     engine_start = sum(stats.engine_startup_s.values())
     probes = sum(r.engine_time_s for r in results)
     engine = engine_start + probes
-    row = {"ray": ray_mode, "runs": runs, "wall_s": wall, "engine_s": engine,
+    row: dict[str, float | str] = {"ray": ray_mode, "runs": runs, "wall_s": wall, "engine_s": engine,
            "overhead_per_run_s": (wall - engine) / runs,
            "fixed_s": stats.ready_s + stats.ray_shutdown_s,  # Ray start-up and MLflow set-up run concurrently
            "tracking_per_run_s": stats.tracking_s / runs}

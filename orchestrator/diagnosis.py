@@ -89,6 +89,13 @@ class RunRow:
         v = self.metrics.get(key)
         return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
 
+    def need(self, key: str) -> float:
+        """metric(key) where the caller has already kept only runs that have it."""
+        v = self.metric(key)
+        if v is None:
+            raise ValueError(f"run {self.run_id}: metric {key!r} is missing or NaN")
+        return v
+
     @property
     def simulated(self) -> bool:
         return self.engine == STUB_ENGINE
@@ -150,7 +157,7 @@ def find_oracle_shortfall(rows: Sequence[RunRow], th: Thresholds) -> tuple[list[
         why = ("the oracle runs carry no commit_len_mean" if any(r.is_oracle for r in rows) else
                "no oracle drafter in the sweep (add drafter=oracle to the grid)")
         return [], Check(Rule.ORACLE, False, why)
-    bad = [r for r in oracle if r.metric("commit_len_mean") < r.num_steps + 1 - th.oracle_tolerance]
+    bad = [r for r in oracle if r.need("commit_len_mean") < r.num_steps + 1 - th.oracle_tolerance]
     check = Check(Rule.ORACLE, True, f"{len(oracle) - len(bad)} of {len(oracle)} oracle run(s) commit "
                                      f"num_steps + 1 per verify step")
     if not bad:
@@ -189,13 +196,14 @@ class _Series:
     collapses: tuple[tuple[RunRow, RunRow], ...] = ()  # (shortest-context run, collapsed longer run)
 
 
-def _series(rows: Iterable[RunRow], th: Thresholds) -> dict[tuple[str, str, str, int], _Series]:
-    """(probe, drafter, attention, page) -> its series, over the non-oracle runs with a commit length."""
-    by: dict[tuple, list[RunRow]] = defaultdict(list)
+def _series(rows: Iterable[RunRow], th: Thresholds) -> dict[tuple[str, str, str, int, int], _Series]:
+    """(probe, drafter, attention, page, concurrency) -> its series, over the non-oracle runs with a commit length."""
+    by: dict[tuple[str, str, str, int, int], list[RunRow]] = defaultdict(list)
     for r in rows:
         if not r.is_oracle and r.metric("commit_len_mean") is not None:
-            by[(r.probe, *_series_key(r))].append(r)
-    out = {}
+            key = (r.probe, *_series_key(r))  # a name, not by[(...)]: mypy misreads that as 3.11's by[a, *b]
+            by[key].append(r)
+    out: dict[tuple[str, str, str, int, int], _Series] = {}
     for key, runs in by.items():
         runs.sort(key=lambda r: r.context_len)
         base = runs[0]
@@ -203,13 +211,13 @@ def _series(rows: Iterable[RunRow], th: Thresholds) -> dict[tuple[str, str, str,
             out[key] = _Series(tuple(runs), f"one context only ({_ctx(base.context_len)})")
             continue
         # commit_len counts the bonus token (>= 1 always): a collapse is measured on the drafted part.
-        base_gain = base.metric("commit_len_mean") - 1.0
+        base_gain = base.need("commit_len_mean") - 1.0
         if base_gain <= 0:
             out[key] = _Series(tuple(runs), f"nothing drafted is accepted even at the shortest context "
                                             f"({_cite(base, 'commit_len_mean')})")
             continue
         hits = tuple((base, r) for r in runs[1:] if r.context_len > base.context_len
-                     and (r.metric("commit_len_mean") - 1.0) <= (1 - th.collapse_drop) * base_gain)
+                     and (r.need("commit_len_mean") - 1.0) <= (1 - th.collapse_drop) * base_gain)
         out[key] = _Series(tuple(runs), "", hits)
     return out
 
@@ -227,14 +235,14 @@ def _untestable(series: dict, probe: str) -> str:
 
 
 def _gain_frac(pred: RunRow, novel: RunRow) -> float:
-    return (novel.metric("commit_len_mean") - 1.0) / (pred.metric("commit_len_mean") - 1.0)
+    return (novel.need("commit_len_mean") - 1.0) / (pred.need("commit_len_mean") - 1.0)
 
 
 def _gaps(pred: _Series, novel: _Series, th: Thresholds) -> list[tuple[RunRow, RunRow]]:
     """(predictable run, novel run) at the same context where the novel one drafts >= novel_gap less."""
     at = {r.context_len: r for r in novel.runs}
     return [(p, at[p.context_len]) for p in pred.runs if p.context_len in at
-            and p.metric("commit_len_mean") > 1.0 and _gain_frac(p, at[p.context_len]) <= 1 - th.novel_gap]
+            and p.need("commit_len_mean") > 1.0 and _gain_frac(p, at[p.context_len]) <= 1 - th.novel_gap]
 
 
 def find_commit_collapse(rows: Sequence[RunRow], th: Thresholds) -> tuple[list[Finding], list[Check]]:
@@ -309,7 +317,7 @@ def find_kernel_bound(rows: Sequence[RunRow], th: Thresholds,
         # One point per context: the median step time over drafters/probes at that context.
         per_ctx: dict[int, list[float]] = defaultdict(list)
         for r in series:
-            per_ctx[r.context_len].append(r.metric("verify_step_ms"))
+            per_ctx[r.context_len].append(r.need("verify_step_ms"))
         ctxs = sorted(per_ctx)
         med = {c: sorted(v)[len(v) // 2] for c, v in per_ctx.items()}
         if len(ctxs) >= 2 and ctxs[-1] / ctxs[0] >= th.min_context_ratio and med[ctxs[0]] > 0:
@@ -365,7 +373,7 @@ def find_host_bound(rows: Sequence[RunRow], th: Thresholds) -> tuple[list[Findin
             continue
         tested += 1
         high = (frac is not None and frac < th.max_roofline_frac_host) or \
-               (frac is None and step >= th.high_step_ms)
+               (frac is None and step is not None and step >= th.high_step_ms)
         if util < th.max_gpu_util and high:
             bad.append(r)
     if not tested:

@@ -60,7 +60,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
@@ -179,7 +179,7 @@ def connect_ray(cluster: ClusterSettings, gpus_needed: int = 0) -> bool:
     """Connect or start Ray; True when this call started it (and must shut it down)."""
     if ray.is_initialized():
         return False
-    common = dict(namespace=cluster.namespace, log_to_driver=False, configure_logging=False,
+    common: dict[str, Any] = dict(namespace=cluster.namespace, log_to_driver=False, configure_logging=False,
                   runtime_env=cluster.runtime_env)
     if cluster.kind is ClusterKind.RAY:
         ray.init(address=cluster.address or "auto", **common)

@@ -25,7 +25,7 @@ import sys
 import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence, cast
 
 from hydra.core.utils import JobReturn, JobStatus, configure_log, setup_globals
 from hydra.errors import CompactHydraException
@@ -64,7 +64,8 @@ class RunFailed(CompactHydraException):
 def convert_and_validate(jobs: Sequence[tuple[DictConfig, Sequence[str]]], *, sweep: bool,
                          cwd: str) -> list[RunConfig]:
     """Every job's config typed and checked; raises one ConfigError listing every problem."""
-    configs, problems = [], []
+    configs: list[RunConfig] = []
+    problems: list[Problem] = []
     for cfg, overrides in jobs:
         try:
             rc = to_run_config(cfg, tuple(overrides), cwd=cwd)
@@ -357,11 +358,12 @@ def check_overrides(overrides: Sequence[str], *, cwd: str | None = None) -> list
     register_configs()
     try:
         parser = OverridesParser.create()
-        fixed = [o.input_line for o in parser.parse_overrides(list(overrides)) if not o.is_sweep_override()]
+        # parse_overrides sets input_line on every override it returns
+        fixed = [cast(str, o.input_line) for o in parser.parse_overrides(list(overrides)) if not o.is_sweep_override()]
         with initialize_config_module("conf", version_base="1.3"):
             base = compose("config", overrides=fixed, return_hydra_config=True)
             sweep = base.hydra.mode == RunMode.MULTIRUN
-            job_overrides: list[Sequence[str]] = [list(overrides)]
+            job_overrides: Sequence[Sequence[str]] = [list(overrides)]
             if sweep:
                 params = [f"{k}={v}" for k, v in base.hydra.sweeper.params.items()] + list(overrides)
                 (job_overrides,) = BasicSweeper.split_arguments(parser.parse_overrides(params), None)
@@ -400,7 +402,8 @@ def plan_jobs(job_overrides: Sequence[Sequence[str]], *, sweep: bool = True,
 
 
 def _task_cfg(cfg: DictConfig) -> DictConfig:
-    task = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"])
+    # the top-level keys of a composed config are all str
+    task = OmegaConf.masked_copy(cfg, cast(list[str], [k for k in cfg.keys() if k != "hydra"]))
     return task  # type: ignore[return-value]
 
 

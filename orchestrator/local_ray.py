@@ -25,7 +25,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator, cast
+
+if TYPE_CHECKING:
+    from ray._private.worker import RayContext
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +63,12 @@ def init_local_ray(*, job_temp_dir: str | None = None, **kwargs):
     if job_temp_dir is not None:
         kwargs["_temp_dir"] = job_temp_dir
     with _single_machine_mode():
-        ctx = ray.init(address="local", _node_ip_address=LOOPBACK, **kwargs)
+        # address="local" gives a RayContext (only a ray:// address gives a ClientContext)
+        ctx = cast("RayContext", ray.init(address="local", _node_ip_address=LOOPBACK, **kwargs))
     if job_temp_dir is not None:
-        write_ray_address(ctx.address_info["gcs_address"], job_temp_dir)
+        gcs_address = ctx.address_info["gcs_address"]
+        if gcs_address is None:
+            raise RuntimeError("ray.init(address='local') returned no gcs_address")
+        write_ray_address(gcs_address, job_temp_dir)
     logger.debug("embedded Ray on %s", ctx.address_info.get("gcs_address"))
     return ctx

@@ -87,8 +87,9 @@ class ServerNeeds:
         b: dict[str, float] = {"CPU": self.cpus_per_node}
         if self.gpus_per_node:
             b["GPU"] = float(self.gpus_per_node)
-        if self.accelerator and self.match is AcceleratorMatch.RESOURCE:
-            b[self.resource] = ACCELERATOR_RESOURCE_UNIT
+        resource = self.resource  # None exactly when there is no accelerator
+        if resource is not None and self.match is AcceleratorMatch.RESOURCE:
+            b[resource] = ACCELERATOR_RESOURCE_UNIT
         return b
 
     def bundles(self) -> list[dict[str, float]]:
@@ -109,11 +110,12 @@ class ServerNeeds:
                 and self.matches(node))
 
     def matches(self, node: NodeInfo) -> bool:
-        if not self.accelerator:
+        resource = self.resource  # None exactly when there is no accelerator
+        if resource is None:
             return True
         if self.match is AcceleratorMatch.LABEL:
             return node.labels.get(self.label_key) == self.accelerator
-        return node.resources.get(self.resource, 0.0) >= ACCELERATOR_RESOURCE_UNIT
+        return node.resources.get(resource, 0.0) >= ACCELERATOR_RESOURCE_UNIT
 
 
 def on_gpu(server: ServerSpec) -> bool:
@@ -245,9 +247,10 @@ def local_gpus() -> tuple[int, str]:
         return 0, "no GPU driver: no /proc/driver/nvidia/gpus, no /dev/kfd"
     try:
         import torch
+        gpu_torch = bool(torch.version.cuda or torch.version.hip)
     except ImportError:
-        torch = None
-    if torch is not None and (torch.version.cuda or torch.version.hip):
+        gpu_torch = False
+    if gpu_torch:
         return torch.cuda.device_count(), "torch.cuda.device_count()"
     try:  # a CPU-only torch: what the NVIDIA driver lists
         found = len(os.listdir("/proc/driver/nvidia/gpus"))

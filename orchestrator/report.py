@@ -25,8 +25,12 @@ from collections import defaultdict
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from orchestrator.diagnosis import Diagnosis, Finding, RunRow, Thresholds, diagnose, render_markdown
+
+if TYPE_CHECKING:
+    from mlflow.entities import Run
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +160,7 @@ def load_children(client, parent_run_id: str, run_hashes: Collection[str] | None
     children = [_child(r) for r in runs]
     missing = set(run_hashes or ()) - {r.data.tags.get("run_hash") for r in runs if r.info.status == "FINISHED"}
     if missing:
-        latest: dict[str, object] = {}
+        latest: dict[str, Run] = {}
         for r in _finished_children(client, exp_id):
             h = r.data.tags["run_hash"]
             if h in missing and (h not in latest or r.info.start_time > latest[h].info.start_time):

@@ -347,6 +347,7 @@ class Tracker:
             if driver is None or driver == self.driver:
                 continue
             parent = tags.get(PARENT_TAG)
+            why: str | None
             if parent and parent not in running_ids:
                 why = f"driver {driver} ended its parent run {parent} and left this run RUNNING"
             else:

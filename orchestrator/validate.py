@@ -312,7 +312,8 @@ KERNEL_CPU_DTYPES = ("float32", "float16")
 
 def kernel_problems(rc: RunConfig) -> list[Problem]:
     """job=kernel: a sane shape, and a dtype the device can run."""
-    k, out = rc.kernel, []
+    k = rc.kernel
+    out: list[Problem] = []
     if k is None:  # the layout or dtype was already refused at conversion
         return out
 
@@ -611,7 +612,7 @@ def sglang_problems(rc: RunConfig) -> list[Problem]:
     if a.draft_backend is not None and a.draft_backend not in SGLANG_DRAFT_BACKENDS:
         bad("attention.draft_backend", a.draft_backend, "one of " + ", ".join(SGLANG_DRAFT_BACKENDS))
     for key, value in {**targets, "draft_backend": a.draft_backend}.items():
-        pages = SGLANG_BACKEND_PAGE_SIZES.get(value)
+        pages = SGLANG_BACKEND_PAGE_SIZES.get(value) if value is not None else None
         if pages and rc.page_size not in pages:
             bad("page_size", rc.page_size, f"one of {', '.join(map(str, pages))} with attention.{key}={value} "
                 "(SGLang forces it)")

@@ -185,7 +185,8 @@ def build_engine_argv(server: ServerSpec, port: int, node_rank: NodeRank | None 
     if node_rank is None:
         return adapter.build_argv(server, port)
     if "node_rank" in inspect.signature(adapter.build_argv).parameters:
-        return adapter.build_argv(server, port, node_rank=node_rank)
+        build: Callable[..., list[str]] = adapter.build_argv  # takes node_rank: checked just above
+        return build(server, port, node_rank=node_rank)
     return _with_node_rank(adapter.build_argv(server, port), node_rank)
 
 
@@ -301,26 +302,29 @@ class EngineProcess:
         logger.info("engine pid %d on %s: %s", self.proc.pid, self.base_url, " ".join(redact_argv(self.argv)))
 
     def _wait_healthy(self) -> None:
+        proc = self.proc
+        if proc is None:
+            raise RuntimeError("EngineProcess._wait_healthy before the process was spawned")
         deadline = self.started_at + self.startup_timeout_s
         interval = 0.05
         fatal_at: float | None = None
         while True:
-            code = self.proc.poll()
+            code = proc.poll()
             if code is not None:
                 raise EngineStartFailed(f"engine exited with code {code} during start: {self._cause()} "
                                         f"({self._argv0()})", self.log_tail())
             if fatal_at is None and self._logged_fatal():
                 fatal_at = time.time()
-                logger.warning("engine pid %d logged a fatal error during start", self.proc.pid)
+                logger.warning("engine pid %d logged a fatal error during start", proc.pid)
             if fatal_at is not None and time.time() - fatal_at >= FATAL_GRACE_S:
                 raise EngineStartFailed(f"engine logged a fatal error during start: {self._cause()} "
                                         f"({self._argv0()})", self.log_tail())
             if not self.serves_http and time.time() - self.started_at >= self.settle_s:
-                logger.info("engine pid %d (no HTTP on this rank) alive after %.1f s", self.proc.pid, self.settle_s)
+                logger.info("engine pid %d (no HTTP on this rank) alive after %.1f s", proc.pid, self.settle_s)
                 return
             if self.serves_http and self.healthy(timeout_s=2.0):
                 self.ready_s = time.time() - self.started_at
-                logger.info("engine pid %d healthy after %.1f s", self.proc.pid, self.ready_s)
+                logger.info("engine pid %d healthy after %.1f s", proc.pid, self.ready_s)
                 return
             if time.time() > deadline:
                 raise EngineTimeout(f"engine not healthy after {self.startup_timeout_s:.0f} s ({self._argv0()}); "

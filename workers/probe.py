@@ -39,7 +39,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, cast
 
 import requests
 import urllib3
@@ -162,6 +162,8 @@ def probe_text(probe: ProbeSpec, min_chars: int) -> str:
         return predictable_text(probe.sentence, min_chars)
     if probe.kind is ProbeKind.NOVEL:
         return novel_text(probe.seed, min_chars)
+    if probe.path is None:
+        raise ValueError(f"probe kind={probe.kind.value} needs probe.path, got None")
     text = file_text(probe.path)
     if len(text) < min_chars:
         logger.warning("probe file %s has %d chars, fewer than the %d needed; repeating it",
@@ -312,7 +314,8 @@ class ProbeClient:
                 return _generation([out], None, time.perf_counter() - t0)
             chunks, ttft = [], None
             try:
-                for line in r.iter_lines(decode_unicode=True):
+                # text/event-stream has a charset (else ISO-8859-1): requests decodes every line to str
+                for line in cast(Iterator[str], r.iter_lines(decode_unicode=True)):
                     if time.perf_counter() > deadline:
                         raise ProbeTimeout(f"/generate ran past {self.timeout_s:.0f} s")
                     if not line or not line.startswith("data:"):
@@ -513,8 +516,8 @@ def measure_all(gens: list[Generation], expect_spec: bool, wall_s: float, *, ver
                   if "engine_accept_length" in p.metrics]
     if engine_len:
         m["engine_accept_length"] = sum(c * v for c, v in engine_len) / sum(v for _, v in engine_len)
-    drafts = [p.drafts for p in parts]
-    if all(d is not None for d in drafts) and sum(d[1] for d in drafts):
+    drafts = [p.drafts for p in parts if p.drafts is not None]
+    if len(drafts) == len(parts) and sum(d[1] for d in drafts) != 0:
         m["accept_rate"] = sum(d[0] for d in drafts) / sum(d[1] for d in drafts)
     elif any("accept_rate" in p.metrics for p in parts):
         m["accept_rate"] = statistics.fmean(p.metrics["accept_rate"] for p in parts if "accept_rate" in p.metrics)

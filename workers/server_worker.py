@@ -164,12 +164,15 @@ class GroupRunner:
         try:
             self._ensure_engine()
             engine = self.engine
+            pid = engine.pid if engine is not None else None
+            if engine is None or pid is None:
+                raise RuntimeError(f"group {self.group_id}: no spawned engine after _ensure_engine()")
             if spec.log_patterns:
                 log_offset = _file_size(self.log_path)
-            result.tags.update(engine_start=str(self.engine_starts), engine_pid=str(engine.pid))
+            result.tags.update(engine_start=str(self.engine_starts), engine_pid=str(pid))
             args = self._server_args(engine) if self.sglang else None
             before = scrape_metrics(engine.base_url) if self.sglang else None
-            marker = self._mark(spec, engine.pid)
+            marker = self._mark(spec, pid)
             sampler = self._sampler() if self.on_gpu else None
             try:
                 m = run_probe(engine.base_url, spec.probe, _prompt_kind(self.server.engine.kind),
@@ -187,7 +190,7 @@ class GroupRunner:
                 m.notes += engine_cross_checks(engine.base_url, before, m.metrics)
             result.metrics, result.series, result.engine_time_s = m.metrics, m.series, m.engine_time_s
             result.metrics.update(derived_metrics(result.metrics, self.server.model, on_gpu=self.on_gpu))
-            if samples is not None and sampler.available:  # NVML missing or no GPU: nothing recorded
+            if sampler is not None and samples is not None and sampler.available:  # NVML missing or no GPU: nothing recorded
                 result.metrics.update(samples.metrics())
                 result.series.update(samples.series())
             result.artifacts.update(m.artifacts)

@@ -82,7 +82,9 @@ def spec_metrics_from_meta_info(meta_info: Mapping[str, Any], version: str | Non
     """Per-request speculation figures; empty when the request carried none (no speculation, or 0 verify steps)."""
     names = _names_for(meta_info, version)
     out = SpecMetrics(version=next((v for v, n in META_NAMES.items() if n is names), None))
-    verify_ct = _num(meta_info, names.verify_ct) if names else None
+    if names is None:
+        return out
+    verify_ct = _num(meta_info, names.verify_ct)
     if not verify_ct:
         return out
     m = out.metrics
@@ -129,10 +131,10 @@ def _counter(samples: Mapping[str, float], name: str) -> float | None:
 
 def accept_length_from_counters(before: Mapping[str, float], after: Mapping[str, float]) -> float | None:
     """Tokens generated per verify call between two scrapes (both counters move when a request finishes)."""
-    values = [_counter(s, n) for s in (before, after) for n in (GENERATION_TOKENS, VERIFY_CALLS)]
-    if any(v is None for v in values):
+    gen_b, calls_b, gen_a, calls_a = [_counter(s, n) for s in (before, after)
+                                      for n in (GENERATION_TOKENS, VERIFY_CALLS)]
+    if gen_b is None or calls_b is None or gen_a is None or calls_a is None:
         return None
-    gen_b, calls_b, gen_a, calls_a = values
     calls = calls_a - calls_b
     return (gen_a - gen_b) / calls if calls > 0 else None
 

@@ -85,7 +85,7 @@ def wait_for_peers(addr: str, nnodes: int, timeout_s: float) -> list[socket.sock
     """Rank 0: accept one connection from each other rank; returns them (kept open)."""
     srv = socket.create_server(_split_addr(addr), reuse_port=False)
     srv.settimeout(timeout_s)
-    peers = []
+    peers: list[socket.socket] = []
     while len(peers) < nnodes - 1:
         conn, _ = srv.accept()
         rank = int(conn.recv(16).decode().strip() or -1)

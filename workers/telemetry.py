@@ -141,6 +141,8 @@ class GpuSampler:
 
     def _sample(self) -> None:
         nv = self._nvml
+        if nv is None:
+            raise RuntimeError("GpuSampler sampled before a successful start()")
         util, mem, power, clock = [], 0.0, 0.0, []
         for h in self._handles:
             util.append(float(nv.nvmlDeviceGetUtilizationRates(h).gpu))
