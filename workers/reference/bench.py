@@ -68,9 +68,9 @@ def measure(ctx: int, algo: str, pages: list[int], repeats: int, new_tokens: int
     (mean) / step time (median); prefill tok/s = median over repeats."""
     engines = {page: make_engine(ctx, page, algo, new_tokens, chunk) for page in pages}
     ids = prompt_ids(engines[pages[0]], ctx)
-    prefill_rates = {page: [] for page in pages}
-    steps = {page: [] for page in pages}  # (seconds, tokens)
-    accept = {page: [] for page in pages}
+    prefill_rates: dict[int, list[float]] = {page: [] for page in pages}
+    steps: dict[int, list[tuple[float, int]]] = {page: [] for page in pages}  # (seconds, tokens)
+    accept: dict[int, list[float]] = {page: [] for page in pages}
     for _ in range(repeats):
         live = {}
         for page, engine in engines.items():

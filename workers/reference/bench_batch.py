@@ -73,9 +73,10 @@ def run_round(engine: Engine, n: int, ctx: int, new_tokens: int) -> dict:
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
-    if any(o is None for o in outs):
+    done = [o for o in outs if o is not None]
+    if len(done) < len(outs):
         raise RuntimeError("a request failed (see the log)")
-    metas = [o.meta_info for o in outs]
+    metas = [o.meta_info for o in done]
     steps = [s for m in metas for s in m.get("spec_steps", [])]
     decode = [(m["completion_tokens"] - 1) / (m["e2e_latency"] - m["ttft"]) for m in metas]
     return {"aggregate_tok_s": sum(m["completion_tokens"] for m in metas) / wall,

@@ -99,7 +99,10 @@ def main(argv: list[str] | None = None) -> None:
         for ctx in a.contexts:
             for kind in (ProbeKind.PREDICTABLE, ProbeKind.NOVEL):
                 probe = ProbeSpec(kind=kind, context_len=ctx, gen_tokens=a.new_tokens)
-                ids = list(build_prompt(probe, EngineKind.REFERENCE, MODEL).input_ids)
+                prompt_ids = build_prompt(probe, EngineKind.REFERENCE, MODEL).input_ids
+                if prompt_ids is None:
+                    raise RuntimeError(f"build_prompt gave no token ids for engine=reference, model {MODEL}")
+                ids = list(prompt_ids)
                 r = {"ctx": ctx, "probe": kind.value, "drafter": drafter, **measure(engine, ids, a.new_tokens)}
                 rows.append(r)
                 print(f"  ctx={ctx} {kind.value} {drafter}: prefill {r['prefill_tok_s']:.0f} tok/s, decode "

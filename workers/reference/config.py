@@ -5,6 +5,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ class ModelConfig:
 
 
 def _byte_config(**kw) -> ModelConfig:
-    base = dict(vocab_size=BYTE_VOCAB_SIZE, bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
+    base: dict[str, Any] = dict(vocab_size=BYTE_VOCAB_SIZE, bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
                 max_position_embeddings=32768, layer_types=())
     base.update(kw)
     if not base["layer_types"]:

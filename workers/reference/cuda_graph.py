@@ -198,7 +198,7 @@ class GraphModelRunner(ModelRunner):
         return hidden
 
 
-def replay_summary(runner, bucket: int) -> dict | None:
+def replay_summary(runner, bucket: int | None) -> dict | None:
     """Medians over the timed replays of one bucket: host ms from `forward` entry to the replay (filling the
     static inputs), host ms inside replay() and GPU ms between the events around it (graph execution plus any
     wait for the launch); clears the record."""

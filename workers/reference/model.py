@@ -83,27 +83,31 @@ class Attention(nn.Module):
                 backend: AttentionBackend, fused: bool = False) -> Tensor:
         # x: [T, hidden] (a batch: T = sum T_i, the requests' rows concatenated)
         T = x.shape[0]
-        merged = self.qkv_weight is not None and self.qkv_weight.data_ptr() == self.q_proj.weight.data_ptr()
-        if merged:
-            qkv = F.linear(x, self.qkv_weight, self.qkv_bias).view(T, -1, self.head_dim)
+        qkv_weight = self.qkv_weight
+        merged = qkv_weight is not None and qkv_weight.data_ptr() == self.q_proj.weight.data_ptr()
+        if merged and qkv_weight is not None:
+            qkv = F.linear(x, qkv_weight, self.qkv_bias).view(T, -1, self.head_dim)
             q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
         else:
             q = self.q_proj(x).view(T, self.num_heads, self.head_dim)
             k = self.k_proj(x).view(T, self.num_kv_heads, self.head_dim)
             v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)
-        if fused and merged and self.q_norm is not None:  # norms, RoPE and the KV store in one kernel
+        # norms, RoPE and the KV store in one kernel (q_norm and k_norm: both set or both None, cfg.qk_norm)
+        if fused and merged and self.q_norm is not None and self.k_norm is not None:
             q, k = fused_ops.qk_norm_rope_store(
                 qkv, num_q_heads=self.num_heads, num_kv_heads=self.num_kv_heads, q_norm_weight=self.q_norm.weight,
                 k_norm_weight=self.k_norm.weight, eps=self.q_norm.eps, cos=rope[0], sin=rope[1],
                 slots=meta.new_slots, k_pool=pool.k[self.layer_id], v_pool=pool.v[self.layer_id])
         else:
-            if self.q_norm is not None:
+            if self.q_norm is not None and self.k_norm is not None:
                 q, k = self.q_norm(q), self.k_norm(k)  # [T, Hq, D], [T, Hkv, D]
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
             pool.store(self.layer_id, meta.new_slots, k, v)
-        attend = backend.forward_batch if isinstance(meta, BatchMetadata) else backend.forward
-        out = attend(q, k, v, pool.k[self.layer_id], pool.v[self.layer_id], meta,
-                     scale=self.scale, window=self.window)  # [T, Hq, D]
+        k_pool, v_pool = pool.k[self.layer_id], pool.v[self.layer_id]
+        if isinstance(meta, BatchMetadata):
+            out = backend.forward_batch(q, k, v, k_pool, v_pool, meta, scale=self.scale, window=self.window)
+        else:
+            out = backend.forward(q, k, v, k_pool, v_pool, meta, scale=self.scale, window=self.window)  # [T, Hq, D]
         return self.o_proj(out.reshape(T, -1))
 
 
@@ -129,7 +133,7 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-def _fuse_views(params: list[nn.Parameter]) -> Tensor:
+def _fuse_views(params: list[Tensor]) -> Tensor:
     """Concatenate parameters along dim 0 and point each one's data at its slice of the result."""
     fused = torch.cat([p.detach() for p in params], dim=0)
     offset = 0

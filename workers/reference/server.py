@@ -231,9 +231,9 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/generate")
     async def generate(request: Request):
-        if not state.ready.is_set():
+        engine = state.engine  # set before `ready`
+        if not state.ready.is_set() or engine is None:
             return _error(503, state.load_error or "not ready: the model is loading")
-        engine = state.engine
         try:
             body = json.loads(await request.body())
             if not isinstance(body, dict):

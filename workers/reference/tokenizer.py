@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import cast
 
 from .config import BOS_ID, BYTE_VOCAB, EOS_ID, PAD_ID
 
@@ -33,7 +34,7 @@ class HFTokenizer:
         return self._tok.encode(text, add_special_tokens=False)
 
     def decode(self, ids: list[int]) -> str:
-        return self._tok.decode(ids, skip_special_tokens=True)
+        return cast(str, self._tok.decode(ids, skip_special_tokens=True))  # one sequence's ids decode to one str
 
 
 class GGUFTokenizer:
