@@ -144,20 +144,36 @@ def test_a_cancelled_request_leaves_the_batch_and_the_others_finish(make_engine)
 
 
 def test_flush_cache_refused_while_requests_run(make_engine):
-    from workers.reference.engine import RequestError
+    from workers.reference.engine import Cancelled, RequestError
 
     engine = make_engine("--page-size", "16")
-    started = threading.Event()
+    started, cancel = threading.Event(), threading.Event()
     out: list = []
-    t = threading.Thread(target=lambda: out.append(engine.generate(
-        prompts(engine)[0], greedy(60), on_tokens=lambda ids: started.set())))
+
+    def work():
+        try:  # far more tokens than the flush check needs: still running however slow this thread is scheduled
+            out.append(engine.generate(prompts(engine)[0], greedy(1600), on_tokens=lambda ids: started.set(),
+                                       cancel=cancel))
+        except Exception as exc:  # noqa: BLE001 (the assertion below names it)
+            out.append(exc)
+
+    t = threading.Thread(target=work)
     t.start()
-    started.wait(60)
+    assert started.wait(60)
     with pytest.raises(RequestError, match="while a request is running"):
         engine.flush_cache()
-    t.join(120)
-    engine.flush_cache()
-    assert out[0].meta_info["completion_tokens"] == 60
+    cancel.set()
+    t.join(60)
+    assert isinstance(out[0], Cancelled), out
+    deadline = time.monotonic() + 30  # the cancelled request leaves the batch at its next step
+    while True:
+        try:
+            engine.flush_cache()
+            break
+        except RequestError:
+            assert time.monotonic() < deadline, "flush still refused 30 s after the only request was cancelled"
+            time.sleep(0.05)
+    assert engine.num_active() == 0
 
 
 def test_close_ends_the_scheduler_and_later_requests(make_engine):
