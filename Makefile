@@ -27,6 +27,7 @@ run:
 
 lint:
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 test:
 	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q -ra tests
