@@ -117,14 +117,14 @@ def test_runtime_code_never_imports_the_test_helpers():
     for path in sorted([*ROOT.glob("orchestrator/*.py"), *ROOT.glob("workers/**/*.py"),
                         *ROOT.glob("kernels/specsweep_kernels/*.py"), *ROOT.glob("hydra_plugins/**/*.py")]):
         rel = path.relative_to(ROOT).as_posix()
-        if rel in ("orchestrator/testing.py", "workers/testing.py") or path.name.startswith("bench"):
+        if rel == "orchestrator/testing.py" or path.name.startswith("bench"):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or "", *(f"{node.module}.{a.name}" for a in node.names)] \
                 if isinstance(node, ast.ImportFrom) else []
             offenders += [f"{rel}:{node.lineno} imports {n}" for n in names
-                          if n in ("orchestrator.testing", "workers.testing")]
+                          if n == "orchestrator.testing"]
     assert offenders == []
 
 

@@ -12,13 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from workers.testing import pid_alive
-
 from orchestrator.local_ray import init_local_ray
 from orchestrator.plan import Plan
 from orchestrator.spec import (ExecutionSettings, FailureReason, ProbeKind, RunState, TrackingSettings)
+from orchestrator.testing import pid_alive, tiny_group, tiny_run, tiny_server
 from workers.server_worker import LOG_TAIL_ARTIFACT, PID_DIR_ENV
-from workers.testing import tiny_group, tiny_run, tiny_server
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import pytest
 from orchestrator.plan import Plan
 from orchestrator.spec import FailureReason, ProbeKind, RunResult, RunState
 from orchestrator.tracking import Tracker, flatten
-from workers.testing import tiny_group, tiny_run, tiny_server
+from orchestrator.testing import tiny_group, tiny_run, tiny_server
 
 mlflow = pytest.importorskip("mlflow")
 

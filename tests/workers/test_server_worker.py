@@ -11,7 +11,7 @@ import pytest
 
 import workers.server_worker as sw
 from orchestrator.spec import FailureReason, RunState
-from workers.testing import tiny_run, tiny_server
+from orchestrator.testing import tiny_run, tiny_server
 
 pytestmark = pytest.mark.slow
 

@@ -194,7 +194,7 @@ def ngram_engine(tmp_path_factory):
     import dataclasses
 
     from workers.engine import EngineProcess
-    from workers.testing import tiny_server
+    from orchestrator.testing import tiny_server
 
     server = tiny_server("ngram", num_steps=4)
     server = dataclasses.replace(server, engine=dataclasses.replace(server.engine,

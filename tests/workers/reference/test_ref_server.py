@@ -5,13 +5,14 @@ import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
 import requests
+
+from workers.engine import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -22,12 +23,6 @@ FLAGS = ["--model-path", "tiny", "--load-format", "dummy", "--page-size", "16", 
          "--speculative-num-draft-tokens", str(NUM_STEPS + 1), "--random-seed", "0", "--host", "127.0.0.1",
          "--mem-fraction-static", "0.8", "--enable-metrics"]
 TIMEOUT = 60
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(extra: list[str]) -> subprocess.Popen:
