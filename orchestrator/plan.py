@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from orchestrator.redact import redact_config, redact_override, redact_params
 from orchestrator.spec import EngineKind, EngineSpec, JobKind, RunSpec, ServerGroup, ServerSpec, stable_hash
-from orchestrator.validate import check_context, resolved_backends
+from orchestrator.validate import check_context
+from specsweep_vocab.sglang_facts import resolved_backends
 
 if TYPE_CHECKING:
     from orchestrator.schema import RunConfig

@@ -165,7 +165,7 @@ class AttentionSpec:
     prefill_backend: str | None = None
     draft_backend: str | None = None  # --speculative-draft-attention-backend
     # SGLang --speculative-attention-mode: which of prefill/decode backend runs TARGET_VERIFY (None: SGLang's
-    # default, prefill). orchestrator.validate.resolved_backends says which backend verifies.
+    # default, prefill). specsweep_vocab.sglang_facts.resolved_backends says which backend verifies.
     speculative_attention_mode: str | None = field(default=None, metadata=IDENTITY_IF_SET)
 
 

@@ -14,8 +14,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from orchestrator.redact import MASK, is_secret_path, redact_override, redact_text
-from orchestrator.spec import (STUB_FLAGS, Algorithm, AttentionKind, AttentionSpec, EngineKind, JobKind, ProbeKind,
-                               StubOptions)
+from orchestrator.spec import (STUB_FLAGS, Algorithm, AttentionKind, EngineKind, JobKind, ProbeKind, StubOptions)
+from specsweep_vocab.sglang_facts import (SGLANG_BACKEND_PAGE_SIZES, SGLANG_DRAFT_BACKENDS,
+                                          SGLANG_EAGLE_DRAFT_WORKER_BACKENDS, SGLANG_PLUGIN_BACKENDS,
+                                          SGLANG_VERSIONS, SPEC_MAX_RUNNING_REQUESTS, resolved_backends,
+                                          sglang_draft_backend)
 
 if TYPE_CHECKING:
     from orchestrator.schema import RunConfig
@@ -454,101 +457,14 @@ def _reference_concurrency_problems(rc: RunConfig) -> list[Problem]:
 
 
 # ================================================================ SGLang
-# What SGLang itself rejects (or silently overrides) at start-up, checked at plan time instead, per version.
-# Sources: shared/docs/sglang-facts.md §0-§1 and the released wheels (0.5.10 `server_args.py`; 0.5.23
-# `arg_groups/{choices,overrides,speculative_hook,attention_hook}.py`, `speculative/draft_utils.py`).
+# What SGLang itself rejects (or silently overrides) at start-up, checked at plan time instead, per version
+# (the facts per version: specsweep_vocab/sglang_facts.py).
 # tests/workers/test_sglang_args.py feeds every conf/ combination these rules accept to SGLang's own parser.
 
 
-@dataclass(frozen=True)
-class SGLangRules:
-    version: str
-    backends: tuple[str, ...]  # --attention-backend / --decode- / --prefill- choices, plus our plugin
-    algorithms: tuple[Algorithm, ...]  # --speculative-algorithm values that exist
-    eagle_paged_tree_backends: tuple[str, ...]  # EAGLE family: topk > 1 with page_size > 1
-    ngram_paged_tree_backends: tuple[str, ...]  # NGRAM: topk (= max BFS breadth) > 1 with page_size > 1
-    draft_window: bool  # --speculative-draft-window-size exists
-    cuda_graph_flag: str  # the decode capture-size flag; the other spelling is refused in extra_args
-    wrong_cuda_graph_flags: tuple[str, ...]
-
-
-# This project's attention-backend plugins (kernels/specsweep_kernels/sglang_plugin.py) -> the draft backend the SGLang adapter
-# passes when none is configured (SGLang's draft workers only know their built-in backends).
-SGLANG_PLUGIN_BACKENDS: dict[str, str] = {"specsweep_verify": "triton"}
-
-_SGLANG_0_5_10_BACKENDS = (
-    "triton", "torch_native", "flex_attention", "nsa", "cutlass_mla", "fa3", "fa4", "flashinfer", "flashmla",
-    "trtllm_mla", "trtllm_mha", "dual_chunk_flash_attn", "aiter", "wave", "intel_amx", "ascend", "intel_xpu",
-)
-_SGLANG_0_5_23_BACKENDS = (
-    "triton", "torch_native", "flex_attention", "dsa", "nsa", "qsa", "dsv4", "compressed", "fa3", "fa4",
-    "flashinfer", "llada2_cfg_flashinfer", "flashmla", "trtllm_mla", "cutedsl_mla", "tokenspeed_mla",
-    "trtllm_mha", "hpc_ops", "minicpm_flashattn", "minicpm_flashinfer", "aiter", "wave", "intel_amx",
-    "ascend", "intel_xpu",
-)
-SGLANG_RULES: dict[str, SGLangRules] = {
-    "0.5.10": SGLangRules(
-        version="0.5.10", backends=_SGLANG_0_5_10_BACKENDS + tuple(SGLANG_PLUGIN_BACKENDS),
-        algorithms=(Algorithm.NGRAM, Algorithm.STANDALONE, Algorithm.EAGLE, Algorithm.EAGLE3),
-        eagle_paged_tree_backends=("flashinfer", "fa3"), ngram_paged_tree_backends=("flashinfer",),
-        draft_window=False, cuda_graph_flag="--cuda-graph-max-bs",
-        wrong_cuda_graph_flags=("--cuda-graph-max-bs-decode", "--cuda-graph-max-bs-prefill")),
-    "0.5.23": SGLangRules(
-        version="0.5.23", backends=_SGLANG_0_5_23_BACKENDS + tuple(SGLANG_PLUGIN_BACKENDS),
-        algorithms=(Algorithm.NGRAM, Algorithm.STANDALONE, Algorithm.EAGLE, Algorithm.EAGLE3, Algorithm.DFLASH),
-        eagle_paged_tree_backends=("flashinfer", "fa3", "triton"), ngram_paged_tree_backends=("flashinfer",),
-        draft_window=True, cuda_graph_flag="--cuda-graph-max-bs-decode",
-        wrong_cuda_graph_flags=("--cuda-graph-max-bs",)),  # gone since 0.5.20: "ambiguous option"
-}
-SGLANG_DRAFT_BACKENDS = ("flashinfer", "fa3", "fa4", "triton", "ascend", "trtllm_mha", "intel_xpu")
-# Backends the EAGLE-family draft worker has (`speculative/draft_utils.py`).
-SGLANG_EAGLE_DRAFT_WORKER_BACKENDS = (
-    "flashinfer", "triton", "intel_amx", "intel_xpu", "aiter", "fa3", "hybrid_linear_attn", "flashmla",
-    "trtllm_mha", "trtllm_mla", "cutedsl_mla", "dsa", "nsa", "ascend", "fa4", "dsv4",
-)
-# Page sizes a backend forces (`overrides.py` _mla_backend_page_constraints etc.): SGLang would silently run
-# another page size than the grid point says, so these are errors here.
-SGLANG_BACKEND_PAGE_SIZES: dict[str, tuple[int, ...]] = {
-    "flashmla": (64,), "hpc_ops": (64,), "trtllm_mla": (32, 64), "cutedsl_mla": (32, 64),
-    "trtllm_mha": (16, 32, 64, 128), "intel_xpu": (64, 128),
-}
 # built into workers/reference (smollm2-135m: a name the reference engine resolves to a packaged GGUF file);
 # SGLang cannot load them
 REFERENCE_MODEL_PATHS = ("tiny", "tiny-draft", "smollm2-135m")
-
-
-def sglang_draft_backend(a: AttentionSpec, algorithm: Algorithm) -> str | None:
-    """The `--speculative-draft-attention-backend` the SGLang adapter passes: the configured one, else for a
-    plugin target backend with a draft worker (EAGLE family, DFLASH) the plugin's default draft backend."""
-    if a.draft_backend or algorithm in (Algorithm.NONE, Algorithm.NGRAM):
-        return a.draft_backend
-    for backend in (a.backend, a.decode_backend, a.prefill_backend):
-        if backend in SGLANG_PLUGIN_BACKENDS:
-            return SGLANG_PLUGIN_BACKENDS[backend]
-    return None
-
-
-@dataclass(frozen=True)
-class ResolvedBackends:
-    """The attention backends an SGLang server runs, per forward mode."""
-
-    prefill: str  # prefill / extend
-    decode: str  # decode (one token)
-    verify: str | None  # TARGET_VERIFY; None without speculation
-
-    def params(self) -> dict[str, str]:
-        return {"attention.resolved.prefill": self.prefill, "attention.resolved.decode": self.decode,
-                "attention.resolved.verify": self.verify or "none"}
-
-
-def resolved_backends(a: AttentionSpec, algorithm: Algorithm) -> ResolvedBackends:
-    """SGLang 0.5.10-0.5.23: the split fields fall back to --attention-backend (`attention_backends_of`);
-    TARGET_VERIFY runs on the decode backend with --speculative-attention-mode decode, else on the prefill
-    backend (`HybridAttnBackend._select_backend`; the DeepSeek models dispatch the same way)."""
-    prefill, decode = a.prefill_backend or a.backend, a.decode_backend or a.backend
-    if algorithm is Algorithm.NONE:
-        return ResolvedBackends(prefill, decode, None)
-    return ResolvedBackends(prefill, decode, decode if a.speculative_attention_mode == "decode" else prefill)
 
 
 def _plugin_problems(rc: RunConfig, bad) -> None:
@@ -590,9 +506,9 @@ def sglang_problems(rc: RunConfig) -> list[Problem]:
     def bad(key: str, value: Any, allowed: str) -> None:
         out.append(Problem(key, value, allowed, rc.overrides))
 
-    rules = SGLANG_RULES.get(rc.engine.version)
+    rules = SGLANG_VERSIONS.get(rc.engine.version)
     if rules is None:
-        bad("engine.version", rc.engine.version, "one of " + ", ".join(SGLANG_RULES) + " on engine=sglang")
+        bad("engine.version", rc.engine.version, "one of " + ", ".join(SGLANG_VERSIONS) + " on engine=sglang")
         return out
     if rc.engine.device != "cuda":
         bad("engine.device", rc.engine.device, "cuda on engine=sglang")
@@ -627,22 +543,22 @@ def sglang_problems(rc: RunConfig) -> list[Problem]:
                 bad(f"engine.sglang.{key}", value, "null or an integer >= 1")
     for key, args in (("engine.extra_args", rc.engine.extra_args), ("drafter.extra_args", d.extra_args)):
         for flag in sorted(_extra_flags(args) & set(rules.wrong_cuda_graph_flags)):
-            bad(key, flag, f"engine.sglang.cuda_graph_max_bs=N (emitted as {rules.cuda_graph_flag} "
+            bad(key, flag, f"engine.sglang.cuda_graph_max_bs=N (emitted as {rules.cuda_graph_max_bs} "
                 f"on SGLang {rules.version})")
 
     _plugin_problems(rc, bad)
     mrr = opts.max_running_requests if opts is not None else None
-    cap = mrr if mrr is not None else (48 if d.algorithm is not Algorithm.NONE else None)
+    cap = mrr if mrr is not None else (SPEC_MAX_RUNNING_REQUESTS if d.algorithm is not Algorithm.NONE else None)
     if cap is not None and rc.probe.concurrency > cap:
         bad("probe.concurrency", rc.probe.concurrency,
             f"<= {cap}, the server's max running requests (engine.sglang.max_running_requests"
-            f"{'' if mrr is not None else ', which SGLang sets to 48 with speculation'}): more would queue")
+            f"{'' if mrr is not None else f', which SGLang sets to {cap} with speculation'}): more would queue")
 
     if d.algorithm is Algorithm.NONE:
         return out
-    if d.algorithm not in rules.algorithms:
+    if d.algorithm.value not in rules.algorithms:
         bad("drafter.algorithm", d.algorithm.value,
-            f"one of {', '.join(x.value for x in rules.algorithms)} on SGLang {rules.version}")
+            f"one of {', '.join(rules.algorithms)} on SGLang {rules.version}")
         return out
     target_backends = {a.backend, a.decode_backend or a.backend, a.prefill_backend or a.backend}
     if "flex_attention" in target_backends:

@@ -560,7 +560,7 @@ def run_probe(base_url: str, probe: ProbeSpec, engine: EngineKind, *, expect_spe
               prompt: Prompt | None = None, version: str | None = None,
               max_depth: int | None = None) -> Measurement:
     """Flush, build the prompt(s), generate (probe.concurrency requests at once), measure. `version`: SGLang's
-    meta_info names (workers.sglang_metrics.META_NAMES; None: told apart by the names); `max_depth`: the most
+    meta_info names (specsweep_vocab.sglang_facts.SGLANG_VERSIONS; None: told apart by the names); `max_depth`: the most
     drafts one verify step can accept, for depth_accept_rate."""
     client = ProbeClient(base_url, timeout_s)
     try:

@@ -58,12 +58,13 @@ from pathlib import Path
 
 from orchestrator.spec import (Algorithm, EngineKind, FailureReason, JobKind, RunResult, RunSpec, RunState,
                                ServerSpec)
+from specsweep_vocab.sglang_facts import SGLANG_VERSIONS
 from workers.engine import EngineProcess, NodeRank
 from workers.derived import derived_metrics
 from workers.errors import BadResponse, EngineDied, EngineStartFailed, ProbeTimeout, WorkerError
 from workers.probe import ProbeClient, run_probe
 from workers.sglang import max_draft_depth, reported_server_args, server_arg_changes, server_arg_tags
-from workers.sglang_metrics import (META_NAMES, LogPatterns, accept_length_from_counters, follow_log, parse_prometheus,
+from workers.sglang_metrics import (LogPatterns, accept_length_from_counters, follow_log, parse_prometheus,
                                     server_accept_length)
 from workers.telemetry import GpuSampler, gpu_identity
 
@@ -179,7 +180,7 @@ class GroupRunner:
                               expect_spec=self.server.drafter.algorithm is not Algorithm.NONE,
                               timeout_s=self.server.engine.request_timeout_s, model_path=_prompt_model(self.server),
                               version=self.server.engine.version if self.sglang and self.server.engine.version
-                              in META_NAMES else None, max_depth=self._max_depth(args))
+                              in SGLANG_VERSIONS else None, max_depth=self._max_depth(args))
             finally:
                 samples = sampler.stop() if sampler else None
                 if marker:

@@ -4,7 +4,6 @@ Public API:
 
     build_sglang_argv(server: ServerSpec, port: int, *, python: str = sys.executable) -> list[str]
     sglang_env(server: ServerSpec) -> dict[str, str]
-    flag_set(version: str) -> FlagSet            the flag names of one supported SGLang version
     SGLangAdapter                                 the `EngineAdapter` for EngineKind.SGLANG (workers/engine.py)
     expected_server_args(server) -> dict          what SGLang's /server_info will report for the keys we track
     reported_server_args(info) -> dict            those keys from a /server_info answer (or ServerArgs.resolved_dict())
@@ -14,9 +13,9 @@ Public API:
 `__post_init__`). Known rewrites: NGRAM sets num_steps = num_draft_tokens // topk and topk = the max BFS breadth;
 DFLASH forces num_steps = topk = 1; speculation sets max_running_requests = 48 when unset. Split prefill/decode
 backends fall back to --attention-backend; TARGET_VERIFY runs on the prefill backend unless
---speculative-attention-mode decode (`orchestrator.validate.resolved_backends`).
+--speculative-attention-mode decode (`specsweep_vocab.sglang_facts.resolved_backends`).
 
-`engine.version` picks the flag set (`FLAG_SETS`; shared/docs/sglang-facts.md §0, docs/sglang.md has the table).
+`engine.version` picks the flag names (`specsweep_vocab.sglang_facts.SGLANG_VERSIONS`; docs/sglang.md has the table).
 Cross-field rules (what SGLang itself would reject at start-up) are checked at plan time by
 `orchestrator.validate.sglang_problems`; this module assumes a validated spec and only spells it.
 
@@ -28,44 +27,13 @@ entry point registers it too and the wrapper's registration is a no-op repeat).
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from typing import Any, Mapping
 
 from orchestrator.spec import Algorithm, EngineKind, ServerSpec, SGLangOptions
-from orchestrator.validate import SGLANG_PLUGIN_BACKENDS, resolved_backends, sglang_draft_backend
+from specsweep_vocab.sglang_facts import (SGLANG_PLUGIN_BACKENDS, SPEC_MAX_RUNNING_REQUESTS, SGLangFacts,
+                                          resolved_backends, sglang_draft_backend, sglang_facts)
 
 LONGER_CONTEXT_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
-
-
-@dataclass(frozen=True)
-class FlagSet:
-    """What differs between SGLang versions on the command line."""
-
-    version: str
-    cuda_graph_max_bs: str  # the decode-batch capture limit
-    disable_cuda_graph: tuple[str, ...]
-    dflash: bool  # --speculative-algorithm DFLASH and --speculative-dflash-block-size exist
-    draft_window: bool  # --speculative-draft-window-size exists
-    plugin_entry_points: bool  # sglang.srt.plugins loads `sglang.srt.plugins` entry points
-
-
-FLAG_SETS: dict[str, FlagSet] = {
-    "0.5.10": FlagSet(version="0.5.10", cuda_graph_max_bs="--cuda-graph-max-bs",
-                      disable_cuda_graph=("--disable-cuda-graph",), dflash=False, draft_window=False,
-                      plugin_entry_points=False),
-    # 0.5.20 removed --cuda-graph-max-bs (argparse: "ambiguous option"); --disable-cuda-graph is deprecated.
-    "0.5.23": FlagSet(version="0.5.23", cuda_graph_max_bs="--cuda-graph-max-bs-decode",
-                      disable_cuda_graph=("--cuda-graph-backend-decode", "disabled",
-                                          "--cuda-graph-backend-prefill", "disabled"),
-                      dflash=True, draft_window=True, plugin_entry_points=True),
-}
-
-
-def flag_set(version: str) -> FlagSet:
-    try:
-        return FLAG_SETS[version]
-    except KeyError:
-        raise ValueError(f"SGLang {version!r} has no flag set; supported: {', '.join(FLAG_SETS)}") from None
 
 
 def uses_plugin(server: ServerSpec) -> bool:
@@ -73,7 +41,7 @@ def uses_plugin(server: ServerSpec) -> bool:
     return any(b in SGLANG_PLUGIN_BACKENDS for b in (a.backend, a.decode_backend, a.prefill_backend))
 
 
-def _speculative_flags(server: ServerSpec, flags: FlagSet) -> list[str]:
+def _speculative_flags(server: ServerSpec, flags: SGLangFacts) -> list[str]:
     d = server.drafter
     if d.algorithm is Algorithm.NONE:
         return []
@@ -101,7 +69,7 @@ def _speculative_flags(server: ServerSpec, flags: FlagSet) -> list[str]:
     return argv
 
 
-def _option_flags(opts: SGLangOptions, flags: FlagSet) -> list[str]:
+def _option_flags(opts: SGLangOptions, flags: SGLangFacts) -> list[str]:
     argv: list[str] = []
     if opts.mem_fraction_static is not None:
         argv += ["--mem-fraction-static", str(opts.mem_fraction_static)]
@@ -118,7 +86,7 @@ def _option_flags(opts: SGLangOptions, flags: FlagSet) -> list[str]:
 
 def build_sglang_argv(server: ServerSpec, port: int, *, python: str = sys.executable) -> list[str]:
     """The full argv (interpreter first). Assumes `orchestrator.validate.sglang_problems(...)` found nothing."""
-    flags = flag_set(server.engine.version)
+    flags = sglang_facts(server.engine.version)
     m, a = server.model, server.attention
     module = "workers.sglang_launch" if uses_plugin(server) else "sglang.launch_server"
     argv = [python, "-m", module,
@@ -194,7 +162,7 @@ def _server_args(server: ServerSpec, *, predict: bool) -> dict[str, Any]:
                 steps = topk = 1
                 draft_backend = draft_backend or r.prefill
             if opts.max_running_requests is None:
-                out["max_running_requests"] = 48
+                out["max_running_requests"] = SPEC_MAX_RUNNING_REQUESTS
     out.update(speculative_num_steps=steps, speculative_eagle_topk=topk, speculative_num_draft_tokens=tokens,
                speculative_draft_attention_backend=draft_backend, speculative_draft_window_size=window)
     return out
@@ -257,7 +225,7 @@ class SGLangAdapter:
         return sglang_env(server)
 
 
-__all__ = ["FLAG_SETS", "FlagSet", "LONGER_CONTEXT_ENV", "SERVER_ARG_KEYS", "SERVER_INFO_FIELDS", "SGLangAdapter",
-           "build_sglang_argv", "expected_server_args", "flag_set", "max_draft_depth", "reported_server_args",
+__all__ = ["LONGER_CONTEXT_ENV", "SERVER_ARG_KEYS", "SERVER_INFO_FIELDS", "SGLangAdapter",
+           "build_sglang_argv", "expected_server_args", "max_draft_depth", "reported_server_args",
            "server_arg_changes", "server_arg_tags",
            "sglang_env", "uses_plugin"]

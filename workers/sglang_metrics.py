@@ -19,7 +19,7 @@ Public API:
     LogPatterns(patterns).feed(line) / .series     named-group regexes over server log lines -> per-step series
     follow_log(path, offset) -> (lines, new_offset)  new complete lines of a growing log file
 
-Names per version: shared/docs/sglang-facts.md §0 and §2; docs/sglang.md has the table and the tests behind it.
+Names per version: `specsweep_vocab.sglang_facts.SGLANG_VERSIONS` (shared/docs/sglang-facts.md §0 and §2); docs/sglang.md has the table and the tests behind it.
 """
 
 from __future__ import annotations
@@ -33,24 +33,9 @@ from typing import Any, Iterable, Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
-
-@dataclass(frozen=True)
-class MetaNames:
-    verify_ct: str
-    accepted: str  # accepted draft tokens (bonus excluded)
-    proposed: str  # proposed draft tokens
-    histogram: str  # index k: verify steps that accepted k drafts
-    accept_length: str
+from specsweep_vocab.sglang_facts import SGLANG_VERSIONS, SGLangFacts, sglang_facts
 
 
-META_NAMES: dict[str, MetaNames] = {
-    "0.5.10": MetaNames(verify_ct="spec_verify_ct", accepted="spec_accept_token_num",
-                        proposed="spec_draft_token_num", histogram="spec_accept_histogram",
-                        accept_length="spec_accept_length"),
-    "0.5.23": MetaNames(verify_ct="spec_verify_ct", accepted="spec_num_correct_drafts",
-                        proposed="spec_num_proposed_drafts", histogram="spec_correct_drafts_histogram",
-                        accept_length="spec_accept_length"),
-}
 GENERATION_TOKENS = "sglang:generation_tokens_total"
 VERIFY_CALLS = "sglang:spec_verify_calls_total"
 
@@ -62,15 +47,13 @@ class SpecMetrics:
     version: str | None = None  # the name set found
 
 
-def _names_for(meta: Mapping[str, Any], version: str | None) -> MetaNames | None:
+def _facts_for(meta: Mapping[str, Any], version: str | None) -> SGLangFacts | None:
     if version is not None:
-        if version not in META_NAMES:
-            raise ValueError(f"no meta_info names for SGLang {version!r}; known: {', '.join(META_NAMES)}")
-        return META_NAMES[version]
-    for names in reversed(list(META_NAMES.values())):  # newest first: 0.5.16-0.5.20 carry both sets
-        if names.accepted in meta:
-            return names
-    return META_NAMES["0.5.23"] if "spec_verify_ct" in meta else None
+        return sglang_facts(version)
+    for facts in reversed(list(SGLANG_VERSIONS.values())):  # newest first: 0.5.16-0.5.20 carry both sets
+        if facts.meta.accepted in meta:
+            return facts
+    return SGLANG_VERSIONS["0.5.23"] if "spec_verify_ct" in meta else None
 
 
 def _num(meta: Mapping[str, Any], key: str) -> float | None:
@@ -80,10 +63,11 @@ def _num(meta: Mapping[str, Any], key: str) -> float | None:
 
 def spec_metrics_from_meta_info(meta_info: Mapping[str, Any], version: str | None = None) -> SpecMetrics:
     """Per-request speculation figures; empty when the request carried none (no speculation, or 0 verify steps)."""
-    names = _names_for(meta_info, version)
-    out = SpecMetrics(version=next((v for v, n in META_NAMES.items() if n is names), None))
-    if names is None:
+    facts = _facts_for(meta_info, version)
+    out = SpecMetrics(version=facts.version if facts else None)
+    if facts is None:
         return out
+    names = facts.meta
     verify_ct = _num(meta_info, names.verify_ct)
     if not verify_ct:
         return out
