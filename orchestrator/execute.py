@@ -30,7 +30,7 @@ Placement: one placement group per server, one bundle per node {GPU: tp_size / n
 custom resource on older clusters). Groups are launched longest expected work first, at most
 `cluster.max_concurrent_servers` at once; placement groups the cluster cannot fit yet stay pending in Ray.
 Rank 0 (`ServerWorker`, bundle 0) starts the engine, runs the group's RunSpecs in order (flushing the
-cache before each) and stops it (`workers.server_worker.GroupRunner`); a multi-node server has a
+cache before each) and stops it (`workers.runners.GroupRunner`); a multi-node server has a
 `NodeWorker` on each other bundle, started with rank 0's rendezvous address. Every actor call is its own
 ObjectRef and the driver `ray.wait`s on all of them, so one failed run or one dead actor never loses
 another's result.
@@ -73,7 +73,7 @@ from orchestrator.preflight import Preflight, expected_work, gpus_per_node, run_
 from orchestrator.spec import (ClusterKind, ClusterSettings, ExecutionSettings, FailureReason, RunResult, RunSpec,
                                RunState, ServerGroup)
 from workers.engine import NodeRank, free_port, read_log_tail
-from workers.server_worker import LOG_TAIL_ARTIFACT, EngineInfo, FollowerRunner, engine_log_path, make_runner
+from workers.runners import LOG_TAIL_ARTIFACT, EngineInfo, FollowerRunner, engine_log_path, make_runner
 
 if TYPE_CHECKING:  # driver-only (rich): the actors' worker processes import this module and never need it
     from orchestrator.progress import SweepProgress

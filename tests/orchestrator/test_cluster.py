@@ -24,7 +24,7 @@ from orchestrator.plan import Plan
 from orchestrator.spec import (AcceleratorMatch, ClusterKind, ClusterSettings, ExecutionSettings, FailureReason,
                                RunState, TrackingSettings)
 from orchestrator.testing import pid_alive, stub_server, tiny_group, tiny_run
-from workers.server_worker import PID_DIR_ENV
+from workers.runners import PID_DIR_ENV
 from workers.stub_engine import RECORD_DIR_ENV
 
 pytestmark = pytest.mark.slow

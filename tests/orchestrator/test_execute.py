@@ -16,7 +16,7 @@ from orchestrator.local_ray import init_local_ray
 from orchestrator.plan import Plan
 from orchestrator.spec import (ExecutionSettings, FailureReason, ProbeKind, RunState, TrackingSettings)
 from orchestrator.testing import pid_alive, tiny_group, tiny_run, tiny_server
-from workers.server_worker import LOG_TAIL_ARTIFACT, PID_DIR_ENV
+from workers.runners import LOG_TAIL_ARTIFACT, PID_DIR_ENV
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ import time
 
 from orchestrator.spec import RunResult, RunState
 from orchestrator.testing import tiny_run, tiny_server
-from workers.server_worker import LOG_SETTLE_S, _wait_quiet, apply_log_patterns
+from workers.runners import LOG_SETTLE_S, _wait_quiet, apply_log_patterns
 from workers.sglang_metrics import follow_log
 
 FORK_LOG = [

@@ -14,7 +14,7 @@ from orchestrator.plan import Plan
 from orchestrator.spec import (ClusterKind, ClusterSettings, ExecutionSettings, FailureReason, RunState,
                                TrackingSettings)
 from orchestrator.testing import pid_alive, stub_server, tiny_group, tiny_run
-from workers.server_worker import LOG_TAIL_ARTIFACT, PID_DIR_ENV
+from workers.runners import LOG_TAIL_ARTIFACT, PID_DIR_ENV
 
 pytestmark = pytest.mark.slow
 

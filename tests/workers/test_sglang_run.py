@@ -21,7 +21,7 @@ import pytest
 from orchestrator.plan import build_run
 from orchestrator.spec import RunState
 from workers.probe import run_probe
-from workers.server_worker import GroupRunner, read_server_args
+from workers.runners import GroupRunner, read_server_args
 from workers.sglang import SERVER_INFO_FIELDS, build_sglang_argv, expected_server_args, reported_server_args
 
 from tests.workers.test_sglang_args import _check, _compose, _require, _sglang_installed, _write_model

@@ -69,15 +69,15 @@ class Attention(nn.Module):
         # Qwen3 normalises each head of q and k; Llama does not (cfg.qk_norm False: no parameters)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.qkv_weight: Tensor | None = None  # set by fuse(): q/k/v weights as one [(Hq+2Hkv)*D, hidden]
+        self.qkv_weight: Tensor | None = None  # set by merge(): q/k/v weights as one [(Hq+2Hkv)*D, hidden]
         self.qkv_bias: Tensor | None = None
 
-    def fuse(self) -> None:
+    def merge(self) -> None:
         """One QKV GEMM instead of three: the three weights become views into one concatenated tensor (no
         extra memory; q_proj/k_proj/v_proj keep working and keep their HF names)."""
         projs = (self.q_proj, self.k_proj, self.v_proj)
-        self.qkv_weight = _fuse_views([p.weight for p in projs])
-        self.qkv_bias = _fuse_views([p.bias for p in projs]) if self.q_proj.bias is not None else None
+        self.qkv_weight = _concat_views([p.weight for p in projs])
+        self.qkv_bias = _concat_views([p.bias for p in projs]) if self.q_proj.bias is not None else None
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], pool: KVPool, meta: AttentionMetadata | BatchMetadata,
                 backend: AttentionBackend, fused: bool = False) -> Tensor:
@@ -117,11 +117,11 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-        self.gate_up_weight: Tensor | None = None  # set by fuse()
+        self.gate_up_weight: Tensor | None = None  # set by merge()
 
-    def fuse(self) -> None:
+    def merge(self) -> None:
         """One gate/up GEMM instead of two (weights become views into one tensor)."""
-        self.gate_up_weight = _fuse_views([self.gate_proj.weight, self.up_proj.weight])
+        self.gate_up_weight = _concat_views([self.gate_proj.weight, self.up_proj.weight])
 
     def forward(self, x: Tensor, fused: bool = False) -> Tensor:
         if self.gate_up_weight is not None and self.gate_up_weight.data_ptr() == self.gate_proj.weight.data_ptr():
@@ -133,15 +133,15 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-def _fuse_views(params: list[Tensor]) -> Tensor:
+def _concat_views(params: list[Tensor]) -> Tensor:
     """Concatenate parameters along dim 0 and point each one's data at its slice of the result."""
-    fused = torch.cat([p.detach() for p in params], dim=0)
+    buffer = torch.cat([p.detach() for p in params], dim=0)
     offset = 0
     for p in params:
         n = p.shape[0]
-        p.data = fused[offset:offset + n]
+        p.data = buffer[offset:offset + n]
         offset += n
-    return fused
+    return buffer
 
 
 class DecoderLayer(nn.Module):
@@ -180,7 +180,7 @@ class CausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.fused = False  # fuse_projections(): at load (build_model), else before the first forward
+        self.projections_merged = False  # merge_projections(): at load (build_model), else before the first forward
         # Triton element-wise kernels (kernels/specsweep_kernels/fused_ops.py) for norms, residual adds, q/k-norm + RoPE + KV
         # store and SiLU x up: set by the engine on CUDA unless --disable-fused-ops
         self.fused_ops = False
@@ -189,8 +189,8 @@ class CausalLM(nn.Module):
     def forward(self, tokens: Tensor, meta: AttentionMetadata | BatchMetadata, pool: KVPool,
                 backend: AttentionBackend) -> Tensor:
         # tokens: [T] -> final hidden states [T, hidden] (normed); a batch: T = sum T_i
-        if not self.fused:  # a model built elsewhere (e.g. h200_e2e's on-device init)
-            fuse_projections(self)
+        if not self.projections_merged:  # a model built elsewhere (e.g. h200_e2e's on-device init)
+            merge_projections(self)
         x = self.model.embed_tokens(tokens)
         rope = rope_cos_sin(meta.positions, self.config.head_dim, self.config.rope_theta)
         fused = self.fused_ops
@@ -256,7 +256,7 @@ def build_model(cfg: ModelConfig, model_path: str, load_format: str, seed: int, 
         gguf_path = resolve_gguf(model_path)
         load_safetensors(model, prepare_gguf(gguf_path) if gguf_path is not None else model_path)
     model = model.to(device=device, dtype=dtype).eval()
-    fuse_projections(model)
+    merge_projections(model)
     return model
 
 
@@ -280,15 +280,15 @@ def layer_subset(model: CausalLM, layers: list[int]) -> CausalLM:
     view.model.embed_tokens, view.model.norm = model.model.embed_tokens, model.model.norm
     view.model.layers = nn.ModuleList([model.model.layers[i] for i in layers])
     view.lm_head = model.lm_head
-    view.fused, view.fused_ops = model.fused, model.fused_ops
+    view.projections_merged, view.fused_ops = model.projections_merged, model.fused_ops
     return view.eval()
 
 
-def fuse_projections(model: CausalLM) -> None:
+def merge_projections(model: CausalLM) -> None:
     """Merged QKV and gate/up weights, made once at load (after the dtype/device move, which would copy them
     apart again): fewer, larger GEMMs per layer."""
     with torch.inference_mode(False), torch.no_grad():  # plain tensors, even when called inside a forward
         for module in model.modules():
             if isinstance(module, (Attention, MLP)):
-                module.fuse()
-    model.fused = True
+                module.merge()
+    model.projections_merged = True

@@ -1,12 +1,14 @@
-"""One server group on one node: start its engine, run its RunSpecs in order, stop the engine.
+"""The runners: one server group on one node, its RunSpecs run in order. Plain Python (no Ray): the Ray actors
+(`orchestrator.execute`) are thin shells around them, and tests drive them directly.
 
-Plain Python (no Ray): `orchestrator.execute.ServerWorker` is a thin Ray actor around `GroupRunner`, and
-tests drive it directly.
-
-    runner = GroupRunner(server, log_dir, restarts=1, node_tags={"node_id": ..., "gpu_ids": ...})
+    runner: Runner = make_runner(server, log_dir, restarts=1, node_tags={"node_id": ..., "gpu_ids": ...})
     runner.start(node_rank=None) -> EngineInfo   # never raises: a start failure is remembered
     runner.run(spec: RunSpec, attempt=1) -> RunResult   # never raises: failures are data
     runner.stop() -> EngineInfo
+
+`Runner` is the Protocol; `GroupRunner` (an engine: start it, probe it per RunSpec, stop it) and `KernelRunner`
+(`job=kernel`: one verify-kernel shape per RunSpec, no engine) satisfy it. `FollowerRunner` holds rank > 0 of a
+multi-node engine: started with rank 0's rendezvous address, stopped, never given a RunSpec.
 
 Failure policy, per run:
 - the engine could not start (exit, timeout): every run of the group FAILED `engine_start_failed`, log tail;
@@ -55,6 +57,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from orchestrator.spec import (Algorithm, EngineKind, FailureReason, JobKind, RunResult, RunSpec, RunState,
                                ServerSpec)
@@ -93,7 +96,25 @@ class EngineInfo:
     stop_s: float = 0.0  # seconds the last stop() took (SIGTERM to the engine's exit)
 
 
+class Runner(Protocol):
+    """What the rank-0 actor drives: start once, run each RunSpec of the group, stop. No method raises."""
+
+    server: ServerSpec
+    log_path: Path
+
+    def start(self, node_rank: NodeRank | None = None) -> EngineInfo: ...
+
+    def run(self, spec: RunSpec, attempt: int = 1) -> RunResult: ...
+
+    def stop(self) -> EngineInfo: ...
+
+    def info(self) -> EngineInfo: ...
+
+
 class GroupRunner:
+    """An engine group: starts the engine, probes it once per RunSpec (restarting a dead engine within the
+    budget), stops it."""
+
     def __init__(self, server: ServerSpec, log_dir: str | os.PathLike, *, restarts: int = 1,
                  grace_s: float = 10.0, node_tags: dict[str, str] | None = None):
         self.server = server
@@ -306,10 +327,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 class KernelRunner:
     """A kernel-job group (`job=kernel`): no engine; each RunSpec is one verify-kernel shape, run in a subprocess
     `python -m workers.kernel_job --one '<KernelSpec json>'` (TRITON_INTERPRET=1 on cpu, set before triton is
-    imported), one at a time on the GPU(s) Ray gave this actor. Same interface as GroupRunner; never raises."""
+    imported), one at a time on the GPU(s) Ray gave this actor. A `Runner`; never raises."""
 
-    def __init__(self, server: ServerSpec, log_dir: str | os.PathLike, *, node_tags: dict[str, str] | None = None,
-                 **_ignored):
+    def __init__(self, server: ServerSpec, log_dir: str | os.PathLike, *, node_tags: dict[str, str] | None = None):
         self.server = server
         self.node_tags = dict(node_tags or {})
         self.group_id = server.key
@@ -378,7 +398,7 @@ class KernelRunner:
 
 
 def make_runner(server: ServerSpec, log_dir: str | os.PathLike, *, restarts: int = 1,
-                node_tags: dict[str, str] | None = None) -> GroupRunner | KernelRunner:
+                node_tags: dict[str, str] | None = None) -> Runner:
     """The runner for a group: an engine (GroupRunner) or kernel shapes (KernelRunner)."""
     if server.job is JobKind.KERNEL:
         return KernelRunner(server, log_dir, node_tags=node_tags)

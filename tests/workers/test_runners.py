@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-import workers.server_worker as sw
+import workers.runners as sw
 from orchestrator.spec import FailureReason, RunState
 from orchestrator.testing import tiny_run, tiny_server
 
