@@ -37,7 +37,8 @@ from rich.table import Table
 from orchestrator.execute import ExecutionStats, run_plan
 from orchestrator.local_ray import init_local_ray
 from orchestrator.plan import Plan
-from orchestrator.spec import ClusterSettings, ExecutionSettings, ProbeKind, RunState, TrackingSettings
+from orchestrator.settings import ClusterSettings, ExecutionSettings, TrackingSettings
+from specsweep_vocab.spec import ProbeKind, RunState
 from orchestrator.testing import tiny_group, tiny_run, tiny_server
 
 logger = logging.getLogger(__name__)

@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 
 from orchestrator.plan import Plan
-from orchestrator.spec import ClusterKind, ClusterSettings, ExecutionSettings, RunState, TrackingSettings
+from orchestrator.settings import ClusterKind, ClusterSettings, ExecutionSettings, TrackingSettings
+from specsweep_vocab.spec import RunState
 from orchestrator.testing import stub_server, tiny_group, tiny_run
 
 log = logging.getLogger(__name__)

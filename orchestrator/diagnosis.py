@@ -27,7 +27,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-STUB_ENGINE = "stub"  # orchestrator.spec.EngineKind.STUB's value (the child run's `engine` tag)
+from orchestrator.settings import Thresholds
+from specsweep_vocab.spec import EngineKind
 
 
 class Cause(str, enum.Enum):
@@ -54,20 +55,6 @@ class Verdict(str, enum.Enum):
     FINDINGS = "findings"  # at least one rule fired
     HEALTHY = "healthy"  # every rule evaluated, none fired
     INCOMPLETE = "incomplete"  # none fired, but some rule could not be evaluated
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    oracle_tolerance: float = 1e-6  # commit_len_mean may fall this far below num_steps + 1
-    collapse_drop: float = 0.5  # fraction lost from the shortest context
-    novel_gap: float = 0.5  # fraction novel text commits below predictable text at the same context
-    superlinear_exponent: float = 1.3  # verify_step_ms ~ context^k with k above this
-    min_context_ratio: float = 4.0  # the super-linearity test needs contexts this far apart
-    min_bw_frac: float = 0.10  # kv_bw_gbs / device peak GB/s
-    bw_min_context: int = 16384  # short prefixes are overhead-dominated: judge bandwidth from here up
-    max_gpu_util: float = 50.0  # percent
-    high_step_ms: float = 5.0  # "step time is high" for rule (d) when no roofline is known
-    max_roofline_frac_host: float = 0.5  # ... or roofline_frac under this
 
 
 @dataclass(frozen=True)
@@ -98,7 +85,7 @@ class RunRow:
 
     @property
     def simulated(self) -> bool:
-        return self.engine == STUB_ENGINE
+        return self.engine == EngineKind.STUB.value
 
 
 @dataclass(frozen=True)

@@ -70,8 +70,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from orchestrator.local_ray import init_local_ray
 from orchestrator.preflight import Preflight, expected_work, gpus_per_node, run_preflight
-from orchestrator.spec import (ClusterKind, ClusterSettings, ExecutionSettings, FailureReason, RunResult, RunSpec,
-                               RunState, ServerGroup)
+from orchestrator.settings import ClusterKind, ClusterSettings, ExecutionSettings
+from specsweep_vocab.spec import FailureReason, RunResult, RunSpec, RunState, ServerGroup
 from workers.engine import NodeRank, free_port, read_log_tail
 from workers.runners import LOG_TAIL_ARTIFACT, EngineInfo, FollowerRunner, engine_log_path, make_runner
 

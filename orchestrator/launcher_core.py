@@ -33,7 +33,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from orchestrator.plan import NotRun, Plan, plan_resume, plan_sweep
 from orchestrator.schema import RunConfig, override_key_problems, register_configs, to_run_config
-from orchestrator.spec import ClusterKind, EngineKind, ExecutionSettings, FailureReason, RunResult, RunSpec, RunState
+from orchestrator.settings import ClusterKind, ExecutionSettings
+from specsweep_vocab.spec import EngineKind, FailureReason, RunResult, RunSpec, RunState
 from orchestrator.validate import ConfigError, Problem, every_point_over_context, validate_run
 
 if TYPE_CHECKING:
@@ -113,7 +114,7 @@ def preflight_before_start(plan: Plan, settings: ExecutionSettings, *, dry_run: 
     """Before Ray or MLflow start: what the config alone rules out (cluster.gpus_per_node), with cluster=local
     the GPUs really on this machine, and (not in a dry run) whether tracking.uri answers within 10 s."""
     from orchestrator.preflight import PreflightError, check_declared, probe_tracking, run_local_preflight
-    from orchestrator.redact import redact_text
+    from specsweep_vocab.redact import redact_text
 
     try:
         if problems := check_declared(plan.groups, settings.cluster):

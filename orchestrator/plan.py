@@ -10,8 +10,8 @@ import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-from orchestrator.redact import redact_config, redact_override, redact_params
-from orchestrator.spec import EngineKind, EngineSpec, JobKind, RunSpec, ServerGroup, ServerSpec, stable_hash
+from specsweep_vocab.redact import redact_config, redact_override, redact_params
+from specsweep_vocab.spec import EngineKind, EngineSpec, JobKind, RunSpec, ServerGroup, ServerSpec, stable_hash
 from orchestrator.validate import check_context
 from specsweep_vocab.sglang_facts import resolved_backends
 
@@ -101,7 +101,7 @@ def build_kernel_server(rc: RunConfig) -> ServerSpec:
 
 
 def build_run(rc: RunConfig, job_index: int) -> RunSpec:
-    """Name, params and overrides are redacted (orchestrator.redact); the server keeps the real values."""
+    """Name, params and overrides are redacted (specsweep_vocab.redact); the server keeps the real values."""
     params, overrides = redact_params(rc.params), tuple(redact_override(o) for o in rc.overrides)
     if rc.job is JobKind.KERNEL:
         assert rc.kernel is not None

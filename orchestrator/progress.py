@@ -24,7 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.report import KERNEL_METRICS
-from orchestrator.spec import JobKind, RunResult, RunState
+from specsweep_vocab.spec import JobKind, RunResult, RunState
 
 logger = logging.getLogger(__name__)
 

@@ -55,11 +55,11 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 
+from orchestrator.tracking import ENV_SCHEDULE, ENV_SCHEDULED_TIME
+
 log = logging.getLogger(__name__)
 
 UTC = dt.timezone.utc
-ENV_SCHEDULE = "SPECSWEEP_SCHEDULE"
-ENV_SCHEDULED_TIME = "SPECSWEEP_SCHEDULED_TIME"
 DEFAULT_STATE = "specsweep-schedule.db"
 ALLOWED_KEYS = ("name", "cron", "timezone", "overrides", "enabled", "misfire_grace", "allow_overlap")
 

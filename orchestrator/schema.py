@@ -3,7 +3,7 @@ DictConfig → `RunConfig` (frozen dataclasses) done at the entry.
 
 The `*Conf` dataclasses give Hydra the keys and types: an unknown key or a wrong type is Hydra's
 own error at composition. Kinds are plain strings there (OmegaConf matches enums by member name,
-`REFERENCE`, not by value); `to_run_config` turns them into the enums of `orchestrator.spec`,
+`REFERENCE`, not by value); `to_run_config` turns them into the enums of `specsweep_vocab.spec`,
 reporting each bad value as a `Problem` with what is allowed.
 """
 
@@ -19,27 +19,10 @@ from typing import Any, Optional, Sequence
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from orchestrator.spec import (
-    Algorithm,
-    AttentionKind,
-    AttentionSpec,
-    AcceleratorMatch,
-    ClusterKind,
-    ClusterSettings,
-    DrafterSpec,
-    EngineKind,
-    EngineSpec,
-    JobKind,
-    KERNEL_LAYOUTS,
-    KernelSpec,
-    ModelSpec,
-    ProbeKind,
-    ProbeSpec,
-    SGLangOptions,
-    StubOptions,
-    TrackingSettings,
-)
-from orchestrator.diagnosis import Thresholds
+from orchestrator.settings import AcceleratorMatch, ClusterKind, ClusterSettings, Thresholds, TrackingSettings
+from specsweep_vocab.spec import (Algorithm, AttentionKind, AttentionSpec, DrafterSpec, EngineKind, EngineSpec, JobKind,
+                                  KERNEL_LAYOUTS, KernelSpec, ModelSpec, ProbeKind, ProbeSpec, SGLangOptions,
+                                  StubOptions)
 from orchestrator.validate import (LEAF, OPEN, ConfigError, Problem, config_key_problems, probe_file_problem,
                                    unknown_key_problem)
 
@@ -183,7 +166,7 @@ class MetricsConf:
     log_patterns: list[str] = field(default_factory=list)
 
 
-# `report`: the diagnosis thresholds (orchestrator.diagnosis.Thresholds), overridable like any key,
+# `report`: the diagnosis thresholds (orchestrator.settings.Thresholds), overridable like any key,
 # e.g. `report.collapse_drop=0.3`.
 ReportConf = dataclasses.make_dataclass(
     "ReportConf", [(f.name, f.type, field(default=f.default)) for f in dataclasses.fields(Thresholds)])

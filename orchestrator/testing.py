@@ -12,8 +12,8 @@ Imported by tests/ and the benchmarks (orchestrator/bench*.py) only, never by ru
 from __future__ import annotations
 
 from orchestrator.plan import launch_engine
-from orchestrator.spec import (Algorithm, AttentionSpec, DrafterSpec, EngineKind, EngineSpec, ModelSpec, ProbeKind,
-                               ProbeSpec, RunSpec, ServerGroup, ServerSpec, StubOptions, stable_hash)
+from specsweep_vocab.spec import (Algorithm, AttentionSpec, DrafterSpec, EngineKind, EngineSpec, ModelSpec, ProbeKind,
+                                  ProbeSpec, RunSpec, ServerGroup, ServerSpec, StubOptions, stable_hash)
 
 TINY = ModelSpec(name="tiny", path="tiny", max_context_len=32768, num_layers=4, hidden_size=256, num_q_heads=8,
                  num_kv_heads=2, head_dim=32, v_head_dim=32)

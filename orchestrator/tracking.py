@@ -32,7 +32,7 @@ identity (`driver_host`, `driver_pid`, `driver_start`); another driver skips eve
 while that driver lives, and marks claims (and parents) of drivers that are gone FAILED `driver_lost`, then
 runs those points itself. The parent carries `driver_heartbeat` (unix seconds, every `HEARTBEAT_S`).
 
-Secrets: names, params, tags and artifacts go through `orchestrator.redact` (structure, and the literal secrets
+Secrets: names, params, tags and artifacts go through `specsweep_vocab.redact` (structure, and the literal secrets
 of the plan given to `from_settings`, or given as `secrets`, or found in the tracking URI).
 
 Layout. Parent: params = resolved base config flattened (`a.b.c`), `overrides`; tags = `specsweep.role=parent`,
@@ -62,8 +62,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
-from orchestrator.redact import plan_secrets, redact_config, redact_text, uri_secrets
-from orchestrator.spec import EngineKind, ExecutionSettings, FailureReason, RunResult, RunSpec, RunState
+from specsweep_vocab.redact import plan_secrets, redact_config, redact_text, uri_secrets
+from orchestrator.settings import ExecutionSettings
+from specsweep_vocab.spec import EngineKind, FailureReason, RunResult, RunSpec, RunState
 
 if TYPE_CHECKING:
     from orchestrator.plan import Plan
@@ -76,6 +77,9 @@ MAX_PARAM_VALUE = 6000  # MLflow's limit on a param value
 BATCH_METRICS, BATCH_PARAMS, BATCH_TAGS = 1000, 100, 100  # MLflow's log_batch limits
 STUB_EXPERIMENT_SUFFIX = "-stub"
 RUN_HASHES_ARTIFACT = "run_hashes.txt"
+# Set by the schedule daemon (orchestrator/schedule.py) on the Ray job of each firing; tagged on the parent run.
+ENV_SCHEDULE = "SPECSWEEP_SCHEDULE"
+ENV_SCHEDULED_TIME = "SPECSWEEP_SCHEDULED_TIME"
 
 
 def experiment_for(settings: ExecutionSettings, plan: Plan | None = None) -> str:
@@ -457,7 +461,7 @@ class Tracker:
         if isinstance(doc, dict):
             task = doc.get("hydra", {}).get("overrides", {}) if isinstance(doc.get("hydra"), dict) else {}
             if isinstance(task, dict):
-                from orchestrator.redact import redact_override
+                from specsweep_vocab.redact import redact_override
 
                 for k, v in task.items():
                     if isinstance(v, list):
@@ -562,8 +566,6 @@ def _hydra_multirun_yaml() -> str | None:
 
 def schedule_tags(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """A sweep fired by `orchestrator.schedule` carries its schedule name and scheduled time."""
-    from orchestrator.schedule import ENV_SCHEDULE, ENV_SCHEDULED_TIME
-
     if ENV_SCHEDULE not in environ:
         return {}
     return {"schedule": environ[ENV_SCHEDULE], "scheduled_time": environ.get(ENV_SCHEDULED_TIME, "")}

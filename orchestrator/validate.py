@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
-from orchestrator.redact import MASK, is_secret_path, redact_override, redact_text
-from orchestrator.spec import (STUB_FLAGS, Algorithm, AttentionKind, EngineKind, JobKind, ProbeKind, StubOptions)
+from specsweep_vocab.redact import MASK, is_secret_path, redact_override, redact_text
+from specsweep_vocab.spec import STUB_FLAGS, Algorithm, AttentionKind, EngineKind, JobKind, ProbeKind, StubOptions
 from specsweep_vocab.sglang_facts import (SGLANG_BACKEND_PAGE_SIZES, SGLANG_DRAFT_BACKENDS,
                                           SGLANG_EAGLE_DRAFT_WORKER_BACKENDS, SGLANG_PLUGIN_BACKENDS,
                                           SGLANG_VERSIONS, SPEC_MAX_RUNNING_REQUESTS, resolved_backends,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from orchestrator.spec import ModelSpec
+from specsweep_vocab.spec import ModelSpec
 
 logger = logging.getLogger(__name__)
 

@@ -49,8 +49,8 @@ from typing import Callable, Mapping, Protocol
 
 import requests
 
-from orchestrator.redact import redact_argv
-from orchestrator.spec import Algorithm, EngineKind, ServerSpec
+from specsweep_vocab.redact import redact_argv
+from specsweep_vocab.spec import Algorithm, EngineKind, ServerSpec
 from workers.errors import EngineDied, EngineStartFailed, EngineTimeout
 from workers.sglang import SGLangAdapter
 

@@ -13,7 +13,7 @@ engine's log tail, so the run that hit it becomes a FAILED record with the reaso
 
 from __future__ import annotations
 
-from orchestrator.spec import FailureReason
+from specsweep_vocab.spec import FailureReason
 
 
 class WorkerError(RuntimeError):

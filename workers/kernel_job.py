@@ -56,7 +56,7 @@ def _time_us(fn, device) -> float:
 
 
 def run_shape(spec) -> dict[str, float]:
-    """One shape (an orchestrator.spec.KernelSpec) on its device: time_us, gbs, rel_err, kv_bytes
+    """One shape (a specsweep_vocab.spec.KernelSpec) on its device: time_us, gbs, rel_err, kv_bytes
     (+ floor_frac, peak_bw_gbs on CUDA)."""
     import torch
 
@@ -101,7 +101,7 @@ def device_name(device: str) -> str:
 
 def one(spec_json: str) -> dict:
     """`--one`: {"metrics": {...}, "device": name}."""
-    from orchestrator.spec import KernelSpec
+    from specsweep_vocab.spec import KernelSpec
 
     spec = KernelSpec.from_json(spec_json)
     if spec.device == "cpu" and os.environ.get(INTERPRET_ENV) != "1":

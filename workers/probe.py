@@ -44,7 +44,7 @@ from typing import Any, Iterator, cast
 import requests
 import urllib3
 
-from orchestrator.spec import EngineKind, ProbeKind, ProbeSpec
+from specsweep_vocab.spec import EngineKind, ProbeKind, ProbeSpec
 from workers.errors import BadResponse, ProbeTimeout
 from workers.reference.tokenizer import ByteTokenizer
 from workers.sglang_metrics import spec_metrics_from_meta_info

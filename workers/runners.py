@@ -59,8 +59,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from orchestrator.spec import (Algorithm, EngineKind, FailureReason, JobKind, RunResult, RunSpec, RunState,
-                               ServerSpec)
+from specsweep_vocab.spec import Algorithm, EngineKind, FailureReason, JobKind, RunResult, RunSpec, RunState, ServerSpec
 from specsweep_vocab.sglang_facts import SGLANG_VERSIONS
 from workers.engine import EngineProcess, NodeRank
 from workers.derived import derived_metrics

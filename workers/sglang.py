@@ -29,7 +29,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Mapping
 
-from orchestrator.spec import Algorithm, EngineKind, ServerSpec, SGLangOptions
+from specsweep_vocab.spec import Algorithm, EngineKind, ServerSpec, SGLangOptions
 from specsweep_vocab.sglang_facts import (SGLANG_PLUGIN_BACKENDS, SPEC_MAX_RUNNING_REQUESTS, SGLangFacts,
                                           resolved_backends, sglang_draft_backend, sglang_facts)
 

@@ -18,7 +18,7 @@ rank, node address, CUDA_VISIBLE_DEVICES and whole environment before it starts 
     python -m orchestrator engine=stub engine.stub.token_s=0.01        # through the orchestrator (conf/engine/stub.yaml)
     orchestrator.testing.stub_server(tp_size=8, nnodes=1, token_s=0.005, seed=0) -> ServerSpec   # tests, benches
 
-Its timing flags are `orchestrator.spec.StubOptions` (`engine.stub.*` in the config), emitted by `StubOptions.argv()`.
+Its timing flags are `specsweep_vocab.spec.StubOptions` (`engine.stub.*` in the config), emitted by `StubOptions.argv()`.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ class Layout:
 
 GQA_32_8 = Layout(32, 8, 128, 128, mla=False)  # Qwen3-8B-like
 MLA_16 = Layout(16, 1, 576, 512, mla=True)  # DeepSeek-V3 latent (512 + 64 rope), one latent head
-# The named presets (`kernel.layout` of a sweep, `--layouts` of the bench). orchestrator.spec.KERNEL_LAYOUTS holds
+# The named presets (`kernel.layout` of a sweep, `--layouts` of the bench). specsweep_vocab.spec.KERNEL_LAYOUTS holds
 # the same figures without torch for planning; tests/kernels/test_verify_attention.py checks that they agree.
 LAYOUTS = {"gqa": GQA_32_8, "mla": MLA_16, "gqa-small": Layout(8, 2, 32, 32, mla=False)}
 

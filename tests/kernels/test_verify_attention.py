@@ -183,8 +183,8 @@ def test_input_checks_survive_python_O(tmp_path):
 
 
 def test_kernel_layout_presets_agree_with_the_orchestrators():
-    # orchestrator.spec plans without torch, so it keeps the figures as tuples: they must not drift
-    from orchestrator.spec import KERNEL_LAYOUTS
+    # specsweep_vocab.spec plans without torch, so it keeps the figures as tuples: they must not drift
+    from specsweep_vocab.spec import KERNEL_LAYOUTS
     from specsweep_kernels.problems import LAYOUTS
 
     assert {name: (lay.num_q_heads, lay.num_kv_heads, lay.k_head_dim, lay.v_head_dim, lay.mla)

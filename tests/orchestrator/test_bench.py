@@ -44,7 +44,7 @@ def test_shutdown_ray_stops_every_process_of_the_ray_it_started(no_ray):
     import ray._private.worker
 
     from orchestrator.execute import connect_ray, shutdown_ray
-    from orchestrator.spec import ClusterSettings
+    from orchestrator.settings import ClusterSettings
 
     assert connect_ray(ClusterSettings(num_cpus=1))
     node = ray._private.worker._global_node

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.plan import Plan
-from orchestrator.spec import (AcceleratorMatch, ClusterKind, ClusterSettings, ExecutionSettings, FailureReason,
-                               RunState, TrackingSettings)
+from orchestrator.settings import AcceleratorMatch, ClusterKind, ClusterSettings, ExecutionSettings, TrackingSettings
+from specsweep_vocab.spec import FailureReason, RunState
 from orchestrator.testing import pid_alive, stub_server, tiny_group, tiny_run
 from workers.runners import PID_DIR_ENV
 from workers.stub_engine import RECORD_DIR_ENV

@@ -14,7 +14,8 @@ import pytest
 
 from orchestrator.local_ray import init_local_ray
 from orchestrator.plan import Plan
-from orchestrator.spec import (ExecutionSettings, FailureReason, ProbeKind, RunState, TrackingSettings)
+from orchestrator.settings import ExecutionSettings, TrackingSettings
+from specsweep_vocab.spec import FailureReason, ProbeKind, RunState
 from orchestrator.testing import pid_alive, tiny_group, tiny_run, tiny_server
 from workers.runners import LOG_TAIL_ARTIFACT, PID_DIR_ENV
 

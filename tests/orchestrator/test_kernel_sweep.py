@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.launcher_core import expand_grid, plan_jobs
-from orchestrator.spec import JobKind
+from specsweep_vocab.spec import JobKind
 from orchestrator.validate import ConfigError
 
 CPU_GRID = ("engine.device=cpu", "kernel.layout=gqa-small", "kernel.dtype=float32", "kernel.prefix=33,300",

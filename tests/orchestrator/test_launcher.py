@@ -19,7 +19,7 @@ from hydra_plugins.specsweep_launcher.specsweep_launcher import SpecsweepLaunche
 from orchestrator import launcher_core
 from orchestrator.plan import NotRun
 from orchestrator.schema import register_configs
-from orchestrator.spec import FailureReason, RunResult, RunState
+from specsweep_vocab.spec import FailureReason, RunResult, RunState
 
 
 def test_discovery():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-from orchestrator.spec import RunResult, RunState
+from specsweep_vocab.spec import RunResult, RunState
 from orchestrator.testing import tiny_run, tiny_server
 from workers.runners import LOG_SETTLE_S, _wait_quiet, apply_log_patterns
 from workers.sglang_metrics import follow_log

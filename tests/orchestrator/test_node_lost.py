@@ -11,8 +11,8 @@ import time
 import pytest
 
 from orchestrator.plan import Plan
-from orchestrator.spec import (ClusterKind, ClusterSettings, ExecutionSettings, FailureReason, RunState,
-                               TrackingSettings)
+from orchestrator.settings import ClusterKind, ClusterSettings, ExecutionSettings, TrackingSettings
+from specsweep_vocab.spec import FailureReason, RunState
 from orchestrator.testing import pid_alive, stub_server, tiny_group, tiny_run
 from workers.runners import LOG_TAIL_ARTIFACT, PID_DIR_ENV
 

@@ -9,7 +9,8 @@ import time
 import pytest
 
 from orchestrator.preflight import check_declared, check_local, probe_tracking
-from orchestrator.spec import ClusterKind, ClusterSettings, EngineKind
+from orchestrator.settings import ClusterKind, ClusterSettings
+from specsweep_vocab.spec import EngineKind
 from orchestrator.testing import stub_server, tiny_group, tiny_run, tiny_server
 
 

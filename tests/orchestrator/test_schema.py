@@ -12,7 +12,8 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationErr
 from omegaconf import OmegaConf
 
 from orchestrator.schema import SpecsweepConf, absolute_tracking_uri, flatten, register_configs, to_run_config
-from orchestrator.spec import Algorithm, AttentionKind, ClusterKind, EngineKind, ProbeKind
+from orchestrator.settings import ClusterKind
+from specsweep_vocab.spec import Algorithm, AttentionKind, EngineKind, ProbeKind
 from orchestrator.validate import ConfigError, validate_run
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.plan import Plan
-from orchestrator.redact import MASK, redact_argv, redact_config, redact_override, redact_params, redact_text
-from orchestrator.spec import FailureReason, RunResult, RunState
+from specsweep_vocab.redact import MASK, redact_argv, redact_config, redact_override, redact_params, redact_text
+from specsweep_vocab.spec import FailureReason, RunResult, RunState
 from orchestrator.testing import stub_server, tiny_group, tiny_run
 from orchestrator.tracking import Tracker
 

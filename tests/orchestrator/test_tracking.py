@@ -7,7 +7,7 @@ import time
 import pytest
 
 from orchestrator.plan import Plan
-from orchestrator.spec import FailureReason, ProbeKind, RunResult, RunState
+from specsweep_vocab.spec import FailureReason, ProbeKind, RunResult, RunState
 from orchestrator.tracking import Tracker, flatten
 from orchestrator.testing import tiny_group, tiny_run, tiny_server
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.spec import Algorithm, AttentionSpec
+from specsweep_vocab.spec import Algorithm, AttentionSpec
 from specsweep_vocab.sglang_facts import (SGLANG_PLUGIN_BACKENDS, SGLANG_VERSIONS, resolved_backends,
                                           sglang_draft_backend, sglang_facts)
 

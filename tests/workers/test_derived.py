@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.spec import ModelSpec
+from specsweep_vocab.spec import ModelSpec
 from workers.derived import derived_metrics, model_weight_bytes
 
 QWEN8B = ModelSpec(name="qwen3-8b", path="Qwen/Qwen3-8B", max_context_len=131072, num_layers=36, hidden_size=4096,

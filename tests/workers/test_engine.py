@@ -13,7 +13,7 @@ import time
 import pytest
 import requests
 
-from orchestrator.spec import EngineKind
+from specsweep_vocab.spec import EngineKind
 from orchestrator.testing import tiny_server
 from workers.engine import EngineProcess, adapter_for, build_engine_argv
 from workers.errors import EngineDied, EngineStartFailed, EngineTimeout

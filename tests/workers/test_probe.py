@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from orchestrator.spec import EngineKind, ProbeKind, ProbeSpec
+from specsweep_vocab.spec import EngineKind, ProbeKind, ProbeSpec
 from workers.engine import EngineProcess
 from workers.errors import BadResponse
 from workers.probe import (NOVEL_NGRAM, Generation, ProbeClient, build_prompt, build_prompts, measure, measure_all,

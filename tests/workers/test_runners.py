@@ -10,7 +10,7 @@ import time
 import pytest
 
 import workers.runners as sw
-from orchestrator.spec import FailureReason, RunState
+from specsweep_vocab.spec import FailureReason, RunState
 from orchestrator.testing import tiny_run, tiny_server
 
 pytestmark = pytest.mark.slow

@@ -32,7 +32,7 @@ from hydra import compose, initialize_config_module
 
 from orchestrator.plan import build_server
 from orchestrator.schema import register_configs, to_run_config
-from orchestrator.spec import Algorithm, AttentionKind, ModelSpec
+from specsweep_vocab.spec import Algorithm, AttentionKind, ModelSpec
 from orchestrator.validate import REFERENCE_MODEL_PATHS, validate_run
 from workers.sglang import (LONGER_CONTEXT_ENV, SERVER_ARG_KEYS, build_sglang_argv, expected_server_args,
                             reported_server_args, sglang_env)

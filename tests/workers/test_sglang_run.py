@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from orchestrator.plan import build_run
-from orchestrator.spec import RunState
+from specsweep_vocab.spec import RunState
 from workers.probe import run_probe
 from workers.runners import GroupRunner, read_server_args
 from workers.sglang import SERVER_INFO_FIELDS, build_sglang_argv, expected_server_args, reported_server_args

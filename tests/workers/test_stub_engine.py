@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from orchestrator.launcher_core import plan_jobs
-from orchestrator.spec import STUB_FLAGS, StubOptions
+from specsweep_vocab.spec import STUB_FLAGS, StubOptions
 from orchestrator.testing import stub_server
 from workers.engine import build_engine_argv
 from workers.stub_engine import parse_args

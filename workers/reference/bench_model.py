@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from orchestrator.spec import EngineKind, ProbeKind, ProbeSpec
+from specsweep_vocab.spec import EngineKind, ProbeKind, ProbeSpec
 from workers.probe import build_prompt
 
 from . import gguf_checkpoint

@@ -1,8 +1,9 @@
-"""The typed contract between planning (pure) and execution (Ray, engines, MLflow).
+"""The typed contract between planning (orchestrator/, pure) and execution (workers/: Ray actors, engines).
 
-Hydra's DictConfig is converted once, at the entry, into these frozen dataclasses; nothing below
-the entry sees a DictConfig. Planning builds `ServerGroup`s of `RunSpec`s; execution turns each
-`RunSpec` into exactly one `RunResult`.
+Hydra's DictConfig is converted once, at the entry (orchestrator/schema.py), into these frozen dataclasses;
+nothing below the entry sees a DictConfig. Their fields and defaults are the config's own: the Hydra structured
+configs are generated from them. Planning builds `ServerGroup`s of `RunSpec`s; execution turns each `RunSpec`
+into exactly one `RunResult`.
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
-
-from orchestrator.diagnosis import Thresholds
 
 
 # Fields marked NOT_IDENTITY (names, paths) never enter run_hash / ServerSpec.key.
@@ -307,71 +306,3 @@ def stable_hash(*parts: Any) -> str:
     """sha256 of the canonical JSON of dataclasses/enums/primitives."""
     blob = json.dumps([_canonical(p) for p in parts], sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()
-
-
-# --- Driver-side settings (not part of any run's identity) -------------------------------------
-
-
-class ClusterKind(str, enum.Enum):
-    LOCAL = "local"  # embedded: a local `ray.init()` with logical GPUs
-    RAY = "ray"  # an existing Ray cluster: `ray.init(address=...)`
-
-
-class AcceleratorMatch(str, enum.Enum):
-    """How `cluster.accelerator` picks nodes (docs/cluster.md)."""
-
-    AUTO = "auto"  # labels when some node carries `accelerator_label`, else custom resources
-    LABEL = "label"  # Ray >= 2.49 node labels: `ray start --labels gpu-arch=sm_120`
-    RESOURCE = "resource"  # older clusters: `ray start --resources '{"accelerator_sm_120": 1}'`
-
-
-@dataclass(frozen=True)
-class ClusterSettings:
-    kind: ClusterKind = ClusterKind.LOCAL
-    address: str | None = None  # kind=ray: "auto" or "ray://head:10001"
-    num_cpus: int | None = None  # kind=local: ray.init(num_cpus=...); None = Ray's default
-    num_gpus: int | None = None  # kind=local: logical GPUs to advertise; None = Ray's detection
-    object_store_memory_mb: int | None = None  # kind=local; None = Ray's default
-    include_dashboard: bool = False
-    namespace: str = "specsweep"
-    runtime_env: dict[str, Any] | None = field(default=None, hash=False)  # ray.init(runtime_env=...)
-    gpus_per_server: int = 0  # GPUs a server asks for on each of its nodes (0: tp_size / nnodes on GPU engines)
-    gpus_per_node: int | None = None  # GPUs of one node; None: whatever the cluster's nodes have
-    cpus_per_server: float = 1.0  # Ray CPUs in each node bundle of a server (k in {GPU: g, CPU: k})
-    accelerator: str | None = None  # GPU architecture every server must land on, e.g. "sm_120"
-    accelerator_label: str = "gpu-arch"  # node label key that carries the architecture
-    accelerator_match: AcceleratorMatch = AcceleratorMatch.AUTO
-    max_concurrent_servers: int | None = None  # cap on servers at once; None: as many as the cluster fits
-    max_retries: int = 2  # per run: re-queues after its node was lost while it ran
-
-    @property
-    def accelerator_resource(self) -> str | None:
-        """The custom-resource fallback name: sm_90 -> "accelerator_sm_90"."""
-        return f"accelerator_{self.accelerator}" if self.accelerator else None
-
-
-@dataclass(frozen=True)
-class TrackingSettings:
-    uri: str = "sqlite:///mlflow.db"  # resolved at the entry: relative sqlite paths made absolute
-    experiment_name: str | None = None  # None → the sweep name
-
-
-@dataclass(frozen=True)
-class ExecutionSettings:
-    """What execution needs besides the Plan: where to run, where to record, whether to resume."""
-
-    sweep_name: str
-    cluster: ClusterSettings = field(default_factory=ClusterSettings)
-    tracking: TrackingSettings = field(default_factory=TrackingSettings)
-    resume: bool = True  # skip run_hashes already FINISHED in the experiment
-    work_dir: str = "."  # the user's original working directory (absolute), for logs/artifacts
-    progress: bool = True  # live progress line + final table on the driver
-    report: Thresholds = field(default_factory=Thresholds)  # diagnosis thresholds (config `report`)
-
-    @property
-    def tracking_uri(self) -> str:
-        return self.tracking.uri
-
-    @property
-    def experiment_name(self) -> str:
-        return self.tracking.experiment_name or self.sweep_name
