@@ -13,8 +13,6 @@ OURS = ("specsweep_vocab", "orchestrator", "workers", "specsweep_kernels", "hydr
 PLANNING = {"orchestrator.settings", "orchestrator.schema", "orchestrator.validate", "orchestrator.plan",
             "orchestrator.diagnosis"}
 CLIS = {"orchestrator.__main__", "orchestrator.schedule"}
-# workers/ -> orchestrator/ imports still being moved (#16): the SGLang version facts and the test helpers.
-PENDING = {("workers.sglang", "orchestrator.validate"), ("workers.testing", "orchestrator.testing")}
 
 
 def _module_name(path: Path) -> str:
@@ -48,8 +46,8 @@ def test_vocab_imports_only_the_standard_library_and_itself():
 
 
 def test_workers_import_nothing_from_orchestrator():
-    found = {(m, i) for m, names in _imports("workers").items() for i in names if _top(i) == "orchestrator"}
-    assert found <= PENDING, sorted(found - PENDING)
+    bad = {(m, i) for m, names in _imports("workers").items() for i in names if _top(i) == "orchestrator"}
+    assert not bad
 
 
 def test_kernels_import_nothing_from_orchestrator_or_workers():
