@@ -2,13 +2,11 @@
 engine's log tail, so the run that hit it becomes a FAILED record with the reason and the tail.
 
     WorkerError
-    ├── EngineError
-    │   ├── EngineStartFailed   the process exited, or never became healthy, during start
-    │   ├── EngineDied          the process exited after it was healthy (e.g. mid-probe)
+    ├── EngineStartFailed       the process exited, or never became healthy, during start
     │   └── EngineTimeout       /health did not answer 200 within the startup timeout
-    └── ProbeError
-        ├── BadResponse         an HTTP error status, or a body missing required fields
-        └── ProbeTimeout        a request ran past its timeout
+    ├── EngineDied              the process exited after it was healthy (e.g. mid-probe)
+    ├── BadResponse             an HTTP error status, or a body missing required fields
+    └── ProbeTimeout            a request ran past its timeout
 """
 
 from __future__ import annotations
@@ -33,15 +31,11 @@ class WorkerError(RuntimeError):
         return (type(self), (self.message, self.log_tail))
 
 
-class EngineError(WorkerError):
-    pass
-
-
-class EngineStartFailed(EngineError):
+class EngineStartFailed(WorkerError):
     reason = FailureReason.ENGINE_START_FAILED
 
 
-class EngineDied(EngineError):
+class EngineDied(WorkerError):
     reason = FailureReason.ENGINE_DIED
 
 
@@ -49,13 +43,9 @@ class EngineTimeout(EngineStartFailed):
     """Startup timeout. A subclass of EngineStartFailed: the group's runs fail as engine_start_failed."""
 
 
-class ProbeError(WorkerError):
-    pass
-
-
-class BadResponse(ProbeError):
+class BadResponse(WorkerError):
     reason = FailureReason.BAD_RESPONSE
 
 
-class ProbeTimeout(ProbeError):
+class ProbeTimeout(WorkerError):
     reason = FailureReason.TIMEOUT

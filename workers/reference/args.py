@@ -55,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
                         f"({', '.join(GGUF_MODELS)}), or a Qwen3 safetensors checkpoint dir")
     m.add_argument("--load-format", default="auto", choices=LOAD_FORMATS,
                    help="dummy = deterministic random weights seeded by --random-seed; auto = what the path holds")
+    m.add_argument("--dummy-weights-on-device", action="store_true",
+                   help="reference engine only: with --load-format dummy, allocate the weights on --device and "
+                        "draw them there (seconds for an 8B model on a GPU instead of minutes on the CPU; other "
+                        "values than the CPU draw for the same seed)")
     m.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="auto = float32")
     m.add_argument("--device", default="cpu", choices=["cpu", "cuda"])

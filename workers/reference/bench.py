@@ -97,13 +97,18 @@ def measure(ctx: int, algo: str, pages: list[int], repeats: int, new_tokens: int
     return rows
 
 
-def format_table(rows: list[dict]) -> str:
-    lines = ["| context | page | algorithm | prefill tok/s | prefill s | decode tok/s | accept len |",
-             "|---:|---:|---|---:|---:|---:|---:|"]
-    for r in rows:
-        lines.append(f"| {r['ctx']} | {r['page']} | {r['algo']} | {r['prefill_tok_s']:.0f} | {r['prefill_s']:.2f} "
-                     f"| {r['decode_tok_s']:.1f} | {r['accept_len']:.2f} |")
+def markdown_table(columns: list[tuple[str, str, str]], rows: list[dict]) -> str:
+    """columns: (heading, cell format over a row's keys such as "{prefill_tok_s:.0f}", "r" or "l" alignment)."""
+    lines = ["| " + " | ".join(h for h, _, _ in columns) + " |",
+             "|" + "|".join("---:" if a == "r" else "---" for _, _, a in columns) + "|"]
+    lines += ["| " + " | ".join(f.format(**r) for _, f, _ in columns) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def format_table(rows: list[dict]) -> str:
+    return markdown_table([("context", "{ctx}", "r"), ("page", "{page}", "r"), ("algorithm", "{algo}", "l"),
+                           ("prefill tok/s", "{prefill_tok_s:.0f}", "r"), ("prefill s", "{prefill_s:.2f}", "r"),
+                           ("decode tok/s", "{decode_tok_s:.1f}", "r"), ("accept len", "{accept_len:.2f}", "r")], rows)
 
 
 def page_ratios(rows: list[dict]) -> list[str]:

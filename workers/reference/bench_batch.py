@@ -21,19 +21,17 @@ import time
 import torch
 
 from .args import parse_args
-from .bench import cpu_name
+from .bench import ALGORITHMS, cpu_name, markdown_table
 from .engine import Engine, Output, SamplingParams
 
 logger = logging.getLogger(__name__)
 
 DRAFTERS = {
-    "none": [],
-    "ngram": ["--speculative-algorithm", "NGRAM", "--speculative-num-steps", "4"],
-    "oracle": ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "tiny",
-               "--speculative-num-steps", "4", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "5"],
+    "none": ALGORITHMS["NONE"],
+    "ngram": ALGORITHMS["NGRAM"],
+    "oracle": ALGORITHMS["oracle"],
     # self-speculation: the target's first layers draft (--speculative-draft-num-layers, set from --self-layers)
-    "self": ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "tiny",
-             "--speculative-num-steps", "4", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "5"],
+    "self": ALGORITHMS["oracle"],
 }
 TEXT = "The cat sat on the mat. A quick brown fox jumps over the lazy dog. "
 
@@ -105,13 +103,11 @@ def measure(cells: list[tuple[str, int]], ctx: int, new_tokens: int, repeats: in
 
 def format_table(rows: list[dict]) -> str:
     base = {r["n"]: r["aggregate_tok_s"] for r in rows if r["drafter"] == "none"}
-    lines = ["| concurrency | drafter | aggregate tok/s | per-request tok/s | commit | speedup vs none |",
-             "|---:|---|---:|---:|---:|---:|"]
-    for r in rows:
-        speedup = f"{r['aggregate_tok_s'] / base[r['n']]:.2f}x" if r["n"] in base else "—"
-        lines.append(f"| {r['n']} | {r['drafter']} | {r['aggregate_tok_s']:.1f} | {r['request_tok_s']:.1f} "
-                     f"| {r['commit']:.2f} | {speedup} |")
-    return "\n".join(lines)
+    rows = [{**r, "speedup": f"{r['aggregate_tok_s'] / base[r['n']]:.2f}x" if r["n"] in base else "—"} for r in rows]
+    return markdown_table([("concurrency", "{n}", "r"), ("drafter", "{drafter}", "l"),
+                           ("aggregate tok/s", "{aggregate_tok_s:.1f}", "r"),
+                           ("per-request tok/s", "{request_tok_s:.1f}", "r"), ("commit", "{commit:.2f}", "r"),
+                           ("speedup vs none", "{speedup}", "r")], rows)
 
 
 def main(argv: list[str] | None = None) -> None:

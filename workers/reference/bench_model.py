@@ -22,7 +22,7 @@ from workers.probe import build_prompt
 
 from . import gguf_checkpoint
 from .args import parse_args
-from .bench import cpu_name
+from .bench import cpu_name, markdown_table
 from .engine import Engine, SamplingParams
 
 MODEL = "smollm2-135m"
@@ -70,12 +70,9 @@ def measure(engine: Engine, ids: list[int], new_tokens: int) -> dict:
 
 
 def format_table(rows: list[dict]) -> str:
-    lines = ["| context | probe | drafter | prefill tok/s | prefill s | decode tok/s | commit |",
-             "|---:|---|---|---:|---:|---:|---:|"]
-    for r in rows:
-        lines.append(f"| {r['ctx']} | {r['probe']} | {r['drafter']} | {r['prefill_tok_s']:.0f} | {r['ttft_s']:.2f} "
-                     f"| {r['decode_tok_s']:.1f} | {r['commit']:.2f} |")
-    return "\n".join(lines)
+    return markdown_table([("context", "{ctx}", "r"), ("probe", "{probe}", "l"), ("drafter", "{drafter}", "l"),
+                           ("prefill tok/s", "{prefill_tok_s:.0f}", "r"), ("prefill s", "{ttft_s:.2f}", "r"),
+                           ("decode tok/s", "{decode_tok_s:.1f}", "r"), ("commit", "{commit:.2f}", "r")], rows)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -121,7 +121,8 @@ class Engine:
         self.num_steps, self.topk, self.num_draft_tokens = args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens
         torch.manual_seed(args.random_seed)
         dtype = _dtype(args)
-        self.model = build_model(self.config, args.model_path, args.load_format, args.random_seed, dtype, self.device)
+        self.model = build_model(self.config, args.model_path, args.load_format, args.random_seed, dtype, self.device,
+                                 init_on_device=args.dummy_weights_on_device)
         self.model.fused_ops = self._fused_ops()
         self.target = self._runner(self.model)
         self.drafter = self._build_drafter(dtype)
@@ -174,7 +175,8 @@ class Engine:
                 return SelfDrafter(self._runner(view, pool=self.target.pool, eager=True), *tree)
             # the oracle: same weights, its own KV pool (seeded with the target's prompt K/V: no second prefill)
             return ModelDrafter(self._runner(self.model), *tree, same_as_target=True)
-        draft_model = build_model(draft_cfg, path, draft_format, a.random_seed, dtype, self.device)
+        draft_model = build_model(draft_cfg, path, draft_format, a.random_seed, dtype, self.device,
+                                  init_on_device=a.dummy_weights_on_device)
         draft_model.fused_ops = self._fused_ops()
         if layers is not None:
             draft_model = layer_subset(draft_model, skip_layers_kept(draft_cfg.num_hidden_layers, layers))

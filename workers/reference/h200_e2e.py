@@ -15,7 +15,8 @@ decode-step ms (drafts + verify), committed tokens per step, decode tokens/s, an
 (weight bytes + KV bytes) / measured copy bandwidth (specsweep_kernels.roofline). With CUDA graphs also the verify
 graph's own time: `graph ms` = GPU time between events around the replay, `prep ms` = host time from the
 runner's `forward` entry to the replay (filling the static inputs), `launch ms` = host time inside `replay()`
-(medians). Dummy weights are initialised on the device (a CPU init of 8B parameters would take minutes).
+(medians). Dummy weights are drawn on the device (`--dummy-weights-on-device`: a CPU draw of 8B parameters
+would take minutes).
 """
 from __future__ import annotations
 
@@ -28,11 +29,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from unittest import mock
 
 import torch
 
-from . import engine as engine_mod
 from .args import parse_args
 from .cuda_graph import bucket_for, replay_summary
 from .engine import Engine, Request, SamplingParams
@@ -54,37 +53,6 @@ def write_config(d: Path, a: argparse.Namespace, max_pos: int) -> None:
         "num_hidden_layers": a.layers, "num_attention_heads": a.heads, "num_key_value_heads": a.kv_heads,
         "head_dim": a.head_dim, "max_position_embeddings": max_pos, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
         "tie_word_embeddings": False, "use_sliding_window": False, "eos_token_id": a.vocab - 1}))
-
-
-_MODELS: dict[tuple, CausalLM] = {}
-
-
-def build_on_device(cfg, model_path, load_format, seed, dtype, device) -> CausalLM:
-    """Dummy weights initialised where they live (same recipe as model.init_dummy_weights); one model per
-    (path, dtype, device), shared by every engine of this process."""
-    key = (model_path, dtype, str(device))
-    if key in _MODELS:
-        return _MODELS[key]
-    with torch.device("meta"):
-        model = CausalLM(cfg)
-    model = model.to(dtype).to_empty(device=device)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    with torch.no_grad():
-        for name, p in sorted(model.named_parameters()):
-            if name.endswith("q_norm.weight"):
-                p.fill_(3.0)
-            elif name.endswith("norm.weight"):
-                p.fill_(1.0)
-            elif name.endswith(".bias"):
-                p.zero_()
-            elif "embed_tokens" in name:
-                p.normal_(generator=gen)
-            elif name == "lm_head.weight":
-                p.normal_(generator=gen).mul_(4.0 / cfg.hidden_size ** 0.5)
-            else:
-                p.normal_(generator=gen).mul_(1.0 / p.shape[1] ** 0.5)
-    _MODELS[key] = model.eval()
-    return _MODELS[key]
 
 
 def weight_bytes_per_forward(model: CausalLM) -> int:
@@ -186,9 +154,9 @@ def make_engine(model_dir: Path, backend: str, a: argparse.Namespace, context_le
             "--context-length", str(context_length), "--page-size", str(a.page_size),
             "--chunked-prefill-size", "8192", "--speculative-algorithm", "STANDALONE",
             "--speculative-draft-model-path", str(model_dir), "--speculative-num-steps", "7",
-            "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "8", *BACKENDS[backend]]
-    with mock.patch.object(engine_mod, "build_model", build_on_device):
-        return Engine(parse_args(argv))
+            "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "8", "--dummy-weights-on-device",
+            *BACKENDS[backend]]
+    return Engine(parse_args(argv))
 
 
 def measured_bandwidth_gbs(device: torch.device) -> tuple[float, float | None]:
@@ -200,17 +168,19 @@ def measured_bandwidth_gbs(device: torch.device) -> tuple[float, float | None]:
     return c.copy_gbps, c.matmul_tflops
 
 
+TABLE = (("backend", "backend", "<26", ""), ("ctx", "ctx", ">8", ""), ("verify ms", "verify_ms", ">11", ".2f"),
+         ("floor ms", "floor_ms", ">10", ".2f"), ("x floor", "x_floor", ">9", ".2f"), ("step ms", "step_ms", ">10", ".1f"),
+         ("draft ms", "draft_ms", ">10", ".1f"), ("commit", "commit_mean", ">8", ".2f"),
+         ("tok/s", "decode_tok_s", ">9", ".1f"), ("vs torch", "speedup_vs_torch", ">10", ".2f"),
+         ("graph ms", "graph_gpu_ms", ">10", ".2f"), ("prep ms", "prep_host_ms", ">9", ".3f"),
+         ("launch ms", "launch_host_ms", ">11", ".3f"))  # (heading, row key, width, number format)
+
+
 def table(rows: list[dict]) -> str:
-    head = (f"{'backend':<26}{'ctx':>8}{'verify ms':>11}{'floor ms':>10}{'x floor':>9}{'step ms':>10}"
-            f"{'draft ms':>10}{'commit':>8}{'tok/s':>9}{'vs torch':>10}{'graph ms':>10}{'prep ms':>9}{'launch ms':>11}")
-    lines = [head, "-" * len(head)]
-    nan = float("nan")
-    for r in rows:
-        lines.append(f"{r['backend']:<26}{r['ctx']:>8}{r['verify_ms']:>11.2f}{r['floor_ms']:>10.2f}"
-                     f"{r['x_floor']:>9.2f}{r['step_ms']:>10.1f}{r['draft_ms']:>10.1f}{r['commit_mean']:>8.2f}"
-                     f"{r['decode_tok_s']:>9.1f}{r.get('speedup_vs_torch', nan):>10.2f}"
-                     f"{r.get('graph_gpu_ms', nan):>10.2f}{r.get('prep_host_ms', nan):>9.3f}{r.get('launch_host_ms', nan):>11.3f}")
-    return "\n".join(lines)
+    head = "".join(format(h, w) for h, _, w, _ in TABLE)
+    nan = float("nan")  # a column the row lacks (no torch row to compare with, no CUDA graph)
+    return "\n".join([head, "-" * len(head),
+                      *("".join(format(r.get(k, nan), w + f) for _, k, w, f in TABLE) for r in rows)])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -206,22 +206,23 @@ class CausalLM(nn.Module):
 
 def init_dummy_weights(model: CausalLM, seed: int) -> None:
     """Deterministic random weights, scaled so the logits are sharp (std ~4) and attention is peaked
-    (q_norm gain 3), which keeps greedy output from falling into short loops."""
-    gen = torch.Generator().manual_seed(seed)
+    (q_norm gain 3), which keeps greedy output from falling into short loops. Drawn (in fp32) on the parameters'
+    device: the same seed gives other values on CUDA than on the CPU."""
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     cfg = model.config
     for name, p in sorted(model.named_parameters()):
         if name.endswith("q_norm.weight"):
-            init = torch.full(p.shape, 3.0)
+            init = torch.full(p.shape, 3.0, device=gen.device)
         elif name.endswith("norm.weight"):
-            init = torch.ones(p.shape)
+            init = torch.ones(p.shape, device=gen.device)
         elif name.endswith(".bias"):
-            init = torch.zeros(p.shape)
+            init = torch.zeros(p.shape, device=gen.device)
         elif "embed_tokens" in name:
-            init = torch.randn(p.shape, generator=gen)
+            init = torch.randn(p.shape, generator=gen, device=gen.device)
         elif name == "lm_head.weight":
-            init = torch.randn(p.shape, generator=gen) * (4.0 / cfg.hidden_size ** 0.5)
+            init = torch.randn(p.shape, generator=gen, device=gen.device) * (4.0 / cfg.hidden_size ** 0.5)
         else:  # [out, in] projections: unit gain, so every layer moves the residual stream
-            init = torch.randn(p.shape, generator=gen) / p.shape[1] ** 0.5
+            init = torch.randn(p.shape, generator=gen, device=gen.device) / p.shape[1] ** 0.5
         with torch.no_grad():
             p.copy_(init.to(p.dtype))
 
@@ -246,16 +247,27 @@ def load_safetensors(model: CausalLM, model_dir: str | Path) -> None:
 
 
 def build_model(cfg: ModelConfig, model_path: str, load_format: str, seed: int, dtype: torch.dtype,
-                device: torch.device | str) -> CausalLM:
-    model = CausalLM(cfg)
-    if load_format == "dummy":
+                device: torch.device | str, *, init_on_device: bool = False) -> CausalLM:
+    """init_on_device (dummy weights only): allocate on `device` and draw the weights there (seconds for an
+    8B model on a GPU, where a CPU draw takes minutes), instead of drawing on the CPU and moving them."""
+    if load_format == "dummy" and init_on_device:
+        with torch.device("meta"):  # allocates nothing until to_empty
+            model = CausalLM(cfg)
+        model = model.to(dtype).to_empty(device=device)
+        if cfg.tie_word_embeddings:  # to_empty gives every module its own storage
+            model.lm_head.weight = model.model.embed_tokens.weight
         init_dummy_weights(model, seed)
     else:
-        from .gguf_checkpoint import prepare_gguf, resolve_gguf
+        model = CausalLM(cfg)
+        if load_format == "dummy":
+            init_dummy_weights(model, seed)
+        else:
+            from .gguf_checkpoint import prepare_gguf, resolve_gguf
 
-        gguf_path = resolve_gguf(model_path)
-        load_safetensors(model, prepare_gguf(gguf_path) if gguf_path is not None else model_path)
-    model = model.to(device=device, dtype=dtype).eval()
+            gguf_path = resolve_gguf(model_path)
+            load_safetensors(model, prepare_gguf(gguf_path) if gguf_path is not None else model_path)
+        model = model.to(device=device, dtype=dtype)
+    model.eval()
     merge_projections(model)
     return model
 
