@@ -556,9 +556,9 @@ def sglang_problems(rc: RunConfig) -> list[Problem]:
 
     if d.algorithm is Algorithm.NONE:
         return out
-    if d.algorithm.value not in rules.algorithms:
+    if d.algorithm not in rules.algorithms:
         bad("drafter.algorithm", d.algorithm.value,
-            f"one of {', '.join(rules.algorithms)} on SGLang {rules.version}")
+            f"one of {', '.join(x.value for x in rules.algorithms)} on SGLang {rules.version}")
         return out
     target_backends = {a.backend, a.decode_backend or a.backend, a.prefill_backend or a.backend}
     if "flex_attention" in target_backends:

@@ -13,13 +13,14 @@ Public API:
 Sources: shared/docs/sglang-facts.md §0-§2 and the released wheels (0.5.10 `server_args.py`; 0.5.23
 `arg_groups/{choices,overrides,speculative_hook,attention_hook}.py`, `speculative/draft_utils.py`).
 tests/workers/test_sglang_args.py feeds every conf/ combination the rules accept to SGLang's own parser, and
-tests/workers/test_sglang_metrics.py reads each version's `meta_info` names. Standard library only.
+tests/workers/test_sglang_metrics.py reads each version's `meta_info` names. Standard library and the vocabulary only.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+
+from specsweep_vocab.spec import Algorithm, AttentionSpec
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class MetaNames:
 class SGLangFacts:
     version: str
     backends: tuple[str, ...]  # --attention-backend / --decode- / --prefill- choices, plus our plugin
-    algorithms: tuple[str, ...]  # --speculative-algorithm values that exist
+    algorithms: tuple[Algorithm, ...]  # --speculative-algorithm values that exist
     eagle_paged_tree_backends: tuple[str, ...]  # EAGLE family: topk > 1 with page_size > 1
     ngram_paged_tree_backends: tuple[str, ...]  # NGRAM: topk (= max BFS breadth) > 1 with page_size > 1
     draft_window: bool  # --speculative-draft-window-size exists
@@ -50,7 +51,7 @@ class SGLangFacts:
     @property
     def dflash(self) -> bool:
         """--speculative-algorithm DFLASH and --speculative-dflash-block-size exist."""
-        return "DFLASH" in self.algorithms
+        return Algorithm.DFLASH in self.algorithms
 
 
 # This project's attention-backend plugins (kernels/specsweep_kernels/sglang_plugin.py) -> the draft backend the
@@ -71,7 +72,7 @@ _BACKENDS_0_5_23 = (
 SGLANG_VERSIONS: dict[str, SGLangFacts] = {
     "0.5.10": SGLangFacts(
         version="0.5.10", backends=_BACKENDS_0_5_10 + tuple(SGLANG_PLUGIN_BACKENDS),
-        algorithms=("NGRAM", "STANDALONE", "EAGLE", "EAGLE3"),
+        algorithms=(Algorithm.NGRAM, Algorithm.STANDALONE, Algorithm.EAGLE, Algorithm.EAGLE3),
         eagle_paged_tree_backends=("flashinfer", "fa3"), ngram_paged_tree_backends=("flashinfer",),
         draft_window=False, cuda_graph_max_bs="--cuda-graph-max-bs",
         wrong_cuda_graph_flags=("--cuda-graph-max-bs-decode", "--cuda-graph-max-bs-prefill"),
@@ -82,7 +83,7 @@ SGLANG_VERSIONS: dict[str, SGLangFacts] = {
     # 0.5.20 removed --cuda-graph-max-bs (argparse: "ambiguous option"); --disable-cuda-graph is deprecated.
     "0.5.23": SGLangFacts(
         version="0.5.23", backends=_BACKENDS_0_5_23 + tuple(SGLANG_PLUGIN_BACKENDS),
-        algorithms=("NGRAM", "STANDALONE", "EAGLE", "EAGLE3", "DFLASH"),
+        algorithms=(Algorithm.NGRAM, Algorithm.STANDALONE, Algorithm.EAGLE, Algorithm.EAGLE3, Algorithm.DFLASH),
         eagle_paged_tree_backends=("flashinfer", "fa3", "triton"), ngram_paged_tree_backends=("flashinfer",),
         draft_window=True, cuda_graph_max_bs="--cuda-graph-max-bs-decode",
         wrong_cuda_graph_flags=("--cuda-graph-max-bs",),
@@ -115,21 +116,6 @@ def sglang_facts(version: str) -> SGLangFacts:
         raise ValueError(f"SGLang {version!r} is not supported; supported: {', '.join(SGLANG_VERSIONS)}") from None
 
 
-class AttentionChoice(Protocol):
-    """The attention fields of a server config (orchestrator's AttentionSpec)."""
-
-    @property
-    def backend(self) -> str: ...
-    @property
-    def decode_backend(self) -> str | None: ...
-    @property
-    def prefill_backend(self) -> str | None: ...
-    @property
-    def draft_backend(self) -> str | None: ...
-    @property
-    def speculative_attention_mode(self) -> str | None: ...
-
-
 @dataclass(frozen=True)
 class ResolvedBackends:
     """The attention backends an SGLang server runs, per forward mode."""
@@ -143,21 +129,20 @@ class ResolvedBackends:
                 "attention.resolved.verify": self.verify or "none"}
 
 
-def resolved_backends(a: AttentionChoice, algorithm: str) -> ResolvedBackends:
+def resolved_backends(a: AttentionSpec, algorithm: Algorithm) -> ResolvedBackends:
     """The split fields fall back to --attention-backend (`attention_backends_of`); TARGET_VERIFY runs on the
     decode backend with --speculative-attention-mode decode, else on the prefill backend
-    (`HybridAttnBackend._select_backend`; the DeepSeek models dispatch the same way). `algorithm`: the
-    --speculative-algorithm value, "NONE" without speculation."""
+    (`HybridAttnBackend._select_backend`; the DeepSeek models dispatch the same way)."""
     prefill, decode = a.prefill_backend or a.backend, a.decode_backend or a.backend
-    if algorithm == "NONE":
+    if algorithm is Algorithm.NONE:
         return ResolvedBackends(prefill, decode, None)
     return ResolvedBackends(prefill, decode, decode if a.speculative_attention_mode == "decode" else prefill)
 
 
-def sglang_draft_backend(a: AttentionChoice, algorithm: str) -> str | None:
+def sglang_draft_backend(a: AttentionSpec, algorithm: Algorithm) -> str | None:
     """The `--speculative-draft-attention-backend` the SGLang adapter passes: the configured one, else for a
     plugin target backend with a draft worker (EAGLE family, DFLASH) the plugin's default draft backend."""
-    if a.draft_backend or algorithm in ("NONE", "NGRAM"):
+    if a.draft_backend or algorithm in (Algorithm.NONE, Algorithm.NGRAM):
         return a.draft_backend
     for backend in (a.backend, a.decode_backend, a.prefill_backend):
         if backend in SGLANG_PLUGIN_BACKENDS:
@@ -165,6 +150,6 @@ def sglang_draft_backend(a: AttentionChoice, algorithm: str) -> str | None:
     return None
 
 
-__all__ = ["AttentionChoice", "MetaNames", "ResolvedBackends", "SGLANG_BACKEND_PAGE_SIZES", "SGLANG_DRAFT_BACKENDS",
+__all__ = ["MetaNames", "ResolvedBackends", "SGLANG_BACKEND_PAGE_SIZES", "SGLANG_DRAFT_BACKENDS",
            "SGLANG_EAGLE_DRAFT_WORKER_BACKENDS", "SGLANG_PLUGIN_BACKENDS", "SGLANG_VERSIONS", "SGLangFacts",
            "SPEC_MAX_RUNNING_REQUESTS", "resolved_backends", "sglang_draft_backend", "sglang_facts"]
