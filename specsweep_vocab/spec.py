@@ -134,10 +134,19 @@ class ModelSpec:
     @property
     def kv_bytes_per_token(self) -> int:
         """K+V bytes one token occupies across all layers (MLA: one shared latent row)."""
-        elt = {"float32": 4, "float16": 2, "bfloat16": 2}[self.dtype]
-        per_layer = self.num_kv_heads * (self.head_dim if self.attention_kind is AttentionKind.MLA
-                                         else self.head_dim + self.v_head_dim)
-        return self.num_layers * per_layer * elt
+        return kv_bytes_per_token(num_kv_heads=self.num_kv_heads, k_head_dim=self.head_dim,
+                                  v_head_dim=self.v_head_dim, elt=DTYPE_BYTES[self.dtype],
+                                  mla=self.attention_kind is AttentionKind.MLA, num_layers=self.num_layers)
+
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def kv_bytes_per_token(*, num_kv_heads: int, k_head_dim: int, v_head_dim: int, elt: int, mla: bool = False,
+                       num_layers: int = 1) -> int:
+    """KV cache bytes of one token over `num_layers` layers: a K and a V row per KV head, or with MLA one
+    latent row of k_head_dim per head whose first v_head_dim entries are read as V."""
+    return num_layers * num_kv_heads * (k_head_dim if mla else k_head_dim + v_head_dim) * elt
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,9 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from specsweep_vocab.spec import ModelSpec
+from specsweep_vocab.spec import DTYPE_BYTES, ModelSpec
 
 logger = logging.getLogger(__name__)
-
-_ELT = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 def mean_context(metrics: dict[str, float]) -> float | None:
@@ -45,7 +43,7 @@ def model_weight_bytes(model: ModelSpec) -> float | None:
     attn = h * d * (cfg.num_attention_heads * 2 + cfg.num_key_value_heads * 2)  # q, o, k, v projections
     mlp = 3 * h * cfg.intermediate_size
     params = cfg.num_hidden_layers * (attn + mlp + 2 * h) + cfg.vocab_size * h + h
-    return float(params * _ELT.get(model.dtype, 2))
+    return float(params * DTYPE_BYTES.get(model.dtype, 2))
 
 
 def node_peak_gbs() -> float | None:

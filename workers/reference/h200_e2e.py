@@ -32,6 +32,8 @@ from pathlib import Path
 
 import torch
 
+from specsweep_vocab.spec import kv_bytes_per_token
+
 from .args import parse_args
 from .cuda_graph import bucket_for, replay_summary
 from .engine import Engine, Request, SamplingParams
@@ -58,10 +60,6 @@ def write_config(d: Path, a: argparse.Namespace, max_pos: int) -> None:
 def weight_bytes_per_forward(model: CausalLM) -> int:
     """Every parameter but the embedding table (a forward gathers T rows of it)."""
     return sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed_tokens" not in n)
-
-
-def kv_bytes_per_token(cfg, elt: int) -> int:
-    return cfg.num_hidden_layers * cfg.num_key_value_heads * 2 * cfg.head_dim * elt
 
 
 def _sync(device: torch.device) -> None:
@@ -217,7 +215,9 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         engine = make_engine(model_dir, backend, a, context_length)
         wbytes = weight_bytes_per_forward(engine.model)
-        kvb = kv_bytes_per_token(engine.config, engine.target.pool.k.element_size())
+        cfg = engine.config
+        kvb = kv_bytes_per_token(num_kv_heads=cfg.num_key_value_heads, k_head_dim=cfg.head_dim, v_head_dim=cfg.head_dim,
+                                 elt=engine.target.pool.k.element_size(), num_layers=cfg.num_hidden_layers)
         info["weight_bytes"], info["kv_bytes_per_token"] = wbytes, kvb
         logger.info("%s: engine ready in %.1f s (weights %.2f GB, %s)", backend, time.perf_counter() - t0,
                     wbytes / 1e9, type(engine.target).__name__)
