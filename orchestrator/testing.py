@@ -7,6 +7,8 @@ Imported by tests/ and the benchmarks (orchestrator/bench*.py) only, never by ru
     tiny_group(server, runs) -> ServerGroup
     stub_server(tp_size=8, nnodes=1, token_s=0.005, prefill_s=0.0, seed=0) -> ServerSpec   (engine.kind=stub)
     pid_alive(pid) -> bool
+    spec_flags(algorithm, steps=, draft=None, topk=None, tokens=None, layers=None) -> list[str]
+        the reference engine's --speculative-* argv
 """
 
 from __future__ import annotations
@@ -71,3 +73,12 @@ def pid_alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def spec_flags(algorithm: str, *, steps: int, draft: str | None = None, topk: int | None = None,
+               tokens: int | None = None, layers: int | None = None) -> list[str]:
+    """--speculative-* flags of the reference engine; None leaves a flag to the engine's default."""
+    flags = {"--speculative-algorithm": algorithm, "--speculative-draft-model-path": draft,
+             "--speculative-draft-num-layers": layers, "--speculative-num-steps": steps,
+             "--speculative-eagle-topk": topk, "--speculative-num-draft-tokens": tokens}
+    return [a for flag, value in flags.items() if value is not None for a in (flag, str(value))]

@@ -6,21 +6,17 @@ import time
 
 import pytest
 
+from orchestrator.testing import spec_flags
 from workers.reference.engine import Cancelled, SamplingParams
 
 pytestmark = pytest.mark.timeout(300)
 
 DRAFTERS = {
     "none": [],
-    "ngram": ["--speculative-algorithm", "NGRAM", "--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
-              "--speculative-num-draft-tokens", "6"],
-    "oracle": ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "tiny",
-               "--speculative-num-steps", "3"],
-    "draft-tree": ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "tiny-draft",
-                   "--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
-                   "--speculative-num-draft-tokens", "6"],
-    "self-draft": ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "tiny",
-                   "--speculative-draft-num-layers", "2", "--speculative-num-steps", "3"],
+    "ngram": spec_flags("NGRAM", steps=3, topk=2, tokens=6),
+    "oracle": spec_flags("STANDALONE", draft="tiny", steps=3),
+    "draft-tree": spec_flags("STANDALONE", draft="tiny-draft", steps=3, topk=2, tokens=6),
+    "self-draft": spec_flags("STANDALONE", draft="tiny", layers=2, steps=3),
 }
 
 

@@ -3,31 +3,21 @@ from __future__ import annotations
 
 import pytest
 
+from orchestrator.testing import spec_flags
 from workers.reference.engine import SamplingParams
 from workers.reference.speculative import DraftTree, NgramDrafter
 
 NEW_TOKENS = 48
 SPEC_CONFIGS = {
-    "ngram-chain": ["--speculative-algorithm", "NGRAM", "--speculative-num-steps", "4"],
-    "ngram-tree": ["--speculative-algorithm", "NGRAM", "--speculative-num-steps", "3",
-                   "--speculative-eagle-topk", "3", "--speculative-num-draft-tokens", "8"],
-    "draft-chain": ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "tiny-draft",
-                    "--speculative-num-steps", "3"],
-    "draft-tree": ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "tiny-draft",
-                   "--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
-                   "--speculative-num-draft-tokens", "6"],
-    "self-draft-chain": ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "tiny",
-                         "--speculative-draft-num-layers", "2", "--speculative-num-steps", "4"],
-    "self-draft-tree": ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "tiny",
-                        "--speculative-draft-num-layers", "1", "--speculative-num-steps", "3",
-                        "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "6"],
-    "draft-layer-subset": ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "tiny-draft",
-                         "--speculative-draft-num-layers", "1", "--speculative-num-steps", "3"],
-    "oracle-chain": ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "tiny",
-                     "--speculative-num-steps", "4"],
-    "oracle-tree": ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "tiny",
-                    "--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
-                    "--speculative-num-draft-tokens", "7"],
+    "ngram-chain": spec_flags("NGRAM", steps=4),
+    "ngram-tree": spec_flags("NGRAM", steps=3, topk=3, tokens=8),
+    "draft-chain": spec_flags("STANDALONE", draft="tiny-draft", steps=3),
+    "draft-tree": spec_flags("STANDALONE", draft="tiny-draft", steps=3, topk=2, tokens=6),
+    "self-draft-chain": spec_flags("STANDALONE", draft="tiny", layers=2, steps=4),
+    "self-draft-tree": spec_flags("STANDALONE", draft="tiny", layers=1, steps=3, topk=2, tokens=6),
+    "draft-layer-subset": spec_flags("STANDALONE", draft="tiny-draft", layers=1, steps=3),
+    "oracle-chain": spec_flags("STANDALONE", draft="tiny", steps=4),
+    "oracle-tree": spec_flags("STANDALONE", draft="tiny", steps=3, topk=2, tokens=7),
 }
 
 
