@@ -5,6 +5,8 @@ gathered prefix and the [Hq, T, L] score matrix per request, so it is for checki
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -12,13 +14,8 @@ __all__ = ["verify_attention_reference", "prefix_slots"]
 
 
 def prefix_slots(
-    *,
-    batch: int,
-    kv_indptr: Tensor | None = None,
-    kv_indices: Tensor | None = None,
-    page_table: Tensor | None = None,
-    prefix_lens: Tensor | None = None,
-    page_size: int = 1,
+    *, batch: int, kv_indptr: Tensor | None = None, kv_indices: Tensor | None = None,
+    page_table: Tensor | None = None, prefix_lens: Tensor | None = None, page_size: int = 1,
 ) -> list[Tensor]:
     """Per-request token slot ids [L_b] (int64) into the flat pool, from either addressing mode."""
     slots = []
@@ -35,32 +32,19 @@ def prefix_slots(
 
 
 def verify_attention_reference(
-    *,
-    q: Tensor,
-    k_buffer: Tensor,
-    v_buffer: Tensor | None,
-    k_new: Tensor,
-    v_new: Tensor | None,
-    tree_mask: Tensor,
-    sm_scale: float,
-    out: Tensor | None = None,
-    kv_indptr: Tensor | None = None,
-    kv_indices: Tensor | None = None,
-    page_table: Tensor | None = None,
-    prefix_lens: Tensor | None = None,
-    page_size: int = 1,
-    v_head_dim: int | None = None,
+    *, q: Tensor, k_buffer: Tensor, v_buffer: Tensor | None, k_new: Tensor, v_new: Tensor | None, tree_mask: Tensor,
+    sm_scale: float, out: Tensor | None = None, v_head_dim: int | None = None, **addressing: Any,
 ) -> Tensor:
     """Same arguments as `verify_attention` (no workspace); returns out [B, T, Hq, Dv] (fp32 if out is None).
 
     v_buffer / v_new None means MLA: V is the first Dv dims of the K rows (Dv from out or v_head_dim).
+    addressing: kv_indptr + kv_indices, or page_table + prefix_lens + page_size (`prefix_slots`).
     """
     batch, num_tokens, num_q_heads, _ = q.shape
     num_kv_heads = k_buffer.shape[1]
     group = num_q_heads // num_kv_heads
     dv = out.shape[-1] if out is not None else (v_head_dim or v_buffer.shape[-1])
-    slots = prefix_slots(batch=batch, kv_indptr=kv_indptr, kv_indices=kv_indices, page_table=page_table,
-                         prefix_lens=prefix_lens, page_size=page_size)
+    slots = prefix_slots(batch=batch, **addressing)
     result = torch.empty(batch, num_tokens, num_q_heads, dv, device=q.device, dtype=torch.float32)
     for b in range(batch):
         k_pre = k_buffer[slots[b]].float()  # [L, Hkv, Dk]

@@ -114,170 +114,79 @@ def _prefix_tile(
     return m_new, l_i, acc
 
 
-# Batch 1: the original kernel pair, each request's prefix cut into num_splits equal slices. At B = 1 the work
-# split below gives the same slices, but its loop over segments cost 5-25% on an H200 (T = 8: 155 vs 147 µs,
-# T = 64: 436 vs 365 µs at 128k; docs/kernels.md), so a single request keeps this loop-free form.
 @triton.jit
-def _single_request_kernel(
-    q_ptr, k_buffer_ptr, v_buffer_ptr, k_new_ptr, v_new_ptr, tree_mask_ptr,
-    kv_indices_ptr, kv_indptr_ptr, prefix_lens_ptr,
-    part_out_ptr, part_lse_ptr,
-    qk_scale,  # sm_scale * log2(e)
-    num_splits,
-    stride_qb, stride_qt, stride_qh,
-    stride_kbs, stride_kbh,
-    stride_vbs, stride_vbh,
-    stride_knb, stride_knt, stride_knh,
-    stride_vnb, stride_vnt, stride_vnh,
-    stride_mb, stride_mt,
-    stride_ptb,
-    stride_pob, stride_pot, stride_poh, stride_pos,
-    stride_plb, stride_plt, stride_plh, stride_pls,
-    NUM_KV_HEADS: tl.constexpr,
-    GROUP: tl.constexpr,  # Hq // Hkv
-    T: tl.constexpr,
-    BLOCK_T: tl.constexpr,  # pow2 >= max(T, 16)
-    BLOCK_D: tl.constexpr,  # main key dims (= Dv for MLA)
-    BLOCK_DPE: tl.constexpr,  # extra key dims (MLA rope), 0 if none
-    BLOCK_DV: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    USE_INDPTR: tl.constexpr,  # kv_indptr/kv_indices (token slots) vs page_table/prefix_lens
-    V_IS_K: tl.constexpr,  # MLA: V = first BLOCK_DV dims of the K row
-    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (no TF32), "tf32" (unused) for fp16 / bf16
-    WARP_SPECIALIZE: tl.constexpr,  # Triton's automatic warp specialisation of the prefix loop (tuning)
-):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    split = tl.program_id(2)
-    b = pid_bh // NUM_KV_HEADS
-    kvh = pid_bh % NUM_KV_HEADS
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # row = t * GROUP + g
-    mask_m = offs_m < T * GROUP
-    offs_t = offs_m // GROUP
-    offs_h = kvh * GROUP + offs_m % GROUP
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
-
+def _load_q(q_ptr, b, offs_t, offs_h, mask_m, offs_d, offs_dpe, stride_qb, stride_qt, stride_qh,
+            BLOCK_DPE: tl.constexpr):
+    """Request b's query rows: q [M, D] and its rope part q_pe [M, DPE] (q again when there is none)."""
     q_row = q_ptr + b * stride_qb + offs_t[:, None] * stride_qt + offs_h[:, None] * stride_qh
-    q = tl.load(q_row + offs_d[None, :], mask=mask_m[:, None], other=0.0)  # [M, D]
+    q = tl.load(q_row + offs_d[None, :], mask=mask_m[:, None], other=0.0)
     if BLOCK_DPE > 0:
-        offs_dpe = BLOCK_D + tl.arange(0, BLOCK_DPE)
-        q_pe = tl.load(q_row + offs_dpe[None, :], mask=mask_m[:, None], other=0.0)  # [M, DPE]
+        q_pe = tl.load(q_row + offs_dpe[None, :], mask=mask_m[:, None], other=0.0)
+    else:
+        q_pe = q  # unused
+    return q, q_pe
 
+
+@triton.jit
+def _prefix_range(lo, hi, q, q_pe, indices_ptr, k_head, v_head, stride_kbs, stride_vbs, offs_d, offs_dpe, offs_dv,
+                  qk_scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DPE: tl.constexpr,
+                  BLOCK_DV: tl.constexpr, PAGE_SIZE: tl.constexpr, V_IS_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                  WARP_SPECIALIZE: tl.constexpr):
+    """(m_i, l_i, acc) over prefix positions [lo, hi), lo on a tile boundary: full tiles without masks, then the
+    last partial tile masked, so the compute-bound shapes spend no ALU work on bounds."""
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # finite: exp2(-inf - m_i) = 0, alpha = 1
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-
-    # Prefix: split s < num_splits streams tokens [lo, hi); the new-token program gets an empty range.
-    if USE_INDPTR:
-        idx_start = tl.load(kv_indptr_ptr + b)
-        prefix_len = tl.load(kv_indptr_ptr + b + 1) - idx_start
-    else:
-        idx_start = b * stride_ptb
-        prefix_len = tl.load(prefix_lens_ptr + b)
-    per_split = tl.cdiv(tl.cdiv(prefix_len, num_splits), BLOCK_N) * BLOCK_N
-    lo = tl.minimum(split * per_split, prefix_len)
-    hi = tl.where(split < num_splits, tl.minimum(lo + per_split, prefix_len), lo)
-    k_head = k_buffer_ptr + kvh * stride_kbh
-    v_head = v_buffer_ptr + kvh * stride_vbh
-    if BLOCK_DPE == 0:
-        q_pe = q  # unused
-        offs_dpe = offs_d
-    # Full tiles without masks (per_split is a multiple of BLOCK_N, so only the prefix's last tile is partial),
-    # then that tile masked: the compute-bound shapes spend no ALU work on bounds.
     hi_full = lo + (hi - lo) // BLOCK_N * BLOCK_N
     for start_n in tl.range(lo, hi_full, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
         m_i, l_i, acc = _prefix_tile(
-            start_n, hi, q, q_pe, m_i, l_i, acc, kv_indices_ptr + idx_start, k_head, v_head, stride_kbs, stride_vbs,
+            start_n, hi, q, q_pe, m_i, l_i, acc, indices_ptr, k_head, v_head, stride_kbs, stride_vbs,
             offs_d, offs_dpe, offs_dv, qk_scale, BLOCK_N, BLOCK_DPE, PAGE_SIZE, V_IS_K, False, DOT_PRECISION)
     if hi_full < hi:
         m_i, l_i, acc = _prefix_tile(
-            hi_full, hi, q, q_pe, m_i, l_i, acc, kv_indices_ptr + idx_start, k_head, v_head, stride_kbs, stride_vbs,
+            hi_full, hi, q, q_pe, m_i, l_i, acc, indices_ptr, k_head, v_head, stride_kbs, stride_vbs,
             offs_d, offs_dpe, offs_dv, qk_scale, BLOCK_N, BLOCK_DPE, PAGE_SIZE, V_IS_K, True, DOT_PRECISION)
-
-    # New tokens: the T x T block under the tree mask, one tile.
-    if split == num_splits:
-        offs_j = tl.arange(0, BLOCK_T)
-        mask_j = offs_j < T
-        k_row = k_new_ptr + b * stride_knb + offs_j[:, None] * stride_knt + kvh * stride_knh
-        k = tl.load(k_row + offs_d[None, :], mask=mask_j[:, None], other=0.0)  # [BLOCK_T, D]
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        if BLOCK_DPE > 0:
-            k_pe = tl.load(k_row + offs_dpe[None, :], mask=mask_j[:, None], other=0.0)
-            qk = tl.dot(q_pe, tl.trans(k_pe), qk, input_precision=DOT_PRECISION)
-        visible = tl.load(tree_mask_ptr + b * stride_mb + offs_t[:, None] * stride_mt + offs_j[None, :],
-                          mask=mask_m[:, None] & mask_j[None, :], other=0)
-        qk = tl.where(visible != 0, qk * qk_scale, float("-inf"))
-        if V_IS_K:
-            v = k
-        else:
-            v = tl.load(v_new_ptr + b * stride_vnb + offs_j[:, None] * stride_vnt + kvh * stride_vnh
-                        + offs_dv[None, :], mask=mask_j[:, None], other=0.0)
-        m_i = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.exp2(qk - m_i[:, None])
-        l_i = tl.sum(p, 1)
-        acc = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-
-    l_safe = tl.where(l_i > 0, l_i, 1.0)
-    lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
-    part_out = (part_out_ptr + b * stride_pob + offs_t[:, None] * stride_pot + offs_h[:, None] * stride_poh
-                + split * stride_pos + offs_dv[None, :])
-    zero_m = offs_m * 0  # block-shaped conditions: the interpreter rejects a scalar bool in a mask
-    mask_store = mask_m & (((zero_m + lo) < hi) | ((zero_m + split) == num_splits))  # the merge reads splits with work
-    tl.store(part_out, acc / l_safe[:, None], mask=mask_store[:, None])
-    tl.store(part_lse_ptr + b * stride_plb + offs_t * stride_plt + offs_h * stride_plh + split * stride_pls, lse,
-             mask=mask_store)
+    return m_i, l_i, acc
 
 
 @triton.jit
-def _single_request_merge_kernel(
-    part_out_ptr, part_lse_ptr, out_ptr,
-    kv_indptr_ptr, prefix_lens_ptr,
-    num_splits,
-    stride_pob, stride_pot, stride_poh, stride_pos,
-    stride_plb, stride_plt, stride_plh, stride_pls,
-    stride_ob, stride_ot, stride_oh,
-    T: tl.constexpr,
-    NUM_Q_HEADS: tl.constexpr,
-    BLOCK_N: tl.constexpr,  # the attention kernel's, to find its non-empty splits
-    BLOCK_DV: tl.constexpr,  # dims of Dv handled by this program
-    BLOCK_S: tl.constexpr,  # pow2 >= num_splits + 1
-    BLOCK_SC: tl.constexpr,  # parts per loaded chunk
-    USE_INDPTR: tl.constexpr,
+def _new_tokens_tile(
+    b, q, q_pe, k_new_ptr, v_new_ptr, tree_mask_ptr, kvh, offs_t, mask_m, offs_d, offs_dpe, offs_dv, qk_scale,
+    stride_knb, stride_knt, stride_knh, stride_vnb, stride_vnt, stride_vnh, stride_mb, stride_mt,
+    T: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_DPE: tl.constexpr, V_IS_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    b = pid // (T * NUM_Q_HEADS)
-    t = (pid // NUM_Q_HEADS) % T
-    h = pid % NUM_Q_HEADS
-    if USE_INDPTR:
-        prefix_len = tl.load(kv_indptr_ptr + b + 1) - tl.load(kv_indptr_ptr + b)
+    """Request b's T new tokens: the T x T block under the tree mask, one tile. Returns (m_i, l_i, acc)."""
+    offs_j = tl.arange(0, BLOCK_T)
+    mask_j = offs_j < T
+    k_row = k_new_ptr + b * stride_knb + offs_j[:, None] * stride_knt + kvh * stride_knh
+    k = tl.load(k_row + offs_d[None, :], mask=mask_j[:, None], other=0.0)  # [BLOCK_T, D]
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+    if BLOCK_DPE > 0:
+        k_pe = tl.load(k_row + offs_dpe[None, :], mask=mask_j[:, None], other=0.0)
+        qk = tl.dot(q_pe, tl.trans(k_pe), qk, input_precision=DOT_PRECISION)
+    visible = tl.load(tree_mask_ptr + b * stride_mb + offs_t[:, None] * stride_mt + offs_j[None, :],
+                      mask=mask_m[:, None] & mask_j[None, :], other=0)
+    qk = tl.where(visible != 0, qk * qk_scale, float("-inf"))
+    if V_IS_K:
+        v = k
     else:
-        prefix_len = tl.load(prefix_lens_ptr + b)
-    per_split = tl.cdiv(tl.cdiv(prefix_len, num_splits), BLOCK_N) * BLOCK_N
-    num_active = tl.where(prefix_len > 0, tl.cdiv(prefix_len, tl.maximum(per_split, 1)), 0)  # splits with work
-    offs_dv = tl.program_id(1) * BLOCK_DV + tl.arange(0, BLOCK_DV)
-    lse_row = part_lse_ptr + b * stride_plb + t * stride_plt + h * stride_plh
-    o_row = part_out_ptr + b * stride_pob + t * stride_pot + h * stride_poh
-    offs_s = tl.arange(0, BLOCK_S)
-    mask_s = (offs_s < num_active) | (offs_s == num_splits)  # active prefix splits + the new-token part
-    lse_max = tl.max(tl.load(lse_row + offs_s * stride_pls, mask=mask_s, other=float("-inf")), 0)
-    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # nothing visible: output 0
-    w_new = tl.exp2(tl.load(lse_row + num_splits * stride_pls) - lse_max)
-    acc = w_new * tl.load(o_row + num_splits * stride_pos + offs_dv)
-    denom = tl.zeros([BLOCK_SC], dtype=tl.float32)
-    for s0 in range(0, num_active, BLOCK_SC):
-        offs_sc = s0 + tl.arange(0, BLOCK_SC)
-        mask_sc = offs_sc < num_active
-        w = tl.exp2(tl.load(lse_row + offs_sc * stride_pls, mask=mask_sc, other=float("-inf")) - lse_max)  # [SC]
-        o = tl.load(o_row + offs_sc[:, None] * stride_pos + offs_dv[None, :], mask=mask_sc[:, None], other=0.0)
-        acc += tl.sum(w[:, None] * o, 0)
-        denom += w
-    total = tl.sum(denom, 0) + w_new
-    acc = acc / tl.where(total > 0, total, 1.0)
-    tl.store(out_ptr + b * stride_ob + t * stride_ot + h * stride_oh + offs_dv, acc.to(out_ptr.dtype.element_ty))
+        v = tl.load(v_new_ptr + b * stride_vnb + offs_j[:, None] * stride_vnt + kvh * stride_vnh
+                    + offs_dv[None, :], mask=mask_j[:, None], other=0.0)
+    m_i = tl.maximum(tl.max(qk, 1), -1.0e30)  # a row that sees nothing: p = 0, l = 0
+    p = tl.exp2(qk - m_i[:, None])
+    return m_i, tl.sum(p, 1), tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def _store_part(part_out_ptr, part_lse_ptr, slot, m_i, l_i, acc, offs_t, offs_h, offs_dv, mask,
+                stride_pos, stride_pot, stride_poh, stride_pls, stride_plt):
+    """Workspace slot `slot`: the normalised partial output and its log2-sum-exp (-inf where nothing was seen)."""
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    part_row = offs_t[:, None] * stride_pot + offs_h[:, None] * stride_poh + offs_dv[None, :]
+    tl.store(part_out_ptr + slot * stride_pos + part_row, acc / l_safe[:, None], mask=mask[:, None])
+    tl.store(part_lse_ptr + slot * stride_pls + offs_t * stride_plt + offs_h,
+             tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf")), mask=mask)
 
 
 @triton.jit
@@ -288,6 +197,20 @@ def _prefix_lens_vec(kv_indptr_ptr, prefix_lens_ptr, offs_b, mask_b, USE_INDPTR:
     else:
         lens = tl.load(prefix_lens_ptr + offs_b, mask=mask_b, other=0)
     return lens
+
+
+@triton.jit
+def _single_request_slices(kv_indptr_ptr, prefix_lens_ptr, num_splits, BLOCK_N: tl.constexpr,
+                           USE_INDPTR: tl.constexpr):
+    """Batch 1: (index of its first slot id, prefix length, tokens per slice); slice s covers
+    [s * per_split, (s + 1) * per_split)."""
+    if USE_INDPTR:
+        idx_start = tl.load(kv_indptr_ptr)
+        prefix_len = tl.load(kv_indptr_ptr + 1) - idx_start
+    else:
+        idx_start = 0
+        prefix_len = tl.load(prefix_lens_ptr)
+    return idx_start, prefix_len, tl.cdiv(tl.cdiv(prefix_len, num_splits), BLOCK_N) * BLOCK_N
 
 
 @triton.jit
@@ -362,12 +285,13 @@ def _verify_attention_kernel(
     PAGE_SIZE: tl.constexpr,
     USE_INDPTR: tl.constexpr,  # kv_indptr/kv_indices (token slots) vs page_table/prefix_lens
     V_IS_K: tl.constexpr,  # MLA: V = first BLOCK_DV dims of the K row
+    SINGLE_REQUEST: tl.constexpr,  # batch 1: the loop-free form (module docstring)
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (no TF32), "tf32" (unused) for fp16 / bf16
     WARP_SPECIALIZE: tl.constexpr,  # Triton's automatic warp specialisation of the prefix loop (tuning)
 ):
     pid_m = tl.program_id(0)
     kvh = tl.program_id(1)
-    pid_z = tl.program_id(2)  # < batch: request pid_z's new tokens; else prefix program pid_z - batch
+    pid_z = tl.program_id(2)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # row = t * GROUP + g
     mask_m = offs_m < T * GROUP
@@ -379,46 +303,47 @@ def _verify_attention_kernel(
         offs_dpe = BLOCK_D + tl.arange(0, BLOCK_DPE)
     else:
         offs_dpe = offs_d  # unused
-    if pid_z < batch:  # the T new tokens of request b: the T x T block under the tree mask, one tile
+    k_head = k_buffer_ptr + kvh * stride_kbh
+    v_head = v_buffer_ptr + kvh * stride_vbh
+    if SINGLE_REQUEST:
+        # Program s < num_splits streams the s-th slice of the one prefix; program num_splits (an empty slice)
+        # does the new tokens. No branch around the tile loop: at B = 1 a loop around it cost 5-25% (notes).
+        q, q_pe = _load_q(q_ptr, 0, offs_t, offs_h, mask_m, offs_d, offs_dpe, stride_qb, stride_qt, stride_qh,
+                          BLOCK_DPE)
+        idx_start, prefix_len, per_split = _single_request_slices(kv_indptr_ptr, prefix_lens_ptr, num_splits,
+                                                                  BLOCK_N, USE_INDPTR)
+        lo = tl.minimum(pid_z * per_split, prefix_len)
+        hi = tl.where(pid_z < num_splits, tl.minimum(lo + per_split, prefix_len), lo)
+        m_i, l_i, acc = _prefix_range(
+            lo, hi, q, q_pe, kv_indices_ptr + idx_start, k_head, v_head, stride_kbs, stride_vbs, offs_d, offs_dpe,
+            offs_dv, qk_scale, BLOCK_M, BLOCK_N, BLOCK_DPE, BLOCK_DV, PAGE_SIZE, V_IS_K, DOT_PRECISION, WARP_SPECIALIZE)
+        if pid_z == num_splits:
+            m_i, l_i, acc = _new_tokens_tile(
+                0, q, q_pe, k_new_ptr, v_new_ptr, tree_mask_ptr, kvh, offs_t, mask_m, offs_d, offs_dpe, offs_dv,
+                qk_scale, stride_knb, stride_knt, stride_knh, stride_vnb, stride_vnt, stride_vnh, stride_mb, stride_mt,
+                T, BLOCK_T, BLOCK_DPE, V_IS_K, DOT_PRECISION)
+        zero_m = offs_m * 0  # block-shaped conditions: the interpreter rejects a scalar bool in a mask
+        is_new = (zero_m + pid_z) == num_splits
+        slot = tl.where(pid_z == num_splits, num_splits + 1, pid_z)  # the work split's slots at B = 1
+        _store_part(part_out_ptr, part_lse_ptr, slot, m_i, l_i, acc, offs_t, offs_h, offs_dv,
+                    mask_m & (((zero_m + lo) < hi) | is_new),  # the merge reads the slices with work
+                    stride_pos, stride_pot, stride_poh, stride_pls, stride_plt)
+    elif pid_z < batch:  # request pid_z's new tokens
         b = pid_z
-        q_row = q_ptr + b * stride_qb + offs_t[:, None] * stride_qt + offs_h[:, None] * stride_qh
-        q = tl.load(q_row + offs_d[None, :], mask=mask_m[:, None], other=0.0)  # [M, D]
-        offs_j = tl.arange(0, BLOCK_T)
-        mask_j = offs_j < T
-        k_row = k_new_ptr + b * stride_knb + offs_j[:, None] * stride_knt + kvh * stride_knh
-        k = tl.load(k_row + offs_d[None, :], mask=mask_j[:, None], other=0.0)  # [BLOCK_T, D]
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        if BLOCK_DPE > 0:
-            q_pe = tl.load(q_row + offs_dpe[None, :], mask=mask_m[:, None], other=0.0)
-            k_pe = tl.load(k_row + offs_dpe[None, :], mask=mask_j[:, None], other=0.0)
-            qk = tl.dot(q_pe, tl.trans(k_pe), qk, input_precision=DOT_PRECISION)
-        visible = tl.load(tree_mask_ptr + b * stride_mb + offs_t[:, None] * stride_mt + offs_j[None, :],
-                          mask=mask_m[:, None] & mask_j[None, :], other=0)
-        qk = tl.where(visible != 0, qk * qk_scale, float("-inf"))
-        if V_IS_K:
-            v = k
-        else:
-            v = tl.load(v_new_ptr + b * stride_vnb + offs_j[:, None] * stride_vnt + kvh * stride_vnh
-                        + offs_dv[None, :], mask=mask_j[:, None], other=0.0)
-        m_i = tl.maximum(tl.max(qk, 1), -1.0e30)  # a row that sees nothing: p = 0, l = 0
-        p = tl.exp2(qk - m_i[:, None])
-        l_i = tl.sum(p, 1)
-        acc = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        l_safe = tl.where(l_i > 0, l_i, 1.0)
-        slot = num_splits + batch + b
-        part_row = offs_t[:, None] * stride_pot + offs_h[:, None] * stride_poh + offs_dv[None, :]
-        lse_row = offs_t * stride_plt + offs_h
-        tl.store(part_out_ptr + slot * stride_pos + part_row, acc / l_safe[:, None], mask=mask_m[:, None])
-        tl.store(part_lse_ptr + slot * stride_pls + lse_row,
-                 tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf")), mask=mask_m)
-    else:
+        q, q_pe = _load_q(q_ptr, b, offs_t, offs_h, mask_m, offs_d, offs_dpe, stride_qb, stride_qt, stride_qh,
+                          BLOCK_DPE)
+        m_i, l_i, acc = _new_tokens_tile(
+            b, q, q_pe, k_new_ptr, v_new_ptr, tree_mask_ptr, kvh, offs_t, mask_m, offs_d, offs_dpe, offs_dv,
+            qk_scale, stride_knb, stride_knt, stride_knh, stride_vnb, stride_vnt, stride_vnh, stride_mb, stride_mt,
+            T, BLOCK_T, BLOCK_DPE, V_IS_K, DOT_PRECISION)
+        _store_part(part_out_ptr, part_lse_ptr, num_splits + batch + b, m_i, l_i, acc, offs_t, offs_h, offs_dv,
+                    mask_m, stride_pos, stride_pot, stride_poh, stride_pls, stride_plt)
+    else:  # prefix program pid_z - batch of the work split
         split = pid_z - batch
         total, chunk = _work_schedule(kv_indptr_ptr, prefix_lens_ptr, batch, num_splits, BLOCK_B, BLOCK_N, SEG_COST,
                                       USE_INDPTR)
         cur = split * chunk
         work_hi = tl.minimum(cur + chunk, total)
-        k_head = k_buffer_ptr + kvh * stride_kbh
-        v_head = v_buffer_ptr + kvh * stride_vbh
         while cur < work_hi:  # one segment per request this program's tiles touch
             b, b_start, b_end, prefix_len = _request_units(kv_indptr_ptr, prefix_lens_ptr, batch, cur, True,
                                                            BLOCK_B, BLOCK_N, SEG_COST, USE_INDPTR)
@@ -426,39 +351,19 @@ def _verify_attention_kernel(
             tile_lo = tl.maximum(cur - b_start - SEG_COST, 0)  # b's units: SEG_COST, then its tiles
             tile_hi = seg_end - b_start - SEG_COST
             if tile_hi > tile_lo:  # a program holding only the SEG_COST units of b writes nothing for it
-                lo = tile_lo * BLOCK_N
-                hi = tl.minimum(tile_hi * BLOCK_N, prefix_len)
                 if USE_INDPTR:
                     indices = kv_indices_ptr + tl.load(kv_indptr_ptr + b)
                 else:
                     indices = kv_indices_ptr + b * stride_ptb
-                q_row = q_ptr + b * stride_qb + offs_t[:, None] * stride_qt + offs_h[:, None] * stride_qh
-                q = tl.load(q_row + offs_d[None, :], mask=mask_m[:, None], other=0.0)  # [M, D]
-                if BLOCK_DPE > 0:
-                    q_pe = tl.load(q_row + offs_dpe[None, :], mask=mask_m[:, None], other=0.0)  # [M, DPE]
-                else:
-                    q_pe = q  # unused
-                m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # finite: exp2(-inf - m_i) = 0, alpha = 1
-                l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-                acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-                # Full tiles without masks (segments start on tile boundaries, so only a prefix's last tile is
-                # partial), then that tile masked: the compute-bound shapes spend no ALU work on bounds.
-                hi_full = lo + (hi - lo) // BLOCK_N * BLOCK_N
-                for start_n in tl.range(lo, hi_full, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
-                    m_i, l_i, acc = _prefix_tile(
-                        start_n, hi, q, q_pe, m_i, l_i, acc, indices, k_head, v_head, stride_kbs, stride_vbs,
-                        offs_d, offs_dpe, offs_dv, qk_scale, BLOCK_N, BLOCK_DPE, PAGE_SIZE, V_IS_K, False,
-                        DOT_PRECISION)
-                if hi_full < hi:
-                    m_i, l_i, acc = _prefix_tile(
-                        hi_full, hi, q, q_pe, m_i, l_i, acc, indices, k_head, v_head, stride_kbs, stride_vbs,
-                        offs_d, offs_dpe, offs_dv, qk_scale, BLOCK_N, BLOCK_DPE, PAGE_SIZE, V_IS_K, True,
-                        DOT_PRECISION)
-                slot = split + b  # unique: the programs covering one request are consecutive, see _verify_merge_kernel
-                part_row = offs_t[:, None] * stride_pot + offs_h[:, None] * stride_poh + offs_dv[None, :]
-                lse_row = offs_t * stride_plt + offs_h
-                tl.store(part_out_ptr + slot * stride_pos + part_row, acc / l_i[:, None], mask=mask_m[:, None])
-                tl.store(part_lse_ptr + slot * stride_pls + lse_row, m_i + tl.log2(l_i), mask=mask_m)
+                q, q_pe = _load_q(q_ptr, b, offs_t, offs_h, mask_m, offs_d, offs_dpe, stride_qb, stride_qt,
+                                  stride_qh, BLOCK_DPE)
+                m_i, l_i, acc = _prefix_range(
+                    tile_lo * BLOCK_N, tl.minimum(tile_hi * BLOCK_N, prefix_len), q, q_pe, indices, k_head, v_head,
+                    stride_kbs, stride_vbs, offs_d, offs_dpe, offs_dv, qk_scale, BLOCK_M, BLOCK_N, BLOCK_DPE,
+                    BLOCK_DV, PAGE_SIZE, V_IS_K, DOT_PRECISION, WARP_SPECIALIZE)
+                # slot split + b is unique: the programs covering one request are consecutive (_verify_merge_kernel)
+                _store_part(part_out_ptr, part_lse_ptr, split + b, m_i, l_i, acc, offs_t, offs_h, offs_dv, mask_m,
+                            stride_pos, stride_pot, stride_poh, stride_pls, stride_plt)
             cur = seg_end
 
 
@@ -479,21 +384,28 @@ def _verify_merge_kernel(
     BLOCK_DV: tl.constexpr,  # dims of Dv handled by this program
     BLOCK_SC: tl.constexpr,  # parts per loaded chunk
     USE_INDPTR: tl.constexpr,
+    SINGLE_REQUEST: tl.constexpr,
 ):
     pid = tl.program_id(0)
     b = pid // (T * NUM_Q_HEADS)
     t = (pid // NUM_Q_HEADS) % T
     h = pid % NUM_Q_HEADS
-    total, chunk = _work_schedule(kv_indptr_ptr, prefix_lens_ptr, batch, num_splits, BLOCK_B, BLOCK_N, SEG_COST,
-                                  USE_INDPTR)
-    _, b_start, b_end, _ = _request_units(kv_indptr_ptr, prefix_lens_ptr, batch, b, False,
-                                          BLOCK_B, BLOCK_N, SEG_COST, USE_INDPTR)
-    # Prefix programs first_p .. last_p covered request b's tiles; program p wrote its part to slot p + b.
-    first_p = (b_start + SEG_COST) // chunk
-    num_parts = tl.where(b_end > b_start, (b_end - 1) // chunk - first_p + 1, 0)
+    if SINGLE_REQUEST:  # slices 0 .. num_parts - 1 have work
+        _, prefix_len, per_split = _single_request_slices(kv_indptr_ptr, prefix_lens_ptr, num_splits, BLOCK_N,
+                                                          USE_INDPTR)
+        first_slot = 0
+        num_parts = tl.where(prefix_len > 0, tl.cdiv(prefix_len, tl.maximum(per_split, 1)), 0)
+    else:  # prefix programs first_p .. covered request b's tiles; program p wrote its part to slot p + b
+        total, chunk = _work_schedule(kv_indptr_ptr, prefix_lens_ptr, batch, num_splits, BLOCK_B, BLOCK_N, SEG_COST,
+                                      USE_INDPTR)
+        _, b_start, b_end, _ = _request_units(kv_indptr_ptr, prefix_lens_ptr, batch, b, False,
+                                              BLOCK_B, BLOCK_N, SEG_COST, USE_INDPTR)
+        first_p = (b_start + SEG_COST) // chunk
+        first_slot = first_p + b
+        num_parts = tl.where(b_end > b_start, (b_end - 1) // chunk - first_p + 1, 0)
     offs_dv = tl.program_id(1) * BLOCK_DV + tl.arange(0, BLOCK_DV)
-    lse_row = part_lse_ptr + t * stride_plt + h + (first_p + b) * stride_pls
-    o_row = part_out_ptr + t * stride_pot + h * stride_poh + (first_p + b) * stride_pos
+    lse_row = part_lse_ptr + t * stride_plt + h + first_slot * stride_pls
+    o_row = part_out_ptr + t * stride_pot + h * stride_poh + first_slot * stride_pos
     new_slot = num_splits + batch + b
     lse_new = tl.load(part_lse_ptr + new_slot * stride_pls + t * stride_plt + h)
     lse_max = lse_new
@@ -642,12 +554,9 @@ def _verify_attention_launch(
                     raise
                 _TOO_LARGE.add((config, tuple(key.values())))
     m_blocks = triton.cdiv(rows, config.block_m)
-    if batch == 1:
-        return _single_request_launch(q, k_buffer, v_buffer, k_new, v_new, tree_mask, kv_indices, kv_indptr,
-                                      prefix_lens, page_table_stride, out, workspace, sm_scale, page_size, use_indptr,
-                                      v_is_k, config, num_splits, m_blocks)
+    single = batch == 1
     po, pl = workspace.part_out, workspace.part_lse
-    args = (
+    args = [
         q, k_buffer, v_buffer, k_new, v_new, tree_mask,
         kv_indices, kv_indptr, prefix_lens,
         po, pl,
@@ -663,23 +572,25 @@ def _verify_attention_launch(
         page_table_stride,
         po.stride(0), po.stride(1), po.stride(2),
         pl.stride(0), pl.stride(1),
-    )
+    ]
     block_b = max(2, triton.next_power_of_2(batch))
     constexprs = dict(
         NUM_KV_HEADS=num_kv_heads, GROUP=group, T=num_tokens, BLOCK_T=max(16, triton.next_power_of_2(num_tokens)),
         BLOCK_B=block_b, SEG_COST=_SEG_COST, BLOCK_D=block_d, BLOCK_DPE=block_dpe, BLOCK_DV=dv,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, PAGE_SIZE=page_size,
-        USE_INDPTR=use_indptr, V_IS_K=v_is_k, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        WARP_SPECIALIZE=config.warp_specialize,
+        USE_INDPTR=use_indptr, V_IS_K=v_is_k, SINGLE_REQUEST=single,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", WARP_SPECIALIZE=config.warp_specialize,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if num_splits is None:
-        per_sm = _programs_per_sm(_verify_attention_kernel, args, constexprs, q)
+        per_sm = _programs_per_sm(_verify_attention_kernel, tuple(args), constexprs, q)
         num_splits = _num_splits(num_kv_heads=num_kv_heads, m_blocks=m_blocks, slots=sm_count * per_sm,
                                  max_splits=workspace.max_splits)
-    args = args[:13] + (num_splits,) + args[14:]
+    args[13] = num_splits
     global _last_compiled
-    _last_compiled = _verify_attention_kernel[(m_blocks, num_kv_heads, batch + num_splits)](*args, **constexprs)
+    # B = 1: programs 0..P-1 the prefix slices, P the new tokens; else 0..B-1 the new tokens, then P prefix programs
+    grid = (m_blocks, num_kv_heads, num_splits + 1 if single else batch + num_splits)
+    _last_compiled = _verify_attention_kernel[grid](*args, **constexprs)
     block_dv_merge = min(dv, 128)
     _verify_merge_kernel[(batch * num_tokens * num_q_heads, dv // block_dv_merge)](
         po, pl, out,
@@ -690,65 +601,7 @@ def _verify_attention_launch(
         pl.stride(0), pl.stride(1),
         out.stride(0), out.stride(1), out.stride(2),
         T=num_tokens, NUM_Q_HEADS=num_q_heads, BLOCK_B=block_b, SEG_COST=_SEG_COST, BLOCK_N=config.block_n,
-        BLOCK_DV=block_dv_merge, BLOCK_SC=16, USE_INDPTR=use_indptr,
-        num_warps=4,
-    )
-
-
-def _single_request_launch(
-    q: Tensor, k_buffer: Tensor, v_buffer: Tensor, k_new: Tensor, v_new: Tensor, tree_mask: Tensor,
-    kv_indices: Tensor, kv_indptr: Tensor, prefix_lens: Tensor, page_table_stride: int,
-    out: Tensor, workspace: VerifyWorkspace, sm_scale: float, page_size: int, use_indptr: bool, v_is_k: bool,
-    config: VerifyConfig, num_splits: int | None, m_blocks: int,
-) -> None:
-    """Batch 1 through _single_request_kernel: split s writes workspace slot s, the new tokens slot num_splits."""
-    _, num_tokens, num_q_heads, dk = q.shape
-    num_kv_heads = k_buffer.shape[1]
-    dv = out.shape[-1]
-    block_d, block_dpe = (dv, dk - dv) if v_is_k else (dk, 0)
-    po, pl = workspace.part_out, workspace.part_lse
-    args = (
-        q, k_buffer, v_buffer, k_new, v_new, tree_mask,
-        kv_indices, kv_indptr, prefix_lens,
-        po, pl,
-        sm_scale * _LOG2E,
-        num_splits or 3,  # a placeholder while warming up: 1 and multiples of 16 are specialised
-        q.stride(0), q.stride(1), q.stride(2),
-        k_buffer.stride(0), k_buffer.stride(1),
-        v_buffer.stride(0), v_buffer.stride(1),
-        k_new.stride(0), k_new.stride(1), k_new.stride(2),
-        v_new.stride(0), v_new.stride(1), v_new.stride(2),
-        tree_mask.stride(0), tree_mask.stride(1),
-        page_table_stride,
-        0, po.stride(1), po.stride(2), po.stride(0),
-        0, pl.stride(1), pl.stride(2), pl.stride(0),
-    )
-    constexprs = dict(
-        NUM_KV_HEADS=num_kv_heads, GROUP=num_q_heads // num_kv_heads, T=num_tokens,
-        BLOCK_T=max(16, triton.next_power_of_2(num_tokens)), BLOCK_D=block_d, BLOCK_DPE=block_dpe, BLOCK_DV=dv,
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n, PAGE_SIZE=page_size,
-        USE_INDPTR=use_indptr, V_IS_K=v_is_k, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        WARP_SPECIALIZE=config.warp_specialize,
-        num_warps=config.num_warps, num_stages=config.num_stages,
-    )
-    if num_splits is None:
-        per_sm = _programs_per_sm(_single_request_kernel, args, constexprs, q)
-        num_splits = _num_splits(num_kv_heads=num_kv_heads, m_blocks=m_blocks,
-                                 slots=_device_limits(_device_index(q.device))[1] * per_sm,
-                                 max_splits=workspace.max_splits)
-    args = args[:12] + (num_splits,) + args[13:]
-    global _last_compiled
-    _last_compiled = _single_request_kernel[(m_blocks, num_kv_heads, num_splits + 1)](*args, **constexprs)
-    block_dv_merge = min(dv, 128)
-    _single_request_merge_kernel[(num_tokens * num_q_heads, dv // block_dv_merge)](
-        po, pl, out,
-        kv_indptr, prefix_lens,
-        num_splits,
-        0, po.stride(1), po.stride(2), po.stride(0),
-        0, pl.stride(1), pl.stride(2), pl.stride(0),
-        out.stride(0), out.stride(1), out.stride(2),
-        T=num_tokens, NUM_Q_HEADS=num_q_heads, BLOCK_N=config.block_n, BLOCK_DV=block_dv_merge,
-        BLOCK_S=triton.next_power_of_2(num_splits + 1), BLOCK_SC=16, USE_INDPTR=use_indptr,
+        BLOCK_DV=block_dv_merge, BLOCK_SC=16, USE_INDPTR=use_indptr, SINGLE_REQUEST=single,
         num_warps=4,
     )
 
