@@ -14,6 +14,7 @@ tiles and split counts per row and reports the best. The full table goes to --ou
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import math
 import sys
@@ -70,6 +71,13 @@ class Row:
     @property
     def frac_floor_model(self) -> float:
         return self.floor_us / self.model_us
+
+
+def bench_layout(name: str) -> Layout:
+    """A preset of problems.LAYOUTS, or `preset:H` for the same layout with H query heads (e.g. mla:128)."""
+    preset, _, heads = name.partition(":")
+    layout = LAYOUTS[preset]
+    return dataclasses.replace(layout, num_q_heads=int(heads)) if heads else layout
 
 
 def _bench_us(fn, rep_ms: int = 100) -> float:
@@ -241,7 +249,7 @@ def model_graph_us(args: dict, addressing: dict, out: torch.Tensor, ws, layers: 
 
 def bench_row(row: Row, *, ceilings, sglang, tune: bool, with_reference: bool, smem_limit: int,
               model_layers: int = 0) -> Row:
-    layout = LAYOUTS[row.layout]
+    layout = bench_layout(row.layout)
     lens = row.prefix_lens
     problem = make_problem(layout=layout, prefix_lens=lens, num_tokens=row.tokens, page_size=row.page,
                            dtype=torch.bfloat16, device="cuda", tree="chain", seed=sum(lens) + row.tokens + row.page)
@@ -324,7 +332,7 @@ def full_table(rows: list[Row]) -> str:
     lines = [head, "|" + "---|" * 23]
     for r in rows:
         lines.append(
-            f"| {LAYOUTS[r.layout].name} | {r.label} | {r.tokens} | {r.page} | {_fmt(r.ours_us)} "
+            f"| {bench_layout(r.layout).name} | {r.label} | {r.tokens} | {r.page} | {_fmt(r.ours_us)} "
             f"| {_fmt(r.gbps, '.0f')} "
             f"| {_fmt(r.floor_us)} | {_fmt(r.frac_floor, '.0%')} | {_fmt(r.err, '.1e')} | {_fmt(r.eager_us)} "
             f"| {_fmt(r.ref_us, '.0f')} | {_fmt(r.sgl_verify_us)} | {_fmt(r.sgl_verify_us / r.ours_us, '.0f')}× "
@@ -335,10 +343,10 @@ def full_table(rows: list[Row]) -> str:
 
 
 def short_table(rows: list[Row]) -> str:
-    lines = ["layout  prefix          T  pg   ours_us   GB/s floor%     err  sgl_verify     x   sgl_dec    fa2_us"
+    lines = ["layout    prefix          T  pg   ours_us   GB/s floor%     err  sgl_verify     x   sgl_dec    fa2_us"
              "  model_us floor%"]
     for r in rows:
-        lines.append(f"{r.layout:<6}{r.label:>16}{r.tokens:>3}{r.page:>4}{r.ours_us:>10.1f}{r.gbps:>7.0f}"
+        lines.append(f"{r.layout:<8}{r.label:>16}{r.tokens:>3}{r.page:>4}{r.ours_us:>10.1f}{r.gbps:>7.0f}"
                      f"{_fmt(r.frac_floor, '.0%'):>7}{r.err:>8.1e}{_fmt(r.sgl_verify_us):>12}"
                      f"{_fmt(r.sgl_verify_us / r.ours_us, '.0f'):>6}{_fmt(r.sgl_decode_us):>10}{_fmt(r.fa2_us):>10}"
                      f"{_fmt(r.model_us):>10}{_fmt(r.frac_floor_model, '.0%'):>7}  {r.note}")
@@ -364,7 +372,7 @@ def ragged_mixes(spec: str, seed: int = 0) -> list[tuple[str, list[int]]]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="bench-results/kernels.md", help="full table (markdown)")
-    parser.add_argument("--layouts", default="mla,gqa")
+    parser.add_argument("--layouts", default="mla,gqa", help="presets (mla, gqa, gqa-small), preset:H for H q heads")
     parser.add_argument("--prefixes", default="4096,32768,131072")
     parser.add_argument("--tokens", default="1,8,32,64")
     parser.add_argument("--pages", default="1,16")
