@@ -216,7 +216,9 @@ def _tune_candidates(layout: Layout, tokens: int, smem_limit: int) -> list[Verif
     if layout.mla:
         extra = ([VerifyConfig(16, 128, 8, 2), VerifyConfig(16, 64, 4, 3), VerifyConfig(16, 64, 8, 2),
                   VerifyConfig(16, 64, 8, 3), VerifyConfig(16, 32, 4, 4), VerifyConfig(16, 32, 8, 4),
-                  VerifyConfig(32, 64, 8, 2), VerifyConfig(64, 64, 8, 2)] if bm == 16 else [VerifyConfig(bm, 64, 8, 3)])
+                  VerifyConfig(32, 64, 8, 2), VerifyConfig(64, 64, 8, 2)] if bm == 16 else
+                 [VerifyConfig(bm, 64, 8, 3), VerifyConfig(bm, 32, 8, 4), VerifyConfig(bm, 128, 8, 1),
+                  VerifyConfig(32, 64, 8, 2), VerifyConfig(32, 64, 4, 2)])
     else:
         extra = [VerifyConfig(bm, 128, 8, 3), VerifyConfig(bm, 64, 4, 4), VerifyConfig(min(bm, 64), 128, 4, 3)]
     if rows > 32:  # compute-bound rows: Triton's automatic warp specialisation of the prefix loop
