@@ -38,7 +38,7 @@ and the P prefix programs share the whole batch's prefix work: the requests' til
 request) form one sequence cut into P equal ranges, so any mix of lengths is balanced (_work_schedule); a range
 crossing requests runs one segment per request. The schedule is recomputed on the device from the prefix
 lengths by each program, so nothing is planned on the host and CUDA-graph replays may change the lengths.
-B = 1: the loop-free _single_request_kernel (P equal slices of the one prefix, program P the new tokens).
+B = 1: the kernel's loop-free SINGLE_REQUEST branch (P equal slices of the one prefix, program P the new tokens).
 Each part writes an fp32 partial output and its log2-sum-exp into the workspace; a merge kernel combines them.
 The grid depends only on static shapes (B, T, heads, P). Block sizes come from the device's per-block
 shared-memory limit (sm_90 ~227 KB, sm_120 ~100 KB), with a fall-back to the next smaller tile if the compiler
