@@ -51,7 +51,7 @@ def main() -> None:
     try:
         app()
     except KeyboardInterrupt as interrupt:
-        from orchestrator.execute import Terminated  # already imported: only a sweep raises it
+        from orchestrator.signals import Terminated  # already imported: only a sweep raises it
 
         if isinstance(interrupt, Terminated):  # SIGTERM, cleaned up like Ctrl-C: exit 143, not as SIGINT
             sys.exit(Terminated.exit_code)

@@ -34,12 +34,13 @@ import ray
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.execute import ExecutionStats, run_plan
+from orchestrator.execute import run_plan
 from orchestrator.local_ray import init_local_ray
 from orchestrator.plan import Plan
 from orchestrator.settings import ClusterSettings, ExecutionSettings, TrackingSettings
-from specsweep_vocab.spec import ProbeKind, RunState
+from orchestrator.stats import ExecutionStats
 from orchestrator.testing import tiny_group, tiny_run, tiny_server
+from specsweep_vocab.spec import ProbeKind, RunState
 
 logger = logging.getLogger(__name__)
 

@@ -62,7 +62,8 @@ def run(groups: int, runs_per_group: int, tp: int, seed: int, max_concurrent: in
     import ray
     from ray.cluster_utils import Cluster
 
-    from orchestrator.execute import ExecutionStats, run_plan
+    from orchestrator.execute import run_plan
+    from orchestrator.stats import ExecutionStats
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     plan = build_plan(groups, runs_per_group, tp, seed)

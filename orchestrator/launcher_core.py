@@ -150,8 +150,10 @@ def execute_plan(plan: Plan, settings: ExecutionSettings) -> Executed:
 
     MLflow's import (≈ 1.7 s) runs in a thread while Ray starts; it writes nothing (the store is only opened
     after the preflight)."""
-    from orchestrator.execute import ray_session, run_plan, warm_mlflow
+    from orchestrator.execute import run_plan
     from orchestrator.preflight import PreflightError
+    from orchestrator.ray_session import ray_session
+    from orchestrator.recording import warm_mlflow
 
     threading.Thread(target=warm_mlflow, args=(settings.tracking_uri,), name="mlflow-import", daemon=True).start()
     try:

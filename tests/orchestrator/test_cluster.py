@@ -115,7 +115,8 @@ def _arch_of_node(nodes) -> dict[str, str]:
 
 
 def test_tp8_servers_take_a_whole_node_each_three_at_a_time(sim, tmp_path):
-    from orchestrator.execute import ExecutionStats, run_plan
+    from orchestrator.execute import run_plan
+    from orchestrator.stats import ExecutionStats
 
     _, nodes, _, _ = sim
     plan = _plan(_groups(12, 2, gen_tokens=30))
@@ -133,7 +134,8 @@ def test_tp8_servers_take_a_whole_node_each_three_at_a_time(sim, tmp_path):
 
 
 def test_tp4_servers_pack_two_per_node(sim, tmp_path):
-    from orchestrator.execute import ExecutionStats, run_plan
+    from orchestrator.execute import run_plan
+    from orchestrator.stats import ExecutionStats
 
     plan = _plan(_groups(6, 2, tp=4, first_job=100, gen_tokens=100, seed0=100))
     stats = ExecutionStats()
@@ -271,7 +273,8 @@ def _wait_for_marker(pid_dir: Path, job_indices, timeout_s: float = 120) -> tupl
 def test_node_lost_mid_sweep_requeues_and_every_run_finishes_once(sim, tmp_path):
     import threading
 
-    from orchestrator.execute import ExecutionStats, run_plan
+    from orchestrator.execute import run_plan
+    from orchestrator.stats import ExecutionStats
 
     cluster, nodes, pid_dir, _ = sim
     plan = _plan(_groups(3, 4, first_job=500, gen_tokens=80, token_s=0.01, seed0=500), sweep="loss")

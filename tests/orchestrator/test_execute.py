@@ -63,7 +63,8 @@ def _wait_for_marker(pid_dir: Path, job_index: int, timeout_s: float = 120) -> i
 
 
 def test_results_stream_back_one_engine_per_server(local_ray, tmp_path):
-    from orchestrator.execute import ExecutionStats, run_plan
+    from orchestrator.execute import run_plan
+    from orchestrator.stats import ExecutionStats
 
     oracle, ngram = tiny_server("oracle", num_steps=3), tiny_server("ngram")
     g1 = tiny_group(oracle, [tiny_run(oracle, 0, gen_tokens=9), tiny_run(oracle, 2, ProbeKind.NOVEL, gen_tokens=9)])
@@ -95,7 +96,8 @@ def test_start_failure_fails_only_that_group(local_ray, tmp_path):
 
 
 def test_engine_killed_mid_probe_fails_that_run_and_restarts(local_ray, tmp_path, pid_dir):
-    from orchestrator.execute import ExecutionStats, run_plan
+    from orchestrator.execute import run_plan
+    from orchestrator.stats import ExecutionStats
 
     server = tiny_server("none", context_length=8192)
     runs = [tiny_run(server, 10), tiny_run(server, 11, context_len=4000, gen_tokens=2000), tiny_run(server, 12)]
@@ -153,7 +155,8 @@ def test_lost_worker_requeues_unfinished_runs(local_ray, tmp_path, pid_dir):
 def test_results_are_recorded_in_mlflow(local_ray, tmp_path):
     from mlflow import MlflowClient
 
-    from orchestrator.execute import ExecutionStats, run_plan
+    from orchestrator.execute import run_plan
+    from orchestrator.stats import ExecutionStats
     from orchestrator.tracking import Tracker
 
     server = tiny_server("oracle", num_steps=2)
@@ -182,22 +185,25 @@ def test_results_are_recorded_in_mlflow(local_ray, tmp_path):
 def test_results_wait_for_a_slow_mlflow_set_up_and_are_handled_in_order(local_ray, tmp_path, monkeypatch):
     """MLflow ready only after the whole group (start, runs, stop) finished: every result is still recorded, and the
     driver handles the actor's calls in the order they ran (start before stop: no server left counted up)."""
-    import orchestrator.execute as execute
     from mlflow import MlflowClient
 
-    real = execute._open_tracker
+    from orchestrator import recording
+    from orchestrator.execute import run_plan
+    from orchestrator.stats import ExecutionStats
+
+    real = recording.open_tracker
 
     def slow(*args, **kw):
         tracker = real(*args, **kw)
         time.sleep(8)  # the tiny engine starts, serves both runs and stops meanwhile
         return tracker
 
-    monkeypatch.setattr(execute, "_open_tracker", slow)
+    monkeypatch.setattr(recording, "open_tracker", slow)
     server = tiny_server("none", seed=2)
     plan = _plan(tiny_group(server, [tiny_run(server, 0), tiny_run(server, 1)]))
-    stats, settings = execute.ExecutionStats(), _settings(tmp_path)
+    stats, settings = ExecutionStats(), _settings(tmp_path)
     seen = []
-    results = execute.run_plan(plan, settings, stats=stats, on_result=seen.append)
+    results = run_plan(plan, settings, stats=stats, on_result=seen.append)
     assert [r.state for r in results] == [RunState.FINISHED, RunState.FINISHED]
     assert stats.engine_stop_s[server.key] > 0  # the stop's info, not the start's, was handled last
     client = MlflowClient(settings.tracking_uri)

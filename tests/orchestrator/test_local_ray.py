@@ -97,7 +97,7 @@ def _listening(procs) -> set[tuple[str, str, int]]:
 
 
 def test_the_sweeps_ray_is_its_own_and_listens_on_loopback_only(foreign_ray):
-    from orchestrator.execute import connect_ray, shutdown_ray
+    from orchestrator.ray_session import connect_ray, shutdown_ray
     from orchestrator.settings import ClusterSettings
 
     if ray.is_initialized():
