@@ -1,10 +1,12 @@
 """The config schema (structured configs in Hydra's ConfigStore) and the one conversion
 DictConfig → `RunConfig` (frozen dataclasses) done at the entry.
 
-The `*Conf` dataclasses give Hydra the keys and types: an unknown key or a wrong type is Hydra's
-own error at composition. Kinds are plain strings there (OmegaConf matches enums by member name,
-`REFERENCE`, not by value); `to_run_config` turns them into the enums of `specsweep_vocab.spec`,
-reporting each bad value as a `Problem` with what is allowed.
+Each config key is declared once, as a field of the dataclass it becomes (`specsweep_vocab.spec` for what a
+run is, `orchestrator.settings` for where it runs and is recorded, `RunConfig` for the top level): the `*Conf`
+structured configs are generated from those (`structured_conf`), and `to_run_config` fills them field by field.
+The `*Conf` dataclasses give Hydra the keys and types: an unknown key or a wrong type is Hydra's own error at
+composition. Kinds are plain strings there (OmegaConf matches enums by member name, `REFERENCE`, not by value);
+`to_run_config` turns them into the enums, reporting each bad value as a `Problem` with what is allowed.
 """
 
 from __future__ import annotations
@@ -13,139 +15,139 @@ import dataclasses
 import enum
 import hashlib
 import os
+import types
+import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from orchestrator.settings import AcceleratorMatch, ClusterKind, ClusterSettings, Thresholds, TrackingSettings
-from specsweep_vocab.spec import (Algorithm, AttentionKind, AttentionSpec, DrafterSpec, EngineKind, EngineSpec, JobKind,
-                                  KERNEL_LAYOUTS, KernelSpec, ModelSpec, ProbeKind, ProbeSpec, SGLangOptions,
-                                  StubOptions)
+from orchestrator.settings import ClusterSettings, Thresholds, TrackingSettings
 from orchestrator.validate import (LEAF, OPEN, ConfigError, Problem, config_key_problems, probe_file_problem,
                                    unknown_key_problem)
+from specsweep_vocab.spec import (AttentionSpec, DrafterSpec, EngineKind, EngineSpec, JobKind, KERNEL_LAYOUTS,
+                                  KernelSpec, ModelSpec, ProbeKind, ProbeSpec, SGLangOptions, StubOptions)
 
 DTYPES = ("float32", "float16", "bfloat16")
 DEVICES = ("cpu", "cuda")
+# String fields whose value is one of a fixed set (the enums' fields are checked by their enum).
+CHOICES: dict[str, tuple[str, ...]] = {"engine.device": DEVICES, "model.dtype": DTYPES}
 
 
-# --- Schema: what Hydra composes against -------------------------------------------------------
+# --- The typed run config ----------------------------------------------------------------------
 
 
-@dataclass
-class SGLangConf:
-    """`engine.sglang`: SGLang-only launch settings (ignored by other engines)."""
+@dataclass(frozen=True)
+class RunConfig:
+    """One grid point, fully typed. Nothing below the entry sees a DictConfig.
 
-    mem_fraction_static: Optional[float] = None
-    cuda_graph_max_bs: Optional[int] = None
-    disable_cuda_graph: bool = False
-    max_running_requests: Optional[int] = None
-    log_level: Optional[str] = None
+    Its fields are the config's top level (`SpecsweepConf` is generated from them): a section per spec, then the
+    top-level keys with their defaults."""
 
-
-@dataclass
-class StubConf:
-    """`engine.stub`: the stub engine's timing (engine.kind=stub only; ignored by other engines)."""
-
-    token_s: float = 0.005  # seconds per generated token
-    prefill_s: float = 0.0  # seconds per prompt token
-    startup_s: float = 0.2  # seconds before /health answers 200
-    rendezvous_timeout_s: float = 120.0  # multi-node (nnodes > 1): rank rendezvous timeout
-
-
-@dataclass
-class EngineConf:
-    kind: str = MISSING  # reference | sglang | stub
-    version: str = MISSING
-    device: str = "cpu"
-    startup_timeout_s: float = 300.0
-    request_timeout_s: float = 600.0
-    extra_args: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    sglang: SGLangConf = field(default_factory=SGLangConf)
-    stub: StubConf = field(default_factory=StubConf)
+    engine: EngineSpec
+    model: ModelSpec
+    drafter: DrafterSpec
+    attention: AttentionSpec
+    probe: ProbeSpec  # its context_len and gen_tokens are the top-level keys of the same names
+    cluster: ClusterSettings = field(default_factory=ClusterSettings)
+    tracking: TrackingSettings = field(default_factory=TrackingSettings)
+    report: Thresholds = field(default_factory=Thresholds)
+    kernel: KernelSpec | None = None  # job=kernel: the shape the `kernel` section (KernelConf) resolves to
+    log_patterns: tuple[str, ...] = ()  # `metrics.log_patterns` (checked by validate.log_pattern_problems)
+    job: JobKind = JobKind.ENGINE  # engine (an engine + probe per point) | kernel (one verify-kernel shape per point)
+    sweep_name: str = "default"
+    page_size: int = 16
+    seed: int = 0
+    resume: bool = True
+    server_context_len: int | None = None  # None = the model's max_context_len
+    tp_size: int = 1
+    nnodes: int = 1  # nodes one server spans (SGLang --nnodes); tp_size is split evenly across them
+    progress: bool = True
+    params: tuple[tuple[str, str], ...] = ()  # flattened resolved config
+    overrides: tuple[str, ...] = ()  # this job's Hydra overrides
 
 
-@dataclass
-class ModelConf:
-    name: str = MISSING
-    path: str = MISSING
-    max_context_len: int = MISSING
-    num_layers: int = MISSING
-    hidden_size: int = MISSING
-    num_q_heads: int = MISSING
-    num_kv_heads: int = MISSING
-    head_dim: int = MISSING
-    v_head_dim: int = MISSING
-    attention_kind: str = "gqa"  # gqa | mla
-    dtype: str = "float32"
-    load_format: str = "dummy"
+# --- Schema: what Hydra composes against, generated from the dataclasses above ------------------
 
 
-@dataclass
-class DrafterConf:
-    name: str = MISSING
-    algorithm: str = "NONE"  # Algorithm value
-    draft_model_path: Optional[str] = None
-    num_steps: int = 0
-    topk: int = 1
-    num_draft_tokens: int = 0
-    is_oracle: bool = False
-    extra_args: list[str] = field(default_factory=list)
-    draft_window_size: Optional[int] = None  # DFLASH (SGLang): --speculative-draft-window-size
-    draft_num_layers: Optional[int] = None  # reference engine: --speculative-draft-num-layers (early-exit draft)
+def _unwrap(hint: Any) -> tuple[Any, bool]:
+    """(the type, whether None is allowed) of a field's type hint: `int | None` -> (int, True)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return hint, False
 
 
-@dataclass
-class AttentionConf:
-    name: str = MISSING
-    backend: str = MISSING
-    decode_backend: Optional[str] = None
-    prefill_backend: Optional[str] = None
-    draft_backend: Optional[str] = None
-    # SGLang --speculative-attention-mode (prefill | decode): which of the prefill/decode backends verifies.
-    # null: SGLang's default (prefill).
-    speculative_attention_mode: Optional[str] = None
+def _is_enum(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, enum.Enum)
 
 
-@dataclass
-class ProbeConf:
-    kind: str = MISSING  # predictable | novel | file
-    sentence: str = "The cat sat on the mat. "
-    path: Optional[str] = None
-    concurrency: int = 1  # requests sent at once (each its own prompt); batched by SGLang and the reference engine
+def _is_pairs(tp: Any) -> bool:
+    """`tuple[tuple[str, str], ...]`: a mapping kept hashable (engine.env)."""
+    return typing.get_origin(tp) is tuple and typing.get_origin(typing.get_args(tp)[0]) is tuple
 
 
-@dataclass
-class ClusterConf:
-    kind: str = "local"  # local | ray
-    address: Optional[str] = None
-    num_cpus: Optional[int] = None
-    num_gpus: Optional[int] = None
-    object_store_memory_mb: Optional[int] = None
-    include_dashboard: bool = False
-    namespace: str = "specsweep"
-    runtime_env: Optional[dict[str, Any]] = None
-    gpus_per_server: int = 0
-    gpus_per_node: Optional[int] = None
-    cpus_per_server: float = 1.0
-    accelerator: Optional[str] = None  # e.g. sm_120
-    accelerator_label: str = "gpu-arch"
-    accelerator_match: str = "auto"  # auto | label | resource
-    max_concurrent_servers: Optional[int] = None
-    max_retries: int = 2
+_CONFS: dict[type, type] = {}  # spec dataclass -> its structured config
 
 
-@dataclass
-class TrackingConf:
-    uri: str = "sqlite:///mlflow.db"
-    experiment_name: Optional[str] = None
+def structured_conf(spec: type, name: str, *, replace: Mapping[str, Sequence[tuple[str, Any, Any]]] = {},
+                    after: Mapping[str, Sequence[tuple[str, Any, Any]]] = {}) -> type:
+    """The structured config of the dataclass `spec`: its fields, in its order, with its defaults, in the types
+    OmegaConf composes: an enum as its value string, a tuple as a list, pairs as a dict, a nested dataclass
+    (optional or not) as its section, a field without a default as MISSING. `replace` swaps a field for other
+    (name, type, Field) entries (none: left out of the config), `after` adds entries after a field."""
+    hints = typing.get_type_hints(spec)
+    entries: list[tuple[str, Any, Any]] = []
+    for f in dataclasses.fields(spec):
+        entries += replace[f.name] if f.name in replace else [(f.name, *_conf_field(hints[f.name], f))]
+        entries += after.get(f.name, ())
+    conf = dataclasses.make_dataclass(name, entries)
+    conf.__doc__ = f"`{spec.__qualname__}` as Hydra composes it (generated: see orchestrator.schema.structured_conf)."
+    _CONFS[spec] = conf
+    return conf
+
+
+def _conf_field(hint: Any, f: dataclasses.Field) -> tuple[Any, Any]:
+    tp, optional = _unwrap(hint)
+    default = f.default if f.default is not dataclasses.MISSING else \
+        f.default_factory() if f.default_factory is not dataclasses.MISSING else MISSING
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):  # a section: always present, its own defaults
+        conf = _CONFS[tp]
+        if default is MISSING:
+            return conf, field(default=MISSING)
+        assert default is None or default == tp(), f"{f.name}: a section's default is its dataclass's defaults"
+        return conf, field(default_factory=conf)
+    if _is_enum(tp):
+        return str, field(default=MISSING if default is MISSING else default.value)
+    if _is_pairs(tp):
+        return dict[str, str], field(default_factory=lambda: dict(default))
+    if typing.get_origin(tp) is tuple:
+        return list[typing.get_args(tp)[0]], field(default_factory=lambda: list(default))  # type: ignore[misc]
+    return (Optional[tp] if optional else tp), field(default=default)
+
+
+SGLangConf = structured_conf(SGLangOptions, "SGLangConf")  # engine.sglang (engine.kind=sglang only)
+StubConf = structured_conf(StubOptions, "StubConf")  # engine.stub (engine.kind=stub only)
+EngineConf = structured_conf(EngineSpec, "EngineConf")
+ModelConf = structured_conf(ModelSpec, "ModelConf")
+DrafterConf = structured_conf(DrafterSpec, "DrafterConf")
+AttentionConf = structured_conf(AttentionSpec, "AttentionConf")
+# content_sha256 is computed, the others are top-level keys (context_len, gen_tokens, seed) or fixed (temperature 0)
+ProbeConf = structured_conf(ProbeSpec, "ProbeConf", replace={k: () for k in ("context_len", "gen_tokens",
+                                                                             "content_sha256", "seed", "temperature")})
+ClusterConf = structured_conf(ClusterSettings, "ClusterConf")
+TrackingConf = structured_conf(TrackingSettings, "TrackingConf")
+# `report`: the diagnosis thresholds, overridable like any key, e.g. `report.collapse_drop=0.3`.
+ReportConf = structured_conf(Thresholds, "ReportConf")
 
 
 @dataclass
 class KernelConf:
-    """`kernel`: one verify-kernel shape (used when `job=kernel`; page size is the top-level `page_size`)."""
+    """`kernel`: one verify-kernel shape (used when `job=kernel`; page size is the top-level `page_size`). What the
+    user asks for: `_kernel_spec` resolves it into a KernelSpec (the layout's heads and dims unless set here)."""
 
     layout: str = "gqa"  # a KERNEL_LAYOUTS name: gqa | mla | gqa-small
     prefix: int = 4096  # prefix (KV) tokens
@@ -166,41 +168,12 @@ class MetricsConf:
     log_patterns: list[str] = field(default_factory=list)
 
 
-# `report`: the diagnosis thresholds (orchestrator.settings.Thresholds), overridable like any key,
-# e.g. `report.collapse_drop=0.3`.
-ReportConf = dataclasses.make_dataclass(
-    "ReportConf", [(f.name, f.type, field(default=f.default)) for f in dataclasses.fields(Thresholds)])
-
-
-@dataclass
-class SpecsweepConf:
-    engine: EngineConf = MISSING
-    model: ModelConf = MISSING
-    drafter: DrafterConf = MISSING
-    attention: AttentionConf = MISSING
-    probe: ProbeConf = MISSING
-    cluster: ClusterConf = field(default_factory=ClusterConf)
-    tracking: TrackingConf = field(default_factory=TrackingConf)
-    report: ReportConf = field(default_factory=ReportConf)  # type: ignore[valid-type]
-    kernel: KernelConf = field(default_factory=KernelConf)
-    metrics: MetricsConf = field(default_factory=MetricsConf)
-    job: str = "engine"  # engine (an engine + probe per point) | kernel (one verify-kernel shape per point)
-    sweep_name: str = "default"
-    context_len: int = 1024
-    gen_tokens: int = 64
-    page_size: int = 16
-    seed: int = 0
-    resume: bool = True
-    server_context_len: Optional[int] = None  # None = the model's max_context_len
-    tp_size: int = 1
-    nnodes: int = 1  # nodes one server spans (SGLang --nnodes); tp_size is split evenly across them
-    progress: bool = True
-
-
-_SECTIONS: dict[str, type] = {"engine": EngineConf, "model": ModelConf, "drafter": DrafterConf,
-                              "attention": AttentionConf, "probe": ProbeConf, "cluster": ClusterConf,
-                              "tracking": TrackingConf, "report": ReportConf, "kernel": KernelConf,
-                              "metrics": MetricsConf}
+SpecsweepConf = structured_conf(RunConfig, "SpecsweepConf", replace={
+    "kernel": [("kernel", KernelConf, field(default_factory=KernelConf))],
+    "log_patterns": [("metrics", MetricsConf, field(default_factory=MetricsConf))],
+    "params": (), "overrides": ()},
+    after={"sweep_name": [("context_len", int, field(default=1024)),  # prompt tokens of the probe
+                          ("gen_tokens", int, field(default=64))]})  # tokens generated per run
 
 
 def register_configs() -> None:
@@ -210,34 +183,7 @@ def register_configs() -> None:
     ConfigStore.instance().store(name="specsweep_schema", node=SpecsweepConf)
 
 
-# --- The typed run config ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """One grid point, fully typed. Nothing below the entry sees a DictConfig."""
-
-    sweep_name: str
-    engine: EngineSpec
-    model: ModelSpec
-    drafter: DrafterSpec
-    attention: AttentionSpec
-    probe: ProbeSpec
-    page_size: int
-    seed: int
-    tp_size: int
-    nnodes: int
-    server_context_len: int | None
-    cluster: ClusterSettings
-    tracking: TrackingSettings
-    resume: bool
-    progress: bool
-    report: Thresholds = field(default_factory=Thresholds)
-    job: JobKind = JobKind.ENGINE
-    kernel: KernelSpec | None = None  # job=kernel
-    log_patterns: tuple[str, ...] = ()  # metrics.log_patterns (checked by validate.log_pattern_problems)
-    params: tuple[tuple[str, str], ...] = ()  # flattened resolved config
-    overrides: tuple[str, ...] = ()  # this job's Hydra overrides
+# --- DictConfig -> RunConfig ---------------------------------------------------------------------
 
 
 class _Problems:
@@ -261,14 +207,40 @@ class _Problems:
         return value
 
 
-def flatten(node: Any, prefix: str = "") -> dict[str, str]:
-    """{"model.name": "tiny", "drafter.extra_args": "[]", ...} from a resolved container."""
-    if isinstance(node, dict):
-        out: dict[str, str] = {}
-        for k, v in node.items():
-            out.update(flatten(v, f"{prefix}{k}."))
-        return out
-    return {prefix[:-1]: str(node)}
+def _from_conf(spec: type, key: str, values: Mapping[str, Any], p: _Problems, **given: Any) -> Any:
+    """`spec` from its composed section `values`, field by field (the inverse of `structured_conf`): an enum
+    checked against its members and a CHOICES key against its set (each bad value a Problem), a list as a
+    tuple, a dict as sorted pairs. `given` fields are the caller's (computed, or from elsewhere in the config)."""
+    hints = typing.get_type_hints(spec)
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(spec):
+        name = f"{key}.{f.name}" if key else f.name
+        if f.name in given:
+            kwargs[f.name] = given[f.name]
+        elif f.name in values:
+            tp, v = _unwrap(hints[f.name])[0], values[f.name]
+            if _is_enum(tp):
+                v = p.enum(name, v, tp)
+            elif name in CHOICES:
+                v = p.choice(name, v, CHOICES[name])
+            elif _is_pairs(tp):
+                v = tuple(sorted(v.items()))
+            elif typing.get_origin(tp) is tuple:
+                v = tuple(v)
+            kwargs[f.name] = v
+    return spec(**kwargs)
+
+
+def flatten(node: Mapping[str, Any], leaf: Callable[[Any], str] = str, prefix: str = "") -> dict[str, str]:
+    """A nested config as dotted keys, each value through `leaf`: {"model.name": "tiny", "engine.env": "{}", ...}
+    (an empty section is one key)."""
+    out: dict[str, str] = {}
+    for k, v in node.items():
+        if isinstance(v, Mapping) and v:
+            out.update(flatten(v, leaf, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = leaf(v)
+    return out
 
 
 def absolute_tracking_uri(uri: str, cwd: str) -> str:
@@ -282,15 +254,12 @@ def absolute_tracking_uri(uri: str, cwd: str) -> str:
 def schema_tree(schema: type = SpecsweepConf) -> dict[str, Any]:
     """The schema's keys: name -> subtree (a section), LEAF (a value) or OPEN (a dict: any sub-key is legal)."""
     out: dict[str, Any] = {}
-    for f in dataclasses.fields(schema):
-        section = _SECTIONS.get(f.name) if schema is SpecsweepConf else None
-        if section is None and f.default_factory is not dataclasses.MISSING \
-                and dataclasses.is_dataclass(default := f.default_factory()):
-            section = type(default)
-        if section is not None:
-            out[f.name] = schema_tree(section)
-        else:  # annotations are strings here (`from __future__ import annotations`)
-            out[f.name] = OPEN if "dict" in str(f.type) or str(f.type) == "Any" else LEAF
+    for name, hint in typing.get_type_hints(schema).items():
+        tp = _unwrap(hint)[0]
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+            out[name] = schema_tree(tp)
+        else:
+            out[name] = OPEN if tp is dict or typing.get_origin(tp) is dict or tp is Any else LEAF
     return out
 
 
@@ -341,38 +310,13 @@ def to_run_config(cfg: DictConfig, overrides: tuple[str, ...] = (), cwd: str | N
     p.items += config_key_problems(c, schema_tree(), p.overrides)
     if p.items:
         raise ConfigError(p.items)
-    e, m, d, a, pr, cl, tr = (c[k] for k in ("engine", "model", "drafter", "attention", "probe",
-                                              "cluster", "tracking"))
-
-    engine = EngineSpec(
-        kind=p.enum("engine.kind", e["kind"], EngineKind),
-        version=str(e["version"]),
-        device=p.choice("engine.device", e["device"], DEVICES),
-        startup_timeout_s=float(e["startup_timeout_s"]),
-        request_timeout_s=float(e["request_timeout_s"]),
-        extra_args=tuple(e["extra_args"]),
-        env=tuple(sorted(e["env"].items())),
-        sglang=SGLangOptions(**e["sglang"]) if e["kind"] == EngineKind.SGLANG.value else None,
-        stub=StubOptions(**{k: float(v) for k, v in e["stub"].items()}) if e["kind"] == EngineKind.STUB.value
-        else None,
-    )
-    model = ModelSpec(
-        name=m["name"], path=m["path"], max_context_len=m["max_context_len"], num_layers=m["num_layers"],
-        hidden_size=m["hidden_size"], num_q_heads=m["num_q_heads"], num_kv_heads=m["num_kv_heads"],
-        head_dim=m["head_dim"], v_head_dim=m["v_head_dim"],
-        attention_kind=p.enum("model.attention_kind", m["attention_kind"], AttentionKind),
-        dtype=p.choice("model.dtype", m["dtype"], DTYPES), load_format=m["load_format"],
-    )
-    drafter = DrafterSpec(
-        name=d["name"], algorithm=p.enum("drafter.algorithm", d["algorithm"], Algorithm),
-        draft_model_path=d["draft_model_path"], num_steps=d["num_steps"], topk=d["topk"],
-        num_draft_tokens=d["num_draft_tokens"], is_oracle=d["is_oracle"],
-        extra_args=tuple(d["extra_args"]), draft_window_size=d["draft_window_size"],
-        draft_num_layers=d["draft_num_layers"],
-    )
-    attention = AttentionSpec(name=a["name"], backend=a["backend"], decode_backend=a["decode_backend"],
-                              prefill_backend=a["prefill_backend"], draft_backend=a["draft_backend"],
-                              speculative_attention_mode=a["speculative_attention_mode"])
+    e, pr = c["engine"], c["probe"]
+    engine = _from_conf(EngineSpec, "engine", e, p,
+                        sglang=SGLangOptions(**e["sglang"]) if e["kind"] == EngineKind.SGLANG.value else None,
+                        stub=StubOptions(**e["stub"]) if e["kind"] == EngineKind.STUB.value else None)
+    model = _from_conf(ModelSpec, "model", c["model"], p)
+    drafter = _from_conf(DrafterSpec, "drafter", c["drafter"], p)
+    attention = _from_conf(AttentionSpec, "attention", c["attention"], p)
     probe_kind = p.enum("probe.kind", pr["kind"], ProbeKind)
     probe_path, digest = None, None
     if probe_kind is ProbeKind.FILE:
@@ -387,32 +331,20 @@ def to_run_config(cfg: DictConfig, overrides: tuple[str, ...] = (), cwd: str | N
                     p.items.append(problem)
             else:
                 p.items.append(Problem("probe.path", pr["path"], "an existing file", p.overrides))
-    probe = ProbeSpec(kind=probe_kind, context_len=c["context_len"], gen_tokens=c["gen_tokens"],
-                      sentence=pr["sentence"], path=probe_path, content_sha256=digest, seed=c["seed"],
-                      concurrency=pr["concurrency"])
-    cluster = ClusterSettings(
-        kind=p.enum("cluster.kind", cl["kind"], ClusterKind), address=cl["address"],
-        num_cpus=cl["num_cpus"], num_gpus=cl["num_gpus"],
-        object_store_memory_mb=cl["object_store_memory_mb"], include_dashboard=cl["include_dashboard"],
-        namespace=cl["namespace"], runtime_env=cl["runtime_env"] or None, gpus_per_server=cl["gpus_per_server"],
-        gpus_per_node=cl["gpus_per_node"], cpus_per_server=float(cl["cpus_per_server"]),
-        accelerator=cl["accelerator"], accelerator_label=cl["accelerator_label"],
-        accelerator_match=p.enum("cluster.accelerator_match", cl["accelerator_match"], AcceleratorMatch),
-        max_concurrent_servers=cl["max_concurrent_servers"], max_retries=cl["max_retries"],
-    )
-    tracking = TrackingSettings(uri=absolute_tracking_uri(tr["uri"], cwd),
-                                experiment_name=tr["experiment_name"])
+    probe = _from_conf(ProbeSpec, "probe", pr, p, kind=probe_kind, context_len=c["context_len"],
+                       gen_tokens=c["gen_tokens"], path=probe_path, content_sha256=digest, seed=c["seed"])
+    cluster = _from_conf(ClusterSettings, "cluster", c["cluster"], p, runtime_env=c["cluster"]["runtime_env"] or None)
+    tracking = _from_conf(TrackingSettings, "tracking", c["tracking"], p,
+                          uri=absolute_tracking_uri(c["tracking"]["uri"], cwd))
     job = p.enum("job", c["job"], JobKind)
     kernel = _kernel_spec(c, p) if job is JobKind.KERNEL else None
     if p.items:
         raise ConfigError(p.items)
-    return RunConfig(
-        sweep_name=c["sweep_name"], engine=engine, model=model, drafter=drafter, attention=attention,
-        probe=probe, page_size=c["page_size"], seed=c["seed"], tp_size=c["tp_size"], nnodes=c["nnodes"],
-        server_context_len=c["server_context_len"], cluster=cluster, tracking=tracking,
-        resume=c["resume"], progress=c["progress"], report=Thresholds(**c["report"]), job=job, kernel=kernel,
-        log_patterns=tuple(c["metrics"]["log_patterns"]), params=tuple(sorted(flatten(c).items())), overrides=tuple(overrides),
-    )
+    return _from_conf(RunConfig, "", c, p, engine=engine, model=model, drafter=drafter, attention=attention,
+                      probe=probe, cluster=cluster, tracking=tracking, report=_from_conf(Thresholds, "report",
+                                                                                         c["report"], p),
+                      job=job, kernel=kernel, log_patterns=tuple(c["metrics"]["log_patterns"]),
+                      params=tuple(sorted(flatten(c).items())), overrides=tuple(overrides))
 
 
 def _kernel_spec(c: dict[str, Any], p: _Problems) -> KernelSpec | None:

@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
 from specsweep_vocab.redact import plan_secrets, redact_config, redact_text, uri_secrets
+from orchestrator.schema import flatten
 from orchestrator.settings import ExecutionSettings
 from specsweep_vocab.spec import EngineKind, FailureReason, RunResult, RunSpec, RunState
 
@@ -80,6 +81,11 @@ RUN_HASHES_ARTIFACT = "run_hashes.txt"
 # Set by the schedule daemon (orchestrator/schedule.py) on the Ray job of each firing; tagged on the parent run.
 ENV_SCHEDULE = "SPECSWEEP_SCHEDULE"
 ENV_SCHEDULED_TIME = "SPECSWEEP_SCHEDULED_TIME"
+
+
+def param_value(v: Any) -> str:
+    """A parent-run param: strings as they are, anything else as JSON (`null`, `true`, `[1, 2]`)."""
+    return v if isinstance(v, str) else json.dumps(v)
 
 
 def experiment_for(settings: ExecutionSettings, plan: Plan | None = None) -> str:
@@ -121,17 +127,6 @@ def git_sha(cwd: str | os.PathLike = ".") -> str:
         if out.returncode == 0:
             return out.stdout.strip()
     return "unknown"
-
-
-def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
-    out: dict[str, str] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, Mapping) and v:
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v if isinstance(v, str) else json.dumps(v)
-    return out
 
 
 def _chunks(items: list, n: int) -> Iterator[list]:
@@ -432,7 +427,7 @@ class Tracker:
         self._parent_ended = False
         rid = self.parent_run_id
         base = redact_config(plan.base_config) if plan.base_config else None
-        params = flatten(base or {})
+        params = flatten(base or {}, leaf=param_value)
         params["overrides"] = " ".join(plan.overrides)
         self._log_batch(rid, params=params, metrics={"runs_planned": float(plan.num_runs),
                                                      "runs_resumed": float(len(plan.resumed))})

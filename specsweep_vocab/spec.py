@@ -152,7 +152,7 @@ def kv_bytes_per_token(*, num_kv_heads: int, k_head_dim: int, v_head_dim: int, e
 @dataclass(frozen=True)
 class DrafterSpec:
     name: str = field(metadata=NOT_IDENTITY)  # config-group name: none, ngram, oracle, ...
-    algorithm: Algorithm
+    algorithm: Algorithm = Algorithm.NONE
     draft_model_path: str | None = None  # the oracle sets this to the target's own path
     num_steps: int = 0  # tree depth
     topk: int = 1  # tree breadth

@@ -8,7 +8,8 @@ import pytest
 
 from orchestrator.plan import Plan
 from specsweep_vocab.spec import FailureReason, ProbeKind, RunResult, RunState
-from orchestrator.tracking import Tracker, flatten
+from orchestrator.schema import flatten
+from orchestrator.tracking import Tracker, param_value
 from orchestrator.testing import tiny_group, tiny_run, tiny_server
 
 mlflow = pytest.importorskip("mlflow")
@@ -87,6 +88,6 @@ def test_resume_hashes_are_per_experiment(store):
     assert Tracker(store, "two").finished_run_hashes() == set()
 
 
-def test_flatten():
-    assert flatten({"a": {"b": 1, "c": [1, 2]}, "d": "x", "e": None, "f": {}}) == {
+def test_parent_params_are_the_base_config_flattened_to_json_values():
+    assert flatten({"a": {"b": 1, "c": [1, 2]}, "d": "x", "e": None, "f": {}}, leaf=param_value) == {
         "a.b": "1", "a.c": "[1, 2]", "d": "x", "e": "null", "f": "{}"}
