@@ -7,15 +7,26 @@ Imported by tests/ and the benchmarks (orchestrator/bench*.py) only, never by ru
     tiny_group(server, runs) -> ServerGroup
     stub_server(tp_size=8, nnodes=1, token_s=0.005, prefill_s=0.0, seed=0) -> ServerSpec   (engine.kind=stub)
     pid_alive(pid) -> bool
+    engines_under(root_pid) -> {pid: base_url}     reference / stub engines (rank 0) started below a process
+    wait_for_request(root_pid, finished=None) -> pid
+        an engine below root_pid while it runs a /generate after `finished` requests (its own /metrics)
     spec_flags(algorithm, steps=, draft=None, topk=None, tokens=None, layers=None) -> list[str]
         the reference engine's --speculative-* argv
 """
 
 from __future__ import annotations
 
+import os
+import time
+from collections import defaultdict
+from typing import Collection
+
+import requests
+
 from orchestrator.plan import launch_engine
 from specsweep_vocab.spec import (Algorithm, AttentionSpec, DrafterSpec, EngineKind, EngineSpec, ModelSpec, ProbeKind,
                                   ProbeSpec, RunSpec, ServerGroup, ServerSpec, StubOptions, stable_hash)
+from workers.sglang_metrics import parse_prometheus
 
 TINY = ModelSpec(name="tiny", path="tiny", max_context_len=32768, num_layers=4, hidden_size=256, num_q_heads=8,
                  num_kv_heads=2, head_dim=32, v_head_dim=32)
@@ -82,3 +93,59 @@ def spec_flags(algorithm: str, *, steps: int, draft: str | None = None, topk: in
              "--speculative-draft-num-layers": layers, "--speculative-num-steps": steps,
              "--speculative-eagle-topk": topk, "--speculative-num-draft-tokens": tokens}
     return [a for flag, value in flags.items() if value is not None for a in (flag, str(value))]
+
+
+ENGINE_MODULES = ("workers.reference", "workers.stub_engine")
+
+
+def _children() -> dict[int, list[int]]:
+    out: dict[int, list[int]] = defaultdict(list)
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    out[int(f.read().rsplit(")", 1)[1].split()[1])].append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    return out
+
+
+def _flag(argv: list[str], name: str, default: str) -> str:
+    return argv[argv.index(name) + 1] if name in argv[:-1] else default
+
+
+def engines_under(root_pid: int) -> dict[int, str]:
+    """pid -> base URL of every engine process (the reference or the stub engine, rank 0: the one serving HTTP)
+    descended from `root_pid` (a driver, or a test process running Ray), read from /proc."""
+    children, stack, out = _children(), [root_pid], {}
+    while stack:
+        for pid in children.get(stack.pop(), []):
+            stack.append(pid)
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    argv = f.read().decode(errors="replace").split("\0")
+            except OSError:
+                continue
+            if len(argv) > 2 and argv[1] == "-m" and argv[2] in ENGINE_MODULES and _flag(argv, "--node-rank", "0") == "0":
+                out[pid] = f"http://{_flag(argv, '--host', '127.0.0.1')}:{_flag(argv, '--port', '30000')}"
+    return out
+
+
+def wait_for_request(root_pid: int, *, finished: int | Collection[int] | None = None, timeout_s: float = 120.0) -> int:
+    """The pid of an engine below `root_pid` (`engines_under`) while it runs a /generate, once it has finished
+    `finished` requests (a count, any of several, or None: any): its /metrics `sglang:num_running_reqs` >= 1 and
+    `sglang:num_requests_total`. With one request per run, finished=k is the engine's (k+1)-th run."""
+    accept = None if finished is None else {finished} if isinstance(finished, int) else set(finished)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for pid, url in engines_under(root_pid).items():
+            try:
+                m = parse_prometheus(requests.get(url + "/metrics", timeout=2).text)
+            except (requests.RequestException, ValueError):
+                continue  # not serving yet, or gone
+            if m.get("sglang:num_running_reqs", 0) >= 1 and \
+                    (accept is None or int(m.get("sglang:num_requests_total", -1)) in accept):
+                return pid
+        time.sleep(0.05)
+    raise AssertionError(f"no engine below pid {root_pid} ran a request after {finished} finished ones "
+                         f"within {timeout_s:.0f} s")

@@ -40,9 +40,6 @@ flush until the log has been quiet for LOG_SETTLE_S after the probe, at most LOG
 `workers.sglang_metrics.LogPatterns`; each named group becomes a series (MLflow metric, step = match index), renamed
 `log_<name>` where the probe already recorded that name. A pattern that matched nothing, or a group that captured
 something that is not a number, is a note in the run's message.
-
-Test hook: with SPECSWEEP_PID_DIR set, `<dir>/run-<job_index>.pid` holds the serving engine's pid while
-that run's probe is in flight (written before the request, removed after).
 """
 
 from __future__ import annotations
@@ -72,7 +69,6 @@ from workers.telemetry import GpuSampler, gpu_identity
 
 logger = logging.getLogger(__name__)
 
-PID_DIR_ENV = "SPECSWEEP_PID_DIR"
 LOG_TAIL_ARTIFACT = "engine_log_tail.txt"
 LOG_SETTLE_S = 0.1  # log_patterns: the engine log must be this long without growth after a run ...
 LOG_SETTLE_MAX_S = 1.0  # ... waiting at most this long for lines the engine writes after its response
@@ -193,7 +189,6 @@ class GroupRunner:
             result.tags.update(engine_start=str(self.engine_starts), engine_pid=str(pid))
             args = self._server_args(engine) if self.sglang else None
             before = scrape_metrics(engine.base_url) if self.sglang else None
-            marker = self._mark(spec, pid)
             sampler = self._sampler() if self.on_gpu else None
             try:
                 m = run_probe(engine.base_url, spec.probe, _prompt_kind(self.server.engine.kind),
@@ -203,8 +198,6 @@ class GroupRunner:
                               in SGLANG_VERSIONS else None, max_depth=self._max_depth(args))
             finally:
                 samples = sampler.stop() if sampler else None
-                if marker:
-                    marker.unlink(missing_ok=True)
             if args is not None:
                 result.tags.update(args.tags)
                 m.notes += args.notes
@@ -309,14 +302,6 @@ class GroupRunner:
         except Exception as e:  # NVML present but unhappy: the run goes on without GPU tags
             logger.warning("no GPU identity for group %s: %s", self.group_id, e)
             return {}
-
-    def _mark(self, spec: RunSpec, pid: int) -> Path | None:
-        d = os.environ.get(PID_DIR_ENV)
-        if not d:
-            return None
-        path = Path(d) / f"run-{spec.job_index}.pid"
-        path.write_text(str(pid))
-        return path
 
 
 KERNEL_LOG_ARTIFACT = "kernel_log_tail.txt"

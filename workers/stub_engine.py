@@ -1,8 +1,8 @@
 """A simulation engine for scheduling tests and benchmarks (`engine.kind=stub`): no model, real seam.
 
 It is started by the real `EngineProcess` with SGLang's flag names, answers the seam's HTTP API
-(`/health`, `/generate` with valid `meta_info`, `/flush_cache`, `/server_info`, `/metrics`) and takes time
-like an engine: prefill `--stub-prefill-s` per prompt token, decode `--stub-token-s` per generated token.
+(`/health`, `/generate` with valid `meta_info`, `/flush_cache`, `/server_info`, `/metrics` with the requests
+running and finished, in SGLang's names) and takes time like an engine: prefill `--stub-prefill-s` per prompt token, decode `--stub-token-s` per generated token.
 Its tokens are dummies (the reference engine's byte tokenizer, a fixed sentence); with speculation every
 verify step commits `--speculative-num-steps + 1` tokens, as the oracle drafter would. So it measures
 the orchestrator (placement, queueing, retries, tracking), never a model: do not read its metrics as results.
@@ -116,7 +116,9 @@ class StubState:
     def __init__(self, args: argparse.Namespace):
         self.args = args
         self.ready = False
-        self.requests = 0
+        self.lock = threading.Lock()
+        self.running = 0  # /generate requests in flight
+        self.finished = 0
         self.speculative = bool(args.speculative_algorithm) and args.speculative_algorithm != "NONE"
 
 
@@ -157,7 +159,8 @@ def make_handler(state: StubState):
             elif self.path == "/server_info":
                 self._json(200, {"engine": "stub", "tp_size": state.args.tp_size, "nnodes": state.args.nnodes})
             elif self.path == "/metrics":
-                data = f"stub_requests_total {state.requests}\n".encode()
+                data = (f"sglang:num_running_reqs {state.running}\n"  # SGLang's names (one name per quantity)
+                        f"sglang:num_requests_total {state.finished}\n").encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain")
                 self.send_header("Content-Length", str(len(data)))
@@ -176,7 +179,16 @@ def make_handler(state: StubState):
                 self._json(404, {"error": self.path})
 
         def _generate(self, body: dict) -> None:
-            state.requests += 1
+            with state.lock:
+                state.running += 1
+            try:
+                self._respond(body)
+            finally:
+                with state.lock:
+                    state.running -= 1
+                    state.finished += 1
+
+        def _respond(self, body: dict) -> None:
             t0 = time.perf_counter()
             ids = body.get("input_ids")
             prompt_tokens = len(ids) if ids is not None else max(1, len(body.get("text") or "") // CHARS_PER_TOKEN)

@@ -23,8 +23,7 @@ import pytest
 from orchestrator.plan import Plan
 from orchestrator.settings import AcceleratorMatch, ClusterKind, ClusterSettings, ExecutionSettings, TrackingSettings
 from specsweep_vocab.spec import FailureReason, RunState
-from orchestrator.testing import pid_alive, stub_server, tiny_group, tiny_run
-from workers.runners import PID_DIR_ENV
+from orchestrator.testing import pid_alive, stub_server, tiny_group, tiny_run, wait_for_request
 from workers.stub_engine import RECORD_DIR_ENV
 
 pytestmark = pytest.mark.slow
@@ -41,13 +40,13 @@ def _node_args(arch: str) -> dict:
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory):
-    """(cluster, {arch: [node, ...]}, pid_dir, record_dir); the driver is connected to it."""
+    """(cluster, {arch: [node, ...]}, record_dir); the driver is connected to it."""
     ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    pid_dir, record_dir = tmp_path_factory.mktemp("pids"), tmp_path_factory.mktemp("stub-records")
-    os.environ[PID_DIR_ENV], os.environ[RECORD_DIR_ENV] = str(pid_dir), str(record_dir)  # raylets pass them on
+    record_dir = tmp_path_factory.mktemp("stub-records")
+    os.environ[RECORD_DIR_ENV] = str(record_dir)  # raylets pass it on
     if ray.is_initialized():
         ray.shutdown()
     cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=1, num_gpus=0, include_dashboard=False,
@@ -56,11 +55,10 @@ def sim(tmp_path_factory):
         nodes = [cluster.add_node(**_node_args(arch)) for arch in ARCHS]
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
-        yield cluster, nodes, pid_dir, record_dir
+        yield cluster, nodes, record_dir
     finally:
         ray.shutdown()
         cluster.shutdown()
-        os.environ.pop(PID_DIR_ENV, None)
         os.environ.pop(RECORD_DIR_ENV, None)
 
 
@@ -118,7 +116,7 @@ def test_tp8_servers_take_a_whole_node_each_three_at_a_time(sim, tmp_path):
     from orchestrator.execute import run_plan
     from orchestrator.stats import ExecutionStats
 
-    _, nodes, _, _ = sim
+    _, nodes, _ = sim
     plan = _plan(_groups(12, 2, gen_tokens=30))
     stats = ExecutionStats()
     results = run_plan(plan, _settings(tmp_path), track=False, stats=stats)
@@ -156,7 +154,7 @@ def test_tp4_servers_pack_two_per_node(sim, tmp_path):
 def test_accelerator_label_keeps_servers_off_other_architectures(sim, tmp_path):
     from orchestrator.execute import run_plan
 
-    _, nodes, _, _ = sim
+    _, nodes, _ = sim
     arch = _arch_of_node(nodes)
     results = run_plan(_plan(_groups(4, 2, first_job=200, seed0=200)), _settings(tmp_path, accelerator="sm_120"),
                        track=False)
@@ -168,7 +166,7 @@ def test_accelerator_label_keeps_servers_off_other_architectures(sim, tmp_path):
 def test_accelerator_resource_fallback(sim, tmp_path):
     from orchestrator.execute import run_plan
 
-    _, nodes, _, _ = sim
+    _, nodes, _ = sim
     arch = _arch_of_node(nodes)
     settings = _settings(tmp_path, accelerator="sm_90", accelerator_match=AcceleratorMatch.RESOURCE)
     results = run_plan(_plan(_groups(2, 1, first_job=250, seed0=250)), settings, track=False)
@@ -213,7 +211,7 @@ def test_engine_start_failure_fails_that_group_and_the_sweep_goes_on(sim, tmp_pa
 def test_multi_node_server_starts_one_rank_per_node(sim, tmp_path):
     from orchestrator.execute import run_plan
 
-    _, _, _, record_dir = sim
+    _, _, record_dir = sim
     before = set(record_dir.glob("stub-*.json"))
     groups = _groups(1, 2, tp=16, nnodes=2, first_job=400, seed0=400)
     results = run_plan(_plan(groups), _settings(tmp_path), track=False)
@@ -258,34 +256,22 @@ def _engine_node(pid: int) -> str | None:
     return next((e.split(b"=", 1)[1].decode() for e in env if e.startswith(b"SPECSWEEP_NODE_ID=")), None)
 
 
-def _wait_for_marker(pid_dir: Path, job_indices, timeout_s: float = 120) -> tuple[int, int]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for i in job_indices:
-            try:
-                return i, int((pid_dir / f"run-{i}.pid").read_text())
-            except (OSError, ValueError):
-                pass
-        time.sleep(0.02)
-    raise AssertionError("no run started")
-
-
 def test_node_lost_mid_sweep_requeues_and_every_run_finishes_once(sim, tmp_path):
     import threading
 
     from orchestrator.execute import run_plan
     from orchestrator.stats import ExecutionStats
 
-    cluster, nodes, pid_dir, _ = sim
+    cluster, nodes, _ = sim
     plan = _plan(_groups(3, 4, first_job=500, gen_tokens=80, token_s=0.01, seed0=500), sweep="loss")
     removed = []
 
     def remove_a_busy_node():
-        job, pid = _wait_for_marker(pid_dir, [505, 506, 507])  # the second run of a group is in flight
+        pid = wait_for_request(os.getpid(), finished={1, 2, 3})  # a group's second or later run is in flight
         node_id = _engine_node(pid)
         victim = next(n for n in nodes if n.node_id == node_id)
         cluster.remove_node(victim)
-        removed.append((job, victim))
+        removed.append(victim)
 
     t = threading.Thread(target=remove_a_busy_node, daemon=True)
     t.start()
@@ -295,12 +281,12 @@ def test_node_lost_mid_sweep_requeues_and_every_run_finishes_once(sim, tmp_path)
     finally:
         t.join(30)
         if removed:  # a fresh node with the same label keeps the cluster whole for later tests
-            arch = ARCHS[nodes.index(removed[0][1])]
-            nodes[nodes.index(removed[0][1])] = cluster.add_node(**_node_args(arch))
+            arch = ARCHS[nodes.index(removed[0])]
+            nodes[nodes.index(removed[0])] = cluster.add_node(**_node_args(arch))
             cluster.wait_for_nodes()
     assert removed, "no node was removed"
     assert [r.state for r in results] == [RunState.FINISHED] * 12, [(r.run.job_index, r.message) for r in results]
-    victim_node = removed[0][1].node_id
+    victim_node = removed[0].node_id
     assert all(r.tags["node_id"] != victim_node for r in results if r.tags["attempt"] != "1")
     children = _experiment_runs(tmp_path, "loss-stub")
     finished = Counter(c.data.tags["run_hash"] for c in children if c.info.status == "FINISHED")
@@ -308,7 +294,7 @@ def test_node_lost_mid_sweep_requeues_and_every_run_finishes_once(sim, tmp_path)
     failed = [c for c in children if c.info.status == "FAILED"]
     assert failed and all(c.data.tags["failure_reason"] == "node_lost" and c.data.tags["retried"] == "true"
                           for c in failed)
-    assert int(removed[0][0]) in {int(c.data.tags["job_index"]) for c in failed}
+    assert victim_node in {c.data.tags["node_id"] for c in failed}  # the run in flight there, at least
     assert stats.attempts_retried == len(failed)
 
 
@@ -317,13 +303,13 @@ def _driver_cmd(address: str, work_dir: Path) -> list[str]:
 
 
 def test_interrupt_stops_every_engine_and_the_rerun_finishes_only_the_rest(sim, tmp_path):
-    cluster, _, pid_dir, record_dir = sim
+    cluster, _, record_dir = sim
     before = set(record_dir.glob("stub-*.json"))
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(_driver_cmd(cluster.address, tmp_path), cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
-        _wait_for_marker(pid_dir, [_INT_FIRST + g * _INT_RUNS + 1 for g in range(_INT_GROUPS)], timeout_s=120)
+        wait_for_request(os.getpid(), finished=1)  # a group's second run is in flight (the nodes are ours)
         proc.send_signal(signal.SIGINT)
         output, _ = proc.communicate(timeout=60)
     finally:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.testing import pid_alive
+from orchestrator.testing import engines_under, pid_alive, wait_for_request
 
 pytestmark = pytest.mark.slow
 
@@ -156,18 +156,12 @@ def test_mlflow_ui_shows_the_sweep_in_a_real_browser(smoke_sweep, browser, mlflo
 def test_engine_killed_mid_probe_fails_only_that_run(tmp_path):
     from mlflow import MlflowClient
 
-    pids = tmp_path / "pids"
-    pids.mkdir()
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "+sweep=smoke", "gen_tokens=200",
-                             "hydra.sweeper.params.context_len=256"], cwd=tmp_path,
-                            env=_env(SPECSWEEP_PID_DIR=str(pids)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+                             "hydra.sweeper.params.context_len=256"], cwd=tmp_path, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        marker = pids / "run-0.pid"  # the first run of its server: the engine restarts for the rest
-        deadline = time.monotonic() + 240
-        while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.01)
-        engine_pid = int(marker.read_text())
+        # the first run of its server: the engine restarts for the rest
+        engine_pid = wait_for_request(proc.pid, finished=0, timeout_s=240)
         time.sleep(0.2)
         os.kill(engine_pid, signal.SIGKILL)
         output, _ = proc.communicate(timeout=300)
@@ -177,8 +171,8 @@ def test_engine_killed_mid_probe_fails_only_that_run(tmp_path):
     assert proc.returncode == 0, output[-3000:]
     parents, children = _runs(tmp_path)
     assert len(children) == 4 and parents.iloc[0]["status"] == "FINISHED"
-    victim = children[children["tags.job_index"] == "0"].iloc[0]
-    rest = children[children["tags.job_index"] != "0"]
+    victim = children[children["tags.engine_pid"] == str(engine_pid)].iloc[0]
+    rest = children[children["run_id"] != victim["run_id"]]
     assert victim["status"] == "FAILED" and victim["tags.failure_reason"] == "engine_died"
     assert (rest["status"] == "FINISHED").all()
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
@@ -192,18 +186,12 @@ def test_engine_killed_mid_probe_fails_only_that_run(tmp_path):
                          ids=["SIGINT", "SIGTERM"])
 def test_interrupt_kills_engines_and_records_killed_runs(tmp_path, sig, returncode):
     """Ctrl-C exits by SIGINT as Python does (130 in a shell); SIGTERM exits 143, not as SIGINT."""
-    pids = tmp_path / "pids"
-    pids.mkdir()
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "+sweep=smoke", "gen_tokens=2000",
                              "hydra.sweeper.params.context_len=256", "sweep_name=interrupted"], cwd=tmp_path,
-                            env=_env(SPECSWEEP_PID_DIR=str(pids)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 240
-        while not list(pids.glob("run-*.pid")) and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.05)
-        engine_pids = [int(p.read_text()) for p in pids.glob("run-*.pid")]
-        assert engine_pids, "no run started"
+        wait_for_request(proc.pid, timeout_s=240)  # a run is in flight
+        engine_pids = list(engines_under(proc.pid))
         proc.send_signal(sig)
         output, _ = proc.communicate(timeout=120)
     finally:

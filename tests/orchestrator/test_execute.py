@@ -8,7 +8,6 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -16,8 +15,8 @@ from orchestrator.local_ray import init_local_ray
 from orchestrator.plan import Plan
 from orchestrator.settings import ExecutionSettings, TrackingSettings
 from specsweep_vocab.spec import FailureReason, ProbeKind, RunState
-from orchestrator.testing import pid_alive, tiny_group, tiny_run, tiny_server
-from workers.runners import LOG_TAIL_ARTIFACT, PID_DIR_ENV
+from orchestrator.testing import pid_alive, tiny_group, tiny_run, tiny_server, wait_for_request
+from workers.runners import LOG_TAIL_ARTIFACT
 
 pytestmark = pytest.mark.slow
 
@@ -25,21 +24,14 @@ ray = pytest.importorskip("ray")
 
 
 @pytest.fixture(scope="module")
-def pid_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("pids")
-
-
-@pytest.fixture(scope="module")
-def local_ray(pid_dir):
+def local_ray():
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ[PID_DIR_ENV] = str(pid_dir)  # Ray workers inherit the driver's environment at init
-    if ray.is_initialized():  # left over from another module: restart so the workers see PID_DIR_ENV
+    if ray.is_initialized():  # left over from another module, with other settings
         ray.shutdown()
     init_local_ray(num_cpus=2, object_store_memory=80 * 2**20, include_dashboard=False, log_to_driver=False,
                    configure_logging=False)
     yield
     ray.shutdown()
-    os.environ.pop(PID_DIR_ENV, None)
 
 
 def _settings(tmp_path, **kw) -> ExecutionSettings:
@@ -49,17 +41,6 @@ def _settings(tmp_path, **kw) -> ExecutionSettings:
 
 def _plan(*groups) -> Plan:
     return Plan(sweep_name="t", groups=tuple(groups), base_config={"gen_tokens": 8}, overrides=("x=1",))
-
-
-def _wait_for_marker(pid_dir: Path, job_index: int, timeout_s: float = 120) -> int:
-    path = pid_dir / f"run-{job_index}.pid"
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            return int(path.read_text())
-        except (OSError, ValueError):
-            time.sleep(0.02)
-    raise AssertionError(f"run {job_index} never started")
 
 
 def test_results_stream_back_one_engine_per_server(local_ray, tmp_path):
@@ -95,7 +76,7 @@ def test_start_failure_fails_only_that_group(local_ray, tmp_path):
         assert "no-such-model" in r.artifacts[LOG_TAIL_ARTIFACT]
 
 
-def test_engine_killed_mid_probe_fails_that_run_and_restarts(local_ray, tmp_path, pid_dir):
+def test_engine_killed_mid_probe_fails_that_run_and_restarts(local_ray, tmp_path):
     from orchestrator.execute import run_plan
     from orchestrator.stats import ExecutionStats
 
@@ -104,7 +85,7 @@ def test_engine_killed_mid_probe_fails_that_run_and_restarts(local_ray, tmp_path
     killed = []
 
     def killer():
-        pid = _wait_for_marker(pid_dir, 11)
+        pid = wait_for_request(os.getpid(), finished=1)  # run 11: the engine's second
         time.sleep(0.3)
         os.kill(pid, signal.SIGKILL)
         killed.append(pid)
@@ -122,7 +103,7 @@ def test_engine_killed_mid_probe_fails_that_run_and_restarts(local_ray, tmp_path
     assert last.tags["engine_start"] == "2" and stats.total_engine_starts == 2
 
 
-def test_lost_worker_requeues_unfinished_runs(local_ray, tmp_path, pid_dir):
+def test_lost_worker_requeues_unfinished_runs(local_ray, tmp_path):
     from orchestrator.execute import run_plan
 
     server = tiny_server("none", context_length=8192, seed=1)
@@ -130,7 +111,7 @@ def test_lost_worker_requeues_unfinished_runs(local_ray, tmp_path, pid_dir):
     victims = []
 
     def kill_actor():
-        engine_pid = _wait_for_marker(pid_dir, 20)
+        engine_pid = wait_for_request(os.getpid(), finished=0)  # run 20: the engine's first
         with open(f"/proc/{engine_pid}/stat") as f:
             actor_pid = int(f.read().split(")")[-1].split()[1])
         time.sleep(0.2)

@@ -13,8 +13,8 @@ import pytest
 from orchestrator.plan import Plan
 from orchestrator.settings import ClusterKind, ClusterSettings, ExecutionSettings, TrackingSettings
 from specsweep_vocab.spec import FailureReason, RunState
-from orchestrator.testing import pid_alive, stub_server, tiny_group, tiny_run
-from workers.runners import LOG_TAIL_ARTIFACT, PID_DIR_ENV
+from orchestrator.testing import pid_alive, stub_server, tiny_group, tiny_run, wait_for_request
+from workers.runners import LOG_TAIL_ARTIFACT
 
 pytestmark = pytest.mark.slow
 
@@ -22,14 +22,11 @@ ray = pytest.importorskip("ray")
 
 
 @pytest.fixture
-def two_node_cluster(tmp_path):
-    """(cluster, gpu node, pid dir): a CPU head and one node with a logical GPU; the driver is connected."""
+def two_node_cluster():
+    """(cluster, gpu node): a CPU head and one node with a logical GPU; the driver is connected."""
     from ray.cluster_utils import Cluster
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    pid_dir = tmp_path / "pids"
-    pid_dir.mkdir()
-    os.environ[PID_DIR_ENV] = str(pid_dir)  # raylets pass it on to the actors
     if ray.is_initialized():
         ray.shutdown()
     cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=1, num_gpus=0, include_dashboard=False,
@@ -38,11 +35,10 @@ def two_node_cluster(tmp_path):
         node = cluster.add_node(num_cpus=2, num_gpus=1, object_store_memory=80 * 2**20)
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
-        yield cluster, node, pid_dir
+        yield cluster, node
     finally:
         ray.shutdown()
         cluster.shutdown()
-        os.environ.pop(PID_DIR_ENV, None)
 
 
 def test_a_lost_node_s_run_carries_node_engine_pid_and_log_tail(two_node_cluster, tmp_path):
@@ -50,7 +46,7 @@ def test_a_lost_node_s_run_carries_node_engine_pid_and_log_tail(two_node_cluster
 
     from orchestrator.execute import run_plan
 
-    cluster, node, pid_dir = two_node_cluster
+    cluster, node = two_node_cluster
     server = stub_server(tp_size=1, token_s=0.02, seed=7)
     plan = Plan(sweep_name="lost", groups=(tiny_group(server, [tiny_run(server, 0, gen_tokens=3000)]),),
                 base_config={})
@@ -60,11 +56,7 @@ def test_a_lost_node_s_run_carries_node_engine_pid_and_log_tail(two_node_cluster
     engine_pids = []
 
     def remove_node_mid_run():
-        marker = pid_dir / "run-0.pid"
-        deadline = time.monotonic() + 180
-        while not marker.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        engine_pids.append(int(marker.read_text()))
+        engine_pids.append(wait_for_request(os.getpid(), finished=0, timeout_s=180))  # the cluster's nodes are ours
         time.sleep(0.5)
         cluster.remove_node(node)
 
