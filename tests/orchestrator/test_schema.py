@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import hashlib
 
 import pytest
@@ -11,9 +13,10 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationErr
 
 from omegaconf import OmegaConf
 
-from orchestrator.schema import SpecsweepConf, absolute_tracking_uri, flatten, register_configs, to_run_config
-from orchestrator.settings import ClusterKind
-from specsweep_vocab.spec import Algorithm, AttentionKind, EngineKind, ProbeKind
+from orchestrator.schema import (ClusterConf, DrafterConf, EngineConf, ProbeConf, SpecsweepConf, _from_conf, _Problems,
+                                 absolute_tracking_uri, flatten, register_configs, structured_conf, to_run_config)
+from orchestrator.settings import ClusterKind, ClusterSettings, Thresholds
+from specsweep_vocab.spec import Algorithm, AttentionKind, EngineKind, EngineSpec, ProbeKind
 from orchestrator.validate import ConfigError, validate_run
 
 
@@ -113,3 +116,57 @@ def test_sweep_files_compose():
     cfg = compose_cfg("+sweep=smoke")
     assert cfg.sweep_name == "smoke" and cfg.gen_tokens == 32 and cfg.page_size == 16
     assert compose_cfg("+sweep=longctx").sweep_name == "longctx"
+
+
+class _Colour(str, enum.Enum):
+    RED = "red"
+    BLUE = "blue"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Inner:
+    rate: float = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class _Outer:
+    name: str  # no default: MISSING in the config
+    colour: _Colour = _Colour.RED
+    args: tuple[str, ...] = ("--a",)
+    env: tuple[tuple[str, str], ...] = (("K", "v"),)
+    limit: int | None = None
+    inner: _Inner | None = None  # a section in the config whatever the default
+
+
+def test_a_dataclass_round_trips_through_its_generated_structured_config():
+    """What `structured_conf` generates composes in OmegaConf with the dataclass's defaults and types, and
+    `_from_conf` reads the composed values back into the same dataclass."""
+    structured_conf(_Inner, "InnerConf")
+    conf = OmegaConf.structured(structured_conf(_Outer, "OuterConf"))
+    assert OmegaConf.is_missing(conf, "name")
+    assert OmegaConf.to_container(conf.inner) == {"rate": 0.5}
+    assert (conf.colour, list(conf.args), dict(conf.env), conf.limit) == ("red", ["--a"], {"K": "v"}, None)
+    with pytest.raises(ValidationError):  # the types are the dataclass's
+        OmegaConf.merge(conf, {"limit": "many"})
+    composed = OmegaConf.to_container(OmegaConf.merge(conf, {"name": "x", "colour": "blue", "env": {"B": "2"},
+                                                             "inner": {"rate": 2}}))
+    p = _Problems(())
+    inner = _from_conf(_Inner, "outer.inner", composed["inner"], p)
+    assert _from_conf(_Outer, "outer", composed, p, inner=inner) == \
+        _Outer(name="x", colour=_Colour.BLUE, env=(("B", "2"), ("K", "v")), inner=_Inner(rate=2.0))
+    assert not p.items
+    _from_conf(_Outer, "outer", {**composed, "colour": "green"}, p, inner=None)
+    assert [(x.key, x.value, x.allowed) for x in p.items] == [("outer.colour", "green", "one of red, blue")]
+
+
+def test_each_section_is_its_dataclass():
+    """The schema's sections are generated from the dataclasses the config becomes: the same keys in the same
+    order (the probe's top-level and computed fields aside)."""
+    conf_keys = lambda c: [f.name for f in dataclasses.fields(c)]
+    assert conf_keys(EngineConf) == conf_keys(EngineSpec)
+    assert conf_keys(ClusterConf) == conf_keys(ClusterSettings)
+    assert conf_keys(ProbeConf) == ["kind", "sentence", "path", "concurrency"]
+    cfg = OmegaConf.structured(SpecsweepConf)
+    assert OmegaConf.is_missing(cfg, "drafter") and OmegaConf.structured(DrafterConf).algorithm == "NONE"
+    assert cfg.cluster.max_retries == ClusterSettings().max_retries == 2 and cfg.job == "engine"
+    assert OmegaConf.to_container(cfg.report) == dataclasses.asdict(Thresholds())
