@@ -5,8 +5,8 @@ It is started by the real `EngineProcess` with SGLang's flag names, answers the 
 running and finished, in SGLang's names) and takes time like an engine: prefill `--stub-prefill-s` per prompt
 token, decode `--stub-token-s` per generated token. Its tokens are dummies (the reference engine's byte
 tokenizer, a fixed sentence); with speculation every verify step commits `--speculative-num-steps + 1` tokens,
-as the oracle drafter would. So it measures
-the orchestrator (placement, queueing, retries, tracking), never a model: do not read its metrics as results.
+as the oracle drafter would. So it measures the orchestrator (placement, queueing, retries, tracking), never a
+model: do not read its metrics as results.
 
 Multi-node (`--nnodes N --node-rank i --dist-init-addr host:port`): rank 0 listens on the dist-init address
 and becomes healthy only once every other rank has connected to it; ranks > 0 serve no HTTP, connect to
