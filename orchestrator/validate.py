@@ -352,6 +352,13 @@ def _model_problems(rc: RunConfig) -> list[Problem]:
     return out
 
 
+def _reference_draft_example(target: str) -> str:
+    """A built-in draft model sharing `target`'s vocabulary, else what the reference engine can draft with."""
+    vocab = REFERENCE_MODEL_VOCABS.get(target)
+    same = [p for p, v in REFERENCE_MODEL_VOCABS.items() if v == vocab and p != target]
+    return same[0] if same else "a .gguf file with the target's vocabulary; or drafter=layer_skip"
+
+
 def _drafter_problems(rc: RunConfig) -> list[Problem]:
     d, out = rc.drafter, []
 
@@ -361,7 +368,8 @@ def _drafter_problems(rc: RunConfig) -> list[Problem]:
     if d.algorithm is Algorithm.NONE:
         return out
     if d.algorithm in NEEDS_DRAFT_PATH and not d.draft_model_path:
-        example = "tiny-draft" if rc.engine.kind is EngineKind.REFERENCE else "a checkpoint dir or HF id"
+        example = _reference_draft_example(rc.model.path) if rc.engine.kind is EngineKind.REFERENCE \
+            else "a checkpoint dir or HF id"
         silently = (" (SGLang would silently draft with the target itself: that is drafter=oracle)"
                     if rc.engine.kind is EngineKind.SGLANG and d.algorithm is not Algorithm.DFLASH else "")
         bad("draft_model_path", d.draft_model_path,
@@ -409,6 +417,13 @@ def _reference_problems(rc: RunConfig) -> list[Problem]:
         out.append(Problem("tp_size", rc.tp_size, "1 on engine=reference", rc.overrides))
     if rc.nnodes > 1:
         out.append(Problem("nnodes", rc.nnodes, "1 on engine=reference (a single-node engine)", rc.overrides))
+    d = rc.drafter
+    target, draft = REFERENCE_MODEL_VOCABS.get(rc.model.path), REFERENCE_MODEL_VOCABS.get(d.draft_model_path or "")
+    if d.algorithm is Algorithm.STANDALONE and not d.is_oracle and target and draft and target != draft:
+        same = [p for p, v in REFERENCE_MODEL_VOCABS.items() if v == target]
+        out.append(Problem("drafter.draft_model_path", d.draft_model_path,
+                           f"a draft model with the target's vocabulary ({target}: {', '.join(same)}; "
+                           f"drafter=layer_skip drafts with the target's own layers)", rc.overrides))
     out += _reference_concurrency_problems(rc)
     return out
 
@@ -465,6 +480,9 @@ def _reference_concurrency_problems(rc: RunConfig) -> list[Problem]:
 # built into workers/reference (smollm2-135m: a name the reference engine resolves to a packaged GGUF file);
 # SGLang cannot load them
 REFERENCE_MODEL_PATHS = ("tiny", "tiny-draft", "smollm2-135m")
+# their vocabularies: a draft model must share the target's (the engine refuses it at start otherwise)
+REFERENCE_MODEL_VOCABS = {"tiny": "byte vocabulary", "tiny-draft": "byte vocabulary",
+                          "smollm2-135m": "SmolLM2's BPE vocabulary"}
 
 
 def _plugin_problems(rc: RunConfig, bad) -> None:

@@ -53,7 +53,7 @@ def assert_nothing_started(tmp_path):
     (("+sweep=smoke", "page_size=0,16"), "page_size=0", "an integer >= 1"),
     (("+sweep=smoke", "drafter=draft_model"), "drafter.draft_model_path=None", "tiny-draft"),
     (("page_size=0",), "page_size=0", "an integer >= 1"),  # a single run: the same checks
-    (("context_len=65536",), "context_len=65536", "max_context_len 32768"),  # a single run above the max
+    (("context_len=65536",), "context_len=65536", "max_context_len 8192"),  # a single run above the max (smollm2-135m)
     (("+sweep=smoke", r"metrics.log_patterns=['commit=(?P<c>\d+)','commit=\d+']"),
      r"metrics.log_patterns[1]='commit=\\d+'", "at least one named group"),
     (("engine=stub", "engine.stub.token_s=-1"), "engine.stub.token_s=-1.0", "a number of seconds >= 0"),

@@ -30,7 +30,7 @@ def test_groups_by_server_without_context():
     assert plan.num_runs == 16 and len(plan.groups) == 4  # drafter x page size
     for g in plan.groups:
         assert {r.server for r in g.runs} == {g.server}
-        assert g.server.context_length == 32768  # the model's max covers every context
+        assert g.server.context_length == 8192  # the default model's (smollm2-135m) max covers every context
         assert [r.job_index for r in g.runs] == sorted(r.job_index for r in g.runs)
     assert [g.runs[0].job_index for g in plan.groups] == [0, 1, 2, 3]  # by first job: deterministic
     assert [r.job_index for r in plan.runs] == list(range(16))
@@ -65,10 +65,10 @@ def test_over_max_points_dropped_with_one_log_line(caplog):
     with caplog.at_level(logging.INFO, logger="orchestrator.plan"):
         plan = plan_sweep("t", configs)
     assert plan.num_runs == 8 and len(plan.dropped) == 16
-    assert all(run.probe.context_len > 32768 and "context_len" in why for run, why in plan.dropped)
+    assert all(run.probe.context_len > 8192 and "context_len" in why for run, why in plan.dropped)
     lines = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
     assert len(lines) == 1
-    assert "dropped 16 of 24" in lines[0] and "65536, 131072" in lines[0] and "32768" in lines[0]
+    assert "dropped 16 of 24" in lines[0] and "65536, 131072" in lines[0] and "8192" in lines[0]
 
 
 def test_single_run_is_not_dropped():

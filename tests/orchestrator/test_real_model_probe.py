@@ -64,22 +64,16 @@ def test_oracle_commits_its_maximum_on_every_text(probe_sweep):
             assert _commit(children, "oracle", probe, ctx) == MAX_COMMIT, (probe, ctx)
 
 
-def test_ngram_separates_predictable_from_novel_text(probe_sweep):
+@pytest.mark.parametrize("drafter", ["ngram", "layer_skip"])
+def test_real_drafters_separate_predictable_from_novel_text(probe_sweep, drafter):
     _, children, _ = probe_sweep
     for ctx in CONTEXTS:
-        predictable = _commit(children, "ngram", "predictable", ctx)
-        novel = _commit(children, "ngram", "novel", ctx)
+        predictable = _commit(children, drafter, "predictable", ctx)
+        novel = _commit(children, drafter, "novel", ctx)
         assert predictable >= 0.7 * MAX_COMMIT, ctx
         assert novel <= predictable - NOVEL_MARGIN, (ctx, predictable, novel)
-
-
-def test_layer_skip_draft_is_real_and_imperfect(probe_sweep):
-    _, children, _ = probe_sweep
-    for ctx in CONTEXTS:
-        predictable = _commit(children, "layer_skip", "predictable", ctx)
-        novel = _commit(children, "layer_skip", "novel", ctx)
-        assert predictable >= 0.7 * MAX_COMMIT, ctx
-        assert 1.0 < novel <= predictable - NOVEL_MARGIN, (ctx, predictable, novel)
+        if drafter == "layer_skip":  # a real, imperfect draft model: some drafts land even on novel text
+            assert novel > 1.0, (ctx, novel)
 
 
 def test_diagnosis_names_drafter_quality_for_novel_text(probe_sweep):

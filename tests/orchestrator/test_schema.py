@@ -34,9 +34,9 @@ def test_defaults_convert_to_typed_specs():
     rc = run_config()
     assert rc.engine.kind is EngineKind.REFERENCE and rc.engine.device == "cpu"
     assert (rc.model.name, rc.model.max_context_len, rc.model.num_q_heads, rc.model.num_kv_heads) == \
-        ("tiny", 32768, 8, 2)
+        ("smollm2-135m", 8192, 9, 3)  # a real trained model by default; tiny only where a sweep pins it
     assert rc.drafter.algorithm is Algorithm.STANDALONE and rc.drafter.is_oracle
-    assert rc.drafter.draft_model_path == rc.model.path == "tiny"  # the oracle drafts with the target
+    assert rc.drafter.draft_model_path == rc.model.path == "smollm2-135m"  # the oracle drafts with the target
     assert rc.drafter.num_draft_tokens == rc.drafter.num_steps + 1
     assert rc.probe.kind is ProbeKind.PREDICTABLE and rc.probe.gen_tokens == 64
     assert rc.cluster.kind is ClusterKind.LOCAL
@@ -58,7 +58,7 @@ def test_model_shapes():
 def test_params_are_the_flattened_resolved_config():
     params = dict(run_config("drafter=ngram", "page_size=1").params)
     assert params["drafter.name"] == "ngram" and params["page_size"] == "1"
-    assert params["model.path"] == "tiny" and "hydra.job.name" not in params
+    assert params["model.path"] == "smollm2-135m" and "hydra.job.name" not in params
     assert flatten({"a": {"b": [1, 2]}, "c": None}) == {"a.b": "[1, 2]", "c": "None"}
 
 
@@ -116,6 +116,11 @@ def test_sweep_files_compose():
     cfg = compose_cfg("+sweep=smoke")
     assert cfg.sweep_name == "smoke" and cfg.gen_tokens == 32 and cfg.page_size == 16
     assert compose_cfg("+sweep=longctx").sweep_name == "longctx"
+    # plumbing sweeps pin tiny (long contexts on CPU), make run's probe the real model; model= on the command line wins
+    assert compose_cfg().model.name == "smollm2-135m" and compose_cfg("+sweep=probe").model.name == "smollm2-135m"
+    for sweep in ("longctx", "smoke", "concurrency"):
+        assert compose_cfg(f"+sweep={sweep}").model.name == "tiny", sweep
+        assert compose_cfg(f"+sweep={sweep}", "model=qwen3-8b").model.name == "qwen3-8b", sweep
 
 
 class _Colour(str, enum.Enum):

@@ -22,11 +22,13 @@ def problems(*overrides: str, sweep: bool = False) -> dict[str, Problem]:
 
 
 SGLANG = ("engine=sglang", "model=qwen3-8b", "attention=triton")
+TINY = "model=tiny"
 
 
 @pytest.mark.parametrize("overrides", [
-    (), ("drafter=ngram",), ("drafter=none",), ("drafter=draft_model", "drafter.draft_model_path=tiny-draft"),
-    ("context_len=32704",), SGLANG, SGLANG + ("drafter=eagle3", "drafter.draft_model_path=x"),
+    (), ("drafter=ngram",), ("drafter=none",), ("drafter=layer_skip",), ("context_len=8128",),
+    ("model=tiny", "drafter=draft_model", "drafter.draft_model_path=tiny-draft"), ("model=tiny", "context_len=32704"),
+    SGLANG, SGLANG + ("drafter=eagle3", "drafter.draft_model_path=x"),
     SGLANG + ("drafter=dflash", "drafter.draft_model_path=x"), SGLANG + ("model=deepseek-v3", "drafter=ngram"),
     ("engine.device=cuda", "attention=specsweep_verify"),
 ])
@@ -38,7 +40,7 @@ def test_valid_configs_have_no_problems(overrides):
     ("page_size", "page_size=0", 0, ">= 1"),
     ("gen_tokens", "gen_tokens=0", 0, ">= 1"),
     ("context_len", "context_len=0", 0, ">= 1"),
-    ("context_len", "context_len=32768", 32768, "max_context_len 32768"),
+    ("context_len", "context_len=8192", 8192, "max_context_len 8192"),  # the default model: smollm2-135m
     ("tp_size", "tp_size=2", 2, "1 on engine=reference"),
     ("nnodes", "nnodes=0", 0, ">= 1"),
     ("server_context_len", "server_context_len=65536", 65536, "<= model max_context_len"),
@@ -46,7 +48,7 @@ def test_valid_configs_have_no_problems(overrides):
     ("engine.device", "attention=specsweep_verify", "cpu", "cuda"),
     ("drafter.algorithm", "drafter=eagle3", "EAGLE3", "engine=sglang"),
     ("drafter.num_draft_tokens", "drafter.num_draft_tokens=7", 7, "num_steps + 1 = 5"),
-    ("model.num_kv_heads", "model.num_kv_heads=3", 3, "divisor"),
+    ("model.num_kv_heads", "model.num_kv_heads=4", 4, "divisor"),
 ])
 def test_each_rule_names_key_value_allowed(key, override, value, allowed):
     p = problems(override)[key]
@@ -63,8 +65,10 @@ def test_multi_node_servers():
 
 
 def test_drafter_needing_a_path_without_one():
-    p = problems("drafter=draft_model")["drafter.draft_model_path"]
-    assert p.value is None and "tiny-draft" in p.allowed  # the reference engine's example
+    p = problems(TINY, "drafter=draft_model")["drafter.draft_model_path"]
+    assert p.value is None and "tiny-draft" in p.allowed  # the reference engine's example: tiny's vocabulary
+    p = problems("drafter=draft_model")["drafter.draft_model_path"]  # smollm2-135m: no built-in draft model shares it
+    assert p.value is None and "tiny-draft" not in p.allowed and "drafter=layer_skip" in p.allowed
     for drafter in ("eagle3", "dflash"):
         assert "drafter.draft_model_path" in problems(*SGLANG, f"drafter={drafter}")
 
@@ -164,17 +168,18 @@ def test_context_counts_the_server_context_and_eagle_reserve():
 
 
 def test_probe_concurrency():
-    assert problems("probe.concurrency=4") == {}  # the reference engine batches
-    assert problems("drafter=oracle", "page_size=16", "probe.concurrency=16") == {}
-    p = problems("probe.concurrency=64")["probe.concurrency"]
+    # pool sizes below are tiny's (32k context, 4 layers)
+    assert problems(TINY, "probe.concurrency=4") == {}  # the reference engine batches
+    assert problems(TINY, "drafter=oracle", "page_size=16", "probe.concurrency=16") == {}
+    p = problems(TINY, "probe.concurrency=64")["probe.concurrency"]
     assert p.value == 64 and "<= 48" in p.allowed and "--max-running-requests" in p.allowed
-    assert problems("probe.concurrency=64", "context_len=256", "engine.extra_args=[--max-running-requests,64]") == {}
-    assert problems("probe.concurrency=64", "context_len=256", "engine.extra_args=['--max-running-requests=64']") == {}
+    assert problems(TINY, "probe.concurrency=64", "context_len=256", "engine.extra_args=[--max-running-requests,64]") == {}
+    assert problems(TINY, "probe.concurrency=64", "context_len=256", "engine.extra_args=['--max-running-requests=64']") == {}
     # 4 requests of 16k prompt + gen tokens do not fit a pool of one 32k context: they would queue
-    p = problems("probe.concurrency=4", "context_len=16384")["probe.concurrency"]
+    p = problems(TINY, "probe.concurrency=4", "context_len=16384")["probe.concurrency"]
     assert "<= 1 at context_len 16384" in p.allowed and "KV pages" in p.allowed
-    assert problems("probe.concurrency=4", "context_len=16384", "engine.extra_args=[--max-total-tokens,70000]") == {}
-    assert problems("probe.concurrency=0")["probe.concurrency"].allowed == "an integer >= 1"
+    assert problems(TINY, "probe.concurrency=4", "context_len=16384", "engine.extra_args=[--max-total-tokens,70000]") == {}
+    assert problems(TINY, "probe.concurrency=0")["probe.concurrency"].allowed == "an integer >= 1"
     assert problems(*SGLANG, "drafter=ngram", "probe.concurrency=16") == {}
     p = problems(*SGLANG, "drafter=ngram", "probe.concurrency=64")["probe.concurrency"]
     assert "<= 48" in p.allowed and "SGLang sets to 48" in p.allowed
@@ -344,7 +349,7 @@ def test_layer_skip_self_draft_is_a_reference_engine_feature():
     assert rc.drafter.draft_num_layers == 24 and rc.drafter.draft_model_path == rc.model.path == "smollm2-135m"
     p = problems(*real, "drafter.draft_num_layers=31")["drafter.draft_num_layers"]
     assert p.value == 31 and "1..30" in p.allowed
-    p = problems("drafter=layer_skip")["drafter.draft_num_layers"]  # tiny has 4 layers
+    p = problems("model=tiny", "drafter=layer_skip")["drafter.draft_num_layers"]  # tiny has 4 layers
     assert p.value == 24 and "1..4" in p.allowed
     p = problems("drafter=ngram", "+drafter.draft_num_layers=2")["drafter.draft_num_layers"]
     assert "STANDALONE only" in p.allowed
@@ -355,3 +360,13 @@ def test_layer_skip_self_draft_is_a_reference_engine_feature():
     assert "drafter.draft_model_path" not in problems(*SGLANG, "drafter=layer_skip")  # qwen3's path: not built in
     p = problems(*SGLANG, "model.path=smollm2-135m", "drafter=ngram")["model.path"]
     assert "reference engine" in p.allowed
+
+
+def test_draft_model_must_share_the_targets_vocabulary():
+    # the default target is smollm2-135m; tiny-draft has tiny's byte vocabulary: the engine would refuse it at start
+    p = problems("drafter=draft_model", "drafter.draft_model_path=tiny-draft")["drafter.draft_model_path"]
+    assert p.value == "tiny-draft" and "target's vocabulary" in p.allowed and "smollm2-135m" in p.allowed
+    assert "drafter=layer_skip" in p.allowed
+    p = problems(TINY, "drafter=draft_model", "drafter.draft_model_path=smollm2-135m")["drafter.draft_model_path"]
+    assert "byte vocabulary" in p.allowed and "tiny-draft" in p.allowed
+    assert problems(TINY, "drafter=draft_model", "drafter.draft_model_path=tiny-draft") == {}
