@@ -119,15 +119,11 @@ class ServerNeeds:
         return node.resources.get(resource, 0.0) >= ACCELERATOR_RESOURCE_UNIT
 
 
-def on_gpu(server: ServerSpec) -> bool:
-    return server.engine.kind is EngineKind.SGLANG or server.engine.device == "cuda"
-
-
 def gpus_per_node(server: ServerSpec, cluster: ClusterSettings) -> int:
     """GPUs a server needs on each of its nodes."""
     if cluster.gpus_per_server:
         return cluster.gpus_per_server
-    return math.ceil(server.tp_size / server.nnodes) if on_gpu(server) else 0
+    return math.ceil(server.tp_size / server.nnodes) if server.on_gpu else 0
 
 
 def server_needs(server: ServerSpec, cluster: ClusterSettings,
@@ -223,7 +219,7 @@ def check_declared(groups: Sequence[ServerGroup], cluster: ClusterSettings) -> l
 
 def needs_real_gpus(server: ServerSpec) -> bool:
     """The stub engine only simulates a GPU server: Ray's logical GPUs are enough for it."""
-    return on_gpu(server) and server.engine.kind is not EngineKind.STUB
+    return server.on_gpu and server.engine.kind is not EngineKind.STUB
 
 
 def check_local(groups: Sequence[ServerGroup], cluster: ClusterSettings, gpus_found: int, source: str) -> list[str]:

@@ -240,6 +240,11 @@ class ServerSpec:
     def key(self) -> str:
         return stable_hash(self)[:12]
 
+    @property
+    def on_gpu(self) -> bool:
+        """The engine runs on GPUs: SGLang always, the others with engine.device=cuda."""
+        return self.engine.kind is EngineKind.SGLANG or self.engine.device == "cuda"
+
 
 @dataclass(frozen=True)
 class ProbeSpec:

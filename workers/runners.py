@@ -127,7 +127,7 @@ class GroupRunner:
         self.dead_error: EngineDied | None = None  # the engine died and the restart budget is spent
         self.host = socket.gethostname()
         # GPU engines: NVML telemetry over the GPUs Ray gave this actor (CUDA_VISIBLE_DEVICES)
-        self.on_gpu = server.engine.kind is EngineKind.SGLANG or server.engine.device == "cuda"
+        self.on_gpu = server.on_gpu
         self.gpu_tags = self._gpu_tags() if self.on_gpu else {}
         self.sglang = server.engine.kind is EngineKind.SGLANG
         self.server_args: SGLangServerArgs | None = None  # /server_info of the engine now running (SGLang)
