@@ -146,7 +146,8 @@ class Executed:
 def execute_plan(plan: Plan, settings: ExecutionSettings) -> Executed:
     """The edge: Ray and the cluster preflight (ClusterCannotFit before MLflow is touched), then, under the
     store's lock (orchestrator.tracking): close RUNNING runs of drivers that are gone (`driver_lost`), skip run_hashes
-    FINISHED (with `resume`) or claimed by another live driver, begin the parent and claim the rest; then the runs.
+    FINISHED (with `resume`) or claimed by another live driver, begin the parent and claim the rest; then the runs,
+    on the same Ray session (`run_plan` neither connects nor runs the preflight again).
 
     MLflow's import (≈ 1.7 s) runs in a thread while Ray starts; it writes nothing (the store is only opened
     after the preflight)."""
@@ -157,7 +158,7 @@ def execute_plan(plan: Plan, settings: ExecutionSettings) -> Executed:
 
     threading.Thread(target=warm_mlflow, args=(settings.tracking_uri,), name="mlflow-import", daemon=True).start()
     try:
-        with ray_session(settings.cluster, plan.groups):
+        with ray_session(settings.cluster, plan.groups) as session:
             from orchestrator.tracking import Tracker, experiment_for
 
             experiment = experiment_for(settings, plan)
@@ -188,7 +189,7 @@ def execute_plan(plan: Plan, settings: ExecutionSettings) -> Executed:
                 log.info("nothing to run")
                 return Executed([], skipped, plan, held)
             try:
-                results = run_plan(plan, settings, tracker=tracker)
+                results = run_plan(plan, settings, tracker=tracker, session=session)
             except BaseException as e:  # run_plan closes what it was given; this covers a failure before it began
                 _abandon(tracker, e)
                 raise

@@ -114,7 +114,7 @@ def test_execute_plan_resume_skips_finished(monkeypatch, tmp_path):
     finished = {plan.groups[0].runs[0].run_hash}
     monkeypatch.setattr(orchestrator.tracking.Tracker, "finished_run_hashes", lambda self: finished)
     ran = []
-    monkeypatch.setattr(orchestrator.execute, "run_plan", lambda p, s, tracker=None: ran.append(p) or
+    monkeypatch.setattr(orchestrator.execute, "run_plan", lambda p, s, tracker=None, session=None: ran.append(p) or
                         [RunResult(run=r, state=RunState.FINISHED) for r in p.runs])
     results, skipped, ran_plan = launcher_core.execute_plan(plan, settings)
     assert skipped == 1 and len(results) == 1 and ran_plan.num_runs == 1 and ran == [ran_plan]
@@ -123,6 +123,32 @@ def test_execute_plan_resume_skips_finished(monkeypatch, tmp_path):
     assert isinstance(out[0], NotRun) and "resume" in out[0].reason and out[1].state is RunState.FINISHED
     results, skipped, _ = launcher_core.execute_plan(plan, replace(settings, resume=False))
     assert skipped == 0 and len(results) == 2
+
+
+@pytest.mark.slow
+def test_execute_plan_connects_ray_and_runs_the_preflight_once(monkeypatch, tmp_path):
+    """The launcher's Ray session (connect, preflight) is the one `run_plan` runs on: neither happens twice."""
+    from orchestrator import ray_session
+
+    calls = {"connect": 0, "preflight": 0}
+    real_connect, real_preflight = ray_session.connect_ray, ray_session.run_preflight
+
+    def connect(*args, **kw):
+        calls["connect"] += 1
+        return real_connect(*args, **kw)
+
+    def preflight(*args, **kw):
+        calls["preflight"] += 1
+        return real_preflight(*args, **kw)
+
+    monkeypatch.setattr(ray_session, "connect_ray", connect)
+    monkeypatch.setattr(ray_session, "run_preflight", preflight)
+    plan, settings = launcher_core.plan_jobs(launcher_core.expand_grid(
+        {"context_len": [256, 512]}, "engine=stub", "engine.stub.token_s=0.001", "engine.stub.startup_s=0",
+        "sweep_name=once", "gen_tokens=8", "progress=false", "cluster.num_cpus=2"), cwd=str(tmp_path))
+    results, skipped, _ = launcher_core.execute_plan(plan, settings)
+    assert [r.state for r in results] == [RunState.FINISHED, RunState.FINISHED] and skipped == 0
+    assert calls == {"connect": 1, "preflight": 1}
 
 
 def test_stub_engine_sweeps_get_their_own_experiment_and_never_mix_with_real_engines(tmp_path):
