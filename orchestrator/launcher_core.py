@@ -39,6 +39,7 @@ from orchestrator.validate import ConfigError, Problem, every_point_over_context
 
 if TYPE_CHECKING:
     from hydra_plugins.specsweep_launcher.specsweep_launcher import SpecsweepLauncher
+    from orchestrator.tracking import Tracker
 
 log = logging.getLogger(__name__)
 
@@ -163,46 +164,51 @@ def execute_plan(plan: Plan, settings: ExecutionSettings) -> Executed:
 
             experiment = experiment_for(settings, plan)
             tracker = Tracker.from_settings(settings, plan)
-            all_runs = plan.runs
-            with tracker.store_lock():
-                tracker.reap_lost_drivers()
-                skipped = 0
-                if settings.resume:
-                    plan, skipped = plan_resume(plan, tracker.finished_run_hashes())
-                    if skipped:
-                        log.info("resume: skipping %d run(s) already FINISHED in experiment %r (resume=false "
-                                 "re-runs them)", skipped, experiment)
-                claims = tracker.live_claims()
-                plan = replace(plan_resume(plan, claims)[0], resumed=plan.resumed)  # held: not FINISHED yet
-                ran = {r.job_index for r in plan.runs}
-                held = {r.job_index: claims[r.run_hash] for r in all_runs
-                        if r.job_index not in ran and r.run_hash in claims}
-                log_held(all_runs, held)
-                try:
-                    if plan.groups:
-                        tracker.begin_parent(plan, work_dir=settings.work_dir)
-                        tracker.claim(plan.runs)
-                except BaseException as e:  # e.g. Ctrl-C while claiming: nothing of this driver stays RUNNING
-                    _abandon(tracker, e)
-                    raise
-            if not plan.groups:
+            todo, skipped, held = _claim(plan, settings, tracker, experiment)
+            if not todo.groups:
                 log.info("nothing to run")
-                return Executed([], skipped, plan, held)
+                return Executed([], skipped, todo, held)
             try:
-                results = run_plan(plan, settings, tracker=tracker, session=session)
+                results = run_plan(todo, settings, tracker=tracker, session=session)
             except BaseException as e:  # run_plan closes what it was given; this covers a failure before it began
                 _abandon(tracker, e)
                 raise
             log.info("results: MLflow experiment %r in %s; browse with `mlflow ui --backend-store-uri %s` "
                      "(or `make ui`), report with `python -m orchestrator.report %s`", experiment,
                      tracker.redact(settings.tracking_uri), tracker.redact(settings.tracking_uri), experiment)
-            log_held(all_runs, held)
-            return Executed(results, skipped, plan, held)
+            log_held(plan.runs, held)
+            return Executed(results, skipped, todo, held)
     except PreflightError as e:
         raise ClusterCannotFit(str(e)) from None
 
 
-def _abandon(tracker, error: BaseException) -> None:
+def _claim(plan: Plan, settings: ExecutionSettings, tracker: Tracker,
+           experiment: str) -> tuple[Plan, int, dict[int, str]]:
+    """Under the store's lock: close lost drivers' runs, leave out FINISHED (with `resume`) and held points, begin
+    the parent and claim the rest. Returns the plan to run, how many FINISHED runs it skips, and the runs another
+    live driver holds (job index -> which driver)."""
+    with tracker.store_lock():
+        tracker.reap_lost_drivers()
+        todo, skipped = plan_resume(plan, tracker.finished_run_hashes()) if settings.resume else (plan, 0)
+        if skipped:
+            log.info("resume: skipping %d run(s) already FINISHED in experiment %r (resume=false re-runs them)",
+                     skipped, experiment)
+        claims = tracker.live_claims()
+        todo = replace(plan_resume(todo, claims)[0], resumed=todo.resumed)  # held: not FINISHED yet
+        ran = {r.job_index for r in todo.runs}
+        held = {r.job_index: claims[r.run_hash] for r in plan.runs if r.job_index not in ran and r.run_hash in claims}
+        log_held(plan.runs, held)
+        try:
+            if todo.groups:
+                tracker.begin_parent(todo, work_dir=settings.work_dir)
+                tracker.claim(todo.runs)
+        except BaseException as e:  # e.g. Ctrl-C while claiming: nothing of this driver stays RUNNING
+            _abandon(tracker, e)
+            raise
+    return todo, skipped, held
+
+
+def _abandon(tracker: Tracker, error: BaseException) -> None:
     state = RunState.KILLED if isinstance(error, KeyboardInterrupt) else RunState.FAILED
     with contextlib.suppress(Exception):
         tracker.release_claims(state, FailureReason.INTERRUPTED if state is RunState.KILLED
