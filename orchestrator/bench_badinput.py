@@ -63,6 +63,7 @@ CASES = (
     Case("unknown config group option", ("+sweep=smoke", "attention=bogus")),
     Case("drafter the engine lacks", ("drafter=eagle3",)),
     Case("draft model path missing", ("drafter=draft_model",)),
+    Case("draft model with another vocabulary", ("drafter=draft_model", "drafter.draft_model_path=tiny-draft")),
     Case("log pattern without a named group", ("+sweep=smoke", r"metrics.log_patterns=['commit=\d+']")),
     Case("probe file missing", ("probe=file", "probe.path=missing.txt")),
     Case("probe file empty", ("probe=file", "probe.path=empty.txt"), files={"empty.txt": ""}),
