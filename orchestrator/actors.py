@@ -19,7 +19,7 @@ import ray
 
 from specsweep_vocab.spec import RunResult, RunSpec, ServerGroup
 from workers.engine import NodeRank, free_port
-from workers.runners import EngineInfo, FollowerRunner, make_runner
+from workers.runners import EngineInfo, FollowerRunner, JobRunner, Runner, make_runner
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -31,7 +31,7 @@ class ServerWorker:
 
     def __init__(self, group: ServerGroup, log_dir: str, restarts: int = 1):
         logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
-        self.runner = make_runner(group.server, log_dir, restarts=restarts, node_tags=node_tags())
+        self.runner: JobRunner = make_runner(group.server, log_dir, restarts=restarts, node_tags=node_tags())
 
     def dist_init_addr(self) -> str:
         """rank 0's rendezvous address for a multi-node server: this node's IP and a free port."""
@@ -55,10 +55,11 @@ class NodeWorker:
 
     def __init__(self, group: ServerGroup, log_dir: str, rank: int):
         logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
-        self.runner = FollowerRunner(group.server, log_dir, rank, node_tags=node_tags())
+        self.rank = rank
+        self.runner: Runner = FollowerRunner(group.server, log_dir, rank, node_tags=node_tags())
 
     def start(self, dist_init_addr: str) -> EngineInfo:
-        return self.runner.start(dist_init_addr)
+        return self.runner.start(NodeRank(self.rank, self.runner.server.nnodes, dist_init_addr))
 
     def stop(self) -> EngineInfo:
         return self.runner.stop()

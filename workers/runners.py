@@ -1,14 +1,15 @@
 """The runners: one server group on one node, its RunSpecs run in order. Plain Python (no Ray): the Ray actors
 (`orchestrator.actors`) are thin shells around them, and tests drive them directly.
 
-    runner: Runner = make_runner(server, log_dir, restarts=1, node_tags={"node_id": ..., "gpu_ids": ...})
+    runner: JobRunner = make_runner(server, log_dir, restarts=1, node_tags={"node_id": ..., "gpu_ids": ...})
     runner.start(node_rank=None) -> EngineInfo   # never raises: a start failure is remembered
     runner.run(spec: RunSpec, attempt=1) -> RunResult   # never raises: failures are data
     runner.stop() -> EngineInfo
 
-`Runner` is the Protocol; `GroupRunner` (an engine: start it, probe it per RunSpec, stop it) and `KernelRunner`
-(`job=kernel`: one verify-kernel shape per RunSpec, no engine) satisfy it. `FollowerRunner` holds rank > 0 of a
-multi-node engine: started with rank 0's rendezvous address, stopped, never given a RunSpec.
+`Runner` is the Protocol every runner satisfies (start, stop, info); `JobRunner` adds run(). `GroupRunner` (an
+engine: start it, probe it per RunSpec, stop it) and `KernelRunner` (`job=kernel`: one verify-kernel shape per
+RunSpec, no engine) are JobRunners. `FollowerRunner` holds rank > 0 of a multi-node engine: a Runner started
+with its NodeRank (rank 0's rendezvous address), stopped, never given a RunSpec.
 
 Failure policy, per run:
 - the engine could not start (exit, timeout): every run of the group FAILED `engine_start_failed`, log tail;
@@ -54,7 +55,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from specsweep_vocab.spec import Algorithm, EngineKind, FailureReason, JobKind, RunResult, RunSpec, RunState, ServerSpec
 from specsweep_vocab.sglang_facts import SGLANG_VERSIONS
@@ -91,19 +92,26 @@ class EngineInfo:
     stop_s: float = 0.0  # seconds the last stop() took (SIGTERM to the engine's exit)
 
 
+@runtime_checkable
 class Runner(Protocol):
-    """What the rank-0 actor drives: start once, run each RunSpec of the group, stop. No method raises."""
+    """Every runner: one engine (or the GPU) held for a server on this node. start() once (`node_rank` for a
+    multi-node server), stop() once; info() at any time. No method raises: failures are remembered in the info."""
 
     server: ServerSpec
     log_path: Path
 
     def start(self, node_rank: NodeRank | None = None) -> EngineInfo: ...
 
-    def run(self, spec: RunSpec, attempt: int = 1) -> RunResult: ...
-
     def stop(self) -> EngineInfo: ...
 
     def info(self) -> EngineInfo: ...
+
+
+@runtime_checkable
+class JobRunner(Runner, Protocol):
+    """A runner that the group's RunSpecs are run on, in order (rank 0 of a server)."""
+
+    def run(self, spec: RunSpec, attempt: int = 1) -> RunResult: ...
 
 
 class GroupRunner:
@@ -311,7 +319,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 class KernelRunner:
     """A kernel-job group (`job=kernel`): no engine; each RunSpec is one verify-kernel shape, run in a subprocess
     `python -m workers.kernel_job --one '<KernelSpec json>'` (TRITON_INTERPRET=1 on cpu, set before triton is
-    imported), one at a time on the GPU(s) Ray gave this actor. A `Runner`; never raises."""
+    imported), one at a time on the GPU(s) Ray gave this actor. A `JobRunner`; never raises."""
 
     def __init__(self, server: ServerSpec, log_dir: str | os.PathLike, *, node_tags: dict[str, str] | None = None):
         self.server = server
@@ -382,7 +390,7 @@ class KernelRunner:
 
 
 def make_runner(server: ServerSpec, log_dir: str | os.PathLike, *, restarts: int = 1,
-                node_tags: dict[str, str] | None = None) -> Runner:
+                node_tags: dict[str, str] | None = None) -> JobRunner:
     """The runner for a group: an engine (GroupRunner) or kernel shapes (KernelRunner)."""
     if server.job is JobKind.KERNEL:
         return KernelRunner(server, log_dir, node_tags=node_tags)
@@ -403,9 +411,11 @@ class FollowerRunner:
         self.error: str | None = None
         self.began_at = 0.0
 
-    def start(self, dist_init_addr: str) -> EngineInfo:
+    def start(self, node_rank: NodeRank | None = None) -> EngineInfo:
+        if node_rank is None or node_rank.rank != self.rank:
+            raise ValueError(f"rank {self.rank} of a multi-node server starts with its NodeRank "
+                             f"(rank 0's rendezvous address), got {node_rank}")
         self.began_at = time.time()
-        node_rank = NodeRank(self.rank, self.server.nnodes, dist_init_addr)
         self.engine = EngineProcess.for_server(self.server, self.log_path, grace_s=self.grace_s,
                                                node_rank=node_rank, env=_engine_env(self.node_tags))
         try:

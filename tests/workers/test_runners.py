@@ -119,3 +119,18 @@ def test_an_engine_that_cannot_start_fails_its_runs_at_once_naming_the_cause(tmp
     assert r.state is RunState.FAILED and r.reason is FailureReason.ENGINE_START_FAILED
     assert "exited with code 1 during start: AssertionError: Torch not compiled with CUDA enabled" in r.message
     assert "Torch not compiled with CUDA enabled" in r.artifacts[sw.LOG_TAIL_ARTIFACT]
+
+
+def test_every_runner_is_behind_the_runner_protocol(tmp_path):
+    from orchestrator.testing import stub_server
+    from workers.engine import NodeRank
+
+    server = stub_server(tp_size=2, nnodes=2)
+    follower = sw.FollowerRunner(server, tmp_path, 1)
+    assert isinstance(follower, sw.Runner) and not isinstance(follower, sw.JobRunner)  # never given a RunSpec
+    assert isinstance(sw.make_runner(server, tmp_path), sw.JobRunner)
+    with pytest.raises(ValueError, match="NodeRank"):
+        follower.start()  # rank > 0 cannot start without rank 0's rendezvous address
+    with pytest.raises(ValueError, match="rank 1"):
+        follower.start(NodeRank(0, 2, "127.0.0.1:1"))
+    assert follower.info().alive is False and follower.info().pid is None  # nothing was started
