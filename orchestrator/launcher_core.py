@@ -18,6 +18,7 @@ Hydra never re-raises one run's failure. A single run (no sweep) exits 1 when it
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 import os
@@ -99,9 +100,10 @@ def sweep_level_problems(configs: Sequence[RunConfig]) -> list[Problem]:
 
 
 def build_settings(rc: RunConfig, cwd: str) -> ExecutionSettings:
-    return ExecutionSettings(sweep_name=rc.sweep_name, cluster=rc.cluster, tracking=rc.tracking,
-                             resume=rc.resume, work_dir=cwd, progress=rc.progress,
-                             report=rc.report)
+    """Execution's part of the config: every ExecutionSettings field is a RunConfig field of the same name,
+    but the working directory."""
+    shared = {f.name: getattr(rc, f.name) for f in dataclasses.fields(ExecutionSettings) if f.name != "work_dir"}
+    return ExecutionSettings(**shared, work_dir=cwd)
 
 
 def _on_this_machine(settings: ExecutionSettings) -> bool:

@@ -24,7 +24,7 @@ from typing import Any, Optional, Sequence
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from orchestrator.settings import ClusterSettings, Thresholds, TrackingSettings
+from orchestrator.settings import ClusterSettings, ExecutionSettings, Thresholds, TrackingSettings
 from orchestrator.validate import (LEAF, OPEN, ConfigError, Problem, config_key_problems, probe_file_problem,
                                    unknown_key_problem)
 from specsweep_vocab.spec import (AttentionSpec, DrafterSpec, EngineKind, EngineSpec, JobKind, KERNEL_LAYOUTS,
@@ -60,11 +60,11 @@ class RunConfig:
     sweep_name: str = "default"
     page_size: int = 16
     seed: int = 0
-    resume: bool = True
+    resume: bool = ExecutionSettings.resume  # the defaults that execution also holds are ExecutionSettings's
     server_context_len: int | None = None  # None = the model's max_context_len
     tp_size: int = 1
     nnodes: int = 1  # nodes one server spans (SGLang --nnodes); tp_size is split evenly across them
-    progress: bool = True
+    progress: bool = ExecutionSettings.progress
     params: tuple[tuple[str, str], ...] = ()  # flattened resolved config
     overrides: tuple[str, ...] = ()  # this job's Hydra overrides
 
