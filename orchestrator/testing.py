@@ -7,7 +7,9 @@ Imported by tests/ and the benchmarks (orchestrator/bench*.py) only, never by ru
     tiny_group(server, runs) -> ServerGroup
     stub_server(tp_size=8, nnodes=1, token_s=0.005, prefill_s=0.0, seed=0) -> ServerSpec   (engine.kind=stub)
     pid_alive(pid) -> bool
+    proc_argv(pid) -> [str], proc_env(pid) -> {name: value}       a live process's command line and environment
     engines_under(root_pid) -> {pid: base_url}     reference / stub engines (rank 0) started below a process
+    stub_starts(folder) -> [StubStart]             every stub engine start in the engine logs under a folder
     wait_for_request(root_pid, finished=None) -> pid
         an engine below root_pid while it runs a /generate after `finished` requests (its own /metrics)
     spec_flags(algorithm, steps=, draft=None, topk=None, tokens=None, layers=None) -> list[str]
@@ -17,8 +19,11 @@ Imported by tests/ and the benchmarks (orchestrator/bench*.py) only, never by ru
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Collection
 
 import requests
@@ -86,6 +91,19 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
+def proc_argv(pid: int) -> list[str]:
+    """A live process's command line (/proc/<pid>/cmdline); OSError once it is gone."""
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().decode(errors="replace").removesuffix("\0").split("\0")
+
+
+def proc_env(pid: int) -> dict[str, str]:
+    """A live process's environment as it was exec'd (/proc/<pid>/environ); OSError once it is gone."""
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        entries = f.read().decode(errors="replace").split("\0")
+    return dict(e.split("=", 1) for e in entries if "=" in e)
+
+
 def spec_flags(algorithm: str, *, steps: int, draft: str | None = None, topk: int | None = None,
                tokens: int | None = None, layers: int | None = None) -> list[str]:
     """--speculative-* flags of the reference engine; None leaves a flag to the engine's default."""
@@ -122,8 +140,7 @@ def engines_under(root_pid: int) -> dict[int, str]:
         for pid in children.get(stack.pop(), []):
             stack.append(pid)
             try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    argv = f.read().decode(errors="replace").split("\0")
+                argv = proc_argv(pid)
             except OSError:
                 continue
             if len(argv) > 2 and argv[1] == "-m" and argv[2] in ENGINE_MODULES and _flag(argv, "--node-rank", "0") == "0":
@@ -149,3 +166,38 @@ def wait_for_request(root_pid: int, *, finished: int | Collection[int] | None = 
         time.sleep(0.05)
     raise AssertionError(f"no engine below pid {root_pid} ran a request after {finished} finished ones "
                          f"within {timeout_s:.0f} s")
+
+
+_STUB_START = re.compile(r" stub: started (.*)$")
+
+
+@dataclass(frozen=True)
+class StubStart:
+    """One stub engine process, from its start-up line (workers.stub_engine.log_start) in an engine log."""
+
+    pid: int
+    node_rank: int
+    nnodes: int
+    tp_size: int
+    dist_init_addr: str  # "None" on one node
+    cuda_visible_devices: str
+    node_id: str  # SPECSWEEP_NODE_ID: the Ray node the runner ran on ("" outside Ray)
+    argv: tuple[str, ...]  # the command line EngineProcess logged above it (secrets masked)
+    log: Path
+
+
+def stub_starts(folder: str | os.PathLike) -> list[StubStart]:
+    """Every stub engine start logged in the engine logs (`engine-*.log`, any depth) under `folder`."""
+    out = []
+    for path in sorted(Path(folder).rglob("engine-*.log")):
+        argv: tuple[str, ...] = ()
+        for line in path.read_text(errors="replace").splitlines():
+            if line.startswith("$ "):
+                argv = tuple(line[2:].split())
+            elif m := _STUB_START.search(line):
+                f = dict(field.split("=", 1) for field in m[1].split())
+                out.append(StubStart(pid=int(f["pid"]), node_rank=int(f["node_rank"]), nnodes=int(f["nnodes"]),
+                                     tp_size=int(f["tp_size"]), dist_init_addr=f["dist_init_addr"],
+                                     cuda_visible_devices=f["CUDA_VISIBLE_DEVICES"], node_id=f["node_id"],
+                                     argv=argv, log=path))
+    return out

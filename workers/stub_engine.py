@@ -12,8 +12,9 @@ Multi-node (`--nnodes N --node-rank i --dist-init-addr host:port`): rank 0 liste
 and becomes healthy only once every other rank has connected to it; ranks > 0 serve no HTTP, connect to
 rank 0, and exit when rank 0 goes away (as a torch.distributed peer would fail).
 
-Test hook: with SPECSWEEP_STUB_RECORD_DIR set, each process writes `<dir>/stub-<pid>.json` with its argv,
-rank, node address, CUDA_VISIBLE_DEVICES and whole environment before it starts serving.
+Each process logs one start-up line first, as SGLang logs its server args (`log_start`): its pid, rank, the
+rendezvous address, CUDA_VISIBLE_DEVICES and the Ray node id the runner gave it (SPECSWEEP_NODE_ID); no other
+environment value, so no secret, reaches the engine log.
 
     python -m workers.stub_engine --port 30000 --stub-token-s 0.01 [SGLang flags...]
     python -m orchestrator engine=stub engine.stub.token_s=0.01        # through the orchestrator (conf/engine/stub.yaml)
@@ -33,9 +34,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
-RECORD_DIR_ENV = "SPECSWEEP_STUB_RECORD_DIR"
 SENTENCE = b"The cat sat on the mat. "
 CHARS_PER_TOKEN = 4  # text prompts (no input_ids): a rough token count, as the probe assumes
 
@@ -60,18 +59,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def record(args: argparse.Namespace, argv: list[str]) -> None:
-    d = os.environ.get(RECORD_DIR_ENV)
-    if not d:
-        return
-    out = {"pid": os.getpid(), "argv": argv, "node_rank": args.node_rank, "nnodes": args.nnodes,
-           "dist_init_addr": args.dist_init_addr, "host": socket.gethostname(),
-           "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-           "ray_node_id": os.environ.get("SPECSWEEP_NODE_ID"), "started_at": time.time(), "env": dict(os.environ)}
-    path = Path(d) / f"stub-{os.getpid()}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(out))
-    tmp.replace(path)
+def log_start(args: argparse.Namespace) -> None:
+    logger.info("started pid=%d node_rank=%d nnodes=%d tp_size=%d dist_init_addr=%s CUDA_VISIBLE_DEVICES=%s "
+                "node_id=%s", os.getpid(), args.node_rank, args.nnodes, args.tp_size, args.dist_init_addr,
+                os.environ.get("CUDA_VISIBLE_DEVICES", ""), os.environ.get("SPECSWEEP_NODE_ID", ""))
 
 
 # ---------------------------------------------------------------- multi-node rendezvous
@@ -222,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, format="%(asctime)s stub: %(message)s")
     args = parse_args(argv)
-    record(args, argv)
+    log_start(args)
     if args.nnodes > 1 and args.node_rank > 0:
         conn = join_rank0(args.dist_init_addr, args.node_rank, args.stub_rendezvous_timeout_s)
         logger.info("rank %d of %d joined %s", args.node_rank, args.nnodes, args.dist_init_addr)

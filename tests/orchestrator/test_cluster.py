@@ -23,8 +23,8 @@ import pytest
 from orchestrator.plan import Plan
 from orchestrator.settings import AcceleratorMatch, ClusterKind, ClusterSettings, ExecutionSettings, TrackingSettings
 from specsweep_vocab.spec import FailureReason, RunState
-from orchestrator.testing import pid_alive, stub_server, tiny_group, tiny_run, wait_for_request
-from workers.stub_engine import RECORD_DIR_ENV
+from orchestrator.testing import (pid_alive, proc_env, stub_server, stub_starts, tiny_group, tiny_run,
+                                  wait_for_request)
 
 pytestmark = pytest.mark.slow
 
@@ -40,13 +40,11 @@ def _node_args(arch: str) -> dict:
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory):
-    """(cluster, {arch: [node, ...]}, record_dir); the driver is connected to it."""
+    """(cluster, [node, ...] in ARCHS order); the driver is connected to it."""
     ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    record_dir = tmp_path_factory.mktemp("stub-records")
-    os.environ[RECORD_DIR_ENV] = str(record_dir)  # raylets pass it on
     if ray.is_initialized():
         ray.shutdown()
     cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=1, num_gpus=0, include_dashboard=False,
@@ -55,11 +53,10 @@ def sim(tmp_path_factory):
         nodes = [cluster.add_node(**_node_args(arch)) for arch in ARCHS]
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
-        yield cluster, nodes, record_dir
+        yield cluster, nodes
     finally:
         ray.shutdown()
         cluster.shutdown()
-        os.environ.pop(RECORD_DIR_ENV, None)
 
 
 def _settings(tmp_path, sweep: str = "t", **cluster) -> ExecutionSettings:
@@ -116,7 +113,7 @@ def test_tp8_servers_take_a_whole_node_each_three_at_a_time(sim, tmp_path):
     from orchestrator.execute import run_plan
     from orchestrator.stats import ExecutionStats
 
-    _, nodes, _ = sim
+    _, nodes = sim
     plan = _plan(_groups(12, 2, gen_tokens=30))
     stats = ExecutionStats()
     results = run_plan(plan, _settings(tmp_path), track=False, stats=stats)
@@ -154,7 +151,7 @@ def test_tp4_servers_pack_two_per_node(sim, tmp_path):
 def test_accelerator_label_keeps_servers_off_other_architectures(sim, tmp_path):
     from orchestrator.execute import run_plan
 
-    _, nodes, _ = sim
+    _, nodes = sim
     arch = _arch_of_node(nodes)
     results = run_plan(_plan(_groups(4, 2, first_job=200, seed0=200)), _settings(tmp_path, accelerator="sm_120"),
                        track=False)
@@ -166,7 +163,7 @@ def test_accelerator_label_keeps_servers_off_other_architectures(sim, tmp_path):
 def test_accelerator_resource_fallback(sim, tmp_path):
     from orchestrator.execute import run_plan
 
-    _, nodes, _ = sim
+    _, nodes = sim
     arch = _arch_of_node(nodes)
     settings = _settings(tmp_path, accelerator="sm_90", accelerator_match=AcceleratorMatch.RESOURCE)
     results = run_plan(_plan(_groups(2, 1, first_job=250, seed0=250)), settings, track=False)
@@ -211,27 +208,24 @@ def test_engine_start_failure_fails_that_group_and_the_sweep_goes_on(sim, tmp_pa
 def test_multi_node_server_starts_one_rank_per_node(sim, tmp_path):
     from orchestrator.execute import run_plan
 
-    _, _, record_dir = sim
-    before = set(record_dir.glob("stub-*.json"))
     groups = _groups(1, 2, tp=16, nnodes=2, first_job=400, seed0=400)
     results = run_plan(_plan(groups), _settings(tmp_path), track=False)
     assert all(r.state is RunState.FINISHED for r in results), [r.message for r in results]
-    records = [json.loads(p.read_text()) for p in set(record_dir.glob("stub-*.json")) - before]
-    assert sorted(r["node_rank"] for r in records) == [0, 1] and {r["nnodes"] for r in records} == {2}
-    addrs = {r["dist_init_addr"] for r in records}
+    starts = stub_starts(tmp_path)  # each rank's start-up line in its engine log
+    assert sorted(s.node_rank for s in starts) == [0, 1] and {s.nnodes for s in starts} == {2}
+    addrs = {s.dist_init_addr for s in starts}
     assert len(addrs) == 1 and ":" in addrs.pop()
-    assert len({r["ray_node_id"] for r in records}) == 2  # one rank per node
-    for r in records:
-        assert len(r["cuda_visible_devices"].split(",")) == 8
-        argv = r["argv"]
-        assert argv[argv.index("--node-rank") + 1] == str(r["node_rank"]) and "--tp-size" in argv
-    rank0 = next(r for r in records if r["node_rank"] == 0)
-    assert all(res.tags["node_id"] == rank0["ray_node_id"] for res in results)  # rank 0 was probed
+    assert len({s.node_id for s in starts}) == 2  # one rank per node
+    for s in starts:
+        assert len(s.cuda_visible_devices.split(",")) == 8 and s.tp_size == 16
+        assert s.argv[s.argv.index("--node-rank") + 1] == str(s.node_rank) and "--tp-size" in s.argv
+    rank0 = next(s for s in starts if s.node_rank == 0)
+    assert all(res.tags["node_id"] == rank0.node_id for res in results)  # rank 0 was probed
     assert all(len(set(res.tags["server_node_ids"].split(","))) == 2 for res in results)
     deadline = time.monotonic() + 10
-    while any(pid_alive(r["pid"]) for r in records) and time.monotonic() < deadline:
+    while any(pid_alive(s.pid) for s in starts) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not any(pid_alive(r["pid"]) for r in records), "a rank outlived its server"
+    assert not any(pid_alive(s.pid) for s in starts), "a rank outlived its server"
 
 
 # ---------------------------------------------------------------- faults
@@ -250,10 +244,9 @@ def _experiment_runs(tmp_path, experiment: str):
 
 def _engine_node(pid: int) -> str | None:
     try:
-        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        return proc_env(pid).get("SPECSWEEP_NODE_ID")
     except OSError:
         return None
-    return next((e.split(b"=", 1)[1].decode() for e in env if e.startswith(b"SPECSWEEP_NODE_ID=")), None)
 
 
 def test_node_lost_mid_sweep_requeues_and_every_run_finishes_once(sim, tmp_path):
@@ -262,7 +255,7 @@ def test_node_lost_mid_sweep_requeues_and_every_run_finishes_once(sim, tmp_path)
     from orchestrator.execute import run_plan
     from orchestrator.stats import ExecutionStats
 
-    cluster, nodes, _ = sim
+    cluster, nodes = sim
     plan = _plan(_groups(3, 4, first_job=500, gen_tokens=80, token_s=0.01, seed0=500), sweep="loss")
     removed = []
 
@@ -303,8 +296,7 @@ def _driver_cmd(address: str, work_dir: Path) -> list[str]:
 
 
 def test_interrupt_stops_every_engine_and_the_rerun_finishes_only_the_rest(sim, tmp_path):
-    cluster, _, record_dir = sim
-    before = set(record_dir.glob("stub-*.json"))
+    cluster, _ = sim
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(_driver_cmd(cluster.address, tmp_path), cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -316,7 +308,7 @@ def test_interrupt_stops_every_engine_and_the_rerun_finishes_only_the_rest(sim, 
         proc.kill()
         proc.wait()
     assert proc.returncode != 0, output[-3000:]
-    pids = [json.loads(p.read_text())["pid"] for p in set(record_dir.glob("stub-*.json")) - before]
+    pids = [s.pid for s in stub_starts(tmp_path)]  # the engines the interrupted driver started (their logs)
     assert pids
     deadline = time.monotonic() + 15
     while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:

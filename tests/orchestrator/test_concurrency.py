@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.testing import proc_argv, stub_starts
 from orchestrator.tracking import DRIVER_LOST, StoreLock, Tracker, lock_path_for
 
 mlflow = pytest.importorskip("mlflow")
@@ -27,15 +28,13 @@ SWEEP_RUNS = 8  # +sweep=smoke: 2 contexts x 2 probes x 2 drafters on 2 servers
 
 def _env(tmp_path: Path) -> dict[str, str]:
     return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "RAY_AUTH_MODE": "disabled",
-            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "kernels")]), "COLUMNS": "200",
-            "SPECSWEEP_STUB_RECORD_DIR": str(tmp_path / "stubs")}
+            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "kernels")]), "COLUMNS": "200"}
 
 
 class Driver:
     """One `python -m orchestrator` process; its stdout+stderr go to `<tmp>/<name>.log`."""
 
     def __init__(self, tmp_path: Path, name: str, *overrides: str, token_s: float = 0.05):
-        (tmp_path / "stubs").mkdir(exist_ok=True)
         self.log = tmp_path / f"{name}.log"
         cmd = [sys.executable, "-m", "orchestrator", "+sweep=smoke", "engine=stub", f"engine.stub.token_s={token_s}",
                "progress=false", "cluster.num_cpus=2", f"hydra.sweep.dir=multirun/{name}", *overrides]
@@ -61,27 +60,25 @@ class Driver:
             raise AssertionError(f"driver still running after {timeout} s:\n{self.output()[-4000:]}") from None
 
 
-def _pid_alive(pid: int) -> bool:
+def _engine_alive(pid: int) -> bool:
+    """The stub engine `pid` still runs (not a zombie, nor another process that reuses its pid)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return "workers.stub_engine" in proc_argv(pid)
+    except OSError:
         return False
-    return True
 
 
 @pytest.fixture
 def engines(tmp_path):
-    """Stub engines the test's drivers started (their record files); any still alive at the end is a failure."""
-    def pids() -> list[int]:
-        import json
-
-        return [json.loads(p.read_text())["pid"] for p in (tmp_path / "stubs").glob("stub-*.json")]
-
-    yield pids
+    """Stub engines the test's drivers started (their start-up lines in the engine logs under the drivers' working
+    dir, tmp_path); any still alive at the end is a failure."""
+    yield
+    pids = [s.pid for s in stub_starts(tmp_path / "logs")]
+    assert pids, "no stub engine start in the engine logs"
     deadline = time.monotonic() + 20
-    while any(_pid_alive(p) for p in pids()) and time.monotonic() < deadline:
+    while any(_engine_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
-    left = [p for p in pids() if _pid_alive(p)]
+    left = [p for p in pids if _engine_alive(p)]
     for p in left:
         with contextlib.suppress(ProcessLookupError):
             os.kill(p, signal.SIGKILL)
@@ -162,18 +159,12 @@ def shared_ray(tmp_path):
     2-core machine can miss Ray's own start-up timeout, which is not what this test is about."""
     from ray.cluster_utils import Cluster
 
-    previous = os.environ.get("SPECSWEEP_STUB_RECORD_DIR")
-    os.environ["SPECSWEEP_STUB_RECORD_DIR"] = str(tmp_path / "stubs")  # the raylet passes it on to the engines
     cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=4, num_gpus=0, include_dashboard=False,
                                                                 object_store_memory=128 * 2**20))
     try:
         yield cluster.address
     finally:
         cluster.shutdown()
-        if previous is None:
-            os.environ.pop("SPECSWEEP_STUB_RECORD_DIR", None)
-        else:
-            os.environ["SPECSWEEP_STUB_RECORD_DIR"] = previous
 
 
 def test_concurrent_identical_sweeps_run_each_point_once(tmp_path, engines, shared_ray):

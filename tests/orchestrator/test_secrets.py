@@ -5,11 +5,11 @@ driver's output and every log file are searched for the secret strings."""
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,7 +18,7 @@ import pytest
 from orchestrator.plan import Plan
 from specsweep_vocab.redact import MASK, redact_argv, redact_config, redact_override, redact_params, redact_text
 from specsweep_vocab.spec import FailureReason, RunResult, RunState
-from orchestrator.testing import stub_server, tiny_group, tiny_run
+from orchestrator.testing import engines_under, proc_argv, proc_env, stub_server, stub_starts, tiny_group, tiny_run
 from orchestrator.tracking import Tracker
 
 mlflow = pytest.importorskip("mlflow")
@@ -88,23 +88,46 @@ def assert_absent(root: Path, secrets: list[str], skip=lambda path: False) -> in
     return seen
 
 
+def _watch_engines(root_pid: int, seen: dict[int, tuple[str | None, str | None]], stop: threading.Event) -> None:
+    """Until `stop`: for each engine below `root_pid`, while it runs, its --api-key value and SPECSWEEP_TEST_SECRET
+    from /proc (what it was started with; kept in memory, never written)."""
+    while not stop.is_set():
+        for pid in engines_under(root_pid).keys() - seen.keys():
+            try:
+                argv, env = proc_argv(pid), proc_env(pid)
+            except OSError:
+                continue  # gone already: its start-up line shows it was missed
+            key = argv[argv.index("--api-key") + 1] if "--api-key" in argv[:-1] else None
+            seen[pid] = (key, env.get("SPECSWEEP_TEST_SECRET"))
+        stop.wait(0.05)
+
+
 def test_sweep_records_no_secret_and_the_engine_gets_every_one(tmp_path, mlflow_ui):
-    store, records, work = tmp_path / "store", tmp_path / "records", tmp_path / "work"
-    for d in (store, records, work):
+    store, work = tmp_path / "store", tmp_path / "work"
+    for d in (store, work):
         d.mkdir()
     (store / "artifacts").mkdir()
     with mlflow_ui(f"sqlite:///{store}/mlflow.db", store / "artifacts") as url:
         uri = url.replace("http://", f"http://specsweep:{URI_SECRET}@")
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "RAY_AUTH_MODE": "disabled",
-               "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "kernels")]), "COLUMNS": "200",
-               "SPECSWEEP_STUB_RECORD_DIR": str(records)}
+               "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "kernels")]), "COLUMNS": "200"}
         cmd = [sys.executable, "-m", "orchestrator", "+sweep=smoke", "engine=stub", "progress=false",
                "cluster.num_cpus=2", f"+engine.env.SPECSWEEP_TEST_SECRET={ENV_SECRET}",
                f"engine.extra_args=[--api-key,{KEY_SECRET}]", "tracking=server", f"tracking.uri={uri}",
                "hydra.sweep.dir=multirun/secrets"]
         t0 = time.monotonic()
-        proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=300)
-        output = proc.stdout + proc.stderr
+        seen: dict[int, tuple[str | None, str | None]] = {}
+        stop = threading.Event()
+        proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        watcher = threading.Thread(target=_watch_engines, args=(proc.pid, seen, stop), daemon=True)
+        watcher.start()
+        try:
+            output, _ = proc.communicate(timeout=300)
+        finally:
+            stop.set()
+            watcher.join(10)
+            proc.kill()
+            proc.wait()
         assert proc.returncode == 0, output[-4000:]
         client = mlflow.MlflowClient(url)
         exp = client.get_experiment_by_name("smoke-stub")
@@ -117,11 +140,10 @@ def test_sweep_records_no_secret_and_the_engine_gets_every_one(tmp_path, mlflow_
         assert secret not in output
     (tmp_path / "driver-output.log").write_text(output)
     # the store (SQLite dump + artifacts), the MLflow server's log, the driver's output, the engine logs, Hydra's
-    # job log: everything but the stub's test-hook records and Hydra's own copy of the command line (its
-    # multirun.yaml in the sweep dir, written before any of our code runs: docs/orchestrator.md)
+    # job log: everything but Hydra's own copy of the command line (its multirun.yaml in the sweep dir, written
+    # before any of our code runs: docs/orchestrator.md)
     read = assert_absent(tmp_path, [ENV_SECRET, KEY_SECRET, URI_SECRET],
-                         skip=lambda p: p.parts[0] == "records" or (p.parts[:2] == ("work", "multirun")
-                                                                    and p.suffix == ".yaml"))
+                         skip=lambda p: p.parts[:2] == ("work", "multirun") and p.suffix == ".yaml")
     assert read > 20 and list(store.rglob("config.yaml")) and list(work.glob("logs/engines/*/*"))
 
     params = parent.data.params
@@ -130,9 +152,7 @@ def test_sweep_records_no_secret_and_the_engine_gets_every_one(tmp_path, mlflow_
     assert MASK in children[0].data.params["engine.extra_args"]
     assert all(MASK in c.info.run_name for c in children)  # the env override is part of every run name
 
-    stubs = [json.loads(p.read_text()) for p in records.glob("stub-*.json")]
-    assert len(stubs) == 2  # one engine per server
-    for s in stubs:
-        i = s["argv"].index("--api-key")
-        assert s["argv"][i + 1] == KEY_SECRET
-        assert s["env"]["SPECSWEEP_TEST_SECRET"] == ENV_SECRET
+    pids = {s.pid for s in stub_starts(work / "logs")}
+    assert len(pids) == 2  # one engine per server
+    assert seen.keys() == pids  # each seen while it ran
+    assert set(seen.values()) == {(KEY_SECRET, ENV_SECRET)}

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 from orchestrator.launcher_core import plan_jobs
 from specsweep_vocab.spec import STUB_FLAGS, StubOptions
-from orchestrator.testing import stub_server
-from workers.engine import build_engine_argv
+from orchestrator.testing import engines_under, pid_alive, proc_env, stub_server, stub_starts
+from workers.engine import EngineProcess, build_engine_argv
 from workers.stub_engine import parse_args
 
 
@@ -38,3 +40,21 @@ def test_stub_server_extra_args_come_after_the_timing():
     extra = server.engine.extra_args
     assert extra[:len(StubOptions().argv())] == StubOptions(token_s=0.5).argv()
     assert extra[-2:] == ("--stub-startup-s", "not-a-number")  # argparse keeps the last: tests can break a start
+
+
+def test_start_up_line_names_the_process_and_no_other_env_value(tmp_path):
+    """The stub logs where it runs (as SGLang logs its server args); tests read that, never a secret, from the log."""
+    secret = "stubenv-9Kd2Qx"
+    server = stub_server(tp_size=2, token_s=0.0, startup_s=0.0)
+    env = {"CUDA_VISIBLE_DEVICES": "3,5", "SPECSWEEP_NODE_ID": "node-a", "SPECSWEEP_TEST_SECRET": secret}
+    with EngineProcess.for_server(server, tmp_path / "engine-x.log", env=env) as engine:
+        assert engines_under(os.getpid()) == {engine.pid: engine.base_url}
+        assert proc_env(engine.pid)["SPECSWEEP_TEST_SECRET"] == secret
+        pid = engine.pid
+    assert not pid_alive(pid)
+    (start,) = stub_starts(tmp_path)
+    assert (start.pid, start.node_rank, start.nnodes, start.tp_size, start.dist_init_addr) == (pid, 0, 1, 2, "None")
+    assert (start.cuda_visible_devices, start.node_id) == ("3,5", "node-a")
+    assert start.argv[1:3] == ("-m", "workers.stub_engine") and start.argv[start.argv.index("--port") + 1] == \
+        engine.base_url.rsplit(":", 1)[1]
+    assert secret not in (tmp_path / "engine-x.log").read_text()
