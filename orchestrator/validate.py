@@ -352,11 +352,15 @@ def _model_problems(rc: RunConfig) -> list[Problem]:
     return out
 
 
-def _reference_draft_example(target: str) -> str:
-    """A built-in draft model sharing `target`'s vocabulary, else what the reference engine can draft with."""
-    vocab = REFERENCE_MODEL_VOCABS.get(target)
-    same = [p for p, v in REFERENCE_MODEL_VOCABS.items() if v == vocab and p != target]
-    return same[0] if same else "a .gguf file with the target's vocabulary; or drafter=layer_skip"
+def _draft_path_example(rc: RunConfig) -> str:
+    """An example draft model for the error message: on the reference engine a built-in one sharing the target's
+    vocabulary, else what it can draft with; elsewhere a checkpoint."""
+    if rc.engine.kind is not EngineKind.REFERENCE or rc.drafter.algorithm is not Algorithm.STANDALONE:
+        return "e.g. drafter.draft_model_path=<a checkpoint dir or HF id>"
+    vocab = REFERENCE_MODEL_VOCABS.get(rc.model.path)
+    same = [p for p, v in REFERENCE_MODEL_VOCABS.items() if v == vocab and p != rc.model.path]
+    return f"e.g. drafter.draft_model_path={same[0]}" if same else \
+        "a .gguf file with the target's vocabulary, or drafter=layer_skip to draft with the target's own layers"
 
 
 def _drafter_problems(rc: RunConfig) -> list[Problem]:
@@ -368,12 +372,10 @@ def _drafter_problems(rc: RunConfig) -> list[Problem]:
     if d.algorithm is Algorithm.NONE:
         return out
     if d.algorithm in NEEDS_DRAFT_PATH and not d.draft_model_path:
-        example = _reference_draft_example(rc.model.path) if rc.engine.kind is EngineKind.REFERENCE \
-            else "a checkpoint dir or HF id"
         silently = (" (SGLang would silently draft with the target itself: that is drafter=oracle)"
                     if rc.engine.kind is EngineKind.SGLANG and d.algorithm is not Algorithm.DFLASH else "")
         bad("draft_model_path", d.draft_model_path,
-            f"a draft model path for {d.algorithm.value} (e.g. drafter.draft_model_path={example}){silently}")
+            f"a draft model path for {d.algorithm.value} ({_draft_path_example(rc)}){silently}")
     for key in ("num_steps", "topk", "num_draft_tokens"):
         if getattr(d, key) < 1:
             bad(key, getattr(d, key), f"an integer >= 1 with algorithm {d.algorithm.value}")

@@ -71,6 +71,8 @@ def test_drafter_needing_a_path_without_one():
     assert p.value is None and "tiny-draft" not in p.allowed and "drafter=layer_skip" in p.allowed
     for drafter in ("eagle3", "dflash"):
         assert "drafter.draft_model_path" in problems(*SGLANG, f"drafter={drafter}")
+    p = problems("drafter=eagle3")["drafter.draft_model_path"]  # not the reference engine's: a checkpoint
+    assert "a checkpoint dir or HF id" in p.allowed and "layer_skip" not in p.allowed
 
 
 def test_oracle_must_draft_with_the_target():
