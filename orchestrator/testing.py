@@ -14,17 +14,20 @@ Imported by tests/ and the benchmarks (orchestrator/bench*.py) only, never by ru
         an engine below root_pid while it runs a /generate after `finished` requests (its own /metrics)
     spec_flags(algorithm, steps=, draft=None, topk=None, tokens=None, layers=None) -> list[str]
         the reference engine's --speculative-* argv
+    ray_cluster([node_args, ...], object_store_mb=80) -> (Cluster, [node, ...])   a context manager: a
+        ray.cluster_utils.Cluster with a 1-CPU head and these nodes, this process connected; shut down after
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Collection
+from typing import Any, Collection, Iterator
 
 import requests
 
@@ -201,3 +204,25 @@ def stub_starts(folder: str | os.PathLike) -> list[StubStart]:
                                      cuda_visible_devices=f["CUDA_VISIBLE_DEVICES"], node_id=f["node_id"],
                                      argv=argv, log=path))
     return out
+
+
+@contextlib.contextmanager
+def ray_cluster(node_args: list[dict[str, Any]], *, object_store_mb: int = 80) -> Iterator[tuple[Any, list[Any]]]:
+    """A several-node Ray on this machine (ray.cluster_utils.Cluster): a 1-CPU head without GPUs and one node per
+    entry of `node_args` (Cluster.add_node's arguments); this process is connected as the driver."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=1, num_gpus=0, include_dashboard=False,
+                                                                object_store_memory=object_store_mb * 2**20))
+    try:
+        nodes = [cluster.add_node(**args) for args in node_args]
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+        yield cluster, nodes
+    finally:
+        ray.shutdown()
+        cluster.shutdown()

@@ -61,7 +61,7 @@ class JobKind(str, enum.Enum):
 
 
 # Kernel layouts by name: (num_q_heads, num_kv_heads, head_dim, v_head_dim, mla). `kernel.num_*` override them.
-# specsweep_kernels.problems.LAYOUTS has the same presets as Layouts (tests/kernels/test_verify_attention.py).
+# specsweep_kernels.problems.LAYOUTS builds its Layouts from these.
 KERNEL_LAYOUTS: dict[str, tuple[int, int, int, int, bool]] = {
     "gqa": (32, 8, 128, 128, False),  # Qwen3-8B-like
     "mla": (16, 1, 576, 512, True),  # DeepSeek-V3 latent (512 + 64 rope), one latent head

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from specsweep_vocab.spec import KERNEL_LAYOUTS, kv_bytes_per_token
+
 __all__ = ["Layout", "Problem", "make_problem", "chain_mask", "random_tree_mask", "GQA_32_8", "MLA_16", "LAYOUTS"]
 
 
@@ -24,14 +26,15 @@ class Layout:
         return f"{kind} {self.num_q_heads}/{self.num_kv_heads} d{self.k_head_dim}/{self.v_head_dim}"
 
     def kv_bytes_per_token(self, elt: int) -> int:
-        return elt * self.num_kv_heads * (self.k_head_dim + (0 if self.mla else self.v_head_dim))
+        return kv_bytes_per_token(num_kv_heads=self.num_kv_heads, k_head_dim=self.k_head_dim,
+                                  v_head_dim=self.v_head_dim, elt=elt, mla=self.mla)
 
 
-GQA_32_8 = Layout(32, 8, 128, 128, mla=False)  # Qwen3-8B-like
-MLA_16 = Layout(16, 1, 576, 512, mla=True)  # DeepSeek-V3 latent (512 + 64 rope), one latent head
-# The named presets (`kernel.layout` of a sweep, `--layouts` of the bench). specsweep_vocab.spec.KERNEL_LAYOUTS holds
-# the same figures without torch for planning; tests/kernels/test_verify_attention.py checks that they agree.
-LAYOUTS = {"gqa": GQA_32_8, "mla": MLA_16, "gqa-small": Layout(8, 2, 32, 32, mla=False)}
+# The named presets (`kernel.layout` of a sweep, `--layouts` of the bench): specsweep_vocab.spec.KERNEL_LAYOUTS,
+# the same figures planning reads without torch.
+LAYOUTS = {name: Layout(*preset) for name, preset in KERNEL_LAYOUTS.items()}
+GQA_32_8 = LAYOUTS["gqa"]  # Qwen3-8B-like
+MLA_16 = LAYOUTS["mla"]  # DeepSeek-V3 latent (512 + 64 rope), one latent head
 
 
 def chain_mask(num_tokens: int) -> Tensor:

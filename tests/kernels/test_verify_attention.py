@@ -182,10 +182,11 @@ def test_input_checks_survive_python_O(tmp_path):
     assert "raised: tree_mask: dtype torch.int32; allowed: torch.bool" in proc.stdout
 
 
-def test_kernel_layout_presets_agree_with_the_orchestrators():
-    # specsweep_vocab.spec plans without torch, so it keeps the figures as tuples: they must not drift
-    from specsweep_vocab.spec import KERNEL_LAYOUTS
-    from specsweep_kernels.problems import LAYOUTS
+def test_kernel_layout_presets_and_their_kv_bytes():
+    # the presets are the planning vocabulary's (specsweep_vocab.spec.KERNEL_LAYOUTS), as real models' shapes
+    from specsweep_kernels.problems import GQA_32_8, LAYOUTS, MLA_16
 
-    assert {name: (lay.num_q_heads, lay.num_kv_heads, lay.k_head_dim, lay.v_head_dim, lay.mla)
-            for name, lay in LAYOUTS.items()} == KERNEL_LAYOUTS
+    assert set(LAYOUTS) == {"gqa", "mla", "gqa-small"}
+    assert GQA_32_8.kv_bytes_per_token(2) == 8 * (128 + 128) * 2  # Qwen3-8B: 8 KV heads, K and V of 128, bf16
+    assert MLA_16.kv_bytes_per_token(2) == 576 * 2  # DeepSeek-V3: one latent row of 512 + 64 rope, V read from it
+    assert LAYOUTS["gqa-small"].kv_bytes_per_token(4) == 2 * (32 + 32) * 4

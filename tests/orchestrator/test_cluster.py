@@ -23,7 +23,7 @@ import pytest
 from orchestrator.plan import Plan
 from orchestrator.settings import AcceleratorMatch, ClusterKind, ClusterSettings, ExecutionSettings, TrackingSettings
 from specsweep_vocab.spec import FailureReason, RunState
-from orchestrator.testing import (pid_alive, proc_env, stub_server, stub_starts, tiny_group, tiny_run,
+from orchestrator.testing import (pid_alive, proc_env, ray_cluster, stub_server, stub_starts, tiny_group, tiny_run,
                                   wait_for_request)
 
 pytestmark = pytest.mark.slow
@@ -41,22 +41,9 @@ def _node_args(arch: str) -> dict:
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory):
     """(cluster, [node, ...] in ARCHS order); the driver is connected to it."""
-    ray = pytest.importorskip("ray")
-    from ray.cluster_utils import Cluster
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    if ray.is_initialized():
-        ray.shutdown()
-    cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=1, num_gpus=0, include_dashboard=False,
-                                                                object_store_memory=NODE_MB * 2**20))
-    try:
-        nodes = [cluster.add_node(**_node_args(arch)) for arch in ARCHS]
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+    pytest.importorskip("ray")
+    with ray_cluster([_node_args(arch) for arch in ARCHS], object_store_mb=NODE_MB) as (cluster, nodes):
         yield cluster, nodes
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 def _settings(tmp_path, sweep: str = "t", **cluster) -> ExecutionSettings:

@@ -13,7 +13,7 @@ import pytest
 from orchestrator.plan import Plan
 from orchestrator.settings import ClusterKind, ClusterSettings, ExecutionSettings, TrackingSettings
 from specsweep_vocab.spec import FailureReason, RunState
-from orchestrator.testing import pid_alive, stub_server, tiny_group, tiny_run, wait_for_request
+from orchestrator.testing import pid_alive, ray_cluster, stub_server, tiny_group, tiny_run, wait_for_request
 from workers.runners import LOG_TAIL_ARTIFACT
 
 pytestmark = pytest.mark.slow
@@ -24,21 +24,8 @@ ray = pytest.importorskip("ray")
 @pytest.fixture
 def two_node_cluster():
     """(cluster, gpu node): a CPU head and one node with a logical GPU; the driver is connected."""
-    from ray.cluster_utils import Cluster
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    if ray.is_initialized():
-        ray.shutdown()
-    cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=1, num_gpus=0, include_dashboard=False,
-                                                                object_store_memory=80 * 2**20))
-    try:
-        node = cluster.add_node(num_cpus=2, num_gpus=1, object_store_memory=80 * 2**20)
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+    with ray_cluster([dict(num_cpus=2, num_gpus=1, object_store_memory=80 * 2**20)]) as (cluster, (node,)):
         yield cluster, node
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 def test_a_lost_node_s_run_carries_node_engine_pid_and_log_tail(two_node_cluster, tmp_path):
