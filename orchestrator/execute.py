@@ -92,10 +92,10 @@ def run_plan(plan: Plan, settings: ExecutionSettings, on_result: Callable[[RunRe
     progress = SweepProgress(plan.num_runs, enabled=settings.progress)
     recorder = Recorder(plan, settings, stats, progress, on_result, track=track, tracker=tracker,
                         multirun_yaml=multirun_yaml, ray_up=ray.is_initialized())
-    log_dir = _engine_log_dir(plan, settings)
     try:
         with driver_signals() as shield, progress, recorder.outcome():
             with _ray(plan, settings, stats, session) as ray_up:
+                log_dir = _engine_log_dir(plan, settings)  # after the preflight: a refused plan leaves no folder
                 logger.info("running %d run(s) on %d server(s); engine logs in %s", plan.num_runs,
                             len(plan.groups), log_dir)
                 driver = Driver(settings, log_dir, progress, recorder.emit, recorder.note_attempt, stats,

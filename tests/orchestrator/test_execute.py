@@ -204,6 +204,7 @@ def test_server_needing_more_gpus_than_the_cluster_has_fails_preflight(local_ray
         run_plan(_plan(tiny_group(server, [tiny_run(server, 0)])), settings)
     assert server.key in str(e.value) and "4 GPU" in str(e.value) and "no GPU" in str(e.value)
     assert time.monotonic() - t0 < 30
+    assert not (tmp_path / "logs").exists()  # no engine-log folder for a plan that never started
     from mlflow import MlflowClient  # the preflight runs before MLflow: nothing recorded
 
     if (tmp_path / "mlflow.db").exists():
