@@ -7,7 +7,6 @@ started it.
         to `run_plan`; `run_plan` called on its own opens its own.
     connect_ray(cluster, gpus_needed=0) -> bool   True when this call started Ray (and must shut it down)
     shutdown_ray()                                `ray.shutdown()` without its 1 s stall on the autoscaler monitor
-    gpus_for(group, cluster) -> int               GPUs the group's server needs on each of its nodes
     bundle_nodes(pg) -> [node_id, ...]            where a placement group's bundles landed
 
 An existing connection is used as is; otherwise `cluster.kind=local` starts an embedded Ray of its own, listening
@@ -51,7 +50,7 @@ def ray_session(cluster: ClusterSettings, groups: Sequence[ServerGroup],
     `ray_shutdown_s` and the marks `ray_up`, `ray_down`."""
     stats = stats if stats is not None else ExecutionStats()
     t = time.perf_counter()
-    started = connect_ray(cluster, max((gpus_for(g, cluster) for g in groups), default=0))
+    started = connect_ray(cluster, max((gpus_per_node(g.server, cluster) for g in groups), default=0))
     stats.ray_init_s = time.perf_counter() - t
     stats.mark("ray_up")
     try:
@@ -70,11 +69,6 @@ def _visible_gpus() -> int:
         return len(os.listdir("/proc/driver/nvidia/gpus"))
     except OSError:
         return 0
-
-
-def gpus_for(group: ServerGroup, cluster: ClusterSettings) -> int:
-    """GPUs the group's server needs on each of its nodes."""
-    return gpus_per_node(group.server, cluster)
 
 
 def connect_ray(cluster: ClusterSettings, gpus_needed: int = 0) -> bool:

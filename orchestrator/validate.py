@@ -357,8 +357,7 @@ def _draft_path_example(rc: RunConfig) -> str:
     vocabulary, else what it can draft with; elsewhere a checkpoint."""
     if rc.engine.kind is not EngineKind.REFERENCE or rc.drafter.algorithm is not Algorithm.STANDALONE:
         return "e.g. drafter.draft_model_path=<a checkpoint dir or HF id>"
-    vocab = REFERENCE_MODEL_VOCABS.get(rc.model.path)
-    same = [p for p, v in REFERENCE_MODEL_VOCABS.items() if v == vocab and p != rc.model.path]
+    same = [p for p in _same_vocab(rc.model.path) if p != rc.model.path]
     return f"e.g. drafter.draft_model_path={same[0]}" if same else \
         "a .gguf file with the target's vocabulary, or drafter=layer_skip to draft with the target's own layers"
 
@@ -419,18 +418,15 @@ def _reference_problems(rc: RunConfig) -> list[Problem]:
         out.append(Problem("tp_size", rc.tp_size, "1 on engine=reference", rc.overrides))
     if rc.nnodes > 1:
         out.append(Problem("nnodes", rc.nnodes, "1 on engine=reference (a single-node engine)", rc.overrides))
-    d = rc.drafter
-    target, draft = REFERENCE_MODEL_VOCABS.get(rc.model.path), REFERENCE_MODEL_VOCABS.get(d.draft_model_path or "")
-    if d.algorithm is Algorithm.STANDALONE and not d.is_oracle and target and draft and target != draft:
-        same = [p for p, v in REFERENCE_MODEL_VOCABS.items() if v == target]
+    d, same = rc.drafter, _same_vocab(rc.model.path)
+    if d.algorithm is Algorithm.STANDALONE and not d.is_oracle and same and _same_vocab(d.draft_model_path or "") \
+            and d.draft_model_path not in same:
         out.append(Problem("drafter.draft_model_path", d.draft_model_path,
-                           f"a draft model with the target's vocabulary ({target}: {', '.join(same)}; "
-                           f"drafter=layer_skip drafts with the target's own layers)", rc.overrides))
+                           f"a draft model with the target's vocabulary ({REFERENCE_MODEL_VOCABS[rc.model.path]}: "
+                           f"{', '.join(same)}; drafter=layer_skip drafts with the target's own layers)",
+                           rc.overrides))
     out += _reference_concurrency_problems(rc)
     return out
-
-
-REFERENCE_MAX_RUNNING_REQUESTS = 48  # workers/reference/args.py DEFAULT_MAX_RUNNING_REQUESTS
 
 
 def _extra_int(args: tuple[str, ...], flag: str) -> int | None:
@@ -455,7 +451,7 @@ def _reference_concurrency_problems(rc: RunConfig) -> list[Problem]:
     if n <= 1:
         return []
     extra = rc.engine.extra_args
-    cap = _extra_int(extra, "--max-running-requests") or REFERENCE_MAX_RUNNING_REQUESTS
+    cap = _extra_int(extra, "--max-running-requests") or SPEC_MAX_RUNNING_REQUESTS  # the reference engine's default
     if n > cap:
         return [Problem("probe.concurrency", n, f"<= {cap}, the reference engine's --max-running-requests (set "
                         "it with engine.extra_args=[--max-running-requests,N]): more would queue", rc.overrides)]
@@ -479,12 +475,17 @@ def _reference_concurrency_problems(rc: RunConfig) -> list[Problem]:
 # tests/workers/test_sglang_args.py feeds every conf/ combination these rules accept to SGLang's own parser.
 
 
-# built into workers/reference (smollm2-135m: a name the reference engine resolves to a packaged GGUF file);
-# SGLang cannot load them
-REFERENCE_MODEL_PATHS = ("tiny", "tiny-draft", "smollm2-135m")
-# their vocabularies: a draft model must share the target's (the engine refuses it at start otherwise)
+# Built into workers/reference (smollm2-135m: a name the reference engine resolves to a packaged GGUF file), SGLang
+# cannot load them; with their vocabularies: a draft model must share the target's (the engine refuses it at start).
 REFERENCE_MODEL_VOCABS = {"tiny": "byte vocabulary", "tiny-draft": "byte vocabulary",
                           "smollm2-135m": "SmolLM2's BPE vocabulary"}
+REFERENCE_MODEL_PATHS = tuple(REFERENCE_MODEL_VOCABS)
+
+
+def _same_vocab(path: str) -> list[str]:
+    """The built-in models sharing `path`'s vocabulary (itself included); [] for a path that is not built in."""
+    vocab = REFERENCE_MODEL_VOCABS.get(path)
+    return [p for p, v in REFERENCE_MODEL_VOCABS.items() if vocab and v == vocab]
 
 
 def _plugin_problems(rc: RunConfig, bad) -> None:

@@ -5,13 +5,15 @@ import argparse
 import sys
 from pathlib import Path
 
+from specsweep_vocab.sglang_facts import SPEC_MAX_RUNNING_REQUESTS
+
 from .config import BUILTIN_CONFIGS
 from .gguf_checkpoint import GGUF_MODELS, resolve_gguf
 
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 
 ALGORITHMS = ("NONE", "NGRAM", "STANDALONE")
-DEFAULT_MAX_RUNNING_REQUESTS = 48
+DEFAULT_MAX_RUNNING_REQUESTS = SPEC_MAX_RUNNING_REQUESTS  # SGLang's cap with speculation (validate.py plans with it)
 IGNORED = ("--mem-fraction-static", "--tp-size", "--log-level-http",
            "--trust-remote-code", "--skip-server-warmup",
            "--speculative-ngram-min-bfs-breadth", "--speculative-ngram-match-type",
