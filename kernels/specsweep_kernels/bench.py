@@ -27,7 +27,8 @@ import torch
 from specsweep_kernels.problems import LAYOUTS, Layout, make_problem
 from specsweep_kernels.reference import verify_attention_reference
 from specsweep_kernels.roofline import load_or_measure_ceilings, floor_seconds, verify_cost
-from specsweep_kernels.verify_attention import (VerifyConfig, allocate_workspace, candidate_configs, verify_attention)
+from specsweep_kernels.verify_attention import (VerifyConfig, allocate_workspace, candidate_configs, plan_verify,
+                                                verify_attention, verify_launch_params)
 
 @dataclass
 class Row:
@@ -232,15 +233,21 @@ def _tune_candidates(layout: Layout, tokens: int, smem_limit: int) -> list[Verif
 
 
 def model_graph_us(args: dict, addressing: dict, out: torch.Tensor, ws, layers: int) -> float:
-    """Per-layer time as an engine runs the kernel: `layers` calls back to back in one CUDA graph, each on its
-    own K/V pool (a copy of this problem's, so each call streams its prefix from HBM, not from L2), sharing
-    q, page table, workspace and output as the layers of one forward do. Total graph time / layers."""
+    """Per-layer time as an engine runs the kernel: one plan for the step (batches, B > 1), then `layers` calls
+    back to back in one CUDA graph, each on its own K/V pool (a copy of this problem's, so each call streams its
+    prefix from HBM, not from L2), sharing q, page table, plan, workspace and output as the layers of one forward
+    do. Total graph time / layers."""
     kb, vb = args["k_buffer"], args["v_buffer"]
     pools = [(kb.clone(), None if vb is None else vb.clone()) for _ in range(layers - 1)] + [(kb, vb)]
+    config, splits = verify_launch_params(**args, **addressing, out=out, workspace=ws)
+    lens = {k: v for k, v in addressing.items() if k in ("prefix_lens", "kv_indptr")}
+    batched = args["q"].shape[0] > 1
 
     def forward():
+        plan = plan_verify(workspace=ws, block_n=config.block_n, num_splits=splits, **lens) if batched else None
         for k_pool, v_pool in pools:  # noqa: F821 (called before the del below)
-            verify_attention(**{**args, "k_buffer": k_pool, "v_buffer": v_pool}, **addressing, out=out, workspace=ws)
+            verify_attention(**{**args, "k_buffer": k_pool, "v_buffer": v_pool}, **addressing, out=out, workspace=ws,
+                             plan=plan)
 
     try:
         us, mode = graph_us(forward, rep_ms=200)

@@ -21,7 +21,22 @@ API (keyword-only; shapes are checked):
         page_table=..., prefix_lens=..., page_size=...,    # FlashInfer / reference engine: [B, max_pages] int32
                                                            # page ids, [B] int32 lengths, rows per page
         config=None, num_splits=None,                      # overrides of the tile / split heuristics (tuning)
+        plan=None,                                         # this step's plan_verify(), reused by every layer
     ) -> out
+
+Plan once per step, reuse for every layer (graph-safe; without plan= each call plans for itself):
+
+    config, num_splits = verify_launch_params(**same_arguments_as_verify_attention)   # once (compiles)
+    plan = plan_verify(workspace=ws, block_n=config.block_n, num_splits=num_splits,
+                       prefix_lens=prefix_lens)            # or kv_indptr=kv_indptr; per step, on the device
+    verify_attention(..., workspace=ws, plan=plan)         # per layer; a plan of other block_n / num_splits /
+                                                           # batch / workspace is refused (ValueError)
+
+The plan lives in the workspace (VerifyPlan views): items [P + B, 4] int32, item i = (b, lo, hi, 0), request b's
+prefix positions [lo, hi) (lo a multiple of block_n, lo = hi: empty), in request order, its partial in workspace
+slot i; req [B, 2] int32 = request b's (first item, number of non-empty items); order [P + B] int32 = the item
+prefix program p runs. Request b's new-token partial is slot P + B + b. A new plan (or a call without plan=)
+overwrites the workspace's previous one.
 
 Call it once outside a CUDA graph before capturing it (that compiles the kernels and measures their occupancy);
 replays may then change prefix lengths, page tables and inputs in place. On CPU tensors it runs through Triton's
@@ -33,13 +48,16 @@ Dk = Dv + Dpe with Dv and Dpe powers of two (DeepSeek: 576 = 512 + 64).
 
 Design. One program owns BLOCK_M rows of the (draft token t, query head g of the KV group) matrix of one KV
 head, so every KV tile it loads is used by all Hq/Hkv heads x T tokens at once (tl.dot; for MLA 16 heads x T
-rows). B > 1: grid = (m-blocks, Hkv, B + P); programs 0..B-1 do each request's T new tokens under the tree mask,
-and the P prefix programs share the whole batch's prefix work: the requests' tiles (plus a fixed cost per
-request) form one sequence cut into P equal ranges, so any mix of lengths is balanced (_work_schedule); a range
-crossing requests runs one segment per request. The schedule is recomputed on the device from the prefix
-lengths by each program, so nothing is planned on the host and CUDA-graph replays may change the lengths.
-B = 1: the kernel's loop-free SINGLE_REQUEST branch (P equal slices of the one prefix, program P the new tokens).
-Each part writes an fp32 partial output and its log2-sum-exp into the workspace; a merge kernel combines them.
+rows). B > 1: a plan (plan_verify: one small device kernel, no host sync) cuts each request's prefix tiles into
+items of at most chunk = ceil((tiles + a fixed cost per request) / P) tiles, never crossing a request, so there
+are at most P + B items; grid = (m-blocks, Hkv, P + 2B): prefix program p runs item order[p] (full items first,
+then the requests' partial items largest first, so the hardware's in-order dispatch balances them), one
+_prefix_range each, no loop; the last B programs do each request's T new tokens under the tree mask. The plan is
+recomputed on the device from the prefix lengths, so CUDA-graph replays may change them; an engine plans once
+per step and passes plan= to every layer.
+B = 1 without a plan: the loop-free SINGLE_REQUEST branch (P equal slices of the one prefix, program P the new
+tokens). Each part writes an fp32 partial output and its log2-sum-exp into the workspace slot of its item; a
+merge kernel combines a request's slots (req[b] of the plan) with its new-token slot.
 The grid depends only on static shapes (B, T, heads, P). Block sizes come from the device's per-block
 shared-memory limit (sm_90 ~227 KB, sm_120 ~100 KB), with a fall-back to the next smaller tile if the compiler
 still runs out of resources; P fills one wave of the SMs, counted from the compiled kernel's shared memory,
@@ -56,11 +74,12 @@ import triton.language as tl
 from torch import Tensor
 from triton.runtime.errors import OutOfResources
 
-__all__ = ["VerifyWorkspace", "VerifyConfig", "allocate_workspace", "candidate_configs", "kernel_is_interpreted",
-           "pick_config", "verify_attention"]
+__all__ = ["VerifyConfig", "VerifyPlan", "VerifyWorkspace", "allocate_workspace", "candidate_configs",
+           "kernel_is_interpreted", "pick_config", "plan_verify", "verify_attention", "verify_launch_params"]
 
 _LOG2E = 1.4426950408889634
-_SEG_COST = 2  # a request's fixed cost in tiles for the work split (H200, 2026-12-01: 0 / 1 / 2 measured, 2 best)
+_SEG_COST = 2  # a request's fixed cost in tiles, added before sizing the plan's chunk (notes, items 11 and 16)
+_BATCH1_SLICES = True  # B = 1 without a plan: the loop-free slices of the one prefix instead of a plan (item 16)
 
 
 @triton.jit
@@ -200,68 +219,71 @@ def _prefix_lens_vec(kv_indptr_ptr, prefix_lens_ptr, offs_b, mask_b, USE_INDPTR:
 
 
 @triton.jit
-def _single_request_slices(kv_indptr_ptr, prefix_lens_ptr, num_splits, BLOCK_N: tl.constexpr,
-                           USE_INDPTR: tl.constexpr):
-    """Batch 1: (index of its first slot id, prefix length, tokens per slice); slice s covers
-    [s * per_split, (s + 1) * per_split)."""
-    if USE_INDPTR:
-        idx_start = tl.load(kv_indptr_ptr)
-        prefix_len = tl.load(kv_indptr_ptr + 1) - idx_start
-    else:
-        idx_start = 0
-        prefix_len = tl.load(prefix_lens_ptr)
-    return idx_start, prefix_len, tl.cdiv(tl.cdiv(prefix_len, num_splits), BLOCK_N) * BLOCK_N
-
-
-@triton.jit
-def _work_units(lens, BLOCK_N: tl.constexpr, SEG_COST: tl.constexpr):
-    """Work of each request in tile units: its BLOCK_N tiles plus SEG_COST for a segment's fixed cost (q load,
-    partial store, an unpipelined last tile), so a program does not collect many short requests."""
+def _plan_kernel(
+    kv_indptr_ptr, prefix_lens_ptr, items_ptr, req_ptr, order_ptr,
+    batch,
+    num_splits,  # P: prefix programs of one wave per (m-block, KV head)
+    BLOCK_B: tl.constexpr,  # pow2 >= batch
+    BLOCK_K: tl.constexpr,  # items written per request and step
+    BLOCK_I: tl.constexpr,  # empty items written per step
+    BLOCK_N: tl.constexpr,
+    SEG_COST: tl.constexpr,  # a request's fixed cost in tiles, added to the work before sizing the chunk
+    USE_INDPTR: tl.constexpr,
+):
+    """The plan (one program): cut every request's prefix tiles into items of at most `chunk` tiles,
+    chunk = ceil((tiles + SEG_COST per non-empty request) / P), so there are at most P + B items and no item
+    crosses a request. items[i] = (b, lo, hi, 0) in request order (slot i); req[b] = (first item, items);
+    order[p] = the item program p runs: full items first, then the requests' last partial items by size,
+    largest first, then the empty items (lo = hi = 0, b = 0) up to P + B."""
+    offs_b = tl.arange(0, BLOCK_B)
+    mask_b = offs_b < batch
+    lens = _prefix_lens_vec(kv_indptr_ptr, prefix_lens_ptr, offs_b, mask_b, USE_INDPTR)
     tiles = (lens + BLOCK_N - 1) // BLOCK_N
-    return tiles + tl.where(tiles > 0, SEG_COST, 0)
-
-
-@triton.jit
-def _work_schedule(kv_indptr_ptr, prefix_lens_ptr, batch, num_splits,
-                   BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, SEG_COST: tl.constexpr, USE_INDPTR: tl.constexpr):
-    """The split of the whole batch's prefix work, a pure function of the prefix lengths.
-
-    The requests' work units (_work_units: SEG_COST, then one per tile), request after request, form one
-    sequence of `total` units; prefix program p owns units [p * chunk, (p + 1) * chunk) of it,
-    chunk = ceil(total / num_splits), so every program gets the same work whatever the mix of lengths (a program
-    may cover the end of one request and the start of the next). Returns (total, chunk)."""
-    offs_b = tl.arange(0, BLOCK_B)
-    lens = _prefix_lens_vec(kv_indptr_ptr, prefix_lens_ptr, offs_b, offs_b < batch, USE_INDPTR)
-    total = tl.sum(_work_units(lens, BLOCK_N, SEG_COST), 0)
-    return total, tl.maximum((total + num_splits - 1) // num_splits, 1)
-
-
-@triton.jit
-def _request_units(kv_indptr_ptr, prefix_lens_ptr, batch, b_or_unit, FIND: tl.constexpr,
-                   BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, SEG_COST: tl.constexpr, USE_INDPTR: tl.constexpr):
-    """(b, first unit, end unit, prefix length) of request b, or (FIND) of the request holding unit b_or_unit
-    of the batch's sequence. Scalars only leave this function: the [BLOCK_B] vectors stay out of the
-    callers' loops."""
-    offs_b = tl.arange(0, BLOCK_B)
-    lens = _prefix_lens_vec(kv_indptr_ptr, prefix_lens_ptr, offs_b, offs_b < batch, USE_INDPTR)
-    units = _work_units(lens, BLOCK_N, SEG_COST)
-    unit_end = tl.cumsum(units, 0)
-    if FIND:
-        b = tl.sum((unit_end <= b_or_unit).to(tl.int32), 0)  # requests ending at or before the unit; skips empties
-    else:
-        b = b_or_unit
-    end = tl.sum(tl.where(offs_b == b, unit_end, 0), 0)
-    return b, end - tl.sum(tl.where(offs_b == b, units, 0), 0), end, tl.sum(tl.where(offs_b == b, lens, 0), 0)
+    work = tl.sum(tiles + tl.where(tiles > 0, SEG_COST, 0), 0)
+    chunk = tl.maximum((work + num_splits - 1) // num_splits, 1)
+    n_items = (tiles + chunk - 1) // chunk
+    first = tl.cumsum(n_items, 0) - n_items
+    count = tl.sum(n_items, 0)
+    n_full = tiles // chunk
+    part = tiles - n_full * chunk  # tiles of the last, partial item (0: none)
+    full_first = tl.cumsum(n_full, 0) - n_full
+    total_full = tl.sum(n_full, 0)
+    ahead = (part[None, :] > part[:, None]) | ((part[None, :] == part[:, None]) & (offs_b[None, :] < offs_b[:, None]))
+    rank = tl.sum((ahead & (part[None, :] > 0)).to(tl.int32), 1)  # partial items larger (or equal and earlier)
+    tl.store(req_ptr + offs_b * 2, first, mask=mask_b)
+    tl.store(req_ptr + offs_b * 2 + 1, n_items, mask=mask_b)
+    max_items = num_splits + batch
+    for k0 in range(0, tl.max(n_items, 0), BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask = mask_b[:, None] & (offs_k[None, :] < n_items[:, None])
+        item = first[:, None] + offs_k[None, :]
+        lo = offs_k[None, :] * (chunk * BLOCK_N)
+        hi = tl.minimum(lo + chunk * BLOCK_N, lens[:, None])
+        row = items_ptr + item * 4
+        tl.store(row, offs_b[:, None] + offs_k[None, :] * 0, mask=mask)
+        tl.store(row + 1, lo + offs_b[:, None] * 0, mask=mask)
+        tl.store(row + 2, hi, mask=mask)
+        tl.store(row + 3, item * 0, mask=mask)
+        program = tl.where(offs_k[None, :] < n_full[:, None], full_first[:, None] + offs_k[None, :],
+                           total_full + rank[:, None])
+        tl.store(order_ptr + program, item, mask=mask)
+    for i0 in range(count, max_items, BLOCK_I):
+        offs_i = i0 + tl.arange(0, BLOCK_I)
+        mask_i = offs_i < max_items
+        for col in tl.static_range(4):
+            tl.store(items_ptr + offs_i * 4 + col, offs_i * 0, mask=mask_i)
+        tl.store(order_ptr + offs_i, offs_i, mask=mask_i)
 
 
 @triton.jit
 def _verify_attention_kernel(
     q_ptr, k_buffer_ptr, v_buffer_ptr, k_new_ptr, v_new_ptr, tree_mask_ptr,
     kv_indices_ptr, kv_indptr_ptr, prefix_lens_ptr,
+    items_ptr, order_ptr,  # the plan (_plan_kernel); unused at B = 1
     part_out_ptr, part_lse_ptr,
     qk_scale,  # sm_scale * log2(e)
     batch,
-    num_splits,  # prefix programs (the work is shared among them, see _work_schedule)
+    num_splits,  # P: prefix programs (B = 1: slices; else the plan has P + B item slots)
     stride_qb, stride_qt, stride_qh,
     stride_kbs, stride_kbh,
     stride_vbs, stride_vbh,
@@ -275,8 +297,6 @@ def _verify_attention_kernel(
     GROUP: tl.constexpr,  # Hq // Hkv
     T: tl.constexpr,
     BLOCK_T: tl.constexpr,  # pow2 >= max(T, 16)
-    BLOCK_B: tl.constexpr,  # pow2 >= batch
-    SEG_COST: tl.constexpr,  # a request's fixed cost in tiles, for the work split (_work_units)
     BLOCK_D: tl.constexpr,  # main key dims (= Dv for MLA)
     BLOCK_DPE: tl.constexpr,  # extra key dims (MLA rope), 0 if none
     BLOCK_DV: tl.constexpr,
@@ -285,7 +305,7 @@ def _verify_attention_kernel(
     PAGE_SIZE: tl.constexpr,
     USE_INDPTR: tl.constexpr,  # kv_indptr/kv_indices (token slots) vs page_table/prefix_lens
     V_IS_K: tl.constexpr,  # MLA: V = first BLOCK_DV dims of the K row
-    SINGLE_REQUEST: tl.constexpr,  # batch 1: the loop-free form (module docstring)
+    SINGLE_REQUEST: tl.constexpr,  # batch 1 without a plan: P equal slices of the one prefix (module docstring)
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (no TF32), "tf32" (unused) for fp16 / bf16
     WARP_SPECIALIZE: tl.constexpr,  # Triton's automatic warp specialisation of the prefix loop (tuning)
 ):
@@ -305,72 +325,54 @@ def _verify_attention_kernel(
         offs_dpe = offs_d  # unused
     k_head = k_buffer_ptr + kvh * stride_kbh
     v_head = v_buffer_ptr + kvh * stride_vbh
-    if SINGLE_REQUEST:
-        # Program s < num_splits streams the s-th slice of the one prefix; program num_splits (an empty slice)
-        # does the new tokens. No branch around the tile loop: at B = 1 a loop around it cost 5-25% (notes).
-        q, q_pe = _load_q(q_ptr, 0, offs_t, offs_h, mask_m, offs_d, offs_dpe, stride_qb, stride_qt, stride_qh,
-                          BLOCK_DPE)
-        idx_start, prefix_len, per_split = _single_request_slices(kv_indptr_ptr, prefix_lens_ptr, num_splits,
-                                                                  BLOCK_N, USE_INDPTR)
+    # Program z < num_items runs a prefix range [lo, hi) of request b into slot `slot`; program num_items + b does
+    # request b's new tokens (an empty prefix range, then the T x T tile) into slot num_items + b. No branch
+    # around the tile loop: a loop or branch around it cost 5-25% on the H200 (docs/kernels.md, item 12).
+    if SINGLE_REQUEST:  # slice z of the one prefix
+        num_items = num_splits
+        if USE_INDPTR:
+            idx_start = tl.load(kv_indptr_ptr)
+            prefix_len = tl.load(kv_indptr_ptr + 1) - idx_start
+        else:
+            idx_start = 0
+            prefix_len = tl.load(prefix_lens_ptr)
+        per_split = tl.cdiv(tl.cdiv(prefix_len, num_splits), BLOCK_N) * BLOCK_N
+        b = pid_z * 0
         lo = tl.minimum(pid_z * per_split, prefix_len)
         hi = tl.where(pid_z < num_splits, tl.minimum(lo + per_split, prefix_len), lo)
-        m_i, l_i, acc = _prefix_range(
-            lo, hi, q, q_pe, kv_indices_ptr + idx_start, k_head, v_head, stride_kbs, stride_vbs, offs_d, offs_dpe,
-            offs_dv, qk_scale, BLOCK_M, BLOCK_N, BLOCK_DPE, BLOCK_DV, PAGE_SIZE, V_IS_K, DOT_PRECISION, WARP_SPECIALIZE)
-        if pid_z == num_splits:
-            m_i, l_i, acc = _new_tokens_tile(
-                0, q, q_pe, k_new_ptr, v_new_ptr, tree_mask_ptr, kvh, offs_t, mask_m, offs_d, offs_dpe, offs_dv,
-                qk_scale, stride_knb, stride_knt, stride_knh, stride_vnb, stride_vnt, stride_vnh, stride_mb, stride_mt,
-                T, BLOCK_T, BLOCK_DPE, V_IS_K, DOT_PRECISION)
-        zero_m = offs_m * 0  # block-shaped conditions: the interpreter rejects a scalar bool in a mask
-        is_new = (zero_m + pid_z) == num_splits
-        slot = tl.where(pid_z == num_splits, num_splits + 1, pid_z)  # the work split's slots at B = 1
-        _store_part(part_out_ptr, part_lse_ptr, slot, m_i, l_i, acc, offs_t, offs_h, offs_dv,
-                    mask_m & (((zero_m + lo) < hi) | is_new),  # the merge reads the slices with work
-                    stride_pos, stride_pot, stride_poh, stride_pls, stride_plt)
-    elif pid_z < batch:  # request pid_z's new tokens
-        b = pid_z
-        q, q_pe = _load_q(q_ptr, b, offs_t, offs_h, mask_m, offs_d, offs_dpe, stride_qb, stride_qt, stride_qh,
-                          BLOCK_DPE)
+        slot = pid_z
+        indices = kv_indices_ptr + idx_start
+    else:  # the plan's item order[z]
+        num_items = num_splits + batch
+        is_item = pid_z < num_items
+        item = tl.load(order_ptr + tl.minimum(pid_z, num_items - 1))
+        b = tl.where(is_item, tl.load(items_ptr + item * 4), pid_z - num_items)
+        lo = tl.where(is_item, tl.load(items_ptr + item * 4 + 1), 0)
+        hi = tl.where(is_item, tl.load(items_ptr + item * 4 + 2), 0)
+        slot = tl.where(is_item, item, pid_z)
+        if USE_INDPTR:
+            indices = kv_indices_ptr + tl.load(kv_indptr_ptr + b)
+        else:
+            indices = kv_indices_ptr + b * stride_ptb
+    q, q_pe = _load_q(q_ptr, b, offs_t, offs_h, mask_m, offs_d, offs_dpe, stride_qb, stride_qt, stride_qh, BLOCK_DPE)
+    m_i, l_i, acc = _prefix_range(
+        lo, hi, q, q_pe, indices, k_head, v_head, stride_kbs, stride_vbs, offs_d, offs_dpe,
+        offs_dv, qk_scale, BLOCK_M, BLOCK_N, BLOCK_DPE, BLOCK_DV, PAGE_SIZE, V_IS_K, DOT_PRECISION, WARP_SPECIALIZE)
+    if pid_z >= num_items:
         m_i, l_i, acc = _new_tokens_tile(
             b, q, q_pe, k_new_ptr, v_new_ptr, tree_mask_ptr, kvh, offs_t, mask_m, offs_d, offs_dpe, offs_dv,
             qk_scale, stride_knb, stride_knt, stride_knh, stride_vnb, stride_vnt, stride_vnh, stride_mb, stride_mt,
             T, BLOCK_T, BLOCK_DPE, V_IS_K, DOT_PRECISION)
-        _store_part(part_out_ptr, part_lse_ptr, num_splits + batch + b, m_i, l_i, acc, offs_t, offs_h, offs_dv,
-                    mask_m, stride_pos, stride_pot, stride_poh, stride_pls, stride_plt)
-    else:  # prefix program pid_z - batch of the work split
-        split = pid_z - batch
-        total, chunk = _work_schedule(kv_indptr_ptr, prefix_lens_ptr, batch, num_splits, BLOCK_B, BLOCK_N, SEG_COST,
-                                      USE_INDPTR)
-        cur = split * chunk
-        work_hi = tl.minimum(cur + chunk, total)
-        while cur < work_hi:  # one segment per request this program's tiles touch
-            b, b_start, b_end, prefix_len = _request_units(kv_indptr_ptr, prefix_lens_ptr, batch, cur, True,
-                                                           BLOCK_B, BLOCK_N, SEG_COST, USE_INDPTR)
-            seg_end = tl.minimum(work_hi, b_end)
-            tile_lo = tl.maximum(cur - b_start - SEG_COST, 0)  # b's units: SEG_COST, then its tiles
-            tile_hi = seg_end - b_start - SEG_COST
-            if tile_hi > tile_lo:  # a program holding only the SEG_COST units of b writes nothing for it
-                if USE_INDPTR:
-                    indices = kv_indices_ptr + tl.load(kv_indptr_ptr + b)
-                else:
-                    indices = kv_indices_ptr + b * stride_ptb
-                q, q_pe = _load_q(q_ptr, b, offs_t, offs_h, mask_m, offs_d, offs_dpe, stride_qb, stride_qt,
-                                  stride_qh, BLOCK_DPE)
-                m_i, l_i, acc = _prefix_range(
-                    tile_lo * BLOCK_N, tl.minimum(tile_hi * BLOCK_N, prefix_len), q, q_pe, indices, k_head, v_head,
-                    stride_kbs, stride_vbs, offs_d, offs_dpe, offs_dv, qk_scale, BLOCK_M, BLOCK_N, BLOCK_DPE,
-                    BLOCK_DV, PAGE_SIZE, V_IS_K, DOT_PRECISION, WARP_SPECIALIZE)
-                # slot split + b is unique: the programs covering one request are consecutive (_verify_merge_kernel)
-                _store_part(part_out_ptr, part_lse_ptr, split + b, m_i, l_i, acc, offs_t, offs_h, offs_dv, mask_m,
-                            stride_pos, stride_pot, stride_poh, stride_pls, stride_plt)
-            cur = seg_end
+    zero_m = offs_m * 0  # block-shaped conditions: the interpreter rejects a scalar bool in a mask
+    _store_part(part_out_ptr, part_lse_ptr, slot, m_i, l_i, acc, offs_t, offs_h, offs_dv,
+                mask_m & (((zero_m + lo) < hi) | ((zero_m + pid_z) >= num_items)),  # the merge reads ranges with work
+                stride_pos, stride_pot, stride_poh, stride_pls, stride_plt)
 
 
 @triton.jit
 def _verify_merge_kernel(
     part_out_ptr, part_lse_ptr, out_ptr,
-    kv_indptr_ptr, prefix_lens_ptr,
+    kv_indptr_ptr, prefix_lens_ptr, req_ptr,
     batch,
     num_splits,
     stride_pos, stride_pot, stride_poh,
@@ -378,9 +380,7 @@ def _verify_merge_kernel(
     stride_ob, stride_ot, stride_oh,
     T: tl.constexpr,
     NUM_Q_HEADS: tl.constexpr,
-    BLOCK_B: tl.constexpr,
-    SEG_COST: tl.constexpr,
-    BLOCK_N: tl.constexpr,  # the attention kernel's, to find the programs that covered this request
+    BLOCK_N: tl.constexpr,  # the attention kernel's, to count batch 1's slices
     BLOCK_DV: tl.constexpr,  # dims of Dv handled by this program
     BLOCK_SC: tl.constexpr,  # parts per loaded chunk
     USE_INDPTR: tl.constexpr,
@@ -391,22 +391,21 @@ def _verify_merge_kernel(
     t = (pid // NUM_Q_HEADS) % T
     h = pid % NUM_Q_HEADS
     if SINGLE_REQUEST:  # slices 0 .. num_parts - 1 have work
-        _, prefix_len, per_split = _single_request_slices(kv_indptr_ptr, prefix_lens_ptr, num_splits, BLOCK_N,
-                                                          USE_INDPTR)
+        if USE_INDPTR:
+            prefix_len = tl.load(kv_indptr_ptr + 1) - tl.load(kv_indptr_ptr)
+        else:
+            prefix_len = tl.load(prefix_lens_ptr)
+        per_split = tl.cdiv(tl.cdiv(prefix_len, num_splits), BLOCK_N) * BLOCK_N
         first_slot = 0
         num_parts = tl.where(prefix_len > 0, tl.cdiv(prefix_len, tl.maximum(per_split, 1)), 0)
-    else:  # prefix programs first_p .. covered request b's tiles; program p wrote its part to slot p + b
-        total, chunk = _work_schedule(kv_indptr_ptr, prefix_lens_ptr, batch, num_splits, BLOCK_B, BLOCK_N, SEG_COST,
-                                      USE_INDPTR)
-        _, b_start, b_end, _ = _request_units(kv_indptr_ptr, prefix_lens_ptr, batch, b, False,
-                                              BLOCK_B, BLOCK_N, SEG_COST, USE_INDPTR)
-        first_p = (b_start + SEG_COST) // chunk
-        first_slot = first_p + b
-        num_parts = tl.where(b_end > b_start, (b_end - 1) // chunk - first_p + 1, 0)
+        new_slot = num_splits
+    else:  # the plan: request b's items are slots req[b, 0] .. + req[b, 1] - 1
+        first_slot = tl.load(req_ptr + b * 2)
+        num_parts = tl.load(req_ptr + b * 2 + 1)
+        new_slot = num_splits + batch + b
     offs_dv = tl.program_id(1) * BLOCK_DV + tl.arange(0, BLOCK_DV)
     lse_row = part_lse_ptr + t * stride_plt + h + first_slot * stride_pls
     o_row = part_out_ptr + t * stride_pot + h * stride_poh + first_slot * stride_pos
-    new_slot = num_splits + batch + b
     lse_new = tl.load(part_lse_ptr + new_slot * stride_pls + t * stride_plt + h)
     lse_max = lse_new
     for s0 in range(0, num_parts, BLOCK_SC):
@@ -440,16 +439,39 @@ class VerifyConfig:
 
 @dataclass(frozen=True)
 class VerifyWorkspace:
-    """fp32 partials: one per (prefix program, request it covered) plus one per request's new tokens.
-    Allocate once for the largest shapes."""
+    """fp32 partials, one slot per plan item (P + B at most) plus one per request's new tokens, and the int32 plan
+    (see plan_verify). Allocate once for the largest shapes; its sizes do not depend on the prefix lengths."""
 
     part_out: Tensor  # [max_splits + 2 * max_batch, T_max, Hq, Dv] fp32
     part_lse: Tensor  # [max_splits + 2 * max_batch, T_max, Hq] fp32 (log2 domain)
     max_batch: int
+    items: Tensor  # [max_splits + max_batch, 4] int32: item i = (b, lo, hi, 0), its partial in slot i
+    req: Tensor  # [max_batch, 2] int32: request b's (first item, number of non-empty items)
+    order: Tensor  # [max_splits + max_batch] int32: program p of the prefix programs runs item order[p]
 
     @property
     def max_splits(self) -> int:
         return self.part_lse.shape[0] - 2 * self.max_batch
+
+
+@dataclass(frozen=True)
+class VerifyPlan:
+    """One step's split of the batch's prefix work, written on the device by plan_verify into the workspace's
+    items / req / order (views below), for `batch` requests, tiles of `block_n` tokens and `num_splits` prefix
+    programs per (m-block, KV head). Valid for every verify_attention call of that step with the same block_n,
+    num_splits and batch on that workspace, until the next plan on the workspace (a call without plan= plans
+    into it too)."""
+
+    items: Tensor  # [num_splits + batch, 4] int32: (b, lo, hi, 0); request order; lo = hi: empty
+    req: Tensor  # [batch, 2] int32: (first item, non-empty items) of request b
+    order: Tensor  # [num_splits + batch] int32: prefix program p runs item order[p] (largest first)
+    batch: int
+    block_n: int
+    num_splits: int
+
+    @property
+    def num_items(self) -> int:
+        return self.num_splits + self.batch
 
 
 @functools.lru_cache(maxsize=None)
@@ -508,7 +530,7 @@ def pick_config(*, rows: int, dk: int, dv: int, v_is_k: bool, elt: int, smem_lim
 
 def _num_splits(*, num_kv_heads: int, m_blocks: int, slots: int, max_splits: int) -> int:
     """Prefix programs per (m-block, KV head): one full wave, slots = SMs x programs resident per SM. The batch's
-    prefix work is shared among them by _work_schedule, whatever the mix of lengths. More programs only add
+    prefix work is shared among them by the plan (_plan_kernel), whatever the mix of lengths. More programs only add
     workspace traffic, and a partial second wave costs a whole one (both measured on an H200)."""
     return max(1, min(max_splits, slots // (num_kv_heads * m_blocks)))
 
@@ -523,19 +545,66 @@ def allocate_workspace(
     if max_splits is None:
         max_splits = 4 * _device_limits(_device_index(device))[1]
     shape = (max_splits + 2 * max_batch, max_tokens, num_q_heads)
+    max_items = max_splits + max_batch
     return VerifyWorkspace(
         part_out=torch.empty(*shape, v_head_dim, device=device, dtype=torch.float32),
         part_lse=torch.empty(*shape, device=device, dtype=torch.float32),
         max_batch=max_batch,
+        items=torch.zeros(max_items, 4, device=device, dtype=torch.int32),
+        req=torch.zeros(max_batch, 2, device=device, dtype=torch.int32),
+        order=torch.zeros(max_items, device=device, dtype=torch.int32),
     )
+
+
+def _launch_plan(workspace: VerifyWorkspace, lens_or_indptr: Tensor, use_indptr: bool, batch: int, block_n: int,
+                 num_splits: int) -> VerifyPlan:
+    num_items = num_splits + batch
+    plan = VerifyPlan(items=workspace.items[:num_items], req=workspace.req[:batch], order=workspace.order[:num_items],
+                      batch=batch, block_n=block_n, num_splits=num_splits)
+    _plan_kernel[(1,)](
+        lens_or_indptr, lens_or_indptr, plan.items, plan.req, plan.order, batch, num_splits,
+        BLOCK_B=max(2, triton.next_power_of_2(batch)), BLOCK_K=32, BLOCK_I=128, BLOCK_N=block_n, SEG_COST=_SEG_COST,
+        USE_INDPTR=use_indptr, num_warps=4,
+    )
+    return plan
+
+
+def plan_verify(
+    *, workspace: VerifyWorkspace, block_n: int, num_splits: int, prefix_lens: Tensor | None = None,
+    kv_indptr: Tensor | None = None,
+) -> VerifyPlan:
+    """Plan one step's prefix work on the device (one small kernel, no host sync: CUDA-graph safe) from the
+    prefix lengths ([B] int32) or the SGLang indptr ([B+1] int32). block_n and num_splits are the attention
+    launch's: verify_launch_params() gives them. An engine plans once per step and passes plan= to every layer's
+    verify_attention; without plan= verify_attention plans itself (one more launch per call)."""
+    if (prefix_lens is None) == (kv_indptr is None):
+        raise ValueError(f"prefix_lens={None if prefix_lens is None else _shape(prefix_lens)}, kv_indptr="
+                         f"{None if kv_indptr is None else _shape(kv_indptr)}; allowed: exactly one of them")
+    lens = prefix_lens if kv_indptr is None else kv_indptr
+    name = "prefix_lens" if kv_indptr is None else "kv_indptr"
+    if lens.dtype != torch.int32:
+        raise TypeError(f"{name}: dtype {lens.dtype}; allowed: torch.int32")
+    if lens.dim() != 1 or lens.device != workspace.part_out.device:
+        raise ValueError(f"{name}: shape {_shape(lens)} on {lens.device}; allowed: [B] (prefix_lens) or [B+1] "
+                         f"(kv_indptr) on the workspace's device {workspace.part_out.device}")
+    batch = lens.shape[0] - (kv_indptr is not None)
+    if not 1 <= batch <= workspace.max_batch:
+        raise ValueError(f"{name}: batch {batch}; allowed: 1..{workspace.max_batch} (the workspace's max_batch)")
+    if not 1 <= num_splits <= workspace.max_splits:
+        raise ValueError(f"num_splits={num_splits}; allowed: 1..{workspace.max_splits} (the workspace's max_splits)")
+    if not _is_pow2(block_n):
+        raise ValueError(f"block_n={block_n}; allowed: a power of two (the attention tile's BLOCK_N)")
+    return _launch_plan(workspace, lens, kv_indptr is not None, batch, block_n, num_splits)
 
 
 def _verify_attention_launch(
     q: Tensor, k_buffer: Tensor, v_buffer: Tensor, k_new: Tensor, v_new: Tensor, tree_mask: Tensor,
     kv_indices: Tensor, kv_indptr: Tensor, prefix_lens: Tensor, page_table_stride: int,
     out: Tensor, workspace: VerifyWorkspace, sm_scale: float, page_size: int, use_indptr: bool, v_is_k: bool,
-    config: VerifyConfig | None, num_splits: int | None,
-) -> None:
+    config: VerifyConfig | None, num_splits: int | None, plan: VerifyPlan | None, launch: bool = True,
+) -> tuple[VerifyConfig, int]:
+    """Pick the tile and split count (unless given), then (launch) plan, attention and merge.
+    Returns the (config, num_splits) used."""
     batch, num_tokens, num_q_heads, dk = q.shape
     num_kv_heads = k_buffer.shape[1]
     dv = out.shape[-1]
@@ -550,17 +619,18 @@ def _verify_attention_launch(
             try:
                 return _verify_attention_launch(q, k_buffer, v_buffer, k_new, v_new, tree_mask, kv_indices, kv_indptr,
                                                 prefix_lens, page_table_stride, out, workspace, sm_scale, page_size,
-                                                use_indptr, v_is_k, config, num_splits)
+                                                use_indptr, v_is_k, config, num_splits, plan, launch)
             except OutOfResources:
                 if config == candidate_configs(**key)[-1]:
                     raise
                 _TOO_LARGE.add((config, tuple(key.values())))
     m_blocks = triton.cdiv(rows, config.block_m)
-    single = batch == 1
+    single = batch == 1 and plan is None and _BATCH1_SLICES
     po, pl = workspace.part_out, workspace.part_lse
     args = [
         q, k_buffer, v_buffer, k_new, v_new, tree_mask,
         kv_indices, kv_indptr, prefix_lens,
+        workspace.items, workspace.order,
         po, pl,
         sm_scale * _LOG2E,
         batch,
@@ -575,10 +645,9 @@ def _verify_attention_launch(
         po.stride(0), po.stride(1), po.stride(2),
         pl.stride(0), pl.stride(1),
     ]
-    block_b = max(2, triton.next_power_of_2(batch))
     constexprs = dict(
         NUM_KV_HEADS=num_kv_heads, GROUP=group, T=num_tokens, BLOCK_T=max(16, triton.next_power_of_2(num_tokens)),
-        BLOCK_B=block_b, SEG_COST=_SEG_COST, BLOCK_D=block_d, BLOCK_DPE=block_dpe, BLOCK_DV=dv,
+        BLOCK_D=block_d, BLOCK_DPE=block_dpe, BLOCK_DV=dv,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, PAGE_SIZE=page_size,
         USE_INDPTR=use_indptr, V_IS_K=v_is_k, SINGLE_REQUEST=single,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", WARP_SPECIALIZE=config.warp_specialize,
@@ -588,24 +657,40 @@ def _verify_attention_launch(
         per_sm = _programs_per_sm(_verify_attention_kernel, tuple(args), constexprs, q)
         num_splits = _num_splits(num_kv_heads=num_kv_heads, m_blocks=m_blocks, slots=sm_count * per_sm,
                                  max_splits=workspace.max_splits)
-    args[13] = num_splits
+    if plan is not None:
+        wanted = dict(batch=batch, block_n=config.block_n, num_splits=num_splits)
+        got = dict(batch=plan.batch, block_n=plan.block_n, num_splits=plan.num_splits)
+        wrong = [f"{k}={got[k]} (this call: {v})" for k, v in wanted.items() if got[k] != v]
+        if plan.items.data_ptr() != workspace.items.data_ptr():
+            wrong.append("made on another workspace")
+        if wrong:
+            raise ValueError(f"plan: {', '.join(wrong)}; allowed: a plan_verify(...) of this workspace with this "
+                             "call's block_n / num_splits (verify_launch_params) and batch")
+    if not launch:
+        return config, num_splits
+    if not single and plan is None:
+        plan = _launch_plan(workspace, kv_indptr if use_indptr else prefix_lens, use_indptr, batch, config.block_n,
+                            num_splits)
+    args[15] = num_splits
     global _last_compiled
-    # B = 1: programs 0..P-1 the prefix slices, P the new tokens; else 0..B-1 the new tokens, then P prefix programs
-    grid = (m_blocks, num_kv_heads, num_splits + 1 if single else batch + num_splits)
+    # B = 1 (slices): programs 0..P-1 the prefix slices, P the new tokens; else 0..P+B-1 the plan's items
+    # (largest first), then one per request's new tokens
+    grid = (m_blocks, num_kv_heads, num_splits + 1 if single else num_splits + 2 * batch)
     _last_compiled = _verify_attention_kernel[grid](*args, **constexprs)
     block_dv_merge = min(dv, 128)
     _verify_merge_kernel[(batch * num_tokens * num_q_heads, dv // block_dv_merge)](
         po, pl, out,
-        kv_indptr, prefix_lens,
+        kv_indptr, prefix_lens, workspace.req,
         batch,
         num_splits,
         po.stride(0), po.stride(1), po.stride(2),
         pl.stride(0), pl.stride(1),
         out.stride(0), out.stride(1), out.stride(2),
-        T=num_tokens, NUM_Q_HEADS=num_q_heads, BLOCK_B=block_b, SEG_COST=_SEG_COST, BLOCK_N=config.block_n,
+        T=num_tokens, NUM_Q_HEADS=num_q_heads, BLOCK_N=config.block_n,
         BLOCK_DV=block_dv_merge, BLOCK_SC=16, USE_INDPTR=use_indptr, SINGLE_REQUEST=single,
         num_warps=4,
     )
+    return config, num_splits
 
 
 _OCCUPANCY: dict[tuple, int] = {}
@@ -738,6 +823,42 @@ def _check_inputs(
         raise ValueError(f"page_size={page_size!r}; allowed: an integer >= 1")
 
 
+def _run(kw: dict, *, plan: VerifyPlan | None, launch: bool) -> tuple[VerifyConfig, int] | None:
+    """verify_attention's body: check, then the reference fallback (returns None) or the kernels."""
+    _check_inputs(**{k: kw[k] for k in ("q", "k_buffer", "v_buffer", "k_new", "v_new", "tree_mask", "out",
+                                        "workspace", "kv_indptr", "kv_indices", "page_table", "prefix_lens",
+                                        "page_size", "num_splits")})
+    q, k_buffer, v_buffer, k_new, v_new = kw["q"], kw["k_buffer"], kw["v_buffer"], kw["k_new"], kw["v_new"]
+    kv_indptr, kv_indices, page_table, prefix_lens = kw["kv_indptr"], kw["kv_indices"], kw["page_table"], kw["prefix_lens"]
+    v_is_k = v_buffer is None
+    if v_is_k:
+        v_buffer, v_new = k_buffer, k_new  # unused by the kernel
+    if q.device.type != "cuda" and not kernel_is_interpreted():
+        if not launch:
+            return None
+        from specsweep_kernels.reference import verify_attention_reference
+
+        verify_attention_reference(
+            q=q, k_buffer=k_buffer, v_buffer=None if v_is_k else v_buffer, k_new=k_new,
+            v_new=None if v_is_k else v_new, tree_mask=kw["tree_mask"], sm_scale=kw["sm_scale"], out=kw["out"],
+            kv_indptr=kv_indptr, kv_indices=kv_indices, page_table=page_table, prefix_lens=prefix_lens,
+            page_size=kw["page_size"])
+        return None
+    use_indptr = kv_indptr is not None
+    if use_indptr:
+        page_table_stride = 0
+        prefix_lens = kv_indptr
+        indices = kv_indices
+    else:
+        page_table_stride = page_table.stride(0)
+        indices = page_table
+        kv_indptr = prefix_lens
+    return _verify_attention_launch(q, k_buffer, v_buffer, k_new, v_new, kw["tree_mask"].view(torch.uint8), indices,
+                                    kv_indptr, prefix_lens, page_table_stride, kw["out"], kw["workspace"],
+                                    kw["sm_scale"], kw["page_size"], use_indptr, v_is_k, kw["config"],
+                                    kw["num_splits"], plan, launch)
+
+
 def verify_attention(
     *,
     q: Tensor,
@@ -756,36 +877,33 @@ def verify_attention(
     page_size: int = 1,
     config: VerifyConfig | None = None,
     num_splits: int | None = None,
+    plan: VerifyPlan | None = None,
 ) -> Tensor:
     """Attention of T new tokens over a paged prefix plus themselves (tree mask). See the module docstring.
 
     On a CPU tensor without Triton's interpreter this falls back to `specsweep_kernels.reference` (same result, slow).
 
     config / num_splits override the tile and split heuristics (benchmarks, tuning); leave them None.
+    plan: this step's plan_verify() on this workspace, reused by every layer (else the call plans itself).
     """
-    _check_inputs(q=q, k_buffer=k_buffer, v_buffer=v_buffer, k_new=k_new, v_new=v_new, tree_mask=tree_mask, out=out,
-                  workspace=workspace, kv_indptr=kv_indptr, kv_indices=kv_indices, page_table=page_table,
-                  prefix_lens=prefix_lens, page_size=page_size, num_splits=num_splits)
-    v_is_k = v_buffer is None
-    if v_is_k:
-        v_buffer, v_new = k_buffer, k_new  # unused by the kernel
-    if q.device.type != "cuda" and not kernel_is_interpreted():
-        from specsweep_kernels.reference import verify_attention_reference
-
-        return verify_attention_reference(
-            q=q, k_buffer=k_buffer, v_buffer=None if v_is_k else v_buffer, k_new=k_new,
-            v_new=None if v_is_k else v_new, tree_mask=tree_mask, sm_scale=sm_scale, out=out, kv_indptr=kv_indptr,
-            kv_indices=kv_indices, page_table=page_table, prefix_lens=prefix_lens, page_size=page_size)
-    use_indptr = kv_indptr is not None
-    if use_indptr:
-        page_table_stride = 0
-        prefix_lens = kv_indptr
-        indices = kv_indices
-    else:
-        page_table_stride = page_table.stride(0)
-        indices = page_table
-        kv_indptr = prefix_lens
-    _verify_attention_launch(q, k_buffer, v_buffer, k_new, v_new, tree_mask.view(torch.uint8), indices, kv_indptr,
-                             prefix_lens, page_table_stride, out, workspace, sm_scale, page_size, use_indptr,
-                             v_is_k, config, num_splits)
+    kw = dict(q=q, k_buffer=k_buffer, v_buffer=v_buffer, k_new=k_new, v_new=v_new, tree_mask=tree_mask,
+              sm_scale=sm_scale, out=out, workspace=workspace, kv_indptr=kv_indptr, kv_indices=kv_indices,
+              page_table=page_table, prefix_lens=prefix_lens, page_size=page_size, config=config, num_splits=num_splits)
+    _run(kw, plan=plan, launch=True)
     return out
+
+
+def verify_launch_params(**kwargs) -> tuple[VerifyConfig, int]:
+    """(tile config, prefix programs P) that verify_attention(**kwargs) uses: plan_verify's block_n is
+    config.block_n and its num_splits P. Takes verify_attention's arguments (checked the same way); compiles the
+    kernel on first use, launches nothing. On CPU without the interpreter: (first candidate tile, 1)."""
+    kw = dict(v_buffer=None, v_new=None, kv_indptr=None, kv_indices=None, page_table=None, prefix_lens=None,
+              page_size=1, config=None, num_splits=None, sm_scale=1.0) | kwargs
+    params = _run(kw, plan=None, launch=False)
+    if params is None:
+        q, out = kw["q"], kw["out"]
+        rows = q.shape[1] * q.shape[2] // kw["k_buffer"].shape[1]
+        config = kw["config"] or pick_config(rows=rows, dk=q.shape[3], dv=out.shape[3], v_is_k=kw["v_buffer"] is None,
+                                             elt=q.element_size(), smem_limit=_device_limits(0)[0])
+        return config, kw["num_splits"] or 1
+    return params

@@ -4,7 +4,7 @@ import torch
 
 from specsweep_kernels.problems import GQA_32_8, MLA_16, Layout, make_problem
 from specsweep_kernels.reference import verify_attention_reference
-from specsweep_kernels.verify_attention import allocate_workspace, verify_attention
+from specsweep_kernels.verify_attention import allocate_workspace, plan_verify, verify_attention, verify_launch_params
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -57,9 +57,11 @@ def test_bf16_sglang_indptr_long_prefix():
     run_and_check(problem, indptr=True)
 
 
+@pytest.mark.parametrize("planned", [False, True], ids=["plan-per-call", "plan-once-two-layers"])
 @pytest.mark.parametrize("layout", [GQA_32_8, MLA_16], ids=["gqa", "mla"])
-def test_cuda_graph_capture_and_replay(layout):
-    """Capture once at one prefix length; replay after the prefix grows and the inputs change in place."""
+def test_cuda_graph_capture_and_replay(layout, planned):
+    """Capture once at one prefix length; replay after the prefix grows and the inputs change in place.
+    plan-once-two-layers: the graph holds one plan_verify and two layers' calls reusing it (an engine's step)."""
     max_pages, page_size, num_tokens = 512, 16, 8
     problem = make_problem(layout=layout, prefix_lens=[1000, 4000], num_tokens=num_tokens, page_size=page_size,
                            dtype=torch.bfloat16, device="cuda", tree="random", spare_pages=2 * max_pages, seed=21)
@@ -67,25 +69,36 @@ def test_cuda_graph_capture_and_replay(layout):
     num_pages = args["k_buffer"].shape[0] // page_size
     table = torch.randperm(num_pages, device="cuda")[:2 * max_pages].view(2, max_pages).int()
     lens = torch.tensor([1000, 4000], dtype=torch.int32, device="cuda")
-    out = problem.new_out()
     ws = allocate_workspace(max_batch=2, max_tokens=num_tokens, num_q_heads=layout.num_q_heads,
                             v_head_dim=layout.v_head_dim, device="cuda")
     addressing = dict(page_table=table, prefix_lens=lens, page_size=page_size)
-    verify_attention(**args, **addressing, out=out, workspace=ws)  # compile outside the capture
+    layers = [(args, problem.new_out())]
+    if planned:
+        layers.append(({**args, "q": torch.randn_like(args["q"])}, problem.new_out()))
+        config, splits = verify_launch_params(**args, **addressing, out=layers[0][1], workspace=ws)
+
+    def step():
+        plan = plan_verify(workspace=ws, block_n=config.block_n, num_splits=splits, prefix_lens=lens) if planned else None
+        for layer_args, out in layers:
+            verify_attention(**layer_args, **addressing, out=out, workspace=ws, plan=plan)
+
+    step()  # compile outside the capture
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        verify_attention(**args, **addressing, out=out, workspace=ws)
+        step()
     torch.cuda.current_stream().wait_stream(stream)
     for lens_now in ([1000, 4000], [2345, 8191], [1, 7000], [0, 8000], [6000, 0]):
         lens.copy_(torch.tensor(lens_now, dtype=torch.int32))
-        args["q"].copy_(torch.randn_like(args["q"]))
+        for layer_args, out in layers:
+            layer_args["q"].copy_(torch.randn_like(layer_args["q"]))
+            out.fill_(float("nan"))
         args["tree_mask"].copy_(torch.rand_like(args["tree_mask"], dtype=torch.float32) < 0.5)
         args["tree_mask"].diagonal(dim1=1, dim2=2).fill_(True)
-        out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        ref = verify_attention_reference(**args, **addressing, v_head_dim=layout.v_head_dim)
-        assert not out.isnan().any()
-        assert rel_err(out, ref) < BF16_TOL, f"replay at prefix {lens_now}: {rel_err(out, ref):.2e}"
+        for layer_args, out in layers:
+            ref = verify_attention_reference(**layer_args, **addressing, v_head_dim=layout.v_head_dim)
+            assert not out.isnan().any()
+            assert rel_err(out, ref) < BF16_TOL, f"replay at prefix {lens_now}: {rel_err(out, ref):.2e}"

@@ -8,7 +8,9 @@ import torch
 
 from specsweep_kernels.problems import Layout, make_problem
 from specsweep_kernels.reference import verify_attention_reference
-from specsweep_kernels.verify_attention import (VerifyConfig, allocate_workspace, kernel_is_interpreted, verify_attention)
+from specsweep_kernels import verify_attention as va
+from specsweep_kernels.verify_attention import (VerifyConfig, allocate_workspace, kernel_is_interpreted, plan_verify,
+                                                verify_attention, verify_launch_params)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 GQA = Layout(4, 2, 32, 32, mla=False)
@@ -101,6 +103,130 @@ def test_ragged_random_mix_mla_small():
                            device=DEVICE, tree="random", seed=41)
     check(problem, max_splits=8)
     check(problem, indptr=True, max_splits=8, num_splits=3)
+
+
+def check_plan(lens, *, block_n, num_splits, indptr=False):
+    """The plan's invariants: request b's items are contiguous, cover its tiles exactly once in order, never cross
+    a request, each at most one chunk long; at most P + B items (the grid); programs take full items first, then
+    the partial ones largest first, then the empty ones."""
+    batch = len(lens)
+    ws = allocate_workspace(max_batch=batch + 2, max_tokens=1, num_q_heads=1, v_head_dim=16, device=DEVICE,
+                            max_splits=num_splits + 3)
+    ws.items.fill_(-7)
+    lens_t = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    if indptr:
+        indptr_t = torch.zeros(batch + 1, dtype=torch.int32, device=DEVICE)
+        indptr_t[1:] = torch.cumsum(lens_t, 0)
+        plan = plan_verify(workspace=ws, block_n=block_n, num_splits=num_splits, kv_indptr=indptr_t)
+    else:
+        plan = plan_verify(workspace=ws, block_n=block_n, num_splits=num_splits, prefix_lens=lens_t)
+    items, req, order = plan.items.tolist(), plan.req.tolist(), plan.order.tolist()
+    assert len(items) == plan.num_items == num_splits + batch
+    tiles = [-(-n // block_n) for n in lens]
+    work = sum(tiles) + va._SEG_COST * sum(t > 0 for t in tiles)
+    chunk = max(1, -(-work // num_splits))
+    nonempty = [i for i, (_, lo, hi, _) in enumerate(items) if hi > lo]
+    assert nonempty == list(range(len(nonempty))), "non-empty items first, in request order"
+    assert all(it == [0, 0, 0, 0] for it in items[len(nonempty):]), "empty items are (0, 0, 0, 0)"
+    for b, n in enumerate(lens):
+        first, count = req[b]
+        mine = items[first:first + count]
+        assert all(it[0] == b and it[3] == 0 for it in mine), f"request {b}: items {mine} cross a request"
+        assert [it[1] for it in mine] == [0, *(it[2] for it in mine[:-1])][:count], f"request {b}: gaps {mine}"
+        assert (mine[-1][2] if mine else 0) == n, f"request {b}: items {mine} do not end at its prefix {n}"
+        assert all(it[1] % block_n == 0 and 0 < it[2] - it[1] <= chunk * block_n for it in mine)
+    assert sum(c for _, c in req) == len(nonempty)
+    assert sorted(order) == list(range(plan.num_items)), "order is a permutation of the item slots"
+    sizes = [-(-(items[i][2] - items[i][1]) // block_n) for i in order]
+    ran = sizes[:len(nonempty)]
+    assert ran == sorted(ran, reverse=True), f"programs do not take the largest items first: {ran}"
+    assert sizes[len(nonempty):] == [0] * (plan.num_items - len(nonempty))
+    return plan
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 5, 13, 40])
+@pytest.mark.parametrize("block_n", [16, 128])
+def test_plan_items_cover_every_tile_once(num_splits, block_n):
+    check_plan([0, 300, 1, 17, 0, 129, 40], block_n=block_n, num_splits=num_splits)
+    check_plan([0, 300, 1, 17, 0, 129, 40], block_n=block_n, num_splits=num_splits, indptr=True)
+
+
+def test_plan_batch_64_random_and_edge_mixes():
+    gen = torch.Generator().manual_seed(64)
+    lens = torch.exp(torch.rand(64, generator=gen, dtype=torch.float64) * 11).long().tolist()  # 1 .. 60k
+    lens[5] = lens[40] = 0
+    for num_splits in (16, 33, 120):
+        plan = check_plan(lens, block_n=64, num_splits=num_splits)
+        assert plan.req[5, 1].item() == plan.req[40, 1].item() == 0
+    check_plan([0] * 9, block_n=16, num_splits=4)  # nothing to do: every item empty
+    check_plan([100_000], block_n=64, num_splits=33)  # batch 1 through the plan
+    check_plan([1, 1, 1, 1, 1, 1, 1, 1], block_n=128, num_splits=3)  # more requests than programs
+
+
+def test_plan_reused_across_layers(monkeypatch):
+    """An engine plans once per step; every layer's call reuses the plan (no planning launch) and is right."""
+    lens = [0, 300, 1, 17, 129]
+    layers = [make_problem(layout=GQA, prefix_lens=lens, num_tokens=5, page_size=16, dtype=torch.float16,
+                           device=DEVICE, tree="random", seed=90 + i) for i in range(2)]
+    ws = allocate_workspace(max_batch=len(lens), max_tokens=5, num_q_heads=4, v_head_dim=32, device=DEVICE,
+                            max_splits=6)
+    first = {**layers[0].attention_args(), **layers[0].table_args(), "out": layers[0].new_out(), "workspace": ws}
+    config, splits = verify_launch_params(**first)
+    plan = plan_verify(workspace=ws, block_n=config.block_n, num_splits=splits, prefix_lens=first["prefix_lens"])
+    launches = []
+    real = va._launch_plan
+    monkeypatch.setattr(va, "_launch_plan", lambda *a: launches.append(a) or real(*a))
+    for problem in layers:
+        args, addressing = problem.attention_args(), problem.table_args()
+        out = verify_attention(**args, **addressing, out=problem.new_out(), workspace=ws, plan=plan)
+        ref = verify_attention_reference(**args, **addressing, v_head_dim=32)
+        assert rel_err(out, ref) < TOL[torch.float16]
+    assert launches == [], "a call given plan= planned again"
+    verify_attention(**first)  # without plan=: plans itself
+    assert len(launches) == 1
+
+
+def test_plan_at_batch_1_matches_reference():
+    problem = make_problem(layout=MLA_SMALL, prefix_lens=[333], num_tokens=4, page_size=1, dtype=torch.float16,
+                           device=DEVICE, tree="random", seed=12)
+    ws = allocate_workspace(max_batch=1, max_tokens=4, num_q_heads=16, v_head_dim=32, device=DEVICE, max_splits=5)
+    args = {**problem.attention_args(), **problem.indptr_args(), "out": problem.new_out(), "workspace": ws}
+    config, splits = verify_launch_params(**args)
+    plan = plan_verify(workspace=ws, block_n=config.block_n, num_splits=splits, kv_indptr=args["kv_indptr"])
+    verify_attention(**args, plan=plan)
+    ref = verify_attention_reference(**{k: v for k, v in args.items() if k not in ("out", "workspace")},
+                                     v_head_dim=32)
+    assert rel_err(args["out"], ref) < TOL[torch.float16]
+
+
+def test_plan_mismatch_is_refused_naming_what_differs():
+    problem, args = bad_input_case()
+    config, splits = verify_launch_params(**args)
+    lens = args["prefix_lens"]
+    other = allocate_workspace(max_batch=1, max_tokens=2, num_q_heads=4, v_head_dim=32, device=DEVICE, max_splits=2)
+    cases = [
+        (plan_verify(workspace=args["workspace"], block_n=config.block_n, num_splits=1 + splits % 2, prefix_lens=lens),
+         f"plan: num_splits={1 + splits % 2} \\(this call: {splits}\\)"),
+        (plan_verify(workspace=args["workspace"], block_n=2 * config.block_n, num_splits=splits, prefix_lens=lens),
+         f"plan: block_n={2 * config.block_n} \\(this call: {config.block_n}\\)"),
+        (plan_verify(workspace=other, block_n=config.block_n, num_splits=splits, prefix_lens=lens),
+         "plan: made on another workspace"),
+    ]
+    big = allocate_workspace(max_batch=2, max_tokens=2, num_q_heads=4, v_head_dim=32, device=DEVICE, max_splits=2)
+    two = torch.tensor([8, 3], dtype=torch.int32, device=DEVICE)
+    cases.append((plan_verify(workspace=big, block_n=config.block_n, num_splits=splits, prefix_lens=two),
+                  "plan: batch=2 \\(this call: 1\\), made on another workspace"))
+    for plan, message in cases:
+        with pytest.raises(ValueError, match=message):
+            verify_attention(**args, plan=plan)
+    with pytest.raises(ValueError, match="exactly one of them"):
+        plan_verify(workspace=other, block_n=16, num_splits=1)
+    with pytest.raises(TypeError, match="prefix_lens: dtype torch.int64; allowed: torch.int32"):
+        plan_verify(workspace=other, block_n=16, num_splits=1, prefix_lens=lens.long())
+    with pytest.raises(ValueError, match="prefix_lens: batch 2; allowed: 1..1"):
+        plan_verify(workspace=other, block_n=16, num_splits=1, prefix_lens=two)
+    with pytest.raises(ValueError, match="num_splits=3; allowed: 1..2"):
+        plan_verify(workspace=other, block_n=16, num_splits=3, prefix_lens=lens)
 
 
 def test_all_prefixes_empty():
