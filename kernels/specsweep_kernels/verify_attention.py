@@ -49,14 +49,14 @@ Dk = Dv + Dpe with Dv and Dpe powers of two (DeepSeek: 576 = 512 + 64).
 Design. One program owns BLOCK_M rows of the (draft token t, query head g of the KV group) matrix of one KV
 head, so every KV tile it loads is used by all Hq/Hkv heads x T tokens at once (tl.dot; for MLA 16 heads x T
 rows). B > 1: a plan (plan_verify: one small device kernel, no host sync) cuts each request's prefix tiles into
-items of at most chunk = ceil((tiles + a fixed cost per request) / P) tiles, never crossing a request, so there
+items of at most chunk = ceil(batch's tiles / P) tiles, never crossing a request, so there
 are at most P + B items; grid = (m-blocks, Hkv, P + 2B): prefix program p runs item order[p] (full items first,
 then the requests' partial items largest first, so the hardware's in-order dispatch balances them), one
 _prefix_range each, no loop; the last B programs do each request's T new tokens under the tree mask. The plan is
 recomputed on the device from the prefix lengths, so CUDA-graph replays may change them; an engine plans once
 per step and passes plan= to every layer.
-B = 1 without a plan: the loop-free SINGLE_REQUEST branch (P equal slices of the one prefix, program P the new
-tokens). Each part writes an fp32 partial output and its log2-sum-exp into the workspace slot of its item; a
+B = 1: the loop-free SINGLE_REQUEST branch (P equal slices of the one prefix, program P the new tokens; a plan
+passed at B = 1 is checked, not read). Each part writes an fp32 partial output and its log2-sum-exp into the workspace slot of its item; a
 merge kernel combines a request's slots (req[b] of the plan) with its new-token slot.
 The grid depends only on static shapes (B, T, heads, P). Block sizes come from the device's per-block
 shared-memory limit (sm_90 ~227 KB, sm_120 ~100 KB), with a fall-back to the next smaller tile if the compiler
@@ -78,8 +78,7 @@ __all__ = ["VerifyConfig", "VerifyPlan", "VerifyWorkspace", "allocate_workspace"
            "kernel_is_interpreted", "pick_config", "plan_verify", "verify_attention", "verify_launch_params"]
 
 _LOG2E = 1.4426950408889634
-_SEG_COST = 2  # a request's fixed cost in tiles, added before sizing the plan's chunk (notes, items 11 and 16)
-_BATCH1_SLICES = True  # B = 1 without a plan: the loop-free slices of the one prefix instead of a plan (item 16)
+_NEW_TOKENS_APART = True  # A/B knob (device run 2)
 
 
 @triton.jit
@@ -227,11 +226,10 @@ def _plan_kernel(
     BLOCK_K: tl.constexpr,  # items written per request and step
     BLOCK_I: tl.constexpr,  # empty items written per step
     BLOCK_N: tl.constexpr,
-    SEG_COST: tl.constexpr,  # a request's fixed cost in tiles, added to the work before sizing the chunk
     USE_INDPTR: tl.constexpr,
 ):
     """The plan (one program): cut every request's prefix tiles into items of at most `chunk` tiles,
-    chunk = ceil((tiles + SEG_COST per non-empty request) / P), so there are at most P + B items and no item
+    chunk = ceil(tiles / P), so there are at most P + B items and no item
     crosses a request. items[i] = (b, lo, hi, 0) in request order (slot i); req[b] = (first item, items);
     order[p] = the item program p runs: full items first, then the requests' last partial items by size,
     largest first, then the empty items (lo = hi = 0, b = 0) up to P + B."""
@@ -239,8 +237,7 @@ def _plan_kernel(
     mask_b = offs_b < batch
     lens = _prefix_lens_vec(kv_indptr_ptr, prefix_lens_ptr, offs_b, mask_b, USE_INDPTR)
     tiles = (lens + BLOCK_N - 1) // BLOCK_N
-    work = tl.sum(tiles + tl.where(tiles > 0, SEG_COST, 0), 0)
-    chunk = tl.maximum((work + num_splits - 1) // num_splits, 1)
+    chunk = tl.maximum((tl.sum(tiles, 0) + num_splits - 1) // num_splits, 1)
     n_items = (tiles + chunk - 1) // chunk
     first = tl.cumsum(n_items, 0) - n_items
     count = tl.sum(n_items, 0)
@@ -276,6 +273,48 @@ def _plan_kernel(
 
 
 @triton.jit
+def _plan_part(
+    q_ptr, k_head, v_head, k_new_ptr, v_new_ptr, tree_mask_ptr, kv_indices_ptr, kv_indptr_ptr, items_ptr, order_ptr,
+    part_out_ptr, part_lse_ptr, qk_scale, batch, num_splits, pid_z, kvh, offs_m, mask_m, offs_t, offs_h, offs_d,
+    offs_dpe, offs_dv, stride_qb, stride_qt, stride_qh, stride_kbs, stride_vbs, stride_knb, stride_knt, stride_knh,
+    stride_vnb, stride_vnt, stride_vnh, stride_mb, stride_mt, stride_ptb, stride_pos, stride_pot, stride_poh,
+    stride_pls, stride_plt,
+    T: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_DPE: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, USE_INDPTR: tl.constexpr, V_IS_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, WITH_NEW_TOKENS: tl.constexpr,
+):
+    """Program z < P + B: the plan's item order[z], one prefix range [lo, hi) of request b, into slot order[z].
+    WITH_NEW_TOKENS: program P + B + b runs the same code on an empty range, then request b's T x T tile, into
+    slot z (no branch around the tile loop)."""
+    num_items = num_splits + batch
+    is_item = pid_z < num_items
+    item = tl.load(order_ptr + tl.minimum(pid_z, num_items - 1))
+    b = tl.where(is_item, tl.load(items_ptr + item * 4), pid_z - num_items)
+    lo = tl.where(is_item, tl.load(items_ptr + item * 4 + 1), 0)
+    hi = tl.where(is_item, tl.load(items_ptr + item * 4 + 2), 0)
+    if USE_INDPTR:
+        indices = kv_indices_ptr + tl.load(kv_indptr_ptr + b)
+    else:
+        indices = kv_indices_ptr + b * stride_ptb
+    q, q_pe = _load_q(q_ptr, b, offs_t, offs_h, mask_m, offs_d, offs_dpe, stride_qb, stride_qt, stride_qh, BLOCK_DPE)
+    m_i, l_i, acc = _prefix_range(
+        lo, hi, q, q_pe, indices, k_head, v_head, stride_kbs, stride_vbs, offs_d, offs_dpe, offs_dv, qk_scale,
+        BLOCK_M, BLOCK_N, BLOCK_DPE, BLOCK_DV, PAGE_SIZE, V_IS_K, DOT_PRECISION, WARP_SPECIALIZE)
+    zero_m = offs_m * 0  # block-shaped conditions: the interpreter rejects a scalar bool in a mask
+    if WITH_NEW_TOKENS:
+        if pid_z >= num_items:
+            m_i, l_i, acc = _new_tokens_tile(
+                b, q, q_pe, k_new_ptr, v_new_ptr, tree_mask_ptr, kvh, offs_t, mask_m, offs_d, offs_dpe, offs_dv,
+                qk_scale, stride_knb, stride_knt, stride_knh, stride_vnb, stride_vnt, stride_vnh, stride_mb, stride_mt,
+                T, BLOCK_T, BLOCK_DPE, V_IS_K, DOT_PRECISION)
+        mask = mask_m & (((zero_m + lo) < hi) | ((zero_m + pid_z) >= num_items))
+    else:
+        mask = mask_m & ((zero_m + lo) < hi)
+    _store_part(part_out_ptr, part_lse_ptr, tl.where(is_item, item, pid_z), m_i, l_i, acc, offs_t, offs_h, offs_dv,
+                mask, stride_pos, stride_pot, stride_poh, stride_pls, stride_plt)
+
+
+@triton.jit
 def _verify_attention_kernel(
     q_ptr, k_buffer_ptr, v_buffer_ptr, k_new_ptr, v_new_ptr, tree_mask_ptr,
     kv_indices_ptr, kv_indptr_ptr, prefix_lens_ptr,
@@ -305,7 +344,8 @@ def _verify_attention_kernel(
     PAGE_SIZE: tl.constexpr,
     USE_INDPTR: tl.constexpr,  # kv_indptr/kv_indices (token slots) vs page_table/prefix_lens
     V_IS_K: tl.constexpr,  # MLA: V = first BLOCK_DV dims of the K row
-    SINGLE_REQUEST: tl.constexpr,  # batch 1 without a plan: P equal slices of the one prefix (module docstring)
+    SINGLE_REQUEST: tl.constexpr,  # batch 1: P equal slices of the one prefix (module docstring)
+    NEW_TOKENS_APART: tl.constexpr,  # B > 1: new-token programs in their own branch (else after an empty range)
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (no TF32), "tf32" (unused) for fp16 / bf16
     WARP_SPECIALIZE: tl.constexpr,  # Triton's automatic warp specialisation of the prefix loop (tuning)
 ):
@@ -325,11 +365,11 @@ def _verify_attention_kernel(
         offs_dpe = offs_d  # unused
     k_head = k_buffer_ptr + kvh * stride_kbh
     v_head = v_buffer_ptr + kvh * stride_vbh
-    # Program z < num_items runs a prefix range [lo, hi) of request b into slot `slot`; program num_items + b does
-    # request b's new tokens (an empty prefix range, then the T x T tile) into slot num_items + b. No branch
-    # around the tile loop: a loop or branch around it cost 5-25% on the H200 (docs/kernels.md, item 12).
-    if SINGLE_REQUEST:  # slice z of the one prefix
-        num_items = num_splits
+    if SINGLE_REQUEST:
+        # Program s < num_splits streams the s-th slice of the one prefix; program num_splits (an empty slice)
+        # does the new tokens. No branch around the tile loop: at B = 1 a loop around it cost 5-25% (notes).
+        q, q_pe = _load_q(q_ptr, 0, offs_t, offs_h, mask_m, offs_d, offs_dpe, stride_qb, stride_qt, stride_qh,
+                          BLOCK_DPE)
         if USE_INDPTR:
             idx_start = tl.load(kv_indptr_ptr)
             prefix_len = tl.load(kv_indptr_ptr + 1) - idx_start
@@ -337,36 +377,50 @@ def _verify_attention_kernel(
             idx_start = 0
             prefix_len = tl.load(prefix_lens_ptr)
         per_split = tl.cdiv(tl.cdiv(prefix_len, num_splits), BLOCK_N) * BLOCK_N
-        b = pid_z * 0
         lo = tl.minimum(pid_z * per_split, prefix_len)
         hi = tl.where(pid_z < num_splits, tl.minimum(lo + per_split, prefix_len), lo)
-        slot = pid_z
-        indices = kv_indices_ptr + idx_start
-    else:  # the plan's item order[z]
-        num_items = num_splits + batch
-        is_item = pid_z < num_items
-        item = tl.load(order_ptr + tl.minimum(pid_z, num_items - 1))
-        b = tl.where(is_item, tl.load(items_ptr + item * 4), pid_z - num_items)
-        lo = tl.where(is_item, tl.load(items_ptr + item * 4 + 1), 0)
-        hi = tl.where(is_item, tl.load(items_ptr + item * 4 + 2), 0)
-        slot = tl.where(is_item, item, pid_z)
-        if USE_INDPTR:
-            indices = kv_indices_ptr + tl.load(kv_indptr_ptr + b)
+        m_i, l_i, acc = _prefix_range(
+            lo, hi, q, q_pe, kv_indices_ptr + idx_start, k_head, v_head, stride_kbs, stride_vbs, offs_d, offs_dpe,
+            offs_dv, qk_scale, BLOCK_M, BLOCK_N, BLOCK_DPE, BLOCK_DV, PAGE_SIZE, V_IS_K, DOT_PRECISION, WARP_SPECIALIZE)
+        if pid_z == num_splits:
+            m_i, l_i, acc = _new_tokens_tile(
+                0, q, q_pe, k_new_ptr, v_new_ptr, tree_mask_ptr, kvh, offs_t, mask_m, offs_d, offs_dpe, offs_dv,
+                qk_scale, stride_knb, stride_knt, stride_knh, stride_vnb, stride_vnt, stride_vnh, stride_mb, stride_mt,
+                T, BLOCK_T, BLOCK_DPE, V_IS_K, DOT_PRECISION)
+        zero_m = offs_m * 0  # block-shaped conditions: the interpreter rejects a scalar bool in a mask
+        is_new = (zero_m + pid_z) == num_splits
+        _store_part(part_out_ptr, part_lse_ptr, pid_z, m_i, l_i, acc, offs_t, offs_h, offs_dv,
+                    mask_m & (((zero_m + lo) < hi) | is_new),  # the merge reads the slices with work
+                    stride_pos, stride_pot, stride_poh, stride_pls, stride_plt)
+    elif NEW_TOKENS_APART:
+        if pid_z >= num_splits + batch:  # request b's new tokens, slot P + B + b
+            b = pid_z - num_splits - batch
+            q, q_pe = _load_q(q_ptr, b, offs_t, offs_h, mask_m, offs_d, offs_dpe, stride_qb, stride_qt, stride_qh,
+                              BLOCK_DPE)
+            m_i, l_i, acc = _new_tokens_tile(
+                b, q, q_pe, k_new_ptr, v_new_ptr, tree_mask_ptr, kvh, offs_t, mask_m, offs_d, offs_dpe, offs_dv,
+                qk_scale, stride_knb, stride_knt, stride_knh, stride_vnb, stride_vnt, stride_vnh, stride_mb, stride_mt,
+                T, BLOCK_T, BLOCK_DPE, V_IS_K, DOT_PRECISION)
+            _store_part(part_out_ptr, part_lse_ptr, pid_z, m_i, l_i, acc, offs_t, offs_h, offs_dv, mask_m,
+                        stride_pos, stride_pot, stride_poh, stride_pls, stride_plt)
         else:
-            indices = kv_indices_ptr + b * stride_ptb
-    q, q_pe = _load_q(q_ptr, b, offs_t, offs_h, mask_m, offs_d, offs_dpe, stride_qb, stride_qt, stride_qh, BLOCK_DPE)
-    m_i, l_i, acc = _prefix_range(
-        lo, hi, q, q_pe, indices, k_head, v_head, stride_kbs, stride_vbs, offs_d, offs_dpe,
-        offs_dv, qk_scale, BLOCK_M, BLOCK_N, BLOCK_DPE, BLOCK_DV, PAGE_SIZE, V_IS_K, DOT_PRECISION, WARP_SPECIALIZE)
-    if pid_z >= num_items:
-        m_i, l_i, acc = _new_tokens_tile(
-            b, q, q_pe, k_new_ptr, v_new_ptr, tree_mask_ptr, kvh, offs_t, mask_m, offs_d, offs_dpe, offs_dv,
-            qk_scale, stride_knb, stride_knt, stride_knh, stride_vnb, stride_vnt, stride_vnh, stride_mb, stride_mt,
-            T, BLOCK_T, BLOCK_DPE, V_IS_K, DOT_PRECISION)
-    zero_m = offs_m * 0  # block-shaped conditions: the interpreter rejects a scalar bool in a mask
-    _store_part(part_out_ptr, part_lse_ptr, slot, m_i, l_i, acc, offs_t, offs_h, offs_dv,
-                mask_m & (((zero_m + lo) < hi) | ((zero_m + pid_z) >= num_items)),  # the merge reads ranges with work
-                stride_pos, stride_pot, stride_poh, stride_pls, stride_plt)
+            _plan_part(
+                q_ptr, k_head, v_head, k_new_ptr, v_new_ptr, tree_mask_ptr, kv_indices_ptr, kv_indptr_ptr, items_ptr,
+                order_ptr, part_out_ptr, part_lse_ptr, qk_scale, batch, num_splits, pid_z, kvh, offs_m, mask_m, offs_t,
+                offs_h, offs_d, offs_dpe, offs_dv, stride_qb, stride_qt, stride_qh, stride_kbs, stride_vbs,
+                stride_knb, stride_knt, stride_knh, stride_vnb, stride_vnt, stride_vnh, stride_mb, stride_mt,
+                stride_ptb, stride_pos, stride_pot, stride_poh, stride_pls, stride_plt,
+                T, BLOCK_T, BLOCK_DPE, BLOCK_DV, BLOCK_M, BLOCK_N, PAGE_SIZE, USE_INDPTR, V_IS_K, DOT_PRECISION,
+                WARP_SPECIALIZE, False)
+    else:
+        _plan_part(
+            q_ptr, k_head, v_head, k_new_ptr, v_new_ptr, tree_mask_ptr, kv_indices_ptr, kv_indptr_ptr, items_ptr,
+            order_ptr, part_out_ptr, part_lse_ptr, qk_scale, batch, num_splits, pid_z, kvh, offs_m, mask_m, offs_t,
+            offs_h, offs_d, offs_dpe, offs_dv, stride_qb, stride_qt, stride_qh, stride_kbs, stride_vbs,
+            stride_knb, stride_knt, stride_knh, stride_vnb, stride_vnt, stride_vnh, stride_mb, stride_mt,
+            stride_ptb, stride_pos, stride_pot, stride_poh, stride_pls, stride_plt,
+            T, BLOCK_T, BLOCK_DPE, BLOCK_DV, BLOCK_M, BLOCK_N, PAGE_SIZE, USE_INDPTR, V_IS_K, DOT_PRECISION,
+            WARP_SPECIALIZE, True)
 
 
 @triton.jit
@@ -563,7 +617,7 @@ def _launch_plan(workspace: VerifyWorkspace, lens_or_indptr: Tensor, use_indptr:
                       batch=batch, block_n=block_n, num_splits=num_splits)
     _plan_kernel[(1,)](
         lens_or_indptr, lens_or_indptr, plan.items, plan.req, plan.order, batch, num_splits,
-        BLOCK_B=max(2, triton.next_power_of_2(batch)), BLOCK_K=32, BLOCK_I=128, BLOCK_N=block_n, SEG_COST=_SEG_COST,
+        BLOCK_B=max(2, triton.next_power_of_2(batch)), BLOCK_K=32, BLOCK_I=128, BLOCK_N=block_n,
         USE_INDPTR=use_indptr, num_warps=4,
     )
     return plan
@@ -625,7 +679,7 @@ def _verify_attention_launch(
                     raise
                 _TOO_LARGE.add((config, tuple(key.values())))
     m_blocks = triton.cdiv(rows, config.block_m)
-    single = batch == 1 and plan is None and _BATCH1_SLICES
+    single = batch == 1
     po, pl = workspace.part_out, workspace.part_lse
     args = [
         q, k_buffer, v_buffer, k_new, v_new, tree_mask,
@@ -649,7 +703,7 @@ def _verify_attention_launch(
         NUM_KV_HEADS=num_kv_heads, GROUP=group, T=num_tokens, BLOCK_T=max(16, triton.next_power_of_2(num_tokens)),
         BLOCK_D=block_d, BLOCK_DPE=block_dpe, BLOCK_DV=dv,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, PAGE_SIZE=page_size,
-        USE_INDPTR=use_indptr, V_IS_K=v_is_k, SINGLE_REQUEST=single,
+        USE_INDPTR=use_indptr, V_IS_K=v_is_k, SINGLE_REQUEST=single, NEW_TOKENS_APART=_NEW_TOKENS_APART,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", WARP_SPECIALIZE=config.warp_specialize,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
