@@ -78,7 +78,6 @@ __all__ = ["VerifyConfig", "VerifyPlan", "VerifyWorkspace", "allocate_workspace"
            "kernel_is_interpreted", "pick_config", "plan_verify", "verify_attention", "verify_launch_params"]
 
 _LOG2E = 1.4426950408889634
-_NEW_TOKENS_APART = True  # A/B knob (device run 2)
 
 
 @triton.jit
@@ -273,48 +272,6 @@ def _plan_kernel(
 
 
 @triton.jit
-def _plan_part(
-    q_ptr, k_head, v_head, k_new_ptr, v_new_ptr, tree_mask_ptr, kv_indices_ptr, kv_indptr_ptr, items_ptr, order_ptr,
-    part_out_ptr, part_lse_ptr, qk_scale, batch, num_splits, pid_z, kvh, offs_m, mask_m, offs_t, offs_h, offs_d,
-    offs_dpe, offs_dv, stride_qb, stride_qt, stride_qh, stride_kbs, stride_vbs, stride_knb, stride_knt, stride_knh,
-    stride_vnb, stride_vnt, stride_vnh, stride_mb, stride_mt, stride_ptb, stride_pos, stride_pot, stride_poh,
-    stride_pls, stride_plt,
-    T: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_DPE: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, USE_INDPTR: tl.constexpr, V_IS_K: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, WITH_NEW_TOKENS: tl.constexpr,
-):
-    """Program z < P + B: the plan's item order[z], one prefix range [lo, hi) of request b, into slot order[z].
-    WITH_NEW_TOKENS: program P + B + b runs the same code on an empty range, then request b's T x T tile, into
-    slot z (no branch around the tile loop)."""
-    num_items = num_splits + batch
-    is_item = pid_z < num_items
-    item = tl.load(order_ptr + tl.minimum(pid_z, num_items - 1))
-    b = tl.where(is_item, tl.load(items_ptr + item * 4), pid_z - num_items)
-    lo = tl.where(is_item, tl.load(items_ptr + item * 4 + 1), 0)
-    hi = tl.where(is_item, tl.load(items_ptr + item * 4 + 2), 0)
-    if USE_INDPTR:
-        indices = kv_indices_ptr + tl.load(kv_indptr_ptr + b)
-    else:
-        indices = kv_indices_ptr + b * stride_ptb
-    q, q_pe = _load_q(q_ptr, b, offs_t, offs_h, mask_m, offs_d, offs_dpe, stride_qb, stride_qt, stride_qh, BLOCK_DPE)
-    m_i, l_i, acc = _prefix_range(
-        lo, hi, q, q_pe, indices, k_head, v_head, stride_kbs, stride_vbs, offs_d, offs_dpe, offs_dv, qk_scale,
-        BLOCK_M, BLOCK_N, BLOCK_DPE, BLOCK_DV, PAGE_SIZE, V_IS_K, DOT_PRECISION, WARP_SPECIALIZE)
-    zero_m = offs_m * 0  # block-shaped conditions: the interpreter rejects a scalar bool in a mask
-    if WITH_NEW_TOKENS:
-        if pid_z >= num_items:
-            m_i, l_i, acc = _new_tokens_tile(
-                b, q, q_pe, k_new_ptr, v_new_ptr, tree_mask_ptr, kvh, offs_t, mask_m, offs_d, offs_dpe, offs_dv,
-                qk_scale, stride_knb, stride_knt, stride_knh, stride_vnb, stride_vnt, stride_vnh, stride_mb, stride_mt,
-                T, BLOCK_T, BLOCK_DPE, V_IS_K, DOT_PRECISION)
-        mask = mask_m & (((zero_m + lo) < hi) | ((zero_m + pid_z) >= num_items))
-    else:
-        mask = mask_m & ((zero_m + lo) < hi)
-    _store_part(part_out_ptr, part_lse_ptr, tl.where(is_item, item, pid_z), m_i, l_i, acc, offs_t, offs_h, offs_dv,
-                mask, stride_pos, stride_pot, stride_poh, stride_pls, stride_plt)
-
-
-@triton.jit
 def _verify_attention_kernel(
     q_ptr, k_buffer_ptr, v_buffer_ptr, k_new_ptr, v_new_ptr, tree_mask_ptr,
     kv_indices_ptr, kv_indptr_ptr, prefix_lens_ptr,
@@ -345,7 +302,6 @@ def _verify_attention_kernel(
     USE_INDPTR: tl.constexpr,  # kv_indptr/kv_indices (token slots) vs page_table/prefix_lens
     V_IS_K: tl.constexpr,  # MLA: V = first BLOCK_DV dims of the K row
     SINGLE_REQUEST: tl.constexpr,  # batch 1: P equal slices of the one prefix (module docstring)
-    NEW_TOKENS_APART: tl.constexpr,  # B > 1: new-token programs in their own branch (else after an empty range)
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (no TF32), "tf32" (unused) for fp16 / bf16
     WARP_SPECIALIZE: tl.constexpr,  # Triton's automatic warp specialisation of the prefix loop (tuning)
 ):
@@ -392,35 +348,33 @@ def _verify_attention_kernel(
         _store_part(part_out_ptr, part_lse_ptr, pid_z, m_i, l_i, acc, offs_t, offs_h, offs_dv,
                     mask_m & (((zero_m + lo) < hi) | is_new),  # the merge reads the slices with work
                     stride_pos, stride_pot, stride_poh, stride_pls, stride_plt)
-    elif NEW_TOKENS_APART:
-        if pid_z >= num_splits + batch:  # request b's new tokens, slot P + B + b
-            b = pid_z - num_splits - batch
-            q, q_pe = _load_q(q_ptr, b, offs_t, offs_h, mask_m, offs_d, offs_dpe, stride_qb, stride_qt, stride_qh,
-                              BLOCK_DPE)
-            m_i, l_i, acc = _new_tokens_tile(
-                b, q, q_pe, k_new_ptr, v_new_ptr, tree_mask_ptr, kvh, offs_t, mask_m, offs_d, offs_dpe, offs_dv,
-                qk_scale, stride_knb, stride_knt, stride_knh, stride_vnb, stride_vnt, stride_vnh, stride_mb, stride_mt,
-                T, BLOCK_T, BLOCK_DPE, V_IS_K, DOT_PRECISION)
-            _store_part(part_out_ptr, part_lse_ptr, pid_z, m_i, l_i, acc, offs_t, offs_h, offs_dv, mask_m,
-                        stride_pos, stride_pot, stride_poh, stride_pls, stride_plt)
+    elif pid_z >= num_splits + batch:  # request b's new tokens, slot P + B + b
+        b = pid_z - num_splits - batch
+        q, q_pe = _load_q(q_ptr, b, offs_t, offs_h, mask_m, offs_d, offs_dpe, stride_qb, stride_qt, stride_qh,
+                          BLOCK_DPE)
+        m_i, l_i, acc = _new_tokens_tile(
+            b, q, q_pe, k_new_ptr, v_new_ptr, tree_mask_ptr, kvh, offs_t, mask_m, offs_d, offs_dpe, offs_dv,
+            qk_scale, stride_knb, stride_knt, stride_knh, stride_vnb, stride_vnt, stride_vnh, stride_mb, stride_mt,
+            T, BLOCK_T, BLOCK_DPE, V_IS_K, DOT_PRECISION)
+        _store_part(part_out_ptr, part_lse_ptr, pid_z, m_i, l_i, acc, offs_t, offs_h, offs_dv, mask_m,
+                    stride_pos, stride_pot, stride_poh, stride_pls, stride_plt)
+    else:  # prefix program z runs the plan's item order[z]: one range [lo, hi) of request b, into slot order[z]
+        item = tl.load(order_ptr + pid_z)
+        b = tl.load(items_ptr + item * 4)
+        lo = tl.load(items_ptr + item * 4 + 1)
+        hi = tl.load(items_ptr + item * 4 + 2)
+        if USE_INDPTR:
+            indices = kv_indices_ptr + tl.load(kv_indptr_ptr + b)
         else:
-            _plan_part(
-                q_ptr, k_head, v_head, k_new_ptr, v_new_ptr, tree_mask_ptr, kv_indices_ptr, kv_indptr_ptr, items_ptr,
-                order_ptr, part_out_ptr, part_lse_ptr, qk_scale, batch, num_splits, pid_z, kvh, offs_m, mask_m, offs_t,
-                offs_h, offs_d, offs_dpe, offs_dv, stride_qb, stride_qt, stride_qh, stride_kbs, stride_vbs,
-                stride_knb, stride_knt, stride_knh, stride_vnb, stride_vnt, stride_vnh, stride_mb, stride_mt,
-                stride_ptb, stride_pos, stride_pot, stride_poh, stride_pls, stride_plt,
-                T, BLOCK_T, BLOCK_DPE, BLOCK_DV, BLOCK_M, BLOCK_N, PAGE_SIZE, USE_INDPTR, V_IS_K, DOT_PRECISION,
-                WARP_SPECIALIZE, False)
-    else:
-        _plan_part(
-            q_ptr, k_head, v_head, k_new_ptr, v_new_ptr, tree_mask_ptr, kv_indices_ptr, kv_indptr_ptr, items_ptr,
-            order_ptr, part_out_ptr, part_lse_ptr, qk_scale, batch, num_splits, pid_z, kvh, offs_m, mask_m, offs_t,
-            offs_h, offs_d, offs_dpe, offs_dv, stride_qb, stride_qt, stride_qh, stride_kbs, stride_vbs,
-            stride_knb, stride_knt, stride_knh, stride_vnb, stride_vnt, stride_vnh, stride_mb, stride_mt,
-            stride_ptb, stride_pos, stride_pot, stride_poh, stride_pls, stride_plt,
-            T, BLOCK_T, BLOCK_DPE, BLOCK_DV, BLOCK_M, BLOCK_N, PAGE_SIZE, USE_INDPTR, V_IS_K, DOT_PRECISION,
-            WARP_SPECIALIZE, True)
+            indices = kv_indices_ptr + b * stride_ptb
+        q, q_pe = _load_q(q_ptr, b, offs_t, offs_h, mask_m, offs_d, offs_dpe, stride_qb, stride_qt, stride_qh,
+                          BLOCK_DPE)
+        m_i, l_i, acc = _prefix_range(
+            lo, hi, q, q_pe, indices, k_head, v_head, stride_kbs, stride_vbs, offs_d, offs_dpe, offs_dv, qk_scale,
+            BLOCK_M, BLOCK_N, BLOCK_DPE, BLOCK_DV, PAGE_SIZE, V_IS_K, DOT_PRECISION, WARP_SPECIALIZE)
+        zero_m = offs_m * 0  # block-shaped conditions: the interpreter rejects a scalar bool in a mask
+        _store_part(part_out_ptr, part_lse_ptr, item, m_i, l_i, acc, offs_t, offs_h, offs_dv,
+                    mask_m & ((zero_m + lo) < hi), stride_pos, stride_pot, stride_poh, stride_pls, stride_plt)
 
 
 @triton.jit
@@ -703,7 +657,7 @@ def _verify_attention_launch(
         NUM_KV_HEADS=num_kv_heads, GROUP=group, T=num_tokens, BLOCK_T=max(16, triton.next_power_of_2(num_tokens)),
         BLOCK_D=block_d, BLOCK_DPE=block_dpe, BLOCK_DV=dv,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, PAGE_SIZE=page_size,
-        USE_INDPTR=use_indptr, V_IS_K=v_is_k, SINGLE_REQUEST=single, NEW_TOKENS_APART=_NEW_TOKENS_APART,
+        USE_INDPTR=use_indptr, V_IS_K=v_is_k, SINGLE_REQUEST=single,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", WARP_SPECIALIZE=config.warp_specialize,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
