@@ -35,12 +35,13 @@ def truth(problem, addressing, items, sm_scale):
 @pytest.mark.parametrize("num_q_heads,num_tokens", [(16, 1), (16, 8), (16, 13), (64, 4), (128, 1)])
 @pytest.mark.parametrize("page_size", [1, 64, 16])
 @pytest.mark.parametrize("indptr", [False, True], ids=["table", "indptr"])
-def test_partials_match_fp32_truth(num_q_heads, num_tokens, page_size, indptr):
+@pytest.mark.parametrize("variant", ["ws", "coop"])
+def test_partials_match_fp32_truth(num_q_heads, num_tokens, page_size, indptr, variant):
     from specsweep_kernels.verify_mla_sm90 import mla_prefix_sm90
 
     if indptr and page_size != 16:
         pytest.skip("indptr form is per-token slots: one page size is enough")
-    lens = [5000, 1, 64, 0, 700]
+    lens = [5000, 1, 64, 0, 700, 129, 192]  # 1 / 2 / 3 tiles: both warpgroups' first and last tiles
     problem = make_problem(layout=Layout(num_q_heads, 1, 576, 512, True), prefix_lens=lens, num_tokens=num_tokens,
                            page_size=page_size, dtype=torch.bfloat16, device="cuda", seed=num_q_heads + page_size)
     addressing = problem.indptr_args() if indptr else problem.table_args()
@@ -55,7 +56,7 @@ def test_partials_match_fp32_truth(num_q_heads, num_tokens, page_size, indptr):
                                                addressing["page_table"].stride(0), page_size)
     mla_prefix_sm90(q=problem.tensors["q"], kv_buffer=problem.tensors["k_buffer"], indices=indices, indptr=indptr_t,
                     items=items, part_out=part_out, part_lse=part_lse, sm_scale=problem.sm_scale, page_size=ps,
-                    use_indptr=indptr, page_table_stride=table_stride, num_items=n)
+                    use_indptr=indptr, page_table_stride=table_stride, num_items=n, variant=variant)
     torch.cuda.synchronize()
     outs, lses = truth(problem, addressing, items, problem.sm_scale)
     for i, (o, lse) in enumerate(zip(outs, lses)):
