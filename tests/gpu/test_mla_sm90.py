@@ -1,4 +1,5 @@
-"""The Gluon sm_90 MLA prefix kernel against an fp32 torch truth, item by item (H100 / H200 only)."""
+"""The Gluon sm_90 MLA kernel on its own: every work item's and every request's new-token partial against an fp32
+torch truth (H100 / H200 only; verify_attention's end-to-end GPU tests run it through the plan and the merge)."""
 import math
 
 import pytest
@@ -11,58 +12,65 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                                  reason="needs an sm_90 GPU")]
 
+LOG2E = math.log2(math.e)
+
 
 def items_for(prefix_lens: list[int], per_item: int) -> torch.Tensor:
-    """(b, lo, hi, 0) rows: each request's prefix cut into ranges of per_item positions (a multiple of 64)."""
+    """(b, lo, hi, 0) rows: each request's prefix cut into ranges of per_item positions (a multiple of 64), and
+    one empty item, which must write nothing."""
     rows = [(b, lo, min(lo + per_item, n), 0) for b, n in enumerate(prefix_lens) for lo in range(0, n, per_item)]
-    rows.append((0, 0, 0, 0))  # an empty item writes nothing
+    rows.insert(1, (0, 0, 0, 0))
     return torch.tensor(rows, dtype=torch.int32, device="cuda")
 
 
-def truth(problem, addressing, items, sm_scale):
-    """Per item: fp32 softmax(q K^T) V over its positions and the log2-sum-exp, [items, T, Hq, 512] / [items, T, Hq]."""
-    q, kv = problem.tensors["q"], problem.tensors["k_buffer"]
-    slots = prefix_slots(batch=q.shape[0], **addressing)
-    outs, lses = [], []
-    for b, lo, hi, _ in items.tolist():
-        k = kv[slots[b][lo:hi], 0].float()  # [n, 576]
-        s = torch.einsum("thd,nd->thn", q[b].float(), k) * sm_scale
-        outs.append(torch.softmax(s, -1) @ k[:, :512] if hi > lo else None)
-        lses.append(torch.logsumexp(s, -1) * math.log2(math.e) if hi > lo else None)
-    return outs, lses
+def softmax_truth(q, keys, sm_scale, visible=None):
+    """fp32 softmax(q keys^T) V and log2-sum-exp; q [T, Hq, 576], keys [n, 576], visible [T, n] or None."""
+    s = torch.einsum("thd,nd->thn", q.float(), keys.float()) * sm_scale
+    if visible is not None:
+        s = s.masked_fill(~visible[:, None, :], float("-inf"))
+    return torch.softmax(s, -1) @ keys[:, :512].float(), torch.logsumexp(s, -1) * LOG2E
 
 
 @pytest.mark.parametrize("num_q_heads,num_tokens", [(16, 1), (16, 8), (16, 13), (64, 4), (128, 1)])
 @pytest.mark.parametrize("page_size", [1, 64, 16])
 @pytest.mark.parametrize("indptr", [False, True], ids=["table", "indptr"])
-@pytest.mark.parametrize("variant", ["ws", "coop"])
-def test_partials_match_fp32_truth(num_q_heads, num_tokens, page_size, indptr, variant):
-    from specsweep_kernels.verify_mla_sm90 import mla_prefix_sm90
+def test_partials_match_fp32_truth(num_q_heads, num_tokens, page_size, indptr):
+    from specsweep_kernels.verify_mla_sm90 import launch_mla_sm90
 
     if indptr and page_size != 16:
         pytest.skip("indptr form is per-token slots: one page size is enough")
-    lens = [5000, 1, 64, 0, 700, 129, 192]  # 1 / 2 / 3 tiles: both warpgroups' first and last tiles
+    lens = [5000, 1, 64, 0, 700, 129]  # 1 / 2 / 3 tiles, an empty prefix, a partial last tile
     problem = make_problem(layout=Layout(num_q_heads, 1, 576, 512, True), prefix_lens=lens, num_tokens=num_tokens,
-                           page_size=page_size, dtype=torch.bfloat16, device="cuda", seed=num_q_heads + page_size)
+                           page_size=page_size, dtype=torch.bfloat16, device="cuda", tree="random",
+                           seed=num_q_heads + page_size + num_tokens)
+    t = problem.tensors
     addressing = problem.indptr_args() if indptr else problem.table_args()
     items = items_for(lens, per_item=1024)
-    n = items.shape[0]
-    part_out = torch.full((n, num_tokens, num_q_heads, 512), float("nan"), device="cuda")
-    part_lse = torch.full((n, num_tokens, num_q_heads), float("nan"), device="cuda")
+    num_items, batch = items.shape[0], len(lens)
+    part_out = torch.full((num_items + batch, num_tokens, num_q_heads, 512), float("nan"), device="cuda")
+    part_lse = torch.full((num_items + batch, num_tokens, num_q_heads), float("nan"), device="cuda")
     if indptr:
-        indices, indptr_t, table_stride, ps = addressing["kv_indices"], addressing["kv_indptr"], 0, 1
+        indices, lens_or_indptr, table_stride, ps = addressing["kv_indices"], addressing["kv_indptr"], 0, 1
     else:
-        indices, indptr_t, table_stride, ps = (addressing["page_table"], addressing["prefix_lens"],
-                                               addressing["page_table"].stride(0), page_size)
-    mla_prefix_sm90(q=problem.tensors["q"], kv_buffer=problem.tensors["k_buffer"], indices=indices, indptr=indptr_t,
-                    items=items, part_out=part_out, part_lse=part_lse, sm_scale=problem.sm_scale, page_size=ps,
-                    use_indptr=indptr, page_table_stride=table_stride, num_items=n, variant=variant)
+        indices, lens_or_indptr, table_stride, ps = (addressing["page_table"], addressing["prefix_lens"],
+                                                     addressing["page_table"].stride(0), page_size)
+    order = torch.randperm(num_items, device="cuda").int()  # programs may run items in any order
+    launch_mla_sm90(q=t["q"], kv_buffer=t["k_buffer"], k_new=t["k_new"], tree_mask=t["tree_mask"].view(torch.uint8),
+                    indices=indices, kv_indptr=lens_or_indptr, page_table_stride=table_stride, items=items,
+                    order=order, part_out=part_out, part_lse=part_lse, num_items=num_items,
+                    sm_scale=problem.sm_scale, page_size=ps, use_indptr=indptr)
     torch.cuda.synchronize()
-    outs, lses = truth(problem, addressing, items, problem.sm_scale)
-    for i, (o, lse) in enumerate(zip(outs, lses)):
-        if o is None:
-            assert part_out[i].isnan().all(), f"item {i} is empty but was written"
+    slots = prefix_slots(batch=batch, **addressing)
+    for i, (b, lo, hi, _) in enumerate(items.tolist()):
+        if hi == lo:
+            assert part_out[i].isnan().all() and part_lse[i].isnan().all(), f"empty item {i} was written"
             continue
-        err = ((part_out[i] - o).norm() / o.norm()).item()
+        out, lse = softmax_truth(t["q"][b], t["k_buffer"][slots[b][lo:hi], 0], problem.sm_scale)
+        err = ((part_out[i] - out).norm() / out.norm()).item()
         assert err < 1e-2, f"item {i} {items[i].tolist()}: rel err {err:.2e}"
-        assert (part_lse[i] - lse).abs().max().item() < 2e-2, f"item {i}: lse"
+        assert (part_lse[i] - lse).abs().max().item() < 2e-2, f"item {i}: log-sum-exp"
+    for b in range(batch):  # the new tokens under the tree mask
+        out, lse = softmax_truth(t["q"][b], t["k_new"][b, :, 0], problem.sm_scale, visible=t["tree_mask"][b])
+        err = ((part_out[num_items + b] - out).norm() / out.norm()).item()
+        assert err < 1e-2, f"request {b}'s new tokens: rel err {err:.2e}"
+        assert (part_lse[num_items + b] - lse).abs().max().item() < 2e-2, f"request {b}'s new tokens: log-sum-exp"
