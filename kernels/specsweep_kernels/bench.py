@@ -28,7 +28,7 @@ from specsweep_kernels.problems import LAYOUTS, Layout, make_problem
 from specsweep_kernels.reference import verify_attention_reference
 from specsweep_kernels.roofline import load_or_measure_ceilings, floor_seconds, verify_cost
 from specsweep_kernels.verify_attention import (VerifyConfig, allocate_workspace, candidate_configs, plan_verify,
-                                                verify_attention, verify_launch_params)
+                                                verify_attention, verify_kernel, verify_launch_params)
 
 @dataclass
 class Row:
@@ -232,22 +232,22 @@ def _tune_candidates(layout: Layout, tokens: int, smem_limit: int) -> list[Verif
     return out
 
 
-def model_graph_us(args: dict, addressing: dict, out: torch.Tensor, ws, layers: int) -> float:
+def model_graph_us(args: dict, addressing: dict, out: torch.Tensor, ws, layers: int, impl: str = "auto") -> float:
     """Per-layer time as an engine runs the kernel: one plan for the step (batches, B > 1), then `layers` calls
     back to back in one CUDA graph, each on its own K/V pool (a copy of this problem's, so each call streams its
     prefix from HBM, not from L2), sharing q, page table, plan, workspace and output as the layers of one forward
     do. Total graph time / layers."""
     kb, vb = args["k_buffer"], args["v_buffer"]
     pools = [(kb.clone(), None if vb is None else vb.clone()) for _ in range(layers - 1)] + [(kb, vb)]
-    config, splits = verify_launch_params(**args, **addressing, out=out, workspace=ws)
+    config, splits = verify_launch_params(**args, **addressing, out=out, workspace=ws, impl=impl)
     lens = {k: v for k, v in addressing.items() if k in ("prefix_lens", "kv_indptr")}
-    batched = args["q"].shape[0] > 1
+    batched = args["q"].shape[0] > 1 or verify_kernel(**args, out=out, impl=impl) == "gluon"
 
     def forward():
         plan = plan_verify(workspace=ws, block_n=config.block_n, num_splits=splits, **lens) if batched else None
         for k_pool, v_pool in pools:  # noqa: F821 (called before the del below)
             verify_attention(**{**args, "k_buffer": k_pool, "v_buffer": v_pool}, **addressing, out=out, workspace=ws,
-                             plan=plan)
+                             plan=plan, impl=impl)
 
     try:
         us, mode = graph_us(forward, rep_ms=200)
@@ -257,7 +257,7 @@ def model_graph_us(args: dict, addressing: dict, out: torch.Tensor, ws, layers: 
 
 
 def bench_row(row: Row, *, ceilings, sglang, tune: bool, with_reference: bool, smem_limit: int,
-              model_layers: int = 0) -> Row:
+              model_layers: int = 0, impl: str = "auto") -> Row:
     layout = bench_layout(row.layout)
     lens = row.prefix_lens
     problem = make_problem(layout=layout, prefix_lens=lens, num_tokens=row.tokens, page_size=row.page,
@@ -266,11 +266,11 @@ def bench_row(row: Row, *, ceilings, sglang, tune: bool, with_reference: bool, s
     ws = allocate_workspace(max_batch=len(lens), max_tokens=row.tokens, num_q_heads=layout.num_q_heads,
                             v_head_dim=layout.v_head_dim, device="cuda")
     out = problem.new_out()
-    verify_attention(**args, **addressing, out=out, workspace=ws)
+    verify_attention(**args, **addressing, out=out, workspace=ws, impl=impl)
     ref = verify_attention_reference(**args, **addressing, v_head_dim=layout.v_head_dim)
     row.err = _rel_err(out, ref)
-    row.compiled = _compiled_summary()
-    run = lambda: verify_attention(**args, **addressing, out=out, workspace=ws)  # noqa: E731
+    row.compiled = f"{verify_kernel(**args, out=out, impl=impl)}: {_compiled_summary()}"
+    run = lambda: verify_attention(**args, **addressing, out=out, workspace=ws, impl=impl)  # noqa: E731
     row.ours_us, _ = graph_us(run)
     row.eager_us = _bench_us(run)
     costs = [verify_cost(layout=layout, prefix_len=n, num_tokens=row.tokens, page_size=row.page) for n in lens]
@@ -280,7 +280,7 @@ def bench_row(row: Row, *, ceilings, sglang, tune: bool, with_reference: bool, s
     if model_layers > 1:  # as many layers as fit in ~40 GB of pool copies (a ragged batch's pool is GBs: no L2 reuse)
         pool_bytes = sum(t.numel() * t.element_size() for t in (args["k_buffer"], args["v_buffer"]) if t is not None)
         layers = max(2, min(model_layers, int(40e9 // pool_bytes)))
-        row.model_us = model_graph_us(args, addressing, out, ws, layers)
+        row.model_us = model_graph_us(args, addressing, out, ws, layers, impl)
         torch.cuda.empty_cache()
     if with_reference:
         row.ref_us = _bench_us(lambda: verify_attention_reference(**args, **addressing, v_head_dim=layout.v_head_dim),
@@ -395,6 +395,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tune-prefixes", default="131072", help="prefixes whose page-1 rows --tune explores")
     parser.add_argument("--model-layers", type=int, default=36,
                         help="also time each row as `model-layers` back-to-back calls in one graph (0: skip)")
+    parser.add_argument("--impl", default="auto", choices=["auto", "triton", "gluon"],
+                        help="verify_attention's kernel: auto (Gluon for MLA on sm_90), triton (portable), gluon")
     parser.add_argument("--cached-ceilings", action="store_true",
                         help="reuse ceilings cached for this GPU name instead of measuring them in this run")
     parser.add_argument("--roofline-cache", default=None, help="JSON cache of measured ceilings (default: ~/.cache)")
@@ -410,7 +412,7 @@ def main(argv: list[str] | None = None) -> None:
     smem_limit, sm_count = _device_limits(torch.cuda.current_device())
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     header = (f"{stamp} · {ceilings.device} · {sm_count} SMs · smem/block {smem_limit // 1024} KB · torch "
-              f"{torch.__version__} · triton {__import__('triton').__version__}\n"
+              f"{torch.__version__} · triton {__import__('triton').__version__} · impl {args.impl}\n"
               f"ceilings{' (cached)' if args.cached_ceilings else ' measured in this run'}: copy "
               f"{ceilings.copy_gbps:.0f} GB/s (read+write), bf16 matmul {ceilings.matmul_tflops:.0f} TFLOP/s")
     print(header, flush=True)
@@ -434,7 +436,7 @@ def main(argv: list[str] | None = None) -> None:
             tune = args.tune and row.lens is None and row.page == 1 and str(row.prefix) in args.tune_prefixes.split(",")
             bench_row(row, ceilings=ceilings, sglang=sglang, tune=tune,
                       with_reference=not args.no_reference and row.lens is None, smem_limit=smem_limit,
-                      model_layers=args.model_layers)
+                      model_layers=args.model_layers, impl=args.impl)
         except Exception as exc:  # one failing row must not lose the others
             row.note = f"{type(exc).__name__}: {str(exc)[:120]}"
         torch.cuda.empty_cache()

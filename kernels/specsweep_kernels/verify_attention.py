@@ -74,10 +74,11 @@ import triton.language as tl
 from torch import Tensor
 from triton.runtime.errors import OutOfResources
 
-__all__ = ["VerifyConfig", "VerifyPlan", "VerifyWorkspace", "allocate_workspace", "candidate_configs",
+__all__ = ["verify_kernel", "VerifyConfig", "VerifyPlan", "VerifyWorkspace", "allocate_workspace", "candidate_configs",
            "kernel_is_interpreted", "pick_config", "plan_verify", "verify_attention", "verify_launch_params"]
 
 _LOG2E = 1.4426950408889634
+_IMPLS = ("auto", "triton", "gluon")  # verify_attention(impl=...)
 
 
 @triton.jit
@@ -610,12 +611,16 @@ def _verify_attention_launch(
     kv_indices: Tensor, kv_indptr: Tensor, prefix_lens: Tensor, page_table_stride: int,
     out: Tensor, workspace: VerifyWorkspace, sm_scale: float, page_size: int, use_indptr: bool, v_is_k: bool,
     config: VerifyConfig | None, num_splits: int | None, plan: VerifyPlan | None, launch: bool = True,
+    impl: str = "auto",
 ) -> tuple[VerifyConfig, int]:
-    """Pick the tile and split count (unless given), then (launch) plan, attention and merge.
+    """Pick the kernel, tile and split count (unless given), then (launch) plan, attention and merge.
     Returns the (config, num_splits) used."""
     batch, num_tokens, num_q_heads, dk = q.shape
     num_kv_heads = k_buffer.shape[1]
     dv = out.shape[-1]
+    if config is None and _use_gluon_mla(impl, q, v_is_k=v_is_k, dk=dk, dv=dv):
+        return _mla_sm90_launch(q, k_buffer, k_new, tree_mask, kv_indices, kv_indptr, prefix_lens, page_table_stride,
+                                out, workspace, sm_scale, page_size, use_indptr, num_splits, plan, launch)
     group = num_q_heads // num_kv_heads
     block_d, block_dpe = (dv, dk - dv) if v_is_k else (dk, 0)
     smem_limit, sm_count = _device_limits(_device_index(q.device))
@@ -665,15 +670,7 @@ def _verify_attention_launch(
         per_sm = _programs_per_sm(_verify_attention_kernel, tuple(args), constexprs, q)
         num_splits = _num_splits(num_kv_heads=num_kv_heads, m_blocks=m_blocks, slots=sm_count * per_sm,
                                  max_splits=workspace.max_splits)
-    if plan is not None:
-        wanted = dict(batch=batch, block_n=config.block_n, num_splits=num_splits)
-        got = dict(batch=plan.batch, block_n=plan.block_n, num_splits=plan.num_splits)
-        wrong = [f"{k}={got[k]} (this call: {v})" for k, v in wanted.items() if got[k] != v]
-        if plan.items.data_ptr() != workspace.items.data_ptr():
-            wrong.append("made on another workspace")
-        if wrong:
-            raise ValueError(f"plan: {', '.join(wrong)}; allowed: a plan_verify(...) of this workspace with this "
-                             "call's block_n / num_splits (verify_launch_params) and batch")
+    _check_plan(plan, workspace, batch=batch, block_n=config.block_n, num_splits=num_splits)
     if not launch:
         return config, num_splits
     if not single and plan is None:
@@ -685,6 +682,30 @@ def _verify_attention_launch(
     # (largest first), then one per request's new tokens
     grid = (m_blocks, num_kv_heads, num_splits + 1 if single else num_splits + 2 * batch)
     _last_compiled = _verify_attention_kernel[grid](*args, **constexprs)
+    _launch_merge(workspace, out, kv_indptr, prefix_lens, num_splits=num_splits, block_n=config.block_n,
+                  use_indptr=use_indptr, single=single)
+    return config, num_splits
+
+
+def _check_plan(plan: VerifyPlan | None, workspace: VerifyWorkspace, *, batch: int, block_n: int,
+                num_splits: int) -> None:
+    if plan is None:
+        return
+    wanted = dict(batch=batch, block_n=block_n, num_splits=num_splits)
+    got = dict(batch=plan.batch, block_n=plan.block_n, num_splits=plan.num_splits)
+    wrong = [f"{k}={got[k]} (this call: {v})" for k, v in wanted.items() if got[k] != v]
+    if plan.items.data_ptr() != workspace.items.data_ptr():
+        wrong.append("made on another workspace")
+    if wrong:
+        raise ValueError(f"plan: {', '.join(wrong)}; allowed: a plan_verify(...) of this workspace with this "
+                         "call's block_n / num_splits (verify_launch_params) and batch")
+
+
+def _launch_merge(workspace: VerifyWorkspace, out: Tensor, kv_indptr: Tensor, prefix_lens: Tensor, *, num_splits: int,
+                  block_n: int, use_indptr: bool, single: bool) -> None:
+    """out = the partials of each request (its prefix parts and its new tokens) combined by their log-sum-exps."""
+    batch, num_tokens, num_q_heads, dv = out.shape
+    po, pl = workspace.part_out, workspace.part_lse
     block_dv_merge = min(dv, 128)
     _verify_merge_kernel[(batch * num_tokens * num_q_heads, dv // block_dv_merge)](
         po, pl, out,
@@ -694,10 +715,64 @@ def _verify_attention_launch(
         po.stride(0), po.stride(1), po.stride(2),
         pl.stride(0), pl.stride(1),
         out.stride(0), out.stride(1), out.stride(2),
-        T=num_tokens, NUM_Q_HEADS=num_q_heads, BLOCK_N=config.block_n,
+        T=num_tokens, NUM_Q_HEADS=num_q_heads, BLOCK_N=block_n,
         BLOCK_DV=block_dv_merge, BLOCK_SC=16, USE_INDPTR=use_indptr, SINGLE_REQUEST=single,
         num_warps=4,
     )
+
+
+@functools.lru_cache(maxsize=None)
+def _gluon_mla():
+    """specsweep_kernels.verify_mla_sm90, or None where this Triton has no Gluon for Hopper."""
+    try:
+        from specsweep_kernels import verify_mla_sm90
+    except ImportError:
+        return None
+    return verify_mla_sm90
+
+
+def _use_gluon_mla(impl: str, q: Tensor, *, v_is_k: bool, dk: int, dv: int) -> bool:
+    """impl "auto": the Gluon kernel where it applies (MLA, bf16 / fp16, sm_90); "gluon": it or an error."""
+    if impl == "triton" or kernel_is_interpreted():
+        ok = False
+    else:
+        gluon = _gluon_mla()
+        ok = gluon is not None and gluon.mla_sm90_supported(q, v_is_k=v_is_k, dk=dk, dv=dv)
+    if impl == "gluon" and not ok:
+        where = (f"{torch.cuda.get_device_name(q.device)} (sm_{''.join(map(str, torch.cuda.get_device_capability(q.device)))})"
+                 if q.is_cuda else str(q.device))
+        raise ValueError(f"impl='gluon' with {'MLA' if v_is_k else 'GQA'} Dk={dk} Dv={dv} {q.dtype} on {where}"
+                         f"{'' if _gluon_mla() is not None else ' (this Triton has no Gluon for Hopper)'}; allowed: "
+                         "MLA (v_buffer=None, Dk 576 = 512 + 64), bf16 or fp16, an sm_90 GPU (H100 / H200), "
+                         "or impl='auto' / 'triton'")
+    return ok
+
+
+def _mla_sm90_launch(q: Tensor, k_buffer: Tensor, k_new: Tensor, tree_mask: Tensor, kv_indices: Tensor,
+                     kv_indptr: Tensor, prefix_lens: Tensor, page_table_stride: int, out: Tensor,
+                     workspace: VerifyWorkspace, sm_scale: float, page_size: int, use_indptr: bool,
+                     num_splits: int | None, plan: VerifyPlan | None, launch: bool) -> tuple[VerifyConfig, int]:
+    """The Gluon kernel (one 220 KB program per SM) over the plan's items and the new tokens, then the merge."""
+    gluon = _gluon_mla()
+    batch, num_tokens, num_q_heads, _ = q.shape
+    config = VerifyConfig(gluon.BLOCK_M, gluon.BLOCK_N, 8, 2)
+    m_blocks = triton.cdiv(num_tokens * num_q_heads, gluon.BLOCK_M)
+    if num_splits is None:
+        num_splits = _num_splits(num_kv_heads=1, m_blocks=m_blocks, slots=_device_limits(_device_index(q.device))[1],
+                                 max_splits=workspace.max_splits)
+    _check_plan(plan, workspace, batch=batch, block_n=gluon.BLOCK_N, num_splits=num_splits)
+    if not launch:
+        return config, num_splits
+    if plan is None:
+        plan = _launch_plan(workspace, kv_indptr if use_indptr else prefix_lens, use_indptr, batch, gluon.BLOCK_N,
+                            num_splits)
+    global _last_compiled
+    _last_compiled = gluon.launch_mla_sm90(q=q, kv_buffer=k_buffer, k_new=k_new, tree_mask=tree_mask, indices=kv_indices,
+                          kv_indptr=kv_indptr, page_table_stride=page_table_stride, items=workspace.items,
+                          order=workspace.order, part_out=workspace.part_out, part_lse=workspace.part_lse,
+                          num_items=plan.num_items, sm_scale=sm_scale, page_size=page_size, use_indptr=use_indptr)
+    _launch_merge(workspace, out, kv_indptr, prefix_lens, num_splits=num_splits, block_n=gluon.BLOCK_N,
+                  use_indptr=use_indptr, single=False)
     return config, num_splits
 
 
@@ -836,6 +911,14 @@ def _run(kw: dict, *, plan: VerifyPlan | None, launch: bool) -> tuple[VerifyConf
     _check_inputs(**{k: kw[k] for k in ("q", "k_buffer", "v_buffer", "k_new", "v_new", "tree_mask", "out",
                                         "workspace", "kv_indptr", "kv_indices", "page_table", "prefix_lens",
                                         "page_size", "num_splits")})
+    impl = kw["impl"]
+    if impl not in _IMPLS:
+        raise ValueError(f"impl={impl!r}; allowed: {', '.join(map(repr, _IMPLS))}")
+    if impl == "gluon":  # before the CPU fallback: an explicit request for the Gluon kernel is never ignored
+        _use_gluon_mla(impl, kw["q"], v_is_k=kw["v_buffer"] is None, dk=kw["q"].shape[-1], dv=kw["out"].shape[-1])
+    if impl == "gluon" and kw["config"] is not None:
+        raise ValueError(f"config={kw['config']} with impl='gluon'; allowed: config=None (config tunes the Triton "
+                         "kernel: impl='auto' or 'triton')")
     q, k_buffer, v_buffer, k_new, v_new = kw["q"], kw["k_buffer"], kw["v_buffer"], kw["k_new"], kw["v_new"]
     kv_indptr, kv_indices, page_table, prefix_lens = kw["kv_indptr"], kw["kv_indices"], kw["page_table"], kw["prefix_lens"]
     v_is_k = v_buffer is None
@@ -864,7 +947,7 @@ def _run(kw: dict, *, plan: VerifyPlan | None, launch: bool) -> tuple[VerifyConf
     return _verify_attention_launch(q, k_buffer, v_buffer, k_new, v_new, kw["tree_mask"].view(torch.uint8), indices,
                                     kv_indptr, prefix_lens, page_table_stride, kw["out"], kw["workspace"],
                                     kw["sm_scale"], kw["page_size"], use_indptr, v_is_k, kw["config"],
-                                    kw["num_splits"], plan, launch)
+                                    kw["num_splits"], plan, launch, impl)
 
 
 def verify_attention(
@@ -886,6 +969,7 @@ def verify_attention(
     config: VerifyConfig | None = None,
     num_splits: int | None = None,
     plan: VerifyPlan | None = None,
+    impl: str = "auto",
 ) -> Tensor:
     """Attention of T new tokens over a paged prefix plus themselves (tree mask). See the module docstring.
 
@@ -893,10 +977,13 @@ def verify_attention(
 
     config / num_splits override the tile and split heuristics (benchmarks, tuning); leave them None.
     plan: this step's plan_verify() on this workspace, reused by every layer (else the call plans itself).
+    impl: "auto" (the Gluon kernel for MLA in bf16 / fp16 on sm_90, the Triton kernel elsewhere), "triton" (always
+    the portable kernel), "gluon" (the Gluon kernel, or ValueError where it does not apply).
     """
     kw = dict(q=q, k_buffer=k_buffer, v_buffer=v_buffer, k_new=k_new, v_new=v_new, tree_mask=tree_mask,
               sm_scale=sm_scale, out=out, workspace=workspace, kv_indptr=kv_indptr, kv_indices=kv_indices,
-              page_table=page_table, prefix_lens=prefix_lens, page_size=page_size, config=config, num_splits=num_splits)
+              page_table=page_table, prefix_lens=prefix_lens, page_size=page_size, config=config, num_splits=num_splits,
+              impl=impl)
     _run(kw, plan=plan, launch=True)
     return out
 
@@ -906,7 +993,7 @@ def verify_launch_params(**kwargs) -> tuple[VerifyConfig, int]:
     config.block_n and its num_splits P. Takes verify_attention's arguments (checked the same way); compiles the
     kernel on first use, launches nothing. On CPU without the interpreter: (first candidate tile, 1)."""
     kw = dict(v_buffer=None, v_new=None, kv_indptr=None, kv_indices=None, page_table=None, prefix_lens=None,
-              page_size=1, config=None, num_splits=None, sm_scale=1.0) | kwargs
+              page_size=1, config=None, num_splits=None, sm_scale=1.0, impl="auto") | kwargs
     params = _run(kw, plan=None, launch=False)
     if params is None:
         q, out = kw["q"], kw["out"]
@@ -915,3 +1002,14 @@ def verify_launch_params(**kwargs) -> tuple[VerifyConfig, int]:
                                              elt=q.element_size(), smem_limit=_device_limits(0)[0])
         return config, kw["num_splits"] or 1
     return params
+
+
+def verify_kernel(**kwargs) -> str:
+    """"gluon" or "triton": the attention kernel verify_attention(**kwargs) launches (launches nothing). The Gluon
+    path always runs a plan, so an engine that plans once per step plans for it at batch 1 too."""
+    kw = dict(v_buffer=None, config=None, impl="auto") | kwargs
+    q = kw["q"]
+    if kw["config"] is not None or kw["impl"] == "triton":
+        return "triton"
+    return "gluon" if _use_gluon_mla(kw["impl"], q, v_is_k=kw["v_buffer"] is None, dk=q.shape[-1],
+                                     dv=kw["out"].shape[-1]) else "triton"

@@ -198,13 +198,14 @@ def mla_sm90_supported(q: torch.Tensor, *, v_is_k: bool, dk: int, dv: int) -> bo
 
 
 def launch_mla_sm90(*, q, kv_buffer, k_new, tree_mask, indices, kv_indptr, page_table_stride: int, items, order,
-                    part_out, part_lse, num_items: int, sm_scale: float, page_size: int, use_indptr: bool) -> None:
+                    part_out, part_lse, num_items: int, sm_scale: float, page_size: int, use_indptr: bool):
     """One launch over (m-blocks, num_items + B): the plan's items (program p runs item order[p]), then each
     request's new tokens. q [B, T, Hq, 576], kv_buffer [slots, 1, 576], k_new [B, T, 1, 576], tree_mask [B, T, T]
-    uint8, indices: kv_indices (use_indptr) or the page table; part_out / part_lse: the workspace's partials."""
+    uint8, indices: kv_indices (use_indptr) or the page table; part_out / part_lse: the workspace's partials.
+    Returns the compiled kernel."""
     batch, num_tokens, num_q_heads, _ = q.shape
     m_blocks = triton.cdiv(num_tokens * num_q_heads, BLOCK_M)
-    _mla_verify_sm90_kernel[(m_blocks, num_items + batch)](
+    return _mla_verify_sm90_kernel[(m_blocks, num_items + batch)](
         q, kv_buffer, k_new, tree_mask, indices, kv_indptr, items, order, part_out, part_lse,
         sm_scale * _LOG2E,
         num_items,

@@ -16,7 +16,7 @@ def rel_err(out, ref):
     return ((out.float() - ref).norm() / ref.norm()).item()
 
 
-def run_and_check(problem, *, indptr=False, seed_offset=0):
+def run_and_check(problem, *, indptr=False, seed_offset=0, impl="auto"):
     args = problem.attention_args()
     addressing = problem.indptr_args() if indptr else problem.table_args()
     b, t, hq, _ = args["q"].shape
@@ -25,7 +25,7 @@ def run_and_check(problem, *, indptr=False, seed_offset=0):
     ref = verify_attention_reference(**args, **addressing, v_head_dim=problem.layout.v_head_dim)
     for _ in range(2):  # poisoned before each run
         out = problem.new_out()
-        verify_attention(**args, **addressing, out=out, workspace=ws)
+        verify_attention(**args, **addressing, out=out, workspace=ws, impl=impl)
         torch.cuda.synchronize()
         assert not out.isnan().any(), "unwritten or NaN output"
         err = rel_err(out, ref)
@@ -49,6 +49,42 @@ def test_bf16_ragged_batch(layout, indptr):
     problem = make_problem(layout=layout, prefix_lens=[1024, 65536, 3, 20011, 0, 777], num_tokens=7, page_size=16,
                            dtype=torch.bfloat16, device="cuda", tree="random", seed=55)
     run_and_check(problem, indptr=indptr)
+
+
+SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+@pytest.mark.parametrize("impl", ["triton", "gluon"])
+@pytest.mark.parametrize("prefix_lens,num_tokens,page_size,indptr", [
+    ([40_000], 8, 64, False), ([1024, 65536, 3, 20011, 0, 777], 7, 1, False), ([130], 1, 16, True),
+    ([5000, 64, 1], 16, 16, True)])
+def test_mla_each_kernel(impl, prefix_lens, num_tokens, page_size, indptr):
+    """Both MLA kernels end to end (impl="auto" picks the Gluon one on sm_90, so the Triton one is forced here)."""
+    if impl == "gluon" and not SM90:
+        pytest.skip("the Gluon kernel needs an sm_90 GPU")
+    problem = make_problem(layout=MLA_16, prefix_lens=prefix_lens, num_tokens=num_tokens, page_size=page_size,
+                           dtype=torch.bfloat16, device="cuda", tree="random", seed=len(prefix_lens) + num_tokens)
+    run_and_check(problem, indptr=indptr, impl=impl)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_mla_gluon_dtypes(dtype):
+    """fp16 runs the Gluon kernel; fp32 (IEEE dots) stays on the Triton kernel under impl="auto"."""
+    if not SM90:
+        pytest.skip("the Gluon kernel needs an sm_90 GPU")
+    problem = make_problem(layout=MLA_16, prefix_lens=[3001, 17], num_tokens=5, page_size=16, dtype=dtype,
+                           device="cuda", tree="random", seed=9)
+    run_and_check(problem)
+    if dtype == torch.float32:
+        with pytest.raises(ValueError, match="impl='gluon'.*allowed: MLA"):
+            run_and_check(problem, impl="gluon")
+
+
+def test_gluon_refused_for_gqa():
+    problem = make_problem(layout=GQA_32_8, prefix_lens=[300], num_tokens=2, page_size=16, dtype=torch.bfloat16,
+                           device="cuda", seed=3)
+    with pytest.raises(ValueError, match="impl='gluon' with GQA Dk=128 Dv=128"):
+        run_and_check(problem, impl="gluon")
 
 
 def test_bf16_sglang_indptr_long_prefix():

@@ -316,3 +316,22 @@ def test_kernel_layout_presets_and_their_kv_bytes():
     assert GQA_32_8.kv_bytes_per_token(2) == 8 * (128 + 128) * 2  # Qwen3-8B: 8 KV heads, K and V of 128, bf16
     assert MLA_16.kv_bytes_per_token(2) == 576 * 2  # DeepSeek-V3: one latent row of 512 + 64 rope, V read from it
     assert LAYOUTS["gqa-small"].kv_bytes_per_token(4) == 2 * (32 + 32) * 4
+
+
+def test_impl_is_checked_before_any_work():
+    """impl= names the kernel: a value outside auto / triton / gluon, the Gluon kernel where it cannot run (here:
+    the CPU) and a Triton tile config with impl='gluon' are refused naming what was asked and what is allowed."""
+    problem = make_problem(layout=MLA_SMALL, prefix_lens=[70], num_tokens=3, page_size=16, dtype=torch.float16,
+                           device="cpu", seed=4)
+    args, out = problem.attention_args(), problem.new_out()
+    ws = allocate_workspace(max_batch=1, max_tokens=3, num_q_heads=MLA_SMALL.num_q_heads,
+                            v_head_dim=MLA_SMALL.v_head_dim, device="cpu")
+    cases = [(dict(impl="cuda"), "impl='cuda'; allowed: 'auto', 'triton', 'gluon'"),
+             (dict(impl="gluon"), "impl='gluon' with MLA Dk=48 Dv=32 torch.float16 on cpu.*allowed: MLA"),
+             (dict(impl="gluon", config=VerifyConfig(16, 16, 4, 1)), "impl='gluon'")]
+    for extra, message in cases:
+        with pytest.raises(ValueError, match=message):
+            verify_attention(**args, **problem.table_args(), out=out, workspace=ws, **extra)
+        assert out.isnan().all(), f"{extra}: output written before the refusal"
+    verify_attention(**args, **problem.table_args(), out=out, workspace=ws, impl="triton")
+    assert not out.isnan().any()
