@@ -55,15 +55,15 @@ def _time_us(fn, device) -> float:
     return statistics.median(times) * 1e6
 
 
-def run_shape(spec) -> dict[str, float]:
-    """One shape (a specsweep_vocab.spec.KernelSpec) on its device: time_us, gbs, rel_err, kv_bytes
-    (+ floor_frac, peak_bw_gbs on CUDA)."""
+def run_shape(spec) -> tuple[dict[str, float], str]:
+    """One shape (a specsweep_vocab.spec.KernelSpec) on its device: (metrics time_us, gbs, rel_err, kv_bytes
+    (+ floor_frac, peak_bw_gbs on CUDA), the attention kernel that ran: "gluon" or "triton")."""
     import torch
 
     from specsweep_kernels.problems import Layout, make_problem
     from specsweep_kernels.reference import verify_attention_reference
     from specsweep_kernels.roofline import verify_cost
-    from specsweep_kernels.verify_attention import allocate_workspace, verify_attention
+    from specsweep_kernels.verify_attention import allocate_workspace, verify_attention, verify_kernel
 
     device = torch.device(spec.device)
     dtype = getattr(torch, spec.dtype)
@@ -88,7 +88,7 @@ def run_shape(spec) -> dict[str, float]:
         c = load_or_measure_ceilings(device)
         m["floor_frac"] = floor_seconds(nbytes=nbytes, flops=flops, ceilings=c) * 1e6 / t_us
         m["peak_bw_gbs"] = c.copy_gbps
-    return m
+    return m, verify_kernel(**args, out=out)
 
 
 def device_name(device: str) -> str:
@@ -100,14 +100,14 @@ def device_name(device: str) -> str:
 
 
 def one(spec_json: str) -> dict:
-    """`--one`: {"metrics": {...}, "device": name}."""
+    """`--one`: {"metrics": {...}, "device": name, "kernel": "gluon" | "triton"}."""
     from specsweep_vocab.spec import KernelSpec
 
     spec = KernelSpec.from_json(spec_json)
     if spec.device == "cpu" and os.environ.get(INTERPRET_ENV) != "1":
         raise RuntimeError(f"device=cpu needs {INTERPRET_ENV}=1 set before triton is imported")
-    metrics = run_shape(spec)
-    return {"metrics": metrics, "device": device_name(spec.device)}
+    metrics, kernel = run_shape(spec)
+    return {"metrics": metrics, "device": device_name(spec.device), "kernel": kernel}
 
 
 def standalone_argv(argv: list[str], cuda: bool) -> list[str]:

@@ -367,6 +367,7 @@ class KernelRunner:
             answer = json.loads(out.stdout.strip().splitlines()[-1])
             metrics = {k: float(v) for k, v in answer["metrics"].items()}
             result.tags["device"] = answer.get("device", "")
+            result.tags["kernel"] = answer.get("kernel", "")  # which verify kernel ran: gluon (MLA, sm_90) / triton
             result.metrics = {k: v for k, v in metrics.items() if math.isfinite(v)}
             if not math.isfinite(metrics.get("rel_err", math.nan)):
                 result.state, result.reason = RunState.FAILED, FailureReason.BAD_RESPONSE
