@@ -7,7 +7,8 @@ two-stage shared-memory ring, 8 warps in lockstep:
   S = Q_nope K_nope^T + Q_pe K_pe^T       wgmma m64n32k16 per warpgroup (the two warpgroups split S's 64 columns)
   online softmax in registers (log2 domain)
   O[:, 0:256] / O[:, 256:512] += P V      wgmma m64n256k16, one half of Dv per warpgroup (V = K_nope, same tile)
-The gather of tile j + 1 is in flight while tile j is computed. Every wgmma is waited for inside the iteration
+The gather of tile j + 1 is in flight while tile j is computed; with PAIR (the default) an iteration takes two
+tiles and P V of the first runs under S of the second. Every wgmma is waited for inside the iteration
 that issued it: one in flight across the loop's back edge made ptxas serialise every wgmma of the kernel
 (C7514), which cost 10-20% (docs/kernels.md). It writes the normalised fp32 partial and log2-sum-exp of each
 item to the item's workspace slot and of each request's new tokens to slot P + B + b, the layout
