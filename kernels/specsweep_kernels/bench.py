@@ -241,10 +241,10 @@ def model_graph_us(args: dict, addressing: dict, out: torch.Tensor, ws, layers: 
     pools = [(kb.clone(), None if vb is None else vb.clone()) for _ in range(layers - 1)] + [(kb, vb)]
     config, splits = verify_launch_params(**args, **addressing, out=out, workspace=ws, impl=impl)
     lens = {k: v for k, v in addressing.items() if k in ("prefix_lens", "kv_indptr")}
-    batched = args["q"].shape[0] > 1 or verify_kernel(**args, out=out, impl=impl) == "gluon"
+    planned = args["q"].shape[0] > 1 or verify_kernel(**args, out=out, impl=impl) == "gluon"  # batch 1: slices
 
     def forward():
-        plan = plan_verify(workspace=ws, block_n=config.block_n, num_splits=splits, **lens) if batched else None
+        plan = plan_verify(workspace=ws, block_n=config.block_n, num_splits=splits, **lens) if planned else None
         for k_pool, v_pool in pools:  # noqa: F821 (called before the del below)
             verify_attention(**{**args, "k_buffer": k_pool, "v_buffer": v_pool}, **addressing, out=out, workspace=ws,
                              plan=plan, impl=impl)

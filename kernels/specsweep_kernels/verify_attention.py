@@ -22,6 +22,7 @@ API (keyword-only; shapes are checked):
                                                            # page ids, [B] int32 lengths, rows per page
         config=None, num_splits=None,                      # overrides of the tile / split heuristics (tuning)
         plan=None,                                         # this step's plan_verify(), reused by every layer
+        impl="auto",                                       # "auto" | "triton" | "gluon" (the MLA kernel for sm_90)
     ) -> out
 
 Plan once per step, reuse for every layer (graph-safe; without plan= each call plans for itself):
@@ -56,8 +57,10 @@ _prefix_range each, no loop; the last B programs do each request's T new tokens 
 recomputed on the device from the prefix lengths, so CUDA-graph replays may change them; an engine plans once
 per step and passes plan= to every layer.
 B = 1: the loop-free SINGLE_REQUEST branch (P equal slices of the one prefix, program P the new tokens; a plan
-passed at B = 1 is checked, not read). Each part writes an fp32 partial output and its log2-sum-exp into the workspace slot of its item; a
-merge kernel combines a request's slots (req[b] of the plan) with its new-token slot.
+passed at B = 1 is checked, not read). Each part writes an fp32 partial output and its log2-sum-exp into the
+workspace slot of its item; a merge kernel combines a request's slots (req[b] of the plan) with its new-token slot.
+MLA in bf16 / fp16 on sm_90 runs a Gluon kernel instead (verify_mla_sm90.py: wgmma, cp.async, Dv over two
+warpgroups) over the same plan at every batch size, the same slots and the same merge; impl= picks the kernel.
 The grid depends only on static shapes (B, T, heads, P). Block sizes come from the device's per-block
 shared-memory limit (sm_90 ~227 KB, sm_120 ~100 KB), with a fall-back to the next smaller tile if the compiler
 still runs out of resources; P fills one wave of the SMs, counted from the compiled kernel's shared memory,
@@ -618,7 +621,7 @@ def _verify_attention_launch(
     batch, num_tokens, num_q_heads, dk = q.shape
     num_kv_heads = k_buffer.shape[1]
     dv = out.shape[-1]
-    if config is None and _use_gluon_mla(impl, q, v_is_k=v_is_k, dk=dk, dv=dv):
+    if _runs_gluon(impl, config, q, v_is_k=v_is_k, dk=dk, dv=dv):
         return _mla_sm90_launch(q, k_buffer, k_new, tree_mask, kv_indices, kv_indptr, prefix_lens, page_table_stride,
                                 out, workspace, sm_scale, page_size, use_indptr, num_splits, plan, launch)
     group = num_q_heads // num_kv_heads
@@ -733,7 +736,7 @@ def _gluon_mla():
 
 _GLUON_MIN_ROWS = 17  # "auto" at batch 1 keeps T x Hq <= 16 on the Triton kernel's 16-row tile (H200, run 13:
 # Gluon's 64-row wgmma tile is then 4x padding, 0-5% slower at 16 heads T = 1; in ragged batches of 16-row
-# requests it was as fast or faster, 0.98-1.16x; from 64 rows up 1.2-1.6x faster everywhere)
+# requests it was 0.98-1.16x as fast; from 64 rows up 1.1-1.6x faster)
 
 
 def _use_gluon_mla(impl: str, q: Tensor, *, v_is_k: bool, dk: int, dv: int) -> bool:
@@ -756,6 +759,11 @@ def _use_gluon_mla(impl: str, q: Tensor, *, v_is_k: bool, dk: int, dv: int) -> b
     return ok
 
 
+def _runs_gluon(impl: str, config: VerifyConfig | None, q: Tensor, *, v_is_k: bool, dk: int, dv: int) -> bool:
+    """Whether a call launches the Gluon MLA kernel (a Triton tile config always means the Triton kernel)."""
+    return config is None and _use_gluon_mla(impl, q, v_is_k=v_is_k, dk=dk, dv=dv)
+
+
 def _mla_sm90_launch(q: Tensor, k_buffer: Tensor, k_new: Tensor, tree_mask: Tensor, kv_indices: Tensor,
                      kv_indptr: Tensor, prefix_lens: Tensor, page_table_stride: int, out: Tensor,
                      workspace: VerifyWorkspace, sm_scale: float, page_size: int, use_indptr: bool,
@@ -775,10 +783,11 @@ def _mla_sm90_launch(q: Tensor, k_buffer: Tensor, k_new: Tensor, tree_mask: Tens
         plan = _launch_plan(workspace, kv_indptr if use_indptr else prefix_lens, use_indptr, batch, gluon.BLOCK_N,
                             num_splits)
     global _last_compiled
-    _last_compiled = gluon.launch_mla_sm90(q=q, kv_buffer=k_buffer, k_new=k_new, tree_mask=tree_mask, indices=kv_indices,
-                          kv_indptr=kv_indptr, page_table_stride=page_table_stride, items=workspace.items,
-                          order=workspace.order, part_out=workspace.part_out, part_lse=workspace.part_lse,
-                          num_items=plan.num_items, sm_scale=sm_scale, page_size=page_size, use_indptr=use_indptr)
+    _last_compiled = gluon.launch_mla_sm90(
+        q=q, kv_buffer=k_buffer, k_new=k_new, tree_mask=tree_mask, indices=kv_indices, kv_indptr=kv_indptr,
+        page_table_stride=page_table_stride, items=workspace.items, order=workspace.order,
+        part_out=workspace.part_out, part_lse=workspace.part_lse, num_items=plan.num_items, sm_scale=sm_scale,
+        page_size=page_size, use_indptr=use_indptr)
     _launch_merge(workspace, out, kv_indptr, prefix_lens, num_splits=num_splits, block_n=gluon.BLOCK_N,
                   use_indptr=use_indptr, single=False)
     return config, num_splits
@@ -986,9 +995,8 @@ def verify_attention(
     config / num_splits override the tile and split heuristics (benchmarks, tuning); leave them None.
     plan: this step's plan_verify() on this workspace, reused by every layer (else the call plans itself).
     impl: "auto" (the Gluon kernel for MLA in bf16 / fp16 on sm_90, except batch 1 with T x Hq <= 16; the Triton
-    kernel elsewhere),
-    "triton" (always the portable kernel), "gluon" (the Gluon kernel, or ValueError where it does not apply).
-    """
+    kernel elsewhere), "triton" (always the portable kernel), "gluon" (the Gluon kernel, or ValueError where it
+    does not apply)."""
     kw = dict(q=q, k_buffer=k_buffer, v_buffer=v_buffer, k_new=k_new, v_new=v_new, tree_mask=tree_mask,
               sm_scale=sm_scale, out=out, workspace=workspace, kv_indptr=kv_indptr, kv_indices=kv_indices,
               page_table=page_table, prefix_lens=prefix_lens, page_size=page_size, config=config, num_splits=num_splits,
@@ -1014,11 +1022,10 @@ def verify_launch_params(**kwargs) -> tuple[VerifyConfig, int]:
 
 
 def verify_kernel(**kwargs) -> str:
-    """"gluon" or "triton": the attention kernel verify_attention(**kwargs) launches (launches nothing). The Gluon
-    path always runs a plan, so an engine that plans once per step plans for it at batch 1 too."""
+    """"gluon" or "triton": the attention kernel verify_attention(**kwargs) launches (launches nothing; on a CPU
+    without the interpreter the call runs the torch reference instead). The Gluon path always runs a plan, so an
+    engine that plans once per step plans for it at batch 1 too."""
     kw = dict(v_buffer=None, config=None, impl="auto") | kwargs
     q = kw["q"]
-    if kw["config"] is not None or kw["impl"] == "triton":
-        return "triton"
-    return "gluon" if _use_gluon_mla(kw["impl"], q, v_is_k=kw["v_buffer"] is None, dk=q.shape[-1],
-                                     dv=kw["out"].shape[-1]) else "triton"
+    return "gluon" if _runs_gluon(kw["impl"], kw["config"], q, v_is_k=kw["v_buffer"] is None, dk=q.shape[-1],
+                                  dv=kw["out"].shape[-1]) else "triton"

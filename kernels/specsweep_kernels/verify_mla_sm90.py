@@ -7,8 +7,9 @@ two-stage shared-memory ring, 8 warps in lockstep:
   S = Q_nope K_nope^T + Q_pe K_pe^T       wgmma m64n32k16 per warpgroup (the two warpgroups split S's 64 columns)
   online softmax in registers (log2 domain)
   O[:, 0:256] / O[:, 256:512] += P V      wgmma m64n256k16, one half of Dv per warpgroup (V = K_nope, same tile)
-The gather of tile j + 1 is in flight while tile j is computed; with PAIR (the default) an iteration takes two
-tiles and P V of the first runs under S of the second. Every wgmma is waited for inside the iteration
+The gather of tile j + 1 is in flight while tile j is computed, and an iteration takes two tiles: P V of the first
+runs under S of the second (a tile past the range is all masked: zero-filled, nothing read, it adds nothing; the
+one-tile loop measured -2% to +4% against this, docs/kernels.md item 20). Every wgmma is waited for inside the iteration
 that issued it: one in flight across the loop's back edge made ptxas serialise every wgmma of the kernel
 (C7514), which cost 10-20% (docs/kernels.md). It writes the normalised fp32 partial and log2-sum-exp of each
 item to the item's workspace slot and of each request's new tokens to slot P + B + b, the layout
@@ -36,7 +37,6 @@ _DV = 512
 _DPE = 64
 _CHUNK = 64  # columns per cp.async chunk (128 bytes of bf16: one swizzle row)
 _LOG2E = 1.4426950408889634
-PAIR = True  # two tiles per loop iteration (launch_mla_sm90's default; docs/kernels.md has both measured)
 
 
 @gluon.jit
@@ -101,7 +101,6 @@ def _mla_verify_sm90_kernel(
     DV: gl.constexpr,
     DPE: gl.constexpr,
     CHUNK: gl.constexpr,
-    PAIR: gl.constexpr,  # two tiles per loop iteration (P V of one under S of the next)
     num_warps: gl.constexpr,
 ):
     gl.static_assert(num_warps == 8, "two warpgroups: the Dv halves")
@@ -167,60 +166,40 @@ def _mla_verify_sm90_kernel(
         acc = gl.zeros([BLOCK_M, DV], gl.float32, layout=o_layout)
         s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
         n_tiles = gl.cdiv(hi - lo, BLOCK_N)
-        if PAIR:  # two tiles per iteration: P V of the first runs while S of the second is computed
-            for jj in range(0, n_tiles, 2):
-                start = lo + jj * BLOCK_N
-                async_copy.wait_group(0)  # tile jj (stage 0) has landed for this thread's copies
-                gl.thread_barrier()  # ... and for every thread's; every warp is done with stage 1
-                fence_async_shared()  # generic-proxy writes before wgmma's async-proxy reads
-                s_tok = warpgroup_mma(q_nope, k_nope.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                s_tok = warpgroup_mma(q_pe, k_pe.index(0).permute((1, 0)), s_tok, is_async=True)
-                # tile jj + 1 into stage 1 (past hi: all rows masked, nothing read, the tile adds nothing)
-                row_ptr, ok = _tile_row_ptrs(kv_ptr, idx_base, new_base, is_new, start + BLOCK_N, hi, stride_kvs,
-                                             stride_knt, kv_rows, PAGE_SIZE)
-                _gather_rows(k_nope.index(1), k_pe.index(1), row_ptr, ok, cols, CHUNK, DV)
+        # two tiles per iteration: P V of the first runs while S of the second is computed
+        for jj in range(0, n_tiles, 2):
+            start = lo + jj * BLOCK_N
+            async_copy.wait_group(0)  # tile jj (stage 0) has landed for this thread's copies
+            gl.thread_barrier()  # ... and for every thread's; every warp is done with stage 1
+            fence_async_shared()  # generic-proxy writes before wgmma's async-proxy reads
+            s_tok = warpgroup_mma(q_nope, k_nope.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s_tok = warpgroup_mma(q_pe, k_pe.index(0).permute((1, 0)), s_tok, is_async=True)
+            # tile jj + 1 into stage 1 (past hi: all rows masked, nothing read, the tile adds nothing)
+            row_ptr, ok = _tile_row_ptrs(kv_ptr, idx_base, new_base, is_new, start + BLOCK_N, hi, stride_kvs,
+                                         stride_knt, kv_rows, PAGE_SIZE)
+            _gather_rows(k_nope.index(1), k_pe.index(1), row_ptr, ok, cols, CHUNK, DV)
+            async_copy.commit_group()
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
+            p, m_i, alpha, l_i = _online_softmax(s, start, hi, visible, m_i, l_i, qk_scale, s_cols)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+            acc_tok = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), k_nope.index(0), acc, is_async=True)
+            async_copy.wait_group(0)  # tile jj + 1
+            gl.thread_barrier()
+            fence_async_shared()
+            s_tok = warpgroup_mma(q_nope, k_nope.index(1).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s_tok = warpgroup_mma(q_pe, k_pe.index(1).permute((1, 0)), s_tok, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=2, deps=(acc_tok,))  # P V of tile jj (issued before S)
+            gl.thread_barrier()  # every warp is done with stage 0
+            if jj + 2 < n_tiles:
+                row_ptr, ok = _tile_row_ptrs(kv_ptr, idx_base, new_base, is_new, start + 2 * BLOCK_N, hi,
+                                             stride_kvs, stride_knt, kv_rows, PAGE_SIZE)
+                _gather_rows(k_nope.index(0), k_pe.index(0), row_ptr, ok, cols, CHUNK, DV)
                 async_copy.commit_group()
-                s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
-                p, m_i, alpha, l_i = _online_softmax(s, start, hi, visible, m_i, l_i, qk_scale, s_cols)
-                acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-                acc_tok = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), k_nope.index(0), acc, is_async=True)
-                async_copy.wait_group(0)  # tile jj + 1
-                gl.thread_barrier()
-                fence_async_shared()
-                s_tok = warpgroup_mma(q_nope, k_nope.index(1).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                s_tok = warpgroup_mma(q_pe, k_pe.index(1).permute((1, 0)), s_tok, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=2, deps=(acc_tok,))  # P V of tile jj (issued before S)
-                gl.thread_barrier()  # every warp is done with stage 0
-                if jj + 2 < n_tiles:
-                    row_ptr, ok = _tile_row_ptrs(kv_ptr, idx_base, new_base, is_new, start + 2 * BLOCK_N, hi,
-                                                 stride_kvs, stride_knt, kv_rows, PAGE_SIZE)
-                    _gather_rows(k_nope.index(0), k_pe.index(0), row_ptr, ok, cols, CHUNK, DV)
-                    async_copy.commit_group()
-                s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
-                p, m_i, alpha, l_i = _online_softmax(s, start + BLOCK_N, hi, visible, m_i, l_i, qk_scale, s_cols)
-                acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-                acc_tok = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), k_nope.index(1), acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok,))  # nothing in flight across iterations
-        else:
-            for j in range(n_tiles):
-                stage = j % 2
-                start = lo + j * BLOCK_N
-                async_copy.wait_group(0)  # tile j (and, at j = 0, Q) has landed for this thread's copies
-                gl.thread_barrier()  # ... and for every thread's; every warp is done with the other stage
-                fence_async_shared()  # generic-proxy writes before wgmma's async-proxy reads
-                kn = k_nope.index(stage)
-                s_tok = warpgroup_mma(q_nope, kn.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                s_tok = warpgroup_mma(q_pe, k_pe.index(stage).permute((1, 0)), s_tok, is_async=True)
-                if j + 1 < n_tiles:  # gather tile j + 1 while S of tile j runs
-                    row_ptr, ok = _tile_row_ptrs(kv_ptr, idx_base, new_base, is_new, start + BLOCK_N, hi, stride_kvs,
-                                                 stride_knt, kv_rows, PAGE_SIZE)
-                    _gather_rows(k_nope.index(1 - stage), k_pe.index(1 - stage), row_ptr, ok, cols, CHUNK, DV)
-                    async_copy.commit_group()
-                s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
-                p, m_i, alpha, l_i = _online_softmax(s, start, hi, visible, m_i, l_i, qk_scale, s_cols)
-                acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-                acc_tok = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), kn, acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok,))  # nothing in flight across iterations
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
+            p, m_i, alpha, l_i = _online_softmax(s, start + BLOCK_N, hi, visible, m_i, l_i, qk_scale, s_cols)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+            acc_tok = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), k_nope.index(1), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok,))  # nothing in flight across iterations
 
         l_safe = gl.where(l_i > 0, l_i, 1.0)
         lse = gl.where(l_i > 0, m_i + gl.log2(l_safe), float("-inf"))
@@ -242,8 +221,7 @@ def mla_sm90_supported(q: torch.Tensor, *, v_is_k: bool, dk: int, dv: int) -> bo
 
 
 def launch_mla_sm90(*, q, kv_buffer, k_new, tree_mask, indices, kv_indptr, page_table_stride: int, items, order,
-                    part_out, part_lse, num_items: int, sm_scale: float, page_size: int, use_indptr: bool,
-                    pair: bool | None = None):
+                    part_out, part_lse, num_items: int, sm_scale: float, page_size: int, use_indptr: bool):
     """One launch over (m-blocks, num_items + B): the plan's items (program p runs item order[p]), then each
     request's new tokens. q [B, T, Hq, 576], kv_buffer [slots, 1, 576], k_new [B, T, 1, 576], tree_mask [B, T, T]
     uint8, indices: kv_indices (use_indptr) or the page table; part_out / part_lse: the workspace's partials.
@@ -262,6 +240,6 @@ def launch_mla_sm90(*, q, kv_buffer, k_new, tree_mask, indices, kv_indptr, page_
         part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1),
         HQ=num_q_heads, T=num_tokens, PAGE_SIZE=page_size, USE_INDPTR=use_indptr,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, DV=_DV, DPE=_DPE, CHUNK=_CHUNK, PAIR=PAIR if pair is None else pair,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, DV=_DV, DPE=_DPE, CHUNK=_CHUNK,
         num_warps=8,
     )

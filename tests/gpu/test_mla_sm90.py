@@ -34,8 +34,7 @@ def softmax_truth(q, keys, sm_scale, visible=None):
 @pytest.mark.parametrize("num_q_heads,num_tokens", [(16, 1), (16, 8), (16, 13), (64, 4), (128, 1)])
 @pytest.mark.parametrize("page_size", [1, 64, 16])
 @pytest.mark.parametrize("indptr", [False, True], ids=["table", "indptr"])
-@pytest.mark.parametrize("pair", [True, False], ids=["pair", "single"])
-def test_partials_match_fp32_truth(num_q_heads, num_tokens, page_size, indptr, pair):
+def test_partials_match_fp32_truth(num_q_heads, num_tokens, page_size, indptr):
     from specsweep_kernels.verify_mla_sm90 import launch_mla_sm90
 
     if indptr and page_size != 16:
@@ -59,7 +58,7 @@ def test_partials_match_fp32_truth(num_q_heads, num_tokens, page_size, indptr, p
     launch_mla_sm90(q=t["q"], kv_buffer=t["k_buffer"], k_new=t["k_new"], tree_mask=t["tree_mask"].view(torch.uint8),
                     indices=indices, kv_indptr=lens_or_indptr, page_table_stride=table_stride, items=items,
                     order=order, part_out=part_out, part_lse=part_lse, num_items=num_items,
-                    sm_scale=problem.sm_scale, page_size=ps, use_indptr=indptr, pair=pair)
+                    sm_scale=problem.sm_scale, page_size=ps, use_indptr=indptr)
     torch.cuda.synchronize()
     slots = prefix_slots(batch=batch, **addressing)
     for i, (b, lo, hi, _) in enumerate(items.tolist()):
