@@ -394,10 +394,13 @@ def _verify_merge_kernel(
     NUM_Q_HEADS: tl.constexpr,
     BLOCK_N: tl.constexpr,  # the attention kernel's, to count batch 1's slices
     BLOCK_DV: tl.constexpr,  # dims of Dv handled by this program
-    BLOCK_SC: tl.constexpr,  # parts per loaded chunk
+    BLOCK_SC: tl.constexpr,  # parts loaded at once (all of them whenever a request has <= BLOCK_SC)
     USE_INDPTR: tl.constexpr,
     SINGLE_REQUEST: tl.constexpr,
 ):
+    """out[b, t, h, dv block] = the request's partials combined by their log2-sum-exps, in one pass: every load of
+    a chunk (its log-sum-exps and its partial rows) is issued together and folded into a running (max, sum, acc),
+    so a request with <= BLOCK_SC parts costs one round of loads after the slot lookup."""
     pid = tl.program_id(0)
     b = pid // (T * NUM_Q_HEADS)
     t = (pid // NUM_Q_HEADS) % T
@@ -416,27 +419,27 @@ def _verify_merge_kernel(
         num_parts = tl.load(req_ptr + b * 2 + 1)
         new_slot = num_splits + batch + b
     offs_dv = tl.program_id(1) * BLOCK_DV + tl.arange(0, BLOCK_DV)
-    lse_row = part_lse_ptr + t * stride_plt + h + first_slot * stride_pls
-    o_row = part_out_ptr + t * stride_pot + h * stride_poh + first_slot * stride_pos
-    lse_new = tl.load(part_lse_ptr + new_slot * stride_pls + t * stride_plt + h)
-    lse_max = lse_new
+    row = t * stride_pot + h * stride_poh
+    lse_row = part_lse_ptr + t * stride_plt + h
+    # the new tokens' part: its weight is 1 relative to its own log-sum-exp
+    m_i = tl.load(lse_row + new_slot * stride_pls)
+    acc = tl.load(part_out_ptr + new_slot * stride_pos + row + offs_dv)
+    l_i = tl.where(m_i == float("-inf"), 0.0, 1.0)
+    acc = tl.where(m_i == float("-inf"), 0.0, acc)
     for s0 in range(0, num_parts, BLOCK_SC):
-        offs_sc = s0 + tl.arange(0, BLOCK_SC)
-        lse_max = tl.maximum(lse_max, tl.max(tl.load(lse_row + offs_sc * stride_pls, mask=offs_sc < num_parts,
-                                                     other=float("-inf")), 0))
-    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # nothing visible: output 0
-    w_new = tl.exp2(lse_new - lse_max)
-    acc = w_new * tl.load(part_out_ptr + new_slot * stride_pos + t * stride_pot + h * stride_poh + offs_dv)
-    denom = tl.zeros([BLOCK_SC], dtype=tl.float32)
-    for s0 in range(0, num_parts, BLOCK_SC):
-        offs_sc = s0 + tl.arange(0, BLOCK_SC)
-        mask_sc = offs_sc < num_parts
-        w = tl.exp2(tl.load(lse_row + offs_sc * stride_pls, mask=mask_sc, other=float("-inf")) - lse_max)  # [SC]
-        o = tl.load(o_row + offs_sc[:, None] * stride_pos + offs_dv[None, :], mask=mask_sc[:, None], other=0.0)
-        acc += tl.sum(w[:, None] * o, 0)
-        denom += w
-    total_w = tl.sum(denom, 0) + w_new
-    acc = acc / tl.where(total_w > 0, total_w, 1.0)
+        offs_sc = first_slot + s0 + tl.arange(0, BLOCK_SC)
+        mask_sc = s0 + tl.arange(0, BLOCK_SC) < num_parts
+        lse = tl.load(lse_row + offs_sc * stride_pls, mask=mask_sc, other=float("-inf"))  # [SC]
+        o = tl.load(part_out_ptr + offs_sc[:, None] * stride_pos + row + offs_dv[None, :], mask=mask_sc[:, None],
+                    other=0.0)  # [SC, DV]
+        m_new = tl.maximum(m_i, tl.max(lse, 0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing visible yet: every weight is 0
+        alpha = tl.exp2(m_i - m_safe)
+        w = tl.exp2(lse - m_safe)
+        acc = acc * alpha + tl.sum(w[:, None] * o, 0)
+        l_i = l_i * alpha + tl.sum(w, 0)
+        m_i = m_new
+    acc = acc / tl.where(l_i > 0, l_i, 1.0)  # nothing visible: output 0
     tl.store(out_ptr + b * stride_ob + t * stride_ot + h * stride_oh + offs_dv, acc.to(out_ptr.dtype.element_ty))
 
 
@@ -704,13 +707,24 @@ def _check_plan(plan: VerifyPlan | None, workspace: VerifyWorkspace, *, batch: i
                          "call's block_n / num_splits (verify_launch_params) and batch")
 
 
+def merge_tiles(*, dv: int, max_parts: int) -> tuple[int, int]:
+    """(BLOCK_SC, BLOCK_DV) of the merge: every part of a request in one load where it has <= 256 (one round of
+    loads per program instead of one per 16 parts), and the Dv block as wide as keeps a program's chunk at
+    <= 8192 fp32 (64 registers a thread at 4 warps): many programs for few rows with many parts, whole rows for
+    many rows with few."""
+    block_sc = min(256, triton.next_power_of_2(max(1, max_parts)))
+    block_dv = min(dv, max(16, 8192 // block_sc))
+    return block_sc, block_dv
+
+
 def _launch_merge(workspace: VerifyWorkspace, out: Tensor, kv_indptr: Tensor, prefix_lens: Tensor, *, num_splits: int,
                   block_n: int, use_indptr: bool, single: bool) -> None:
     """out = the partials of each request (its prefix parts and its new tokens) combined by their log-sum-exps."""
     batch, num_tokens, num_q_heads, dv = out.shape
     po, pl = workspace.part_out, workspace.part_lse
-    block_dv_merge = min(dv, 128)
-    _verify_merge_kernel[(batch * num_tokens * num_q_heads, dv // block_dv_merge)](
+    # a request's prefix parts: at most num_splits (batch 1's slices; the plan's items of one request)
+    block_sc, block_dv = merge_tiles(dv=dv, max_parts=num_splits)
+    _verify_merge_kernel[(batch * num_tokens * num_q_heads, triton.cdiv(dv, block_dv))](
         po, pl, out,
         kv_indptr, prefix_lens, workspace.req,
         batch,
@@ -719,7 +733,7 @@ def _launch_merge(workspace: VerifyWorkspace, out: Tensor, kv_indptr: Tensor, pr
         pl.stride(0), pl.stride(1),
         out.stride(0), out.stride(1), out.stride(2),
         T=num_tokens, NUM_Q_HEADS=num_q_heads, BLOCK_N=block_n,
-        BLOCK_DV=block_dv_merge, BLOCK_SC=16, USE_INDPTR=use_indptr, SINGLE_REQUEST=single,
+        BLOCK_DV=block_dv, BLOCK_SC=block_sc, USE_INDPTR=use_indptr, SINGLE_REQUEST=single,
         num_warps=4,
     )
 

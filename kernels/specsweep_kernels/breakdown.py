@@ -1,0 +1,113 @@
+"""Where a verify call's time goes: plan, attention kernel and merge timed apart, and the attention kernel's cost
+split into a per-tile slope and a fixed intercept by a fit over prefix lengths (GPU only).
+
+    python -m specsweep_kernels.breakdown --layouts mla,mla:64,mla:128 --tokens 1,16 --pages 64 \
+        --prefixes 8192,32768,131072 [--impl auto|triton|gluon]
+
+Each stage is one CUDA graph replayed (median, L2 flushed between replays, bench.graph_us); "sum" is the three
+stages, "call" the whole verify_attention (plan + attention + merge in one graph). The fit is least squares of the
+attention kernel's time against its tiles per program (BLOCK_N-token tiles of the longest plan item): slope = one
+tile's time on one SM, intercept = what does not shrink with the prefix (launch, Q load, first-tile latency,
+epilogue stores, the second wave of new-token programs). The same numbers per layout at fixed rows tell whether a
+row is short of its ceiling in the loop (slope) or around it (intercept).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+
+import torch
+
+from specsweep_kernels import verify_attention as va
+from specsweep_kernels.bench import bench_layout, graph_us
+from specsweep_kernels.problems import make_problem
+from specsweep_kernels.roofline import verify_cost
+
+logger = logging.getLogger(__name__)
+
+
+def stage_times(*, layout_name: str, prefix: int, tokens: int, page: int, impl: str, splits_scale: float = 1.0) -> dict:
+    """µs of the whole call and of its plan / attention / merge, each replayed from its own graph."""
+    layout = bench_layout(layout_name)
+    problem = make_problem(layout=layout, prefix_lens=[prefix], num_tokens=tokens, page_size=page,
+                           dtype=torch.bfloat16, device="cuda", seed=prefix + tokens + page)
+    args, addressing = problem.attention_args(), problem.table_args()
+    ws = va.allocate_workspace(max_batch=1, max_tokens=tokens, num_q_heads=layout.num_q_heads,
+                               v_head_dim=layout.v_head_dim, device="cuda")
+    out = problem.new_out()
+    config, splits = va.verify_launch_params(**args, **addressing, out=out, workspace=ws, impl=impl)
+    splits = max(1, round(splits * splits_scale))
+    kernel = va.verify_kernel(**args, out=out, impl=impl)
+    call = lambda: va.verify_attention(**args, **addressing, out=out, workspace=ws, impl=impl,  # noqa: E731
+                                       num_splits=splits)
+    call()
+    row = dict(layout=layout.name, prefix=prefix, T=tokens, page=page, kernel=kernel, P=splits)
+    row["call"], _ = graph_us(call)
+    plan = lambda: va.plan_verify(workspace=ws, block_n=config.block_n, num_splits=splits,  # noqa: E731
+                                  prefix_lens=problem.lens)
+    row["plan"], _ = graph_us(plan)
+    p = plan()
+    row["attn+merge"], _ = graph_us(lambda: va.verify_attention(**args, **addressing, out=out, workspace=ws,
+                                                                 impl=impl, plan=p, num_splits=splits))
+    # the Gluon path's merge is the batched one; the Triton path's batch-1 split is fused differently: not apart
+    merge = lambda: va._launch_merge(ws, out, problem.lens, problem.lens, num_splits=splits,  # noqa: E731
+                                     block_n=config.block_n, use_indptr=False, single=False)
+    row["merge"] = graph_us(merge)[0] if kernel == "gluon" else float("nan")
+    row["attn"] = row["attn+merge"] - row["merge"]
+    items = p.items[: p.num_items].cpu()
+    longest = int((items[:, 2] - items[:, 1]).max())
+    row["tiles"] = -(-longest // config.block_n)
+    _, flops, kv_bytes = verify_cost(layout=layout, prefix_len=prefix, num_tokens=tokens, page_size=page)
+    row["TFLOP/s"] = flops / (row["call"] * 1e-6) / 1e12
+    row["GB/s"] = kv_bytes / (row["call"] * 1e-6) / 1e9
+    return row
+
+
+def fit(rows: list[dict], key: str = "attn") -> tuple[float, float]:
+    """Least-squares (slope µs per tile, intercept µs) of rows[key] against rows["tiles"]."""
+    xs = torch.tensor([r["tiles"] for r in rows], dtype=torch.float64)
+    ys = torch.tensor([r[key] for r in rows], dtype=torch.float64)
+    a = torch.stack([xs, torch.ones_like(xs)], 1)
+    sol = torch.linalg.lstsq(a, ys[:, None]).solution[:, 0]
+    return float(sol[0]), float(sol[1])
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layouts", default="mla,mla:64,mla:128")
+    ap.add_argument("--prefixes", default="8192,32768,131072")
+    ap.add_argument("--tokens", default="1,16")
+    ap.add_argument("--pages", default="64")
+    ap.add_argument("--impl", default="auto", choices=va._IMPLS)
+    ap.add_argument("--splits-scale", type=float, default=1.0,
+                    help="prefix programs P = round(the heuristic's P x this) (1: as verify_attention picks)")
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    props = torch.cuda.get_device_properties(0)
+    lines = [f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC · {props.name} · {props.multi_processor_count} SMs"
+             f" · torch {torch.__version__} · impl {a.impl} · splits x{a.splits_scale}", "",
+             "| layout | prefix | T | page | kernel | P | tiles/program | call µs | plan µs | attn µs | merge µs "
+             "| TFLOP/s | GB/s |", "|" + "---|" * 13]
+    fits = ["", "| layout | T | page | µs per tile (slope) | intercept µs | prefixes |", "|---|---|---|---|---|---|"]
+    for name in a.layouts.split(","):
+        for tokens in map(int, a.tokens.split(",")):
+            for page in map(int, a.pages.split(",")):
+                group = []
+                for prefix in map(int, a.prefixes.split(",")):
+                    r = stage_times(layout_name=name, prefix=prefix, tokens=tokens, page=page, impl=a.impl,
+                                    splits_scale=a.splits_scale)
+                    group.append(r)
+                    lines.append(f"| {r['layout']} | {prefix} | {tokens} | {page} | {r['kernel']} | {r['P']} "
+                                 f"| {r['tiles']} | {r['call']:.1f} | {r['plan']:.1f} | {r['attn']:.1f} "
+                                 f"| {r['merge']:.1f} | {r['TFLOP/s']:.0f} | {r['GB/s']:.0f} |")
+                    logger.info(lines[-1])
+                if len(group) > 1 and group[0]["kernel"] == "gluon":
+                    slope, icpt = fit(group)
+                    fits.append(f"| {group[0]['layout']} | {tokens} | {page} | {slope:.3f} | {icpt:.1f} "
+                                f"| {a.prefixes} |")
+    logger.info("\n".join(lines + fits))
+
+
+if __name__ == "__main__":
+    main()
