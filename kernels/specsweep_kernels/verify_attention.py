@@ -793,17 +793,19 @@ def _mla_sm90_launch(q: Tensor, k_buffer: Tensor, k_new: Tensor, tree_mask: Tens
     _check_plan(plan, workspace, batch=batch, block_n=gluon.BLOCK_N, num_splits=num_splits)
     if not launch:
         return config, num_splits
-    if plan is None:
+    single = batch == 1  # as the Triton kernel: equal slices, no plan launch (a given plan is checked, not needed)
+    if plan is None and not single:
         plan = _launch_plan(workspace, kv_indptr if use_indptr else prefix_lens, use_indptr, batch, gluon.BLOCK_N,
                             num_splits)
     global _last_compiled
     _last_compiled = gluon.launch_mla_sm90(
         q=q, kv_buffer=k_buffer, k_new=k_new, tree_mask=tree_mask, indices=kv_indices, kv_indptr=kv_indptr,
-        page_table_stride=page_table_stride, items=workspace.items, order=workspace.order,
-        part_out=workspace.part_out, part_lse=workspace.part_lse, num_items=plan.num_items, sm_scale=sm_scale,
-        page_size=page_size, use_indptr=use_indptr)
+        prefix_lens=prefix_lens, page_table_stride=page_table_stride, items=workspace.items, order=workspace.order,
+        part_out=workspace.part_out, part_lse=workspace.part_lse,
+        num_items=num_splits if single else plan.num_items, sm_scale=sm_scale, page_size=page_size,
+        use_indptr=use_indptr, single=single)
     _launch_merge(workspace, out, kv_indptr, prefix_lens, num_splits=num_splits, block_n=gluon.BLOCK_N,
-                  use_indptr=use_indptr, single=False)
+                  use_indptr=use_indptr, single=single)
     return config, num_splits
 
 
@@ -1037,8 +1039,8 @@ def verify_launch_params(**kwargs) -> tuple[VerifyConfig, int]:
 
 def verify_kernel(**kwargs) -> str:
     """"gluon" or "triton": the attention kernel verify_attention(**kwargs) launches (launches nothing; on a CPU
-    without the interpreter the call runs the torch reference instead). The Gluon path always runs a plan, so an
-    engine that plans once per step plans for it at batch 1 too."""
+    without the interpreter the call runs the torch reference instead). Both kernels run batch 1 as equal slices
+    without a plan (a plan= given there is checked, not needed) and batches from a plan."""
     kw = dict(v_buffer=None, config=None, impl="auto") | kwargs
     q = kw["q"]
     return "gluon" if _runs_gluon(kw["impl"], kw["config"], q, v_is_k=kw["v_buffer"] is None, dk=q.shape[-1],

@@ -81,10 +81,10 @@ def _online_softmax(s, start, hi, visible, m_i, l_i, qk_scale, s_cols):
 
 @gluon.jit
 def _mla_verify_sm90_kernel(
-    q_ptr, kv_ptr, k_new_ptr, tree_mask_ptr, indices_ptr, indptr_ptr, items_ptr, order_ptr,
+    q_ptr, kv_ptr, k_new_ptr, tree_mask_ptr, indices_ptr, indptr_ptr, lens_ptr, items_ptr, order_ptr,
     part_out_ptr, part_lse_ptr,
     qk_scale,  # sm_scale * log2(e)
-    num_items,  # P + B: the plan's item slots; program num_items + b does request b's new tokens
+    num_items,  # P + B: the plan's item slots (SINGLE: the P slices); program num_items + b does b's new tokens
     stride_qb, stride_qt, stride_qh,
     stride_kvs,
     stride_knb, stride_knt,
@@ -96,6 +96,7 @@ def _mla_verify_sm90_kernel(
     T: gl.constexpr,
     PAGE_SIZE: gl.constexpr,
     USE_INDPTR: gl.constexpr,
+    SINGLE: gl.constexpr,  # batch 1 without a plan: program s < P streams the s-th equal slice of the prefix
     BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr,
     DV: gl.constexpr,
@@ -113,6 +114,16 @@ def _mla_verify_sm90_kernel(
         b = pid_z - num_items
         lo = 0
         hi = T
+        slot = pid_z
+    elif SINGLE:  # the slices and slot layout of the Triton kernel's batch 1 (its merge reads them)
+        b = 0
+        if USE_INDPTR:
+            prefix_len = gl.load(indptr_ptr + 1) - gl.load(indptr_ptr)
+        else:
+            prefix_len = gl.load(lens_ptr)
+        per_split = gl.cdiv(gl.cdiv(prefix_len, num_items), BLOCK_N) * BLOCK_N
+        lo = gl.minimum(pid_z * per_split, prefix_len)
+        hi = gl.minimum(lo + per_split, prefix_len)
         slot = pid_z
     else:
         slot = gl.load(order_ptr + pid_z)
@@ -220,16 +231,18 @@ def mla_sm90_supported(q: torch.Tensor, *, v_is_k: bool, dk: int, dv: int) -> bo
             and q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9)
 
 
-def launch_mla_sm90(*, q, kv_buffer, k_new, tree_mask, indices, kv_indptr, page_table_stride: int, items, order,
-                    part_out, part_lse, num_items: int, sm_scale: float, page_size: int, use_indptr: bool):
+def launch_mla_sm90(*, q, kv_buffer, k_new, tree_mask, indices, kv_indptr, prefix_lens, page_table_stride: int,
+                    items, order, part_out, part_lse, num_items: int, sm_scale: float, page_size: int,
+                    use_indptr: bool, single: bool = False):
     """One launch over (m-blocks, num_items + B): the plan's items (program p runs item order[p]), then each
-    request's new tokens. q [B, T, Hq, 576], kv_buffer [slots, 1, 576], k_new [B, T, 1, 576], tree_mask [B, T, T]
+    request's new tokens; single (batch 1, no plan): num_items = P equal slices of the prefix in slots 0..P-1, the
+    new tokens in slot P. q [B, T, Hq, 576], kv_buffer [slots, 1, 576], k_new [B, T, 1, 576], tree_mask [B, T, T]
     uint8, indices: kv_indices (use_indptr) or the page table; part_out / part_lse: the workspace's partials.
     Returns the compiled kernel."""
     batch, num_tokens, num_q_heads, _ = q.shape
     m_blocks = triton.cdiv(num_tokens * num_q_heads, BLOCK_M)
     return _mla_verify_sm90_kernel[(m_blocks, num_items + batch)](
-        q, kv_buffer, k_new, tree_mask, indices, kv_indptr, items, order, part_out, part_lse,
+        q, kv_buffer, k_new, tree_mask, indices, kv_indptr, prefix_lens, items, order, part_out, part_lse,
         sm_scale * _LOG2E,
         num_items,
         q.stride(0), q.stride(1), q.stride(2),
@@ -239,7 +252,7 @@ def launch_mla_sm90(*, q, kv_buffer, k_new, tree_mask, indices, kv_indptr, page_
         page_table_stride,
         part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1),
-        HQ=num_q_heads, T=num_tokens, PAGE_SIZE=page_size, USE_INDPTR=use_indptr,
+        HQ=num_q_heads, T=num_tokens, PAGE_SIZE=page_size, USE_INDPTR=use_indptr, SINGLE=single,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, DV=_DV, DPE=_DPE, CHUNK=_CHUNK,
         num_warps=8,
     )

@@ -56,9 +56,10 @@ def test_partials_match_fp32_truth(num_q_heads, num_tokens, page_size, indptr):
                                                      addressing["page_table"].stride(0), page_size)
     order = torch.randperm(num_items, device="cuda").int()  # programs may run items in any order
     launch_mla_sm90(q=t["q"], kv_buffer=t["k_buffer"], k_new=t["k_new"], tree_mask=t["tree_mask"].view(torch.uint8),
-                    indices=indices, kv_indptr=lens_or_indptr, page_table_stride=table_stride, items=items,
-                    order=order, part_out=part_out, part_lse=part_lse, num_items=num_items,
-                    sm_scale=problem.sm_scale, page_size=ps, use_indptr=indptr)
+                    indices=indices, kv_indptr=lens_or_indptr, prefix_lens=lens_or_indptr,
+                    page_table_stride=table_stride, items=items, order=order, part_out=part_out,
+                    part_lse=part_lse, num_items=num_items, sm_scale=problem.sm_scale, page_size=ps,
+                    use_indptr=indptr)
     torch.cuda.synchronize()
     slots = prefix_slots(batch=batch, **addressing)
     for i, (b, lo, hi, _) in enumerate(items.tolist()):
@@ -74,3 +75,46 @@ def test_partials_match_fp32_truth(num_q_heads, num_tokens, page_size, indptr):
         err = ((part_out[num_items + b] - out).norm() / out.norm()).item()
         assert err < 1e-2, f"request {b}'s new tokens: rel err {err:.2e}"
         assert (part_lse[num_items + b] - lse).abs().max().item() < 2e-2, f"request {b}'s new tokens: log-sum-exp"
+
+
+@pytest.mark.parametrize("prefix_len,num_splits", [(5000, 7), (64, 3), (1, 1), (0, 4), (131072, 132)])
+@pytest.mark.parametrize("indptr", [False, True], ids=["table", "indptr"])
+def test_batch_one_slices_match_fp32_truth(prefix_len, num_splits, indptr):
+    """single=True (batch 1, no plan): slice s = positions [s * per, (s + 1) * per) with per = the prefix / P
+    rounded up to whole tiles, in slot s; slices past the prefix write nothing; the new tokens in slot P."""
+    from specsweep_kernels.verify_mla_sm90 import BLOCK_N, launch_mla_sm90
+
+    num_q_heads, num_tokens, page_size = 64, 5, 16
+    problem = make_problem(layout=Layout(num_q_heads, 1, 576, 512, True), prefix_lens=[prefix_len],
+                           num_tokens=num_tokens, page_size=page_size, dtype=torch.bfloat16, device="cuda",
+                           tree="random", seed=prefix_len + num_splits)
+    t = problem.tensors
+    addressing = problem.indptr_args() if indptr else problem.table_args()
+    part_out = torch.full((num_splits + 1, num_tokens, num_q_heads, 512), float("nan"), device="cuda")
+    part_lse = torch.full((num_splits + 1, num_tokens, num_q_heads), float("nan"), device="cuda")
+    if indptr:
+        indices, lens, table_stride, ps = addressing["kv_indices"], addressing["kv_indptr"], 0, 1
+    else:
+        indices, lens, table_stride, ps = (addressing["page_table"], addressing["prefix_lens"],
+                                           addressing["page_table"].stride(0), page_size)
+    unused = torch.zeros(num_splits + 1, 4, dtype=torch.int32, device="cuda")  # items / order: not read
+    launch_mla_sm90(q=t["q"], kv_buffer=t["k_buffer"], k_new=t["k_new"], tree_mask=t["tree_mask"].view(torch.uint8),
+                    indices=indices, kv_indptr=lens, prefix_lens=lens, page_table_stride=table_stride,
+                    items=unused, order=unused[:, 0], part_out=part_out, part_lse=part_lse, num_items=num_splits,
+                    sm_scale=problem.sm_scale, page_size=ps, use_indptr=indptr, single=True)
+    torch.cuda.synchronize()
+    slots = prefix_slots(batch=1, **addressing)[0]
+    per = math.ceil(math.ceil(prefix_len / num_splits) / BLOCK_N) * BLOCK_N
+    for s in range(num_splits):
+        lo, hi = min(s * per, prefix_len), min((s + 1) * per, prefix_len)
+        if hi == lo:
+            assert part_out[s].isnan().all() and part_lse[s].isnan().all(), f"empty slice {s} was written"
+            continue
+        out, lse = softmax_truth(t["q"][0], t["k_buffer"][slots[lo:hi], 0], problem.sm_scale)
+        err = ((part_out[s] - out).norm() / out.norm()).item()
+        assert err < 1e-2, f"slice {s} [{lo}, {hi}): rel err {err:.2e}"
+        assert (part_lse[s] - lse).abs().max().item() < 2e-2, f"slice {s}: log-sum-exp"
+    out, lse = softmax_truth(t["q"][0], t["k_new"][0, :, 0], problem.sm_scale, visible=t["tree_mask"][0])
+    err = ((part_out[num_splits] - out).norm() / out.norm()).item()
+    assert err < 1e-2, f"new tokens: rel err {err:.2e}"
+    assert (part_lse[num_splits] - lse).abs().max().item() < 2e-2, "new tokens: log-sum-exp"

@@ -57,7 +57,7 @@ SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 @pytest.mark.parametrize("impl", ["triton", "gluon"])
 @pytest.mark.parametrize("prefix_lens,num_tokens,page_size,indptr", [
     ([40_000], 8, 64, False), ([1024, 65536, 3, 20011, 0, 777], 7, 1, False), ([130], 1, 16, True),
-    ([5000, 64, 1], 16, 16, True)])
+    ([5000, 64, 1], 16, 16, True), ([0], 4, 16, False), ([70_001], 3, 1, True)])
 def test_mla_each_kernel(impl, prefix_lens, num_tokens, page_size, indptr):
     """Both MLA kernels end to end (impl="auto" picks the Gluon one on sm_90, so the Triton one is forced here)."""
     if impl == "gluon" and not SM90:
@@ -138,3 +138,35 @@ def test_cuda_graph_capture_and_replay(layout, planned):
             ref = verify_attention_reference(**layer_args, **addressing, v_head_dim=layout.v_head_dim)
             assert not out.isnan().any()
             assert rel_err(out, ref) < BF16_TOL, f"replay at prefix {lens_now}: {rel_err(out, ref):.2e}"
+
+
+def test_cuda_graph_batch_one_slices():
+    """Batch 1 runs without a plan (equal slices computed in the kernel from the prefix length): one capture
+    replays correctly as the prefix changes in place, on whichever kernel auto picks (Gluon for MLA on sm_90)."""
+    page_size, num_tokens, max_pages = 16, 8, 2048
+    problem = make_problem(layout=MLA_16, prefix_lens=[1000], num_tokens=num_tokens, page_size=page_size,
+                           dtype=torch.bfloat16, device="cuda", tree="random", spare_pages=max_pages, seed=5)
+    args = problem.attention_args()
+    num_pages = args["k_buffer"].shape[0] // page_size
+    table = torch.randperm(num_pages, device="cuda")[:max_pages].view(1, max_pages).int()
+    lens = torch.tensor([1000], dtype=torch.int32, device="cuda")
+    addressing = dict(page_table=table, prefix_lens=lens, page_size=page_size)
+    ws = allocate_workspace(max_batch=1, max_tokens=num_tokens, num_q_heads=MLA_16.num_q_heads,
+                            v_head_dim=MLA_16.v_head_dim, device="cuda")
+    out = problem.new_out()
+    verify_attention(**args, **addressing, out=out, workspace=ws)  # compile outside the capture
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        verify_attention(**args, **addressing, out=out, workspace=ws)
+    torch.cuda.current_stream().wait_stream(stream)
+    for n in (1000, 30_000, 1, 0, 64, 12_345):
+        lens.fill_(n)
+        args["q"].copy_(torch.randn_like(args["q"]))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = verify_attention_reference(**args, **addressing, v_head_dim=MLA_16.v_head_dim)
+        assert not out.isnan().any()
+        assert rel_err(out, ref) < BF16_TOL, f"replay at prefix {n}: {rel_err(out, ref):.2e}"
