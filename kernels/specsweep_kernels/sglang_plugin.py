@@ -4,6 +4,9 @@
     backend_class()     the backend class (a subclass of SGLang's `TritonAttnBackend`), built on first use
     tree_mask_from_custom_mask(custom_mask, mask_indptr, prefix_lens, num_tokens) -> [B, T, T] bool
     decode_page_table(req_to_token, req_pool_indices, seq_lens) -> (page_table [B, W] int32, prefix_lens [B] int32)
+    verify_step_inputs(...) / decode_step_inputs(...)   one step's prefix addressing + tree mask for verify_attention
+    StepCache           what the layers of one forward step share: those inputs and one plan_verify() per workspace
+    run_layer_attention(step_cache, ...)                 one layer: the step's plan, then verify_attention(plan=...)
 
 How SGLang finds it (shared/docs/sglang-facts.md §3):
 - SGLang >= 0.5.16: the `sglang.srt.plugins` entry point `specsweep_verify` in pyproject.toml; SGLang's
@@ -21,11 +24,18 @@ and refuses split backends where SGLang would verify on the other backend (docs/
 Metadata is the parent's: `forward_metadata.kv_indptr/kv_indices` (verify prefix, token slot ids at any page
 size), `req_to_token` rows (decode prefix), and its CUDA-graph buffers; the kernel's workspace is allocated in
 `init_cuda_graph_state` (or on first use) for the largest batch, so replays allocate nothing.
+Once per forward step, not per layer (StepCache): the prefix addressing and tree mask are built from that metadata,
+and, at batch >= 2, one plan_verify() kernel splits the step's prefix work on each workspace; every layer passes
+plan= to verify_attention. At batch 1 nothing is planned (the kernels split one request themselves). Under CUDA-graph
+capture the first layer's gathers and plan kernel are recorded once and the other layers read their outputs; a
+replay re-runs them on the in-place-updated metadata.
 
 The forward paths need a CUDA GPU and a running SGLang model runner: they are not exercised on CPU.
 tests/kernels/test_sglang_plugin.py checks on CPU that the plugin loads through `load_plugins()`, that the name
-parses as `--attention-backend`, that the class subclasses the real `TritonAttnBackend` and leaves none of
-`AttentionBackend`'s methods unimplemented, and the two pure helpers above against hand-built metadata.
+parses as `--attention-backend`, that the class subclasses the real `TritonAttnBackend`, leaves none of
+`AttentionBackend`'s methods unimplemented and ends a step at every metadata hook SGLang has; the pure helpers above
+against hand-built metadata; and, through Triton's interpreter, layers of one step sharing one plan launch, results
+equal to the torch reference.
 SGLang is imported only inside `register()` / `backend_class()`: importing this module needs torch alone.
 """
 
@@ -33,6 +43,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import weakref
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
@@ -99,6 +111,138 @@ def decode_page_table(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor
     return page_table, (seq_lens - 1).to(torch.int32)
 
 
+def verify_step_inputs(*, kv_indptr: torch.Tensor, kv_indices: torch.Tensor, custom_mask: torch.Tensor | None,
+                       mask_indptr: torch.Tensor, batch: int, num_tokens: int,
+                       device: torch.device) -> dict[str, Any]:
+    """TARGET_VERIFY: verify_attention's prefix addressing and tree mask from the parent's forward_metadata
+    (custom_mask None: a linear chain)."""
+    kv_indptr = kv_indptr[: batch + 1].to(torch.int32)
+    if custom_mask is None:
+        tree_mask = causal_tree_mask(batch, num_tokens, device)
+    else:
+        tree_mask = tree_mask_from_custom_mask(custom_mask, mask_indptr[: batch + 1], kv_indptr[1:] - kv_indptr[:-1],
+                                               num_tokens)
+    return {"kv_indptr": kv_indptr, "kv_indices": kv_indices.to(torch.int32), "tree_mask": tree_mask}
+
+
+def decode_step_inputs(*, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+                       batch: int, device: torch.device) -> dict[str, Any]:
+    """Decode (T = 1): the prefix as a page table of token slots (decode_page_table) and a one-token mask."""
+    page_table, prefix_lens = decode_page_table(req_to_token, req_pool_indices[:batch], seq_lens[:batch])
+    return {"page_table": page_table, "prefix_lens": prefix_lens, "page_size": 1,
+            "tree_mask": causal_tree_mask(batch, 1, device)}
+
+
+class StepCache:
+    """What the layers of one forward step share: the step's verify_attention inputs (`inputs`) and, per workspace,
+    one plan_verify() (`plan`), so a step launches one plan kernel instead of one per layer.
+
+    A step ends (everything is dropped) at new_step(), which the backend calls from each of SGLang's per-step
+    metadata hooks, and at enter() with another forward-batch object or another CUDA-graph capture state than the
+    step's. The capture check matters: SGLang builds one ForwardBatch per captured batch size and runs the model
+    with it three times, two eager warm-ups and then the captured run (0.5.23 runner_backend/full_cuda_graph_backend.py
+    capture_one, init_forward_metadata_in_graph before each run; 0.5.10 model_executor/cuda_graph_runner.py
+    capture_one_batch_size, one init_forward_metadata_capture_cuda_graph before all three). A plan kept from a
+    warm-up would leave the plan kernel out of the graph, and every replay would reuse the warm-up's split.
+    Why not a cache attribute on the ForwardBatch (a plain @dataclass, no slots: assignment works in 0.5.10 and
+    0.5.23, model_executor/forward_batch_info.py): besides the warm-ups, 0.5.23 copies batches with copy.copy
+    (runner/prefill_cuda_graph_runner.py: a padded view with another batch_size; runner/row_bucket_graph_runner.py),
+    and the copy would carry the other batch's plan.
+
+    A workspace holds one plan at a time (a new plan overwrites it), so the cache keeps one per workspace, made
+    again when block_n, num_splits, the batch or the prefix-lengths tensor differ from the kept one's.
+    """
+
+    def __init__(self) -> None:
+        self._owner: weakref.ref | None = None
+        self._capturing = False
+        self._inputs: dict[Hashable, dict[str, Any]] = {}
+        self._params: dict[tuple, tuple[Any, int]] = {}  # launch shapes -> verify_launch_params()
+        self._plans: dict[int, tuple] = {}  # id(workspace) -> (workspace, lens, (block_n, num_splits, batch), plan)
+
+    def new_step(self) -> None:
+        self._owner = None
+        self._inputs.clear()
+        self._params.clear()
+        self._plans.clear()
+
+    def enter(self, owner: Any, *, capturing: bool) -> None:
+        """Called by each layer with its forward batch: starts a new step unless it is the step's batch, in the
+        step's capture state."""
+        if self._owner is None or self._owner() is not owner or self._capturing != capturing:
+            self.new_step()
+            self._owner = weakref.ref(owner)
+            self._capturing = capturing
+
+    def inputs(self, key: Hashable, make: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """make() once per step and key (the first layer); the same tensors for the others."""
+        if key not in self._inputs:
+            self._inputs[key] = make()
+        return self._inputs[key]
+
+    def plan_of(self, workspace: Any) -> Any:
+        """The plan this step keeps for workspace (None: none yet, or batch 1)."""
+        kept = self._plans.get(id(workspace))
+        return kept[3] if kept is not None and kept[0] is workspace else None
+
+    def plan(self, **call: Any) -> Any:
+        """The step's plan_verify() for verify_attention(**call) (its arguments but plan), or None at batch 1
+        (both kernels split one request themselves) and where the torch reference runs instead of the kernels."""
+        from specsweep_kernels.verify_attention import kernel_is_interpreted, plan_verify, verify_launch_params
+
+        q, ws = call["q"], call["workspace"]
+        batch = q.shape[0]
+        if batch == 1 or (q.device.type != "cuda" and not kernel_is_interpreted()):
+            return None
+        lens_name = "kv_indptr" if call.get("kv_indptr") is not None else "prefix_lens"
+        lens = call[lens_name]
+        shapes = (tuple(q.shape), q.dtype, q.device, tuple(call["k_buffer"].shape[1:]), call.get("v_buffer") is None,
+                  call["out"].shape[-1], call.get("page_size", 1), lens_name, call.get("impl", "auto"), ws.max_splits)
+        if shapes not in self._params:
+            self._params[shapes] = verify_launch_params(**call)
+        config, num_splits = self._params[shapes]
+        key = (config.block_n, num_splits, batch)
+        kept = self._plans.get(id(ws))
+        if kept is None or kept[0] is not ws or kept[1] is not lens or kept[2] != key:
+            plan = plan_verify(workspace=ws, block_n=config.block_n, num_splits=num_splits, **{lens_name: lens})
+            kept = self._plans[id(ws)] = (ws, lens, key, plan)
+        return kept[3]
+
+
+def run_layer_attention(step_cache: StepCache, *, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        k_buffer: torch.Tensor, v_buffer: torch.Tensor, num_q_heads: int, num_kv_heads: int,
+                        head_dim: int, sm_scale: float, batch: int, num_tokens: int, workspace: Any,
+                        inputs: dict[str, Any]) -> torch.Tensor:
+    """One layer's verify / decode attention with the step's plan. q [B*T, Hq*D], k / v [B*T, Hkv*D] (any
+    view of those), the layer's pool buffers [slots, Hkv, D]; inputs from verify_step_inputs / decode_step_inputs.
+    Returns [B*T, Hq*D]."""
+    from specsweep_kernels.verify_attention import verify_attention
+
+    out = q.new_empty((batch, num_tokens, num_q_heads, head_dim))
+    call = dict(q=q.reshape(batch, num_tokens, num_q_heads, head_dim), k_buffer=k_buffer, v_buffer=v_buffer,
+                k_new=k.reshape(batch, num_tokens, num_kv_heads, head_dim),
+                v_new=v.reshape(batch, num_tokens, num_kv_heads, head_dim), sm_scale=sm_scale, out=out,
+                workspace=workspace, **inputs)
+    verify_attention(**call, plan=step_cache.plan(**call))
+    return out.view(batch * num_tokens, num_q_heads * head_dim)
+
+
+# SGLang's once-per-step metadata hooks (each one the backend has ends our step): init_forward_metadata (eager,
+# every version); 0.5.10: the capture / replay pair; 0.5.23: out_graph (capture, replay) and in_graph (before each
+# warm-up and the captured run, recorded into the graph).
+STEP_HOOKS = ("init_forward_metadata", "init_forward_metadata_capture_cuda_graph",
+              "init_forward_metadata_replay_cuda_graph", "init_forward_metadata_out_graph",
+              "init_forward_metadata_in_graph")
+
+
+def _ends_step(parent: Callable) -> Callable:
+    @functools.wraps(parent)
+    def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
+        self._step_cache.new_step()
+        return parent(self, *args, **kwargs)
+    return hook
+
+
 # ---------------------------------------------------------------- the backend class
 
 
@@ -107,12 +251,13 @@ def backend_class() -> type:
     """Build the subclass on first use (SGLang's Triton backend is imported only here)."""
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
-    from specsweep_kernels.verify_attention import allocate_workspace, verify_attention
+    from specsweep_kernels.verify_attention import allocate_workspace
 
     class SpecsweepVerifyAttnBackend(TritonAttnBackend):
         """TritonAttnBackend whose TARGET_VERIFY and decode attention run `specsweep_kernels.verify_attention`."""
 
         def __init__(self, model_runner: Any, *args: Any, **kwargs: Any):
+            self._step_cache = StepCache()  # before the parent's __init__, which may already call a metadata hook
             super().__init__(model_runner, *args, **kwargs)
             self._workspaces: dict[tuple[int, int], Any] = {}
             self._max_bs = int(getattr(model_runner.req_to_token_pool, "size", 1))
@@ -145,17 +290,19 @@ def backend_class() -> type:
         def _save_kv(self, forward_batch: Any, layer: Any, k: torch.Tensor, v: torch.Tensor) -> None:
             forward_batch.token_to_kv_pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v)
 
-        def _run(self, q, k, v, layer, forward_batch, num_tokens, tree_mask, prefix) -> torch.Tensor:
-            bs = forward_batch.batch_size
-            hq, hkv, d = layer.tp_q_head_num, layer.tp_k_head_num, layer.qk_head_dim
+        def _step(self, forward_batch: Any, q: torch.Tensor) -> StepCache:
+            capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
+            self._step_cache.enter(forward_batch, capturing=capturing)
+            return self._step_cache
+
+        def _run(self, q, k, v, layer, forward_batch, num_tokens, inputs) -> torch.Tensor:
+            hq, d = layer.tp_q_head_num, layer.qk_head_dim
             pool = forward_batch.token_to_kv_pool
-            out = q.new_empty((bs, num_tokens, hq, d))
-            verify_attention(
-                q=q.reshape(bs, num_tokens, hq, d), k_buffer=pool.get_key_buffer(layer.layer_id),
-                v_buffer=pool.get_value_buffer(layer.layer_id), k_new=k.reshape(bs, num_tokens, hkv, d),
-                v_new=v.reshape(bs, num_tokens, hkv, d), tree_mask=tree_mask, sm_scale=layer.scaling, out=out,
-                workspace=self._workspace(hq, d, q.device), **prefix)
-            return out.view(bs * num_tokens, hq * d)
+            return run_layer_attention(
+                self._step_cache, q=q, k=k, v=v, k_buffer=pool.get_key_buffer(layer.layer_id),
+                v_buffer=pool.get_value_buffer(layer.layer_id), num_q_heads=hq, num_kv_heads=layer.tp_k_head_num,
+                head_dim=d, sm_scale=layer.scaling, batch=forward_batch.batch_size, num_tokens=num_tokens,
+                workspace=self._workspace(hq, d, q.device), inputs=inputs)
 
         def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
             mode = forward_batch.forward_mode
@@ -165,27 +312,23 @@ def backend_class() -> type:
             if save_kv_cache:
                 self._save_kv(forward_batch, layer, k, v)
             meta = self.forward_metadata
-            bs = forward_batch.batch_size
-            kv_indptr = meta.kv_indptr[: bs + 1]
-            prefix_lens = kv_indptr[1:] - kv_indptr[:-1]
-            if meta.custom_mask is None:
-                tree_mask = causal_tree_mask(bs, num_tokens, q.device)
-            else:
-                tree_mask = tree_mask_from_custom_mask(meta.custom_mask, meta.mask_indptr[: bs + 1], prefix_lens,
-                                                       num_tokens)
-            prefix = {"kv_indptr": kv_indptr.to(torch.int32), "kv_indices": meta.kv_indices.to(torch.int32)}
-            return self._run(q, k, v, layer, forward_batch, num_tokens, tree_mask, prefix)
+            inputs = self._step(forward_batch, q).inputs(("verify", num_tokens), lambda: verify_step_inputs(
+                kv_indptr=meta.kv_indptr, kv_indices=meta.kv_indices, custom_mask=meta.custom_mask,
+                mask_indptr=meta.mask_indptr, batch=forward_batch.batch_size, num_tokens=num_tokens, device=q.device))
+            return self._run(q, k, v, layer, forward_batch, num_tokens, inputs)
 
         def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
             if k is None or not self._kernel_takes(layer, 1, kwargs):
                 return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
             if save_kv_cache:
                 self._save_kv(forward_batch, layer, k, v)
-            page_table, prefix_lens = decode_page_table(self.req_to_token, forward_batch.req_pool_indices,
-                                                        forward_batch.seq_lens)
-            bs = forward_batch.batch_size
-            prefix = {"page_table": page_table, "prefix_lens": prefix_lens, "page_size": 1}
-            return self._run(q, k, v, layer, forward_batch, 1, causal_tree_mask(bs, 1, q.device), prefix)
+            inputs = self._step(forward_batch, q).inputs(("decode",), lambda: decode_step_inputs(
+                req_to_token=self.req_to_token, req_pool_indices=forward_batch.req_pool_indices,
+                seq_lens=forward_batch.seq_lens, batch=forward_batch.batch_size, device=q.device))
+            return self._run(q, k, v, layer, forward_batch, 1, inputs)
 
+    for name in STEP_HOOKS:
+        if hasattr(TritonAttnBackend, name):
+            setattr(SpecsweepVerifyAttnBackend, name, _ends_step(getattr(TritonAttnBackend, name)))
     SpecsweepVerifyAttnBackend.__module__ = __name__
     return SpecsweepVerifyAttnBackend
