@@ -748,13 +748,9 @@ def _gluon_mla():
     return verify_mla_sm90
 
 
-_GLUON_MIN_ROWS = 17  # "auto" at batch 1 keeps T x Hq <= 16 on the Triton kernel's 16-row tile (H200, run 13:
-# Gluon's 64-row wgmma tile is then 4x padding, 0-5% slower at 16 heads T = 1; in ragged batches of 16-row
-# requests it was 0.98-1.16x as fast; from 64 rows up 1.1-1.6x faster)
-
-
 def _use_gluon_mla(impl: str, q: Tensor, *, v_is_k: bool, dk: int, dv: int) -> bool:
-    """impl "auto": the Gluon kernel where it applies (MLA, bf16 / fp16, sm_90) and pays (not batch 1 at <= 16 rows);
+    """impl "auto": the Gluon kernel wherever it applies (MLA, bf16 / fp16, sm_90: at <= 16 rows too, where with batch
+    1 planless it measured 0.99-1.12x the Triton kernel's speed, run 20; docs/kernels.md item 19);
     "gluon": it wherever it applies, or an error."""
     if impl == "triton" or kernel_is_interpreted():
         ok = False
@@ -762,7 +758,7 @@ def _use_gluon_mla(impl: str, q: Tensor, *, v_is_k: bool, dk: int, dv: int) -> b
         gluon = _gluon_mla()
         ok = gluon is not None and gluon.mla_sm90_supported(q, v_is_k=v_is_k, dk=dk, dv=dv)
     if impl == "auto":
-        return ok and (q.shape[0] > 1 or q.shape[1] * q.shape[2] >= _GLUON_MIN_ROWS)
+        return ok
     if impl == "gluon" and not ok:
         where = (f"{torch.cuda.get_device_name(q.device)} (sm_{''.join(map(str, torch.cuda.get_device_capability(q.device)))})"
                  if q.is_cuda else str(q.device))
@@ -1010,7 +1006,7 @@ def verify_attention(
 
     config / num_splits override the tile and split heuristics (benchmarks, tuning); leave them None.
     plan: this step's plan_verify() on this workspace, reused by every layer (else the call plans itself).
-    impl: "auto" (the Gluon kernel for MLA in bf16 / fp16 on sm_90, except batch 1 with T x Hq <= 16; the Triton
+    impl: "auto" (the Gluon kernel for MLA in bf16 / fp16 on sm_90; the Triton
     kernel elsewhere), "triton" (always the portable kernel), "gluon" (the Gluon kernel, or ValueError where it
     does not apply)."""
     kw = dict(q=q, k_buffer=k_buffer, v_buffer=v_buffer, k_new=k_new, v_new=v_new, tree_mask=tree_mask,
