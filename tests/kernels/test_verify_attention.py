@@ -3,6 +3,8 @@
 fp16 / fp32 only: the interpreter's bf16 loads are broken. Small shapes so the suite stays quick; MLA is shrunk to
 Dk = 32 + 16 / Dv = 32 except for one case at the real 576 / 512.
 """
+import math
+
 import pytest
 import torch
 
@@ -95,6 +97,43 @@ def test_ragged_batch_work_split(num_splits, indptr):
                            dtype=torch.float16, device=DEVICE, tree="random", seed=31 + num_splits)
     check(problem, indptr=indptr, max_splits=16, num_splits=num_splits)
 
+
+
+@pytest.mark.parametrize("prefix_lens,num_splits", [([4000, 3, 1, 2], 64), ([4800], 300)],
+                         ids=["batch-long-request", "batch1-over-256-slices"])
+def test_merge_folds_parts_over_several_chunks(prefix_lens, num_splits):
+    """The merge's running (max, sum, acc) across chunks: a request with more parts than one BLOCK_SC load (the
+    long request of a batch; batch 1 with more than 256 slices) merges to the reference."""
+    problem = make_problem(layout=GQA, prefix_lens=prefix_lens, num_tokens=2, page_size=16, dtype=torch.float16,
+                           device=DEVICE, tree="random", seed=num_splits)
+    args, addressing = problem.attention_args(), problem.table_args()
+    ws = allocate_workspace(max_batch=len(prefix_lens), max_tokens=2, num_q_heads=GQA.num_q_heads,
+                            v_head_dim=GQA.v_head_dim, device=DEVICE, max_splits=num_splits)
+    tile = VerifyConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)  # small tiles: many parts, quick
+    config, splits = verify_launch_params(**args, **addressing, out=problem.new_out(), workspace=ws,
+                                          num_splits=num_splits, config=tile)
+    block_sc, _ = va.merge_tiles(dv=GQA.v_head_dim, num_splits=splits, batch=len(prefix_lens))
+    if len(prefix_lens) > 1:
+        plan = plan_verify(workspace=ws, block_n=config.block_n, num_splits=splits, prefix_lens=problem.lens)
+        parts = int(plan.req[0, 1])
+    else:
+        per_split = math.ceil(math.ceil(prefix_lens[0] / splits) / config.block_n) * config.block_n
+        parts = math.ceil(prefix_lens[0] / per_split)
+    assert parts > block_sc, f"request 0 has {parts} parts, one chunk takes {block_sc}: the loop is not exercised"
+    check(problem, max_splits=num_splits, num_splits=num_splits, config=tile)
+
+
+def test_merge_tiles():
+    """Batch 1: every slice in one load up to 256; batches: about P / B + 1, at least 16; chunk <= 8192 floats."""
+    assert va.merge_tiles(dv=512, num_splits=132, batch=1) == (256, 32)
+    assert va.merge_tiles(dv=512, num_splits=4, batch=1) == (4, 512)
+    assert va.merge_tiles(dv=512, num_splits=600, batch=1) == (256, 32)
+    assert va.merge_tiles(dv=128, num_splits=66, batch=16) == (16, 128)
+    assert va.merge_tiles(dv=512, num_splits=132, batch=4) == (64, 128)
+    for p in (1, 7, 132, 528):
+        for b in (1, 3, 64):
+            sc, dv = va.merge_tiles(dv=512, num_splits=p, batch=b)
+            assert sc * dv <= 8192 or dv == 16, (p, b, sc, dv)
 
 def test_ragged_random_mix_mla_small():
     gen = torch.Generator().manual_seed(4)
@@ -335,3 +374,15 @@ def test_impl_is_checked_before_any_work():
         assert out.isnan().all(), f"{extra}: output written before the refusal"
     verify_attention(**args, **problem.table_args(), out=out, workspace=ws, impl="triton")
     assert not out.isnan().any()
+
+
+def test_breakdown_fit_recovers_slope_and_intercept():
+    """specsweep_kernels.breakdown's least-squares split of a kernel's time into µs per tile and a fixed part."""
+    from specsweep_kernels.breakdown import fit
+
+    rows = [{"tiles": n, "attn": 2.9 * n + 7.5} for n in (4, 16, 64)]
+    slope, intercept = fit(rows)
+    assert slope == pytest.approx(2.9) and intercept == pytest.approx(7.5)
+    noisy = [{"tiles": n, "attn": 3.0 * n + 10.0 + d} for n, d in ((1, 0.5), (2, -0.5), (3, -0.5), (4, 0.5))]
+    slope, intercept = fit(noisy)
+    assert slope == pytest.approx(3.0) and intercept == pytest.approx(10.0)
