@@ -5,7 +5,7 @@ and one program per request's T new tokens run this kernel; each owns BLOCK_M = 
 and streams its latent rows (576 = 512 + 64 rope dims; for the new tokens k_new under the tree mask) through a
 two-stage shared-memory ring, 8 warps in lockstep:
   S = Q_nope K_nope^T + Q_pe K_pe^T       wgmma m64n32k16 per warpgroup (the two warpgroups split S's 64 columns)
-  online softmax in registers (log2 domain)
+  online softmax in registers (log2 domain; row sums per warpgroup until the end)
   O[:, 0:256] / O[:, 256:512] += P V      wgmma m64n256k16, one half of Dv per warpgroup (V = K_nope, same tile)
 The gather of tile j + 1 is in flight while tile j is computed, and an iteration takes two tiles: P V of the first
 runs under S of the second (a tile past the range is all masked: zero-filled, nothing read, it adds nothing; the
@@ -71,12 +71,17 @@ def _tile_row_ptrs(kv_ptr, idx_base, new_base, is_new, start, hi, stride_kvs, st
 @gluon.jit
 def _online_softmax(s, start, hi, visible, m_i, l_i, qk_scale, s_cols):
     """One tile's scores into the running (max, sum): columns past hi and (new tokens) outside the tree are out.
-    Returns (P, new max, the old accumulator's scale, new sum)."""
+    The sum is kept per warpgroup (l_i [M, 2], each warpgroup's own 32 columns, reduced within the warp) and added
+    up once after the loop: a row's full sum every tile was a cross-warpgroup exchange through shared memory
+    (4-6% of the compute-bound calls, run 21; the row max still needs one, for the common scale of P).
+    Returns (P, new max, the old accumulator's scale, new per-warpgroup sums)."""
     s = gl.where(gl.expand_dims(start + s_cols < hi, 0) & visible, s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
     alpha = gl.exp2(m_i - m_new)
     p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
-    return p, m_new, alpha, l_i * alpha + gl.sum(p, axis=1)
+    part = gl.sum(gl.reshape(p, [p.shape[0], 2, p.shape[1] // 2]), axis=2)  # [M, 2]: the 2 is the warpgroup
+    alpha_l = gl.convert_layout(alpha, gl.SliceLayout(1, part.type.layout))
+    return p, m_new, alpha, l_i * gl.expand_dims(alpha_l, 1) + part
 
 
 @gluon.jit
@@ -173,9 +178,9 @@ def _mla_verify_sm90_kernel(
                           mask=gl.expand_dims((s_rows < T * HQ) & is_new, 1) & gl.expand_dims(s_cols < T, 0),
                           other=1) != 0
         m_i = gl.full([BLOCK_M], -1.0e30, gl.float32, layout=gl.SliceLayout(1, s_layout))
-        l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
         acc = gl.zeros([BLOCK_M, DV], gl.float32, layout=o_layout)
         s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+        l_i = gl.sum(gl.reshape(s_zero, [BLOCK_M, 2, BLOCK_N // 2]), axis=2)  # [M, 2]: per-warpgroup row sums
         n_tiles = gl.cdiv(hi - lo, BLOCK_N)
         # two tiles per iteration: P V of the first runs while S of the second is computed
         for jj in range(0, n_tiles, 2):
@@ -212,6 +217,7 @@ def _mla_verify_sm90_kernel(
             acc_tok = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), k_nope.index(1), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok,))  # nothing in flight across iterations
 
+        l_i = gl.convert_layout(gl.sum(l_i, axis=1), gl.SliceLayout(1, s_layout))
         l_safe = gl.where(l_i > 0, l_i, 1.0)
         lse = gl.where(l_i > 0, m_i + gl.log2(l_safe), float("-inf"))
         out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
