@@ -1,7 +1,8 @@
 """MLA verify attention for sm_90 (H100 / H200) in Gluon: explicit wgmma, cp.async gathers, Dv over two warpgroups.
 
-The plan's programs (verify_attention.plan_verify: item = (request b, prefix positions [lo, hi)), largest first)
-and one program per request's T new tokens run this kernel; each owns BLOCK_M = 64 rows (draft token x query head)
+The plan's programs (verify_attention.plan_verify: item = (request b, prefix positions [lo, hi)), largest first;
+at batch 1 instead P equal slices computed here from the prefix length, no plan) and one program per request's T
+new tokens run this kernel; each owns BLOCK_M = 64 rows (draft token x query head)
 and streams its latent rows (576 = 512 + 64 rope dims; for the new tokens k_new under the tree mask) through a
 two-stage shared-memory ring, 8 warps in lockstep:
   S = Q_nope K_nope^T + Q_pe K_pe^T       wgmma m64n32k16 per warpgroup (the two warpgroups split S's 64 columns)
