@@ -16,12 +16,13 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import logging
+import sys
 
 import torch
 
 from specsweep_kernels import verify_attention as va
 from specsweep_kernels.bench import bench_layout, graph_us
-from specsweep_kernels.problems import make_problem
+from specsweep_kernels.problems import LAYOUTS, make_problem
 from specsweep_kernels.roofline import verify_cost
 
 logger = logging.getLogger(__name__)
@@ -73,6 +74,31 @@ def fit(rows: list[dict], key: str = "attn") -> tuple[float, float]:
     return float(sol[0]), float(sol[1])
 
 
+def _checked(ap: argparse.ArgumentParser, a: argparse.Namespace) -> tuple[list[str], list[int], list[int], list[int]]:
+    """The option lists parsed, or argparse's error (exit 2) naming the option, the value and what is allowed —
+    before anything touches the GPU."""
+    def ints(option: str, text: str, lo: int, hi: int) -> list[int]:
+        try:
+            values = [int(x) for x in text.split(",")]
+        except ValueError:
+            ap.error(f"{option} {text!r}: allowed: comma-separated integers in {lo}..{hi}")
+        bad = [v for v in values if not lo <= v <= hi]
+        if bad:
+            ap.error(f"{option} {text!r}: {bad} out of range; allowed: integers in {lo}..{hi}")
+        return values
+
+    layouts = a.layouts.split(",")
+    for name in layouts:
+        try:
+            bench_layout(name)
+        except (KeyError, ValueError):
+            ap.error(f"--layouts {name!r}: allowed: {', '.join(LAYOUTS)}, or PRESET:H for H query heads (e.g. mla:128)")
+    if not a.splits_scale > 0:
+        ap.error(f"--splits-scale {a.splits_scale}: allowed: a number > 0")
+    return (layouts, ints("--prefixes", a.prefixes, 1, 1 << 24), ints("--tokens", a.tokens, 1, 64),
+            ints("--pages", a.pages, 1, 1 << 12))
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layouts", default="mla,mla:64,mla:128")
@@ -83,6 +109,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--splits-scale", type=float, default=1.0,
                     help="prefix programs P = round(the heuristic's P x this) (1: as verify_attention picks)")
     a = ap.parse_args(argv)
+    layouts, prefixes, tokens, pages = _checked(ap, a)
+    if not torch.cuda.is_available():
+        sys.exit("specsweep_kernels.breakdown needs a CUDA GPU")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     props = torch.cuda.get_device_properties(0)
     lines = [f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC · {props.name} · {props.multi_processor_count} SMs"
@@ -90,21 +119,21 @@ def main(argv: list[str] | None = None) -> None:
              "| layout | prefix | T | page | kernel | P | tiles/program | call µs | plan µs | attn µs | merge µs "
              "| TFLOP/s | GB/s |", "|" + "---|" * 13]
     fits = ["", "| layout | T | page | µs per tile (slope) | intercept µs | prefixes |", "|---|---|---|---|---|---|"]
-    for name in a.layouts.split(","):
-        for tokens in map(int, a.tokens.split(",")):
-            for page in map(int, a.pages.split(",")):
+    for name in layouts:
+        for num_tokens in tokens:
+            for page in pages:
                 group = []
-                for prefix in map(int, a.prefixes.split(",")):
-                    r = stage_times(layout_name=name, prefix=prefix, tokens=tokens, page=page, impl=a.impl,
+                for prefix in prefixes:
+                    r = stage_times(layout_name=name, prefix=prefix, tokens=num_tokens, page=page, impl=a.impl,
                                     splits_scale=a.splits_scale)
                     group.append(r)
-                    lines.append(f"| {r['layout']} | {prefix} | {tokens} | {page} | {r['kernel']} | {r['P']} "
+                    lines.append(f"| {r['layout']} | {prefix} | {num_tokens} | {page} | {r['kernel']} | {r['P']} "
                                  f"| {r['tiles']} | {r['call']:.1f} | {r['plan']:.1f} | {r['attn']:.1f} "
                                  f"| {r['merge']:.1f} | {r['TFLOP/s']:.0f} | {r['GB/s']:.0f} |")
                     logger.info(lines[-1])
                 if len(group) > 1 and group[0]["kernel"] == "gluon":
                     slope, icpt = fit(group)
-                    fits.append(f"| {group[0]['layout']} | {tokens} | {page} | {slope:.3f} | {icpt:.1f} "
+                    fits.append(f"| {group[0]['layout']} | {num_tokens} | {page} | {slope:.3f} | {icpt:.1f} "
                                 f"| {a.prefixes} |")
     logger.info("\n".join(lines + fits))
 
