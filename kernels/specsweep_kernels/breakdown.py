@@ -90,9 +90,11 @@ def _checked(ap: argparse.ArgumentParser, a: argparse.Namespace) -> tuple[list[s
     layouts = a.layouts.split(",")
     for name in layouts:
         try:
-            bench_layout(name)
+            lay = bench_layout(name)
+            if lay.num_q_heads < 1 or lay.num_q_heads % lay.num_kv_heads:
+                raise ValueError(name)
         except (KeyError, ValueError):
-            ap.error(f"--layouts {name!r}: allowed: {', '.join(LAYOUTS)}, or PRESET:H for H query heads (e.g. mla:128)")
+            ap.error(f"--layouts {name!r}: allowed: {', '.join(LAYOUTS)}, or PRESET:H for H query heads, a multiple of the preset's KV heads (e.g. mla:128)")
     if not a.splits_scale > 0:
         ap.error(f"--splits-scale {a.splits_scale}: allowed: a number > 0")
     return (layouts, ints("--prefixes", a.prefixes, 1, 1 << 24), ints("--tokens", a.tokens, 1, 64),

@@ -390,6 +390,7 @@ def test_breakdown_fit_recovers_slope_and_intercept():
 
 @pytest.mark.parametrize("argv,message", [
     (["--layouts", "mla,gqq"], "--layouts 'gqq': allowed: gqa, mla, gqa-small, or PRESET:H"),
+    (["--layouts", "gqa:3"], "--layouts 'gqa:3': allowed: gqa, mla, gqa-small, or PRESET:H"),
     (["--tokens", "1,65"], "--tokens '1,65': [65] out of range; allowed: integers in 1..64"),
     (["--prefixes", "32k"], "--prefixes '32k': allowed: comma-separated integers"),
     (["--splits-scale", "0"], "--splits-scale 0.0: allowed: a number > 0"),
