@@ -55,7 +55,7 @@ bench-kernels:
 	PYTHONPATH=$(CURDIR):$(CURDIR)/kernels $(BIN)/python -m specsweep_kernels.bench \
 		$(if $(SGLANG_WHEEL),--sglang-wheel $(SGLANG_WHEEL)) $(BENCH_ARGS)
 
-# where a verify call's time goes (plan / attention / merge; per-tile slope and intercept), GPU only
+# where a batch-1 verify call's time goes (call and merge apart; per-tile slope and intercept), GPU only
 bench-kernels-breakdown:
 	PYTHONPATH=$(CURDIR):$(CURDIR)/kernels $(BIN)/python -m specsweep_kernels.breakdown $(BENCH_ARGS)
 

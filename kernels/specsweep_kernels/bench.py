@@ -27,8 +27,9 @@ import torch
 from specsweep_kernels.problems import LAYOUTS, Layout, make_problem
 from specsweep_kernels.reference import verify_attention_reference
 from specsweep_kernels.roofline import load_or_measure_ceilings, floor_seconds, verify_cost
-from specsweep_kernels.verify_attention import (VerifyConfig, allocate_workspace, candidate_configs, plan_verify,
-                                                verify_attention, verify_kernel, verify_launch_params)
+from specsweep_kernels.verify_attention import (_IMPLS, VerifyConfig, allocate_workspace, candidate_configs, plan_verify,
+                                                step_needs_plan, verify_attention, verify_kernel,
+                                                verify_launch_params)
 
 @dataclass
 class Row:
@@ -241,7 +242,7 @@ def model_graph_us(args: dict, addressing: dict, out: torch.Tensor, ws, layers: 
     pools = [(kb.clone(), None if vb is None else vb.clone()) for _ in range(layers - 1)] + [(kb, vb)]
     config, splits = verify_launch_params(**args, **addressing, out=out, workspace=ws, impl=impl)
     lens = {k: v for k, v in addressing.items() if k in ("prefix_lens", "kv_indptr")}
-    planned = args["q"].shape[0] > 1  # batch 1: both kernels cut equal slices in the kernel, no plan
+    planned = step_needs_plan(args["q"].shape[0])
 
     def forward():
         plan = plan_verify(workspace=ws, block_n=config.block_n, num_splits=splits, **lens) if planned else None
@@ -395,7 +396,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tune-prefixes", default="131072", help="prefixes whose page-1 rows --tune explores")
     parser.add_argument("--model-layers", type=int, default=36,
                         help="also time each row as `model-layers` back-to-back calls in one graph (0: skip)")
-    parser.add_argument("--impl", default="auto", choices=["auto", "triton", "gluon"],
+    parser.add_argument("--impl", default="auto", choices=_IMPLS,
                         help="verify_attention's kernel: auto (Gluon for MLA on sm_90), triton (portable), gluon")
     parser.add_argument("--cached-ceilings", action="store_true",
                         help="reuse ceilings cached for this GPU name instead of measuring them in this run")

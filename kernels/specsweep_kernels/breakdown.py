@@ -1,12 +1,13 @@
-"""Where a verify call's time goes: plan, attention kernel and merge timed apart, and the attention kernel's cost
-split into a per-tile slope and a fixed intercept by a fit over prefix lengths (GPU only).
+"""Where a batch-1 verify call's time goes: the whole call and its merge timed apart (attention = the rest), and the
+attention's cost split into a per-tile slope and a fixed intercept by a fit over prefix lengths (GPU only).
 
     python -m specsweep_kernels.breakdown --layouts mla,mla:64,mla:128 --tokens 1,16 --pages 64 \
         --prefixes 8192,32768,131072 [--impl auto|triton|gluon]
 
-Each stage is one CUDA graph replayed (median, L2 flushed between replays, bench.graph_us); "sum" is the three
-stages, "call" the whole verify_attention (plan + attention + merge in one graph). The fit is least squares of the
-attention kernel's time against its tiles per program (BLOCK_N-token tiles of the longest plan item): slope = one
+Each stage is one CUDA graph replayed (median, L2 flushed between replays, bench.graph_us): "call" the whole
+verify_attention (attention kernel + merge; batch 1 launches no plan), "merge" the merge alone on the partials the
+call left (cold L2, so "attn" = call - merge is a lower bound). The fit is least squares of "attn" against the
+tiles per program (BLOCK_N-token tiles of one batch-1 slice): slope = one
 tile's time on one SM, intercept = what does not shrink with the prefix (launch, Q load, first-tile latency,
 epilogue stores, the second wave of new-token programs). The same numbers per layout at fixed rows tell whether a
 row is short of its ceiling in the loop (slope) or around it (intercept).
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import logging
+import math
 import sys
 
 import torch
@@ -29,7 +31,8 @@ logger = logging.getLogger(__name__)
 
 
 def stage_times(*, layout_name: str, prefix: int, tokens: int, page: int, impl: str, splits_scale: float = 1.0) -> dict:
-    """µs of the whole call and of its plan / attention / merge, each replayed from its own graph."""
+    """µs of the whole batch-1 call and of its merge, each replayed from its own graph; attention = the difference.
+    (Batch 1 launches no plan: step_needs_plan(1) is False.)"""
     layout = bench_layout(layout_name)
     problem = make_problem(layout=layout, prefix_lens=[prefix], num_tokens=tokens, page_size=page,
                            dtype=torch.bfloat16, device="cuda", seed=prefix + tokens + page)
@@ -39,26 +42,15 @@ def stage_times(*, layout_name: str, prefix: int, tokens: int, page: int, impl: 
     out = problem.new_out()
     config, splits = va.verify_launch_params(**args, **addressing, out=out, workspace=ws, impl=impl)
     splits = max(1, round(splits * splits_scale))
-    kernel = va.verify_kernel(**args, out=out, impl=impl)
-    call = lambda: va.verify_attention(**args, **addressing, out=out, workspace=ws, impl=impl,  # noqa: E731
-                                       num_splits=splits)
-    call()
-    row = dict(layout=layout.name, prefix=prefix, T=tokens, page=page, kernel=kernel, P=splits)
-    row["call"], _ = graph_us(call)
-    plan = lambda: va.plan_verify(workspace=ws, block_n=config.block_n, num_splits=splits,  # noqa: E731
-                                  prefix_lens=problem.lens)
-    row["plan"], _ = graph_us(plan)
-    p = plan()
-    row["attn+merge"], _ = graph_us(lambda: va.verify_attention(**args, **addressing, out=out, workspace=ws,
-                                                                 impl=impl, plan=p, num_splits=splits))
-    # the Gluon path's merge is the batched one; the Triton path's batch-1 split is fused differently: not apart
-    merge = lambda: va._launch_merge(ws, out, problem.lens, problem.lens, num_splits=splits,  # noqa: E731
-                                     block_n=config.block_n, use_indptr=False, single=False)
-    row["merge"] = graph_us(merge)[0] if kernel == "gluon" else float("nan")
-    row["attn"] = row["attn+merge"] - row["merge"]
-    items = p.items[: p.num_items].cpu()
-    longest = int((items[:, 2] - items[:, 1]).max())
-    row["tiles"] = -(-longest // config.block_n)
+    row = dict(layout=layout.name, prefix=prefix, T=tokens, page=page, kernel=va.verify_kernel(**args, out=out, impl=impl),
+               P=splits)
+    row["call"], _ = graph_us(lambda: va.verify_attention(**args, **addressing, out=out, workspace=ws, impl=impl,
+                                                           num_splits=splits))
+    # the merge the call ends with, on the partials the call left in the workspace (its L2 flushed: an upper bound)
+    row["merge"], _ = graph_us(lambda: va._launch_merge(ws, out, problem.lens, problem.lens, num_splits=splits,
+                                                        block_n=config.block_n, use_indptr=False, single=True))
+    row["attn"] = row["call"] - row["merge"]
+    row["tiles"] = math.ceil(math.ceil(prefix / splits) / config.block_n)  # one batch-1 slice, as the kernels cut it
     _, flops, kv_bytes = verify_cost(layout=layout, prefix_len=prefix, num_tokens=tokens, page_size=page)
     row["TFLOP/s"] = flops / (row["call"] * 1e-6) / 1e12
     row["GB/s"] = kv_bytes / (row["call"] * 1e-6) / 1e9
@@ -118,8 +110,8 @@ def main(argv: list[str] | None = None) -> None:
     props = torch.cuda.get_device_properties(0)
     lines = [f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC · {props.name} · {props.multi_processor_count} SMs"
              f" · torch {torch.__version__} · impl {a.impl} · splits x{a.splits_scale}", "",
-             "| layout | prefix | T | page | kernel | P | tiles/program | call µs | plan µs | attn µs | merge µs "
-             "| TFLOP/s | GB/s |", "|" + "---|" * 13]
+             "| layout | prefix | T | page | kernel | P | tiles/program | call µs | attn µs | merge µs "
+             "| TFLOP/s | GB/s |", "|" + "---|" * 12]
     fits = ["", "| layout | T | page | µs per tile (slope) | intercept µs | prefixes |", "|---|---|---|---|---|---|"]
     for name in layouts:
         for num_tokens in tokens:
@@ -130,10 +122,10 @@ def main(argv: list[str] | None = None) -> None:
                                     splits_scale=a.splits_scale)
                     group.append(r)
                     lines.append(f"| {r['layout']} | {prefix} | {num_tokens} | {page} | {r['kernel']} | {r['P']} "
-                                 f"| {r['tiles']} | {r['call']:.1f} | {r['plan']:.1f} | {r['attn']:.1f} "
+                                 f"| {r['tiles']} | {r['call']:.1f} | {r['attn']:.1f} "
                                  f"| {r['merge']:.1f} | {r['TFLOP/s']:.0f} | {r['GB/s']:.0f} |")
                     logger.info(lines[-1])
-                if len(group) > 1 and group[0]["kernel"] == "gluon":
+                if len(group) > 1:
                     slope, icpt = fit(group)
                     fits.append(f"| {group[0]['layout']} | {num_tokens} | {page} | {slope:.3f} | {icpt:.1f} "
                                 f"| {a.prefixes} |")

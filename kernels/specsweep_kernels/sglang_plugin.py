@@ -188,11 +188,12 @@ class StepCache:
     def plan(self, **call: Any) -> Any:
         """The step's plan_verify() for verify_attention(**call) (its arguments but plan), or None at batch 1
         (both kernels split one request themselves) and where the torch reference runs instead of the kernels."""
-        from specsweep_kernels.verify_attention import kernel_is_interpreted, plan_verify, verify_launch_params
+        from specsweep_kernels.verify_attention import (kernel_is_interpreted, plan_verify, step_needs_plan,
+                                                        verify_launch_params)
 
         q, ws = call["q"], call["workspace"]
         batch = q.shape[0]
-        if batch == 1 or (q.device.type != "cuda" and not kernel_is_interpreted()):
+        if not step_needs_plan(batch) or (q.device.type != "cuda" and not kernel_is_interpreted()):
             return None
         lens_name = "kv_indptr" if call.get("kv_indptr") is not None else "prefix_lens"
         lens = call[lens_name]

@@ -25,7 +25,8 @@ API (keyword-only; shapes are checked):
         impl="auto",                                       # "auto" | "triton" | "gluon" (the MLA kernel for sm_90)
     ) -> out
 
-Plan once per step, reuse for every layer (graph-safe; without plan= each call plans for itself):
+Plan once per step, reuse for every layer (graph-safe; without plan= each call plans for itself; at batch 1
+step_needs_plan() is False: both kernels cut equal slices themselves and a plan is only checked):
 
     config, num_splits = verify_launch_params(**same_arguments_as_verify_attention)   # once (compiles)
     plan = plan_verify(workspace=ws, block_n=config.block_n, num_splits=num_splits,
@@ -571,6 +572,13 @@ def allocate_workspace(
     )
 
 
+def step_needs_plan(batch: int) -> bool:
+    """Whether a step of `batch` requests runs from a plan (plan_verify). Batch 1 does not: both kernels cut its
+    prefix into P equal tile-aligned slices in the kernel (a plan measured 1-14% slower there, docs/kernels.md
+    item 16), so an engine plans nothing for it."""
+    return batch > 1
+
+
 def _launch_plan(workspace: VerifyWorkspace, lens_or_indptr: Tensor, use_indptr: bool, batch: int, block_n: int,
                  num_splits: int) -> VerifyPlan:
     num_items = num_splits + batch
@@ -644,7 +652,7 @@ def _verify_attention_launch(
                     raise
                 _TOO_LARGE.add((config, tuple(key.values())))
     m_blocks = triton.cdiv(rows, config.block_m)
-    single = batch == 1
+    single = not step_needs_plan(batch)
     po, pl = workspace.part_out, workspace.part_lse
     args = [
         q, k_buffer, v_buffer, k_new, v_new, tree_mask,
@@ -789,7 +797,7 @@ def _mla_sm90_launch(q: Tensor, k_buffer: Tensor, k_new: Tensor, tree_mask: Tens
     _check_plan(plan, workspace, batch=batch, block_n=gluon.BLOCK_N, num_splits=num_splits)
     if not launch:
         return config, num_splits
-    single = batch == 1  # as the Triton kernel: equal slices, no plan launch (a given plan is checked, not needed)
+    single = not step_needs_plan(batch)  # equal slices, no plan launch (a given plan is checked, not needed)
     if plan is None and not single:
         plan = _launch_plan(workspace, kv_indptr if use_indptr else prefix_lens, use_indptr, batch, gluon.BLOCK_N,
                             num_splits)
