@@ -36,6 +36,7 @@ BLOCK_M = 64
 BLOCK_N = 64
 _DV = 512
 _DPE = 64
+NARROW_MAX_ROWS = 32  # calls of at most this many rows (tokens x heads) run the swapped-product kernel
 _CHUNK = 64  # columns per cp.async chunk (128 bytes of bf16: one swizzle row)
 _LOG2E = 1.4426950408889634
 
@@ -86,6 +87,37 @@ def _online_softmax(s, start, hi, visible, m_i, l_i, qk_scale, s_cols):
 
 
 @gluon.jit
+def _program_item(pid_z, num_items, items_ptr, order_ptr, indptr_ptr, lens_ptr, T: gl.constexpr,
+                  USE_INDPTR: gl.constexpr, SINGLE: gl.constexpr, ALIGN: gl.constexpr):
+    """What program pid_z streams: (request b, prefix positions [lo, hi) or, is_new, its T new tokens, the
+    workspace slot its partial goes to). Programs >= num_items do request pid_z - num_items's new tokens; SINGLE
+    (batch 1, no plan): program s < P takes the s-th equal ALIGN-aligned slice of the prefix (the Triton kernel's
+    batch-1 slices, which its merge reads); else the plan's item order[pid_z] (b, lo, hi, -)."""
+    is_new = pid_z >= num_items
+    if is_new:
+        b = pid_z - num_items
+        lo = 0
+        hi = T
+        slot = pid_z
+    elif SINGLE:
+        b = 0
+        if USE_INDPTR:
+            prefix_len = gl.load(indptr_ptr + 1) - gl.load(indptr_ptr)
+        else:
+            prefix_len = gl.load(lens_ptr)
+        per_split = gl.cdiv(gl.cdiv(prefix_len, num_items), ALIGN) * ALIGN
+        lo = gl.minimum(pid_z * per_split, prefix_len)
+        hi = gl.minimum(lo + per_split, prefix_len)
+        slot = pid_z
+    else:
+        slot = gl.load(order_ptr + pid_z)
+        b = gl.load(items_ptr + slot * 4)
+        lo = gl.load(items_ptr + slot * 4 + 1)
+        hi = gl.load(items_ptr + slot * 4 + 2)
+    return b, lo, hi, slot, is_new
+
+
+@gluon.jit
 def _mla_verify_sm90_kernel(
     q_ptr, kv_ptr, k_new_ptr, tree_mask_ptr, indices_ptr, indptr_ptr, lens_ptr, items_ptr, order_ptr,
     part_out_ptr, part_lse_ptr,
@@ -115,27 +147,8 @@ def _mla_verify_sm90_kernel(
     gl.static_assert(T <= BLOCK_N, "the new tokens are one tile")
     pid_m = gl.program_id(0)
     pid_z = gl.program_id(1)
-    is_new = pid_z >= num_items
-    if is_new:
-        b = pid_z - num_items
-        lo = 0
-        hi = T
-        slot = pid_z
-    elif SINGLE:  # the slices and slot layout of the Triton kernel's batch 1 (its merge reads them)
-        b = 0
-        if USE_INDPTR:
-            prefix_len = gl.load(indptr_ptr + 1) - gl.load(indptr_ptr)
-        else:
-            prefix_len = gl.load(lens_ptr)
-        per_split = gl.cdiv(gl.cdiv(prefix_len, num_items), BLOCK_N) * BLOCK_N
-        lo = gl.minimum(pid_z * per_split, prefix_len)
-        hi = gl.minimum(lo + per_split, prefix_len)
-        slot = pid_z
-    else:
-        slot = gl.load(order_ptr + pid_z)
-        b = gl.load(items_ptr + slot * 4)
-        lo = gl.load(items_ptr + slot * 4 + 1)
-        hi = gl.load(items_ptr + slot * 4 + 2)
+    b, lo, hi, slot, is_new = _program_item(pid_z, num_items, items_ptr, order_ptr, indptr_ptr, lens_ptr, T,
+                                            USE_INDPTR, SINGLE, BLOCK_N)
     if hi > lo:
         # register layouts: S [M, N] and O [M, DV] split over the 2 warpgroups along their columns
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
@@ -170,6 +183,11 @@ def _mla_verify_sm90_kernel(
                                      PAGE_SIZE)
         _gather_rows(k_nope.index(0), k_pe.index(0), row_ptr, ok, cols, CHUNK, DV)
         async_copy.commit_group()
+        # tile 1 into stage 1 (past hi: all rows masked, nothing read, zero-filled: the tile adds nothing)
+        row_ptr, ok = _tile_row_ptrs(kv_ptr, idx_base, new_base, is_new, lo + BLOCK_N, hi, stride_kvs, stride_knt,
+                                     kv_rows, PAGE_SIZE)
+        _gather_rows(k_nope.index(1), k_pe.index(1), row_ptr, ok, cols, CHUNK, DV)
+        async_copy.commit_group()
 
         s_rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         s_cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
@@ -186,16 +204,11 @@ def _mla_verify_sm90_kernel(
         # two tiles per iteration: P V of the first runs while S of the second is computed
         for jj in range(0, n_tiles, 2):
             start = lo + jj * BLOCK_N
-            async_copy.wait_group(0)  # tile jj (stage 0) has landed for this thread's copies
-            gl.thread_barrier()  # ... and for every thread's; every warp is done with stage 1
+            async_copy.wait_group(1)  # tile jj (stage 0) has landed for this thread's copies; jj + 1 may be in flight
+            gl.thread_barrier()  # ... and for every thread's
             fence_async_shared()  # generic-proxy writes before wgmma's async-proxy reads
             s_tok = warpgroup_mma(q_nope, k_nope.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             s_tok = warpgroup_mma(q_pe, k_pe.index(0).permute((1, 0)), s_tok, is_async=True)
-            # tile jj + 1 into stage 1 (past hi: all rows masked, nothing read, the tile adds nothing)
-            row_ptr, ok = _tile_row_ptrs(kv_ptr, idx_base, new_base, is_new, start + BLOCK_N, hi, stride_kvs,
-                                         stride_knt, kv_rows, PAGE_SIZE)
-            _gather_rows(k_nope.index(1), k_pe.index(1), row_ptr, ok, cols, CHUNK, DV)
-            async_copy.commit_group()
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
             p, m_i, alpha, l_i = _online_softmax(s, start, hi, visible, m_i, l_i, qk_scale, s_cols)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
@@ -206,8 +219,9 @@ def _mla_verify_sm90_kernel(
             s_tok = warpgroup_mma(q_nope, k_nope.index(1).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             s_tok = warpgroup_mma(q_pe, k_pe.index(1).permute((1, 0)), s_tok, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=2, deps=(acc_tok,))  # P V of tile jj (issued before S)
+            more = jj + 2 < n_tiles
             gl.thread_barrier()  # every warp is done with stage 0
-            if jj + 2 < n_tiles:
+            if more:  # tile jj + 2 into stage 0
                 row_ptr, ok = _tile_row_ptrs(kv_ptr, idx_base, new_base, is_new, start + 2 * BLOCK_N, hi,
                                              stride_kvs, stride_knt, kv_rows, PAGE_SIZE)
                 _gather_rows(k_nope.index(0), k_pe.index(0), row_ptr, ok, cols, CHUNK, DV)
@@ -217,6 +231,12 @@ def _mla_verify_sm90_kernel(
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
             acc_tok = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), k_nope.index(1), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok,))  # nothing in flight across iterations
+            if more:  # tile jj + 3 into stage 1 as soon as every warp is done with it: two tiles in flight
+                gl.thread_barrier()
+                row_ptr, ok = _tile_row_ptrs(kv_ptr, idx_base, new_base, is_new, start + 3 * BLOCK_N, hi,
+                                             stride_kvs, stride_knt, kv_rows, PAGE_SIZE)
+                _gather_rows(k_nope.index(1), k_pe.index(1), row_ptr, ok, cols, CHUNK, DV)
+                async_copy.commit_group()
 
         l_i = gl.convert_layout(gl.sum(l_i, axis=1), gl.SliceLayout(1, s_layout))
         l_safe = gl.where(l_i > 0, l_i, 1.0)
@@ -230,6 +250,137 @@ def _mla_verify_sm90_kernel(
         gl.store(o_ptr, out, mask=gl.expand_dims(o_rows < T * HQ, 1))
         gl.store(part_lse_ptr + slot * stride_pls + (s_rows // HQ) * stride_plt + s_rows % HQ, lse,
                  mask=s_rows < T * HQ)
+
+
+@gluon.jit
+def _mla_verify_sm90_narrow_kernel(
+    q_ptr, kv_ptr, k_new_ptr, tree_mask_ptr, indices_ptr, indptr_ptr, lens_ptr, items_ptr, order_ptr,
+    part_out_ptr, part_lse_ptr,
+    qk_scale, num_items,
+    stride_qb, stride_qt, stride_qh,
+    stride_kvs,
+    stride_knb, stride_knt,
+    stride_mb, stride_mt,
+    stride_ptb,
+    stride_pos, stride_pot, stride_poh,
+    stride_pls, stride_plt,
+    HQ: gl.constexpr,
+    T: gl.constexpr,
+    PAGE_SIZE: gl.constexpr,
+    USE_INDPTR: gl.constexpr,
+    SINGLE: gl.constexpr,
+    BLOCK_R: gl.constexpr,  # 16 or 32 rows (draft token x query head): all of them, one m-block
+    BLOCK_N: gl.constexpr,
+    DV: gl.constexpr,
+    DPE: gl.constexpr,
+    CHUNK: gl.constexpr,
+    num_warps: gl.constexpr,
+):
+    """The same work and workspace layout as _mla_verify_sm90_kernel for calls of at most 32 rows, with the
+    products swapped so that the 64 keys of a tile, not the padded rows, fill wgmma's 64-row side:
+      S^T [keys, rows] = K_nope Q_nope^T + K_pe Q_pe^T   (wgmma m64nRk16; the two warpgroups split the rows)
+      O^T [Dv, rows]  += V^T P^T                        (V^T: the tile read transposed; the warpgroups split Dv)
+    16 rows through the 64-row product did 4x the FLOPs the call needs, and at 128k that padded compute alone took
+    longer than reading the latent rows (docs/kernels.md item 26). P^T goes through shared memory (wgmma's B side).
+    The softmax runs down S^T's columns (a column's max within its warpgroup; sums kept per thread until the end).
+    Two-stage ring, one tile per iteration, the refill of a stage issued as soon as the tile in it is done, so the
+    next two tiles are in flight while one is computed."""
+    gl.static_assert(num_warps == 8, "two warpgroups")
+    gl.static_assert(DPE == CHUNK, "the rope part is one chunk")
+    gl.static_assert(T <= BLOCK_N, "the new tokens are one tile")
+    gl.static_assert(T * HQ <= BLOCK_R, "one m-block holds every row")
+    pid_z = gl.program_id(1)
+    b, lo, hi, slot, is_new = _program_item(pid_z, num_items, items_ptr, order_ptr, indptr_ptr, lens_ptr, T,
+                                            USE_INDPTR, SINGLE, BLOCK_N)
+    if hi > lo:
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                           instr_shape=[16, BLOCK_R // 2, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+                                                           instr_shape=[16, BLOCK_R, 16])
+        ld_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
+                                                   warps_per_cta=[8, 1], order=[1, 0])
+        q_ld_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8 * BLOCK_R // 32], threads_per_warp=[4, 8],
+                                                     warps_per_cta=[BLOCK_R // 4, 32 // BLOCK_R], order=[1, 0])
+        smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        dtype: gl.constexpr = q_ptr.dtype.element_ty
+
+        q_nope = gl.allocate_shared_memory(dtype, [BLOCK_R, DV], smem_layout)
+        q_pe = gl.allocate_shared_memory(dtype, [BLOCK_R, DPE], smem_layout)
+        k_nope = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DV], smem_layout)
+        k_pe = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DPE], smem_layout)
+        p_smem = gl.allocate_shared_memory(dtype, [BLOCK_R, BLOCK_N], smem_layout)
+
+        q_cols = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, q_ld_layout))
+        q_rows = gl.arange(0, BLOCK_R, layout=gl.SliceLayout(1, q_ld_layout))
+        q_ok = gl.expand_dims(q_rows < T * HQ, 1)
+        q_row_ptr = gl.expand_dims(q_ptr + b * stride_qb + (q_rows // HQ) * stride_qt + (q_rows % HQ) * stride_qh, 1)
+        _gather_rows(q_nope, q_pe, q_row_ptr, q_ok, q_cols, CHUNK, DV)
+
+        if USE_INDPTR:
+            idx_base = indices_ptr + gl.load(indptr_ptr + b)
+        else:
+            idx_base = indices_ptr + b * stride_ptb
+        new_base = k_new_ptr + b.to(gl.int64) * stride_knb
+        cols = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, ld_layout))
+        kv_rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld_layout))
+        for i in gl.static_range(2):  # tiles 0 (with Q) and 1; past hi: masked, nothing read, zero-filled
+            row_ptr, ok = _tile_row_ptrs(kv_ptr, idx_base, new_base, is_new, lo + i * BLOCK_N, hi, stride_kvs,
+                                         stride_knt, kv_rows, PAGE_SIZE)
+            _gather_rows(k_nope.index(i), k_pe.index(i), row_ptr, ok, cols, CHUNK, DV)
+            async_copy.commit_group()
+
+        keys = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
+        r_cols = gl.arange(0, BLOCK_R, layout=gl.SliceLayout(0, s_layout))
+        # the tree mask of the new tokens: S^T[key j, row r] needs tree_mask[b, token of r, j]
+        visible = gl.load(tree_mask_ptr + b * stride_mb + gl.expand_dims((r_cols // HQ) * stride_mt, 0)
+                          + gl.expand_dims(keys, 1),
+                          mask=gl.expand_dims((r_cols < T * HQ) & is_new, 0) & gl.expand_dims(keys < T, 1),
+                          other=1) != 0
+        m_i = gl.full([BLOCK_R], -1.0e30, gl.float32, layout=gl.SliceLayout(0, s_layout))
+        s_zero = gl.zeros([BLOCK_N, BLOCK_R], gl.float32, layout=s_layout)
+        l_acc = gl.zeros([BLOCK_N, BLOCK_R], gl.float32, layout=s_layout)  # per-thread sums, reduced at the end
+        acc = gl.zeros([DV, BLOCK_R], gl.float32, layout=o_layout)
+        n_tiles = gl.cdiv(hi - lo, BLOCK_N)
+        for j in range(0, n_tiles):
+            stage = j % 2
+            start = lo + j * BLOCK_N
+            async_copy.wait_group(1)  # tile j has landed for this thread's copies; tile j + 1 may be in flight
+            gl.thread_barrier()  # ... and for every thread's
+            fence_async_shared()
+            s_tok = warpgroup_mma(k_nope.index(stage), q_nope.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s_tok = warpgroup_mma(k_pe.index(stage), q_pe.permute((1, 0)), s_tok, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
+            s = gl.where(gl.expand_dims(start + keys < hi, 1) & visible, s, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, axis=0) * qk_scale)
+            alpha = gl.exp2(m_i - m_new)
+            p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 0))
+            l_acc = l_acc * gl.expand_dims(alpha, 0) + p
+            m_i = m_new
+            p_smem.store(gl.permute(p.to(dtype), (1, 0)))
+            fence_async_shared()  # generic-proxy stores before wgmma's async-proxy reads
+            gl.thread_barrier()  # every warp's keys of P^T are in
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(0, o_layout)), 0)
+            acc_tok = warpgroup_mma(k_nope.index(stage).permute((1, 0)), p_smem.permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok,))
+            gl.thread_barrier()  # every warp is done with this stage and with P^T
+            row_ptr, ok = _tile_row_ptrs(kv_ptr, idx_base, new_base, is_new, start + 2 * BLOCK_N, hi, stride_kvs,
+                                         stride_knt, kv_rows, PAGE_SIZE)
+            _gather_rows(k_nope.index(stage), k_pe.index(stage), row_ptr, ok, cols, CHUNK, DV)
+            async_copy.commit_group()
+        async_copy.wait_group(0)  # the masked refills past the end
+
+        l_i = gl.sum(l_acc, axis=0)
+        l_safe = gl.where(l_i > 0, l_i, 1.0)
+        lse = gl.where(l_i > 0, m_i + gl.log2(l_safe), float("-inf"))
+        out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(0, o_layout)), 0)
+        o_rows = gl.arange(0, BLOCK_R, layout=gl.SliceLayout(0, o_layout))
+        o_dims = gl.arange(0, DV, layout=gl.SliceLayout(1, o_layout))
+        o_ptr = (part_out_ptr + slot * stride_pos + gl.expand_dims((o_rows // HQ) * stride_pot
+                                                                   + (o_rows % HQ) * stride_poh, 0)
+                 + gl.expand_dims(o_dims, 1))
+        gl.store(o_ptr, out, mask=gl.expand_dims(o_rows < T * HQ, 0))
+        gl.store(part_lse_ptr + slot * stride_pls + (r_cols // HQ) * stride_plt + r_cols % HQ, lse,
+                 mask=r_cols < T * HQ)
 
 
 def mla_sm90_supported(q: torch.Tensor, *, v_is_k: bool, dk: int, dv: int) -> bool:
@@ -247,8 +398,12 @@ def launch_mla_sm90(*, q, kv_buffer, k_new, tree_mask, indices, kv_indptr, prefi
     uint8, indices: kv_indices (use_indptr) or the page table; part_out / part_lse: the workspace's partials.
     Returns the compiled kernel."""
     batch, num_tokens, num_q_heads, _ = q.shape
-    m_blocks = triton.cdiv(num_tokens * num_q_heads, BLOCK_M)
-    return _mla_verify_sm90_kernel[(m_blocks, num_items + batch)](
+    rows = num_tokens * num_q_heads
+    if rows <= NARROW_MAX_ROWS:  # S^T / O^T: the keys fill wgmma's 64-row side (one m-block: grid dim 0 is 1)
+        kernel, m_blocks, shape = _mla_verify_sm90_narrow_kernel, 1, dict(BLOCK_R=16 if rows <= 16 else 32)
+    else:
+        kernel, m_blocks, shape = _mla_verify_sm90_kernel, triton.cdiv(rows, BLOCK_M), dict(BLOCK_M=BLOCK_M)
+    return kernel[(m_blocks, num_items + batch)](
         q, kv_buffer, k_new, tree_mask, indices, kv_indptr, prefix_lens, items, order, part_out, part_lse,
         sm_scale * _LOG2E,
         num_items,
@@ -260,6 +415,6 @@ def launch_mla_sm90(*, q, kv_buffer, k_new, tree_mask, indices, kv_indptr, prefi
         part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1),
         HQ=num_q_heads, T=num_tokens, PAGE_SIZE=page_size, USE_INDPTR=use_indptr, SINGLE=single,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, DV=_DV, DPE=_DPE, CHUNK=_CHUNK,
+        BLOCK_N=BLOCK_N, DV=_DV, DPE=_DPE, CHUNK=_CHUNK, **shape,
         num_warps=8,
     )

@@ -31,7 +31,8 @@ def softmax_truth(q, keys, sm_scale, visible=None):
     return torch.softmax(s, -1) @ keys[:, :512].float(), torch.logsumexp(s, -1) * LOG2E
 
 
-@pytest.mark.parametrize("num_q_heads,num_tokens", [(16, 1), (16, 8), (16, 13), (64, 4), (128, 1)])
+# rows = tokens x heads: <= 16 and <= 32 (20 padded to 32) run the swapped-product kernel, the rest the 64-row one
+@pytest.mark.parametrize("num_q_heads,num_tokens", [(16, 1), (16, 2), (4, 5), (16, 8), (16, 13), (64, 4), (128, 1)])
 @pytest.mark.parametrize("page_size", [1, 64, 16])
 @pytest.mark.parametrize("indptr", [False, True], ids=["table", "indptr"])
 def test_partials_match_fp32_truth(num_q_heads, num_tokens, page_size, indptr):
@@ -79,12 +80,13 @@ def test_partials_match_fp32_truth(num_q_heads, num_tokens, page_size, indptr):
 
 @pytest.mark.parametrize("prefix_len,num_splits", [(5000, 7), (64, 3), (1, 1), (0, 4), (131072, 132)])
 @pytest.mark.parametrize("indptr", [False, True], ids=["table", "indptr"])
-def test_batch_one_slices_match_fp32_truth(prefix_len, num_splits, indptr):
+@pytest.mark.parametrize("num_q_heads,num_tokens", [(64, 5), (16, 1)])
+def test_batch_one_slices_match_fp32_truth(prefix_len, num_splits, indptr, num_q_heads, num_tokens):
     """single=True (batch 1, no plan): slice s = positions [s * per, (s + 1) * per) with per = the prefix / P
     rounded up to whole tiles, in slot s; slices past the prefix write nothing; the new tokens in slot P."""
     from specsweep_kernels.verify_mla_sm90 import BLOCK_N, launch_mla_sm90
 
-    num_q_heads, num_tokens, page_size = 64, 5, 16
+    page_size = 16
     problem = make_problem(layout=Layout(num_q_heads, 1, 576, 512, True), prefix_lens=[prefix_len],
                            num_tokens=num_tokens, page_size=page_size, dtype=torch.bfloat16, device="cuda",
                            tree="random", seed=prefix_len + num_splits)
