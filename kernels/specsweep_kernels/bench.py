@@ -4,8 +4,9 @@
 
 For every (layout, prefix, T, page size): build a fresh random problem (bf16, batch 1, pages on a random
 permutation of the pool), check the kernel against the fp32 reference (relative error), then time it with
-`triton.testing.do_bench` (median over CUDA-graph replays, so host launch overhead is out, as in a graph-captured engine; L2 flushed
-between runs; the eager time is in the full table). GB/s = unique prefix KV bytes / time; floor =
+a median over CUDA-graph replays (host launch overhead out, as in a graph-captured engine), each after an L2 flush
+(--flush clean, the default: a read of 256 MB, cold and clean; dirty: triton's do_bench, which leaves ~50 MB of dirty
+lines for the timed call to write back); the eager time is in the full table. GB/s = unique prefix KV bytes / time; floor =
 max(bytes / copy bandwidth, FLOPs / matmul rate) from specsweep_kernels.roofline. SGLang's verify path
 (extend_attention_fwd + custom mask) and, at T = 1, its split-KV decode kernel run beside it when the wheel is
 given (loaded by sglang_baseline.py, found next to the wheel or in ../shared/tools). --tune also times a few
@@ -82,10 +83,49 @@ def bench_layout(name: str) -> Layout:
     return dataclasses.replace(layout, num_q_heads=int(heads)) if heads else layout
 
 
+FLUSHES = ("clean", "dirty")
+_flush = {"mode": "clean", "buffer": None}
+
+
+def set_flush(mode: str) -> None:
+    """How the L2 is emptied before each timed run: "clean" (default) reads a 256 MB buffer, so the call starts
+    with a cold L2 holding no dirty lines; "dirty" is triton.testing.do_bench's own flush, which zeroes that buffer
+    and leaves the L2 full of dirty lines (up to its 50 MB on an H100 / H200) that the timed call then pays to write
+    back: ~12 us on a 150 MB stream (docs/kernels.md item 27)."""
+    if mode not in FLUSHES:
+        raise ValueError(f"flush: {mode!r} is not one of {', '.join(FLUSHES)}")
+    _flush["mode"] = mode
+
+
 def _bench_us(fn, rep_ms: int = 100) -> float:
     from triton.testing import do_bench
 
-    return do_bench(fn, warmup=25, rep=rep_ms, return_mode="median") * 1e3
+    if _flush["mode"] == "dirty":
+        return do_bench(fn, warmup=25, rep=rep_ms, return_mode="median") * 1e3
+    if _flush["buffer"] is None:
+        _flush["buffer"] = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    buffer = _flush["buffer"]
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    estimate_ms = max(start.elapsed_time(end) / 5, 1e-3)
+    for _ in range(max(1, int(25 / estimate_ms))):
+        fn()
+    runs = min(max(int(rep_ms / estimate_ms), 10), 1000)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(runs)]
+    for begin, finish in events:
+        buffer.view(torch.int64).max()  # a read of the whole buffer: the L2 holds only its clean lines
+        begin.record()
+        fn()
+        finish.record()
+    torch.cuda.synchronize()
+    times = sorted(begin.elapsed_time(finish) for begin, finish in events)
+    return times[len(times) // 2] * 1e3
 
 
 def graph_us(fn, rep_ms: int = 100) -> tuple[float, str]:
@@ -400,10 +440,14 @@ def main(argv: list[str] | None = None) -> None:
                         help="verify_attention's kernel: auto (Gluon for MLA on sm_90), triton (portable), gluon")
     parser.add_argument("--cached-ceilings", action="store_true",
                         help="reuse ceilings cached for this GPU name instead of measuring them in this run")
+    parser.add_argument("--flush", default="clean", choices=FLUSHES,
+                        help="L2 before each timed run: clean (a read of 256 MB: cold, no dirty lines) or dirty "
+                             "(triton's do_bench: zeroed, ~50 MB of dirty lines written back inside the timed call)")
     parser.add_argument("--roofline-cache", default=None, help="JSON cache of measured ceilings (default: ~/.cache)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("specsweep_kernels.bench needs a CUDA GPU")
+    set_flush(args.flush)
 
     from specsweep_kernels.roofline import DEFAULT_CACHE
     from specsweep_kernels.verify_attention import _device_limits
@@ -413,7 +457,7 @@ def main(argv: list[str] | None = None) -> None:
     smem_limit, sm_count = _device_limits(torch.cuda.current_device())
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     header = (f"{stamp} · {ceilings.device} · {sm_count} SMs · smem/block {smem_limit // 1024} KB · torch "
-              f"{torch.__version__} · triton {__import__('triton').__version__} · impl {args.impl}\n"
+              f"{torch.__version__} · triton {__import__('triton').__version__} · impl {args.impl} · L2 flush {args.flush}\n"
               f"ceilings{' (cached)' if args.cached_ceilings else ' measured in this run'}: copy "
               f"{ceilings.copy_gbps:.0f} GB/s (read+write), bf16 matmul {ceilings.matmul_tflops:.0f} TFLOP/s")
     print(header, flush=True)

@@ -60,8 +60,9 @@ per step and passes plan= to every layer.
 B = 1: the loop-free SINGLE_REQUEST branch (P equal slices of the one prefix, program P the new tokens; a plan
 passed at B = 1 is checked, not read). Each part writes an fp32 partial output and its log2-sum-exp into the
 workspace slot of its item; a merge kernel combines a request's slots (req[b] of the plan) with its new-token slot.
-MLA in bf16 / fp16 on sm_90 runs a Gluon kernel instead (verify_mla_sm90.py: wgmma, cp.async, Dv over two
-warpgroups) over the same plan at every batch size, the same slots and the same merge; impl= picks the kernel.
+MLA in bf16 / fp16 on sm_90 runs Gluon kernels instead (verify_mla_sm90.py: wgmma, cp.async, Dv over two
+warpgroups; calls of <= 32 rows with the products swapped) over the same plan at every batch size, the same slots
+and the same merge; impl= picks the kernel.
 The grid depends only on static shapes (B, T, heads, P). Block sizes come from the device's per-block
 shared-memory limit (sm_90 ~227 KB, sm_120 ~100 KB), with a fall-back to the next smaller tile if the compiler
 still runs out of resources; P fills one wave of the SMs, counted from the compiled kernel's shared memory,

@@ -2,20 +2,24 @@
 
 The plan's programs (verify_attention.plan_verify: item = (request b, prefix positions [lo, hi)), largest first;
 at batch 1 instead P equal slices computed here from the prefix length, no plan) and one program per request's T
-new tokens run this kernel; each owns BLOCK_M = 64 rows (draft token x query head)
-and streams its latent rows (576 = 512 + 64 rope dims; for the new tokens k_new under the tree mask) through a
-two-stage shared-memory ring, 8 warps in lockstep:
-  S = Q_nope K_nope^T + Q_pe K_pe^T       wgmma m64n32k16 per warpgroup (the two warpgroups split S's 64 columns)
-  online softmax in registers (log2 domain; row sums per warpgroup until the end)
-  O[:, 0:256] / O[:, 256:512] += P V      wgmma m64n256k16, one half of Dv per warpgroup (V = K_nope, same tile)
-The gather of tile j + 1 is in flight while tile j is computed, and an iteration takes two tiles: P V of the first
-runs under S of the second (a tile past the range is all masked: zero-filled, nothing read, it adds nothing; the
-one-tile loop measured -2% to +4% against this, docs/kernels.md item 20). Every wgmma is waited for inside the iteration
-that issued it: one in flight across the loop's back edge made ptxas serialise every wgmma of the kernel
-(C7514), which cost 10-20% (docs/kernels.md). It writes the normalised fp32 partial and log2-sum-exp of each
-item to the item's workspace slot and of each request's new tokens to slot P + B + b, the layout
-verify_attention's merge reads. The portable Triton kernel (verify_attention.py) stays the path for GQA, for
-sm_120 and other GPUs, and for fp32.
+new tokens run one of two kernels, 8 warps in lockstep, each streaming its latent rows (576 = 512 + 64 rope dims;
+for the new tokens k_new under the tree mask) through a two-stage shared-memory ring:
+- calls of more than 32 rows (draft token x query head): _mla_verify_sm90_kernel, BLOCK_M = 64 rows a program,
+    S = Q_nope K_nope^T + Q_pe K_pe^T       wgmma m64n32k16 per warpgroup (the two warpgroups split S's 64 columns)
+    online softmax in registers (log2 domain; row sums per warpgroup until the end)
+    O[:, 0:256] / O[:, 256:512] += P V      wgmma m64n256k16, one half of Dv per warpgroup (V = K_nope, same tile)
+  An iteration takes two tiles: P V of the first runs under S of the second (a tile past the range is all masked:
+  zero-filled, nothing read, it adds nothing; the one-tile loop measured -2% to +4% against this, docs/kernels.md
+  item 20); each stage is refilled as soon as every warp is done with it, so two tiles are in flight across the
+  iteration's boundary (+1-4%, item 26), and the slot / page words of a refill are loaded one refill ahead (page 1:
+  +2-13%, item 29). Every wgmma is waited for inside the iteration that issued it: one in flight across the loop's
+  back edge made ptxas serialise every wgmma of the kernel (C7514), which cost 10-20% (docs/kernels.md).
+- calls of at most 32 rows (16 heads at T = 1 / 2, DeepSeek's decode under TP 8): _mla_verify_sm90_narrow_kernel,
+  the products swapped so that a tile's 64 keys fill wgmma's 64-row side instead of 16 rows padded to 64
+  (S^T = K Q^T, O^T = V^T P^T; item 27).
+Both write the normalised fp32 partial and log2-sum-exp of each item to the item's workspace slot and of each
+request's new tokens to slot P + B + b, the layout verify_attention's merge reads. The portable Triton kernel
+(verify_attention.py) stays the path for GQA, for sm_120 and other GPUs, and for fp32.
 """
 from __future__ import annotations
 
@@ -52,22 +56,41 @@ def _gather_rows(dst_nope, dst_pe, row_ptr, mask, cols, CHUNK: gl.constexpr, DV:
 
 
 @gluon.jit
-def _tile_row_ptrs(kv_ptr, idx_base, new_base, is_new, start, hi, stride_kvs, stride_knt, rows,
-                   PAGE_SIZE: gl.constexpr):
-    """Row pointers [BLOCK_N, 1] and mask of positions start .. start + BLOCK_N - 1 (< hi): prefix positions
-    through the page table / slot list, or (is_new) the request's new tokens in k_new."""
+def _tile_index(idx_base, is_new, start, hi, rows, PAGE_SIZE: gl.constexpr):
+    """The slot (page 1) or page (page > 1) words of positions start .. start + BLOCK_N - 1 (< hi) of a prefix, 0
+    past hi and for new-token programs. Loaded a tile ahead of the copies that use them (_tile_ptrs), so the gather
+    does not wait for the word's latency."""
+    pos = start + rows
+    ok = (pos < hi) & (not is_new)
+    if PAGE_SIZE == 1:
+        return gl.load(idx_base + pos, mask=ok, other=0)
+    else:
+        return gl.load(idx_base + pos // PAGE_SIZE, mask=ok, other=0)
+
+
+@gluon.jit
+def _tile_ptrs(kv_ptr, new_base, is_new, idx, start, hi, stride_kvs, stride_knt, rows, PAGE_SIZE: gl.constexpr):
+    """Row pointers [BLOCK_N, 1] and mask of positions start .. start + BLOCK_N - 1 (< hi): prefix positions at
+    the slots of idx (_tile_index of the same positions), or (is_new) the request's new tokens in k_new."""
     pos = start + rows
     ok = pos < hi
     if is_new:
         ptr = new_base + pos.to(gl.int64) * stride_knt
     else:
         if PAGE_SIZE == 1:
-            slot = gl.load(idx_base + pos, mask=ok, other=0).to(gl.int64)
+            slot = idx.to(gl.int64)
         else:
-            page = gl.load(idx_base + pos // PAGE_SIZE, mask=ok, other=0).to(gl.int64)
-            slot = page * PAGE_SIZE + (pos % PAGE_SIZE)
+            slot = idx.to(gl.int64) * PAGE_SIZE + (pos % PAGE_SIZE)
         ptr = kv_ptr + slot * stride_kvs
     return gl.expand_dims(ptr, 1), gl.expand_dims(ok, 1)
+
+
+@gluon.jit
+def _tile_row_ptrs(kv_ptr, idx_base, new_base, is_new, start, hi, stride_kvs, stride_knt, rows,
+                   PAGE_SIZE: gl.constexpr):
+    """_tile_ptrs with the words loaded here (the ring's first tiles)."""
+    idx = _tile_index(idx_base, is_new, start, hi, rows, PAGE_SIZE)
+    return _tile_ptrs(kv_ptr, new_base, is_new, idx, start, hi, stride_kvs, stride_knt, rows, PAGE_SIZE)
 
 
 @gluon.jit
@@ -188,6 +211,8 @@ def _mla_verify_sm90_kernel(
                                      kv_rows, PAGE_SIZE)
         _gather_rows(k_nope.index(1), k_pe.index(1), row_ptr, ok, cols, CHUNK, DV)
         async_copy.commit_group()
+        idx0 = _tile_index(idx_base, is_new, lo + 2 * BLOCK_N, hi, kv_rows, PAGE_SIZE)  # the next refills' words
+        idx1 = _tile_index(idx_base, is_new, lo + 3 * BLOCK_N, hi, kv_rows, PAGE_SIZE)
 
         s_rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         s_cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
@@ -222,10 +247,11 @@ def _mla_verify_sm90_kernel(
             more = jj + 2 < n_tiles
             gl.thread_barrier()  # every warp is done with stage 0
             if more:  # tile jj + 2 into stage 0
-                row_ptr, ok = _tile_row_ptrs(kv_ptr, idx_base, new_base, is_new, start + 2 * BLOCK_N, hi,
-                                             stride_kvs, stride_knt, kv_rows, PAGE_SIZE)
+                row_ptr, ok = _tile_ptrs(kv_ptr, new_base, is_new, idx0, start + 2 * BLOCK_N, hi, stride_kvs,
+                                         stride_knt, kv_rows, PAGE_SIZE)
                 _gather_rows(k_nope.index(0), k_pe.index(0), row_ptr, ok, cols, CHUNK, DV)
                 async_copy.commit_group()
+                idx0 = _tile_index(idx_base, is_new, start + 4 * BLOCK_N, hi, kv_rows, PAGE_SIZE)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
             p, m_i, alpha, l_i = _online_softmax(s, start + BLOCK_N, hi, visible, m_i, l_i, qk_scale, s_cols)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
@@ -233,10 +259,11 @@ def _mla_verify_sm90_kernel(
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok,))  # nothing in flight across iterations
             if more:  # tile jj + 3 into stage 1 as soon as every warp is done with it: two tiles in flight
                 gl.thread_barrier()
-                row_ptr, ok = _tile_row_ptrs(kv_ptr, idx_base, new_base, is_new, start + 3 * BLOCK_N, hi,
-                                             stride_kvs, stride_knt, kv_rows, PAGE_SIZE)
+                row_ptr, ok = _tile_ptrs(kv_ptr, new_base, is_new, idx1, start + 3 * BLOCK_N, hi, stride_kvs,
+                                         stride_knt, kv_rows, PAGE_SIZE)
                 _gather_rows(k_nope.index(1), k_pe.index(1), row_ptr, ok, cols, CHUNK, DV)
                 async_copy.commit_group()
+                idx1 = _tile_index(idx_base, is_new, start + 5 * BLOCK_N, hi, kv_rows, PAGE_SIZE)
 
         l_i = gl.convert_layout(gl.sum(l_i, axis=1), gl.SliceLayout(1, s_layout))
         l_safe = gl.where(l_i > 0, l_i, 1.0)
@@ -363,6 +390,8 @@ def _mla_verify_sm90_narrow_kernel(
             acc_tok = warpgroup_mma(k_nope.index(stage).permute((1, 0)), p_smem.permute((1, 0)), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok,))
             gl.thread_barrier()  # every warp is done with this stage and with P^T
+            # the words are loaded here, not a tile ahead as in the 64-row kernel: ahead was 9-15% slower on the
+            # ragged T = 1 rows (page 16, run 29)
             row_ptr, ok = _tile_row_ptrs(kv_ptr, idx_base, new_base, is_new, start + 2 * BLOCK_N, hi, stride_kvs,
                                          stride_knt, kv_rows, PAGE_SIZE)
             _gather_rows(k_nope.index(stage), k_pe.index(stage), row_ptr, ok, cols, CHUNK, DV)

@@ -404,6 +404,19 @@ def test_breakdown_refuses_bad_options_before_any_work(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_bench_flush_is_checked():
+    """bench --flush: clean (a read of 256 MB before each timed run) or dirty (triton's do_bench zeroing); anything
+    else is refused by name, before any work."""
+    from specsweep_kernels import bench
+
+    with pytest.raises(ValueError, match="flush: 'cold' is not one of clean, dirty"):
+        bench.set_flush("cold")
+    assert bench._flush["mode"] == "clean"
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--flush", "cold"])
+    assert exc.value.code == 2
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU message")
 def test_breakdown_needs_a_gpu():
     from specsweep_kernels.breakdown import main
