@@ -8,9 +8,10 @@ for the new tokens k_new under the tree mask) through a two-stage shared-memory 
     S = Q_nope K_nope^T + Q_pe K_pe^T       wgmma m64n32k16 per warpgroup (the two warpgroups split S's 64 columns)
     online softmax in registers (log2 domain; row sums per warpgroup until the end)
     O[:, 0:256] / O[:, 256:512] += P V      wgmma m64n256k16, one half of Dv per warpgroup (V = K_nope, same tile)
-  An iteration takes two tiles: P V of the first runs under S of the second (a tile past the range is all masked:
-  zero-filled, nothing read, it adds nothing; the one-tile loop measured -2% to +4% against this, docs/kernels.md
-  item 20); each stage is refilled as soon as every warp is done with it, so two tiles are in flight across the
+  An iteration takes two tiles: S of the second is issued before P V of the first, and the second's softmax runs
+  while the tensor cores compute P V of the first (3.5-8.5% on compute-bound rows, item 30; a tile past the range
+  is all masked: zero-filled, nothing read, it adds nothing; the one-tile loop measured -2% to +4% against the
+  two-tile one, docs/kernels.md item 20); each stage is refilled as soon as every warp is done with it, so two tiles are in flight across the
   iteration's boundary (+1-4%, item 26), and the slot / page words of a refill are loaded one refill ahead (page 1:
   +2-13%, item 29). Every wgmma is waited for inside the iteration that issued it: one in flight across the loop's
   back edge made ptxas serialise every wgmma of the kernel (C7514), which cost 10-20% (docs/kernels.md).
@@ -237,13 +238,17 @@ def _mla_verify_sm90_kernel(
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
             p, m_i, alpha, l_i = _online_softmax(s, start, hi, visible, m_i, l_i, qk_scale, s_cols)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-            acc_tok = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), k_nope.index(0), acc, is_async=True)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
             async_copy.wait_group(0)  # tile jj + 1
             gl.thread_barrier()
             fence_async_shared()
+            # S of tile jj + 1 first, then P V of tile jj: the softmax of jj + 1 runs while P V of jj is computed
             s_tok = warpgroup_mma(q_nope, k_nope.index(1).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             s_tok = warpgroup_mma(q_pe, k_pe.index(1).permute((1, 0)), s_tok, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=2, deps=(acc_tok,))  # P V of tile jj (issued before S)
+            acc_tok = warpgroup_mma(p_op, k_nope.index(0), acc, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))  # S of jj + 1 done, P V of jj in flight
+            p, m_i, alpha, l_i = _online_softmax(s, start + BLOCK_N, hi, visible, m_i, l_i, qk_scale, s_cols)
+            acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, p_op))  # P V of tile jj
             more = jj + 2 < n_tiles
             gl.thread_barrier()  # every warp is done with stage 0
             if more:  # tile jj + 2 into stage 0
@@ -252,8 +257,6 @@ def _mla_verify_sm90_kernel(
                 _gather_rows(k_nope.index(0), k_pe.index(0), row_ptr, ok, cols, CHUNK, DV)
                 async_copy.commit_group()
                 idx0 = _tile_index(idx_base, is_new, start + 4 * BLOCK_N, hi, kv_rows, PAGE_SIZE)
-            s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
-            p, m_i, alpha, l_i = _online_softmax(s, start + BLOCK_N, hi, visible, m_i, l_i, qk_scale, s_cols)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
             acc_tok = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), k_nope.index(1), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok,))  # nothing in flight across iterations
