@@ -95,6 +95,23 @@ def _tile_row_ptrs(kv_ptr, idx_base, new_base, is_new, start, hi, stride_kvs, st
 
 
 @gluon.jit
+def _request_setup(q_nope, q_pe, q_ptr, q_rows, q_cols, b, stride_qb, stride_qt, stride_qh, indices_ptr, indptr_ptr,
+                   stride_ptb, k_new_ptr, stride_knb, T: gl.constexpr, HQ: gl.constexpr, USE_INDPTR: gl.constexpr,
+                   CHUNK: gl.constexpr, DV: gl.constexpr):
+    """cp.async of request b's Q rows q_rows (row r = token r // HQ, head r % HQ; rows past T * HQ zero-filled) into
+    q_nope / q_pe, and the request's bases: its index words (kv_indices + indptr[b], or its page-table row) and its
+    new tokens in k_new."""
+    q_ok = gl.expand_dims(q_rows < T * HQ, 1)
+    q_row_ptr = gl.expand_dims(q_ptr + b * stride_qb + (q_rows // HQ) * stride_qt + (q_rows % HQ) * stride_qh, 1)
+    _gather_rows(q_nope, q_pe, q_row_ptr, q_ok, q_cols, CHUNK, DV)
+    if USE_INDPTR:
+        idx_base = indices_ptr + gl.load(indptr_ptr + b)
+    else:
+        idx_base = indices_ptr + b * stride_ptb
+    return idx_base, k_new_ptr + b.to(gl.int64) * stride_knb
+
+
+@gluon.jit
 def _online_softmax(s, start, hi, visible, m_i, l_i, qk_scale, s_cols):
     """One tile's scores into the running (max, sum): columns past hi and (new tokens) outside the tree are out.
     The sum is kept per warpgroup (l_i [M, 2], each warpgroup's own 32 columns, reduced within the warp) and added
@@ -193,15 +210,9 @@ def _mla_verify_sm90_kernel(
         cols = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, ld_layout))
         # Q rows: row r = t * HQ + h of this m-block
         q_rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ld_layout))
-        q_ok = gl.expand_dims(q_rows < T * HQ, 1)
-        q_row_ptr = gl.expand_dims(q_ptr + b * stride_qb + (q_rows // HQ) * stride_qt + (q_rows % HQ) * stride_qh, 1)
-        _gather_rows(q_nope, q_pe, q_row_ptr, q_ok, cols, CHUNK, DV)
-
-        if USE_INDPTR:
-            idx_base = indices_ptr + gl.load(indptr_ptr + b)
-        else:
-            idx_base = indices_ptr + b * stride_ptb
-        new_base = k_new_ptr + b.to(gl.int64) * stride_knb
+        idx_base, new_base = _request_setup(q_nope, q_pe, q_ptr, q_rows, cols, b, stride_qb, stride_qt, stride_qh,
+                                            indices_ptr, indptr_ptr, stride_ptb, k_new_ptr, stride_knb, T, HQ,
+                                            USE_INDPTR, CHUNK, DV)
         kv_rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld_layout))
         row_ptr, ok = _tile_row_ptrs(kv_ptr, idx_base, new_base, is_new, lo, hi, stride_kvs, stride_knt, kv_rows,
                                      PAGE_SIZE)
@@ -342,15 +353,9 @@ def _mla_verify_sm90_narrow_kernel(
 
         q_cols = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, q_ld_layout))
         q_rows = gl.arange(0, BLOCK_R, layout=gl.SliceLayout(1, q_ld_layout))
-        q_ok = gl.expand_dims(q_rows < T * HQ, 1)
-        q_row_ptr = gl.expand_dims(q_ptr + b * stride_qb + (q_rows // HQ) * stride_qt + (q_rows % HQ) * stride_qh, 1)
-        _gather_rows(q_nope, q_pe, q_row_ptr, q_ok, q_cols, CHUNK, DV)
-
-        if USE_INDPTR:
-            idx_base = indices_ptr + gl.load(indptr_ptr + b)
-        else:
-            idx_base = indices_ptr + b * stride_ptb
-        new_base = k_new_ptr + b.to(gl.int64) * stride_knb
+        idx_base, new_base = _request_setup(q_nope, q_pe, q_ptr, q_rows, q_cols, b, stride_qb, stride_qt, stride_qh,
+                                            indices_ptr, indptr_ptr, stride_ptb, k_new_ptr, stride_knb, T, HQ,
+                                            USE_INDPTR, CHUNK, DV)
         cols = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, ld_layout))
         kv_rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld_layout))
         for i in gl.static_range(2):  # tiles 0 (with Q) and 1; past hi: masked, nothing read, zero-filled
