@@ -112,6 +112,30 @@ def _request_setup(q_nope, q_pe, q_ptr, q_rows, q_cols, b, stride_qb, stride_qt,
 
 
 @gluon.jit
+def _tree_visible(tree_mask_ptr, b, stride_mb, stride_mt, rows, keys, is_new, T: gl.constexpr, HQ: gl.constexpr):
+    """May row r (token r // HQ) see new token k under request b's tree mask; rows / keys are 2-D index tensors that
+    broadcast (either orientation: [rows, 1] x [1, keys] or [1, rows] x [keys, 1]); every prefix position is
+    visible (not is_new)."""
+    return gl.load(tree_mask_ptr + b * stride_mb + (rows // HQ) * stride_mt + keys,
+                   mask=(rows < T * HQ) & is_new & (keys < T), other=1) != 0
+
+
+@gluon.jit
+def _store_partial(part_out_ptr, part_lse_ptr, slot, acc, l_i, m_i, o_rows, o_dims, lse_rows, stride_pos, stride_pot,
+                   stride_poh, stride_pls, stride_plt, T: gl.constexpr, HQ: gl.constexpr, ROW_AXIS: gl.constexpr):
+    """The normalised partial acc / l (acc's rows along ROW_AXIS; o_rows / o_dims its 2-D broadcastable row and Dv
+    indices) and its log2-sum-exp m + log2(l) (l_i, m_i per row of lse_rows) into workspace slot `slot`; an empty
+    row (l = 0) gets -inf."""
+    l_safe = gl.where(l_i > 0, l_i, 1.0)
+    lse = gl.where(l_i > 0, m_i + gl.log2(l_safe), float("-inf"))
+    out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1 - ROW_AXIS, acc.type.layout)), 1 - ROW_AXIS)
+    gl.store(part_out_ptr + slot * stride_pos + (o_rows // HQ) * stride_pot + (o_rows % HQ) * stride_poh + o_dims, out,
+             mask=o_rows < T * HQ)
+    gl.store(part_lse_ptr + slot * stride_pls + (lse_rows // HQ) * stride_plt + lse_rows % HQ, lse,
+             mask=lse_rows < T * HQ)
+
+
+@gluon.jit
 def _online_softmax(s, start, hi, visible, m_i, l_i, qk_scale, s_cols):
     """One tile's scores into the running (max, sum): columns past hi and (new tokens) outside the tree are out.
     The sum is kept per warpgroup (l_i [M, 2], each warpgroup's own 32 columns, reduced within the warp) and added
@@ -229,10 +253,8 @@ def _mla_verify_sm90_kernel(
         s_rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         s_cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         # the tree mask of the new tokens ([row's token, new token j]); every prefix position is visible
-        visible = gl.load(tree_mask_ptr + b * stride_mb + gl.expand_dims((s_rows // HQ) * stride_mt, 1)
-                          + gl.expand_dims(s_cols, 0),
-                          mask=gl.expand_dims((s_rows < T * HQ) & is_new, 1) & gl.expand_dims(s_cols < T, 0),
-                          other=1) != 0
+        visible = _tree_visible(tree_mask_ptr, b, stride_mb, stride_mt, gl.expand_dims(s_rows, 1),
+                                gl.expand_dims(s_cols, 0), is_new, T, HQ)
         m_i = gl.full([BLOCK_M], -1.0e30, gl.float32, layout=gl.SliceLayout(1, s_layout))
         acc = gl.zeros([BLOCK_M, DV], gl.float32, layout=o_layout)
         s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
@@ -280,17 +302,11 @@ def _mla_verify_sm90_kernel(
                 idx1 = _tile_index(idx_base, is_new, start + 5 * BLOCK_N, hi, kv_rows, PAGE_SIZE)
 
         l_i = gl.convert_layout(gl.sum(l_i, axis=1), gl.SliceLayout(1, s_layout))
-        l_safe = gl.where(l_i > 0, l_i, 1.0)
-        lse = gl.where(l_i > 0, m_i + gl.log2(l_safe), float("-inf"))
-        out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
         o_rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
         o_cols = gl.arange(0, DV, layout=gl.SliceLayout(0, o_layout))
-        o_ptr = (part_out_ptr + slot * stride_pos + gl.expand_dims((o_rows // HQ) * stride_pot
-                                                                   + (o_rows % HQ) * stride_poh, 1)
-                 + gl.expand_dims(o_cols, 0))
-        gl.store(o_ptr, out, mask=gl.expand_dims(o_rows < T * HQ, 1))
-        gl.store(part_lse_ptr + slot * stride_pls + (s_rows // HQ) * stride_plt + s_rows % HQ, lse,
-                 mask=s_rows < T * HQ)
+        _store_partial(part_out_ptr, part_lse_ptr, slot, acc, l_i, m_i, gl.expand_dims(o_rows, 1),
+                       gl.expand_dims(o_cols, 0), s_rows, stride_pos, stride_pot, stride_poh, stride_pls, stride_plt,
+                       T, HQ, 0)
 
 
 @gluon.jit
@@ -367,10 +383,8 @@ def _mla_verify_sm90_narrow_kernel(
         keys = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
         r_cols = gl.arange(0, BLOCK_R, layout=gl.SliceLayout(0, s_layout))
         # the tree mask of the new tokens: S^T[key j, row r] needs tree_mask[b, token of r, j]
-        visible = gl.load(tree_mask_ptr + b * stride_mb + gl.expand_dims((r_cols // HQ) * stride_mt, 0)
-                          + gl.expand_dims(keys, 1),
-                          mask=gl.expand_dims((r_cols < T * HQ) & is_new, 0) & gl.expand_dims(keys < T, 1),
-                          other=1) != 0
+        visible = _tree_visible(tree_mask_ptr, b, stride_mb, stride_mt, gl.expand_dims(r_cols, 0),
+                                gl.expand_dims(keys, 1), is_new, T, HQ)
         m_i = gl.full([BLOCK_R], -1.0e30, gl.float32, layout=gl.SliceLayout(0, s_layout))
         s_zero = gl.zeros([BLOCK_N, BLOCK_R], gl.float32, layout=s_layout)
         l_acc = gl.zeros([BLOCK_N, BLOCK_R], gl.float32, layout=s_layout)  # per-thread sums, reduced at the end
@@ -406,18 +420,11 @@ def _mla_verify_sm90_narrow_kernel(
             async_copy.commit_group()
         async_copy.wait_group(0)  # the masked refills past the end
 
-        l_i = gl.sum(l_acc, axis=0)
-        l_safe = gl.where(l_i > 0, l_i, 1.0)
-        lse = gl.where(l_i > 0, m_i + gl.log2(l_safe), float("-inf"))
-        out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(0, o_layout)), 0)
         o_rows = gl.arange(0, BLOCK_R, layout=gl.SliceLayout(0, o_layout))
         o_dims = gl.arange(0, DV, layout=gl.SliceLayout(1, o_layout))
-        o_ptr = (part_out_ptr + slot * stride_pos + gl.expand_dims((o_rows // HQ) * stride_pot
-                                                                   + (o_rows % HQ) * stride_poh, 0)
-                 + gl.expand_dims(o_dims, 1))
-        gl.store(o_ptr, out, mask=gl.expand_dims(o_rows < T * HQ, 0))
-        gl.store(part_lse_ptr + slot * stride_pls + (r_cols // HQ) * stride_plt + r_cols % HQ, lse,
-                 mask=r_cols < T * HQ)
+        _store_partial(part_out_ptr, part_lse_ptr, slot, acc, gl.sum(l_acc, axis=0), m_i, gl.expand_dims(o_rows, 0),
+                       gl.expand_dims(o_dims, 1), r_cols, stride_pos, stride_pot, stride_poh, stride_pls, stride_plt,
+                       T, HQ, 1)
 
 
 def mla_sm90_supported(q: torch.Tensor, *, v_is_k: bool, dk: int, dv: int) -> bool:
