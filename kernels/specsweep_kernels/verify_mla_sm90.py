@@ -338,7 +338,7 @@ def _mla_verify_sm90_narrow_kernel(
       S^T [keys, rows] = K_nope Q_nope^T + K_pe Q_pe^T   (wgmma m64nRk16; the two warpgroups split the rows)
       O^T [Dv, rows]  += V^T P^T                        (V^T: the tile read transposed; the warpgroups split Dv)
     16 rows through the 64-row product did 4x the FLOPs the call needs, and at 128k that padded compute alone took
-    longer than reading the latent rows (docs/kernels.md item 26). P^T goes through shared memory (wgmma's B side).
+    longer than reading the latent rows (docs/kernels.md item 27). P^T goes through shared memory (wgmma's B side).
     The softmax runs down S^T's columns (a column's max within its warpgroup; sums kept per thread until the end).
     Two-stage ring, one tile per iteration, the refill of a stage issued as soon as the tile in it is done, so the
     next two tiles are in flight while one is computed."""
