@@ -4,7 +4,7 @@ attention's cost split into a per-tile slope and a fixed intercept by a fit over
     python -m specsweep_kernels.breakdown --layouts mla,mla:64,mla:128 --tokens 1,16 --pages 64 \
         --prefixes 8192,32768,131072 [--impl auto|triton|gluon]
 
-Each stage is one CUDA graph replayed (median, L2 flushed between replays, bench.graph_us): "call" the whole
+Each stage is one CUDA graph replayed (median, L2 flushed between replays as --flush says, bench.graph_us): "call" the whole
 verify_attention (attention kernel + merge; batch 1 launches no plan), "merge" the merge alone on the partials the
 call left (cold L2, so "attn" = call - merge is a lower bound). The fit is least squares of "attn" against the
 tiles per program (BLOCK_N-token tiles of one batch-1 slice): slope = one
@@ -23,7 +23,7 @@ import sys
 import torch
 
 from specsweep_kernels import verify_attention as va
-from specsweep_kernels.bench import bench_layout, graph_us
+from specsweep_kernels.bench import FLUSHES, bench_layout, graph_us, set_flush
 from specsweep_kernels.problems import LAYOUTS, make_problem
 from specsweep_kernels.roofline import verify_cost
 
@@ -102,14 +102,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--impl", default="auto", choices=va._IMPLS)
     ap.add_argument("--splits-scale", type=float, default=1.0,
                     help="prefix programs P = round(the heuristic's P x this) (1: as verify_attention picks)")
+    ap.add_argument("--flush", default="clean", choices=FLUSHES,
+                    help="L2 before each timed replay, as in specsweep_kernels.bench (clean: a read; dirty: zeroing)")
     a = ap.parse_args(argv)
     layouts, prefixes, tokens, pages = _checked(ap, a)
     if not torch.cuda.is_available():
         sys.exit("specsweep_kernels.breakdown needs a CUDA GPU")
+    set_flush(a.flush)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     props = torch.cuda.get_device_properties(0)
     lines = [f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC · {props.name} · {props.multi_processor_count} SMs"
-             f" · torch {torch.__version__} · impl {a.impl} · splits x{a.splits_scale}", "",
+             f" · torch {torch.__version__} · impl {a.impl} · splits x{a.splits_scale} · L2 flush {a.flush}", "",
              "| layout | prefix | T | page | kernel | P | tiles/program | call µs | attn µs | merge µs "
              "| TFLOP/s | GB/s |", "|" + "---|" * 12]
     fits = ["", "| layout | T | page | µs per tile (slope) | intercept µs | prefixes |", "|---|---|---|---|---|---|"]
