@@ -59,8 +59,8 @@ def _gather_rows(dst_nope, dst_pe, row_ptr, mask, cols, CHUNK: gl.constexpr, DV:
 @gluon.jit
 def _tile_index(idx_base, is_new, start, hi, rows, PAGE_SIZE: gl.constexpr):
     """The slot (page 1) or page (page > 1) words of positions start .. start + BLOCK_N - 1 (< hi) of a prefix, 0
-    past hi and for new-token programs. Loaded a tile ahead of the copies that use them (_tile_ptrs), so the gather
-    does not wait for the word's latency."""
+    past hi and for new-token programs. The 64-row kernel loads them one refill ahead of the copies that use them
+    (_tile_ptrs), so its gathers do not wait for the words' latency (docs/kernels.md item 28)."""
     pos = start + rows
     ok = (pos < hi) & (not is_new)
     if PAGE_SIZE == 1:
