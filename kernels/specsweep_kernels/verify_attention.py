@@ -758,8 +758,8 @@ def _gluon_mla():
 
 
 def _use_gluon_mla(impl: str, q: Tensor, *, v_is_k: bool, dk: int, dv: int) -> bool:
-    """impl "auto": the Gluon kernel wherever it applies (MLA, bf16 / fp16, sm_90: at <= 16 rows too, where with batch
-    1 planless it measured 0.99-1.12x the Triton kernel's speed, run 20; docs/kernels.md item 19);
+    """impl "auto": the Gluon kernels wherever they apply (MLA, bf16 / fp16, sm_90; calls of <= 32 rows run the
+    swapped-product one, docs/kernels.md item 27);
     "gluon": it wherever it applies, or an error."""
     if impl == "triton" or kernel_is_interpreted():
         ok = False

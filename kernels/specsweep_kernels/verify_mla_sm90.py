@@ -87,11 +87,14 @@ def _tile_ptrs(kv_ptr, new_base, is_new, idx, start, hi, stride_kvs, stride_knt,
 
 
 @gluon.jit
-def _tile_row_ptrs(kv_ptr, idx_base, new_base, is_new, start, hi, stride_kvs, stride_knt, rows,
-                   PAGE_SIZE: gl.constexpr):
-    """_tile_ptrs with the words loaded here (the ring's first tiles)."""
-    idx = _tile_index(idx_base, is_new, start, hi, rows, PAGE_SIZE)
-    return _tile_ptrs(kv_ptr, new_base, is_new, idx, start, hi, stride_kvs, stride_knt, rows, PAGE_SIZE)
+def _load_tile(dst_nope, dst_pe, kv_ptr, new_base, is_new, idx, start, hi, stride_kvs, stride_knt, rows, cols,
+               PAGE_SIZE: gl.constexpr, CHUNK: gl.constexpr, DV: gl.constexpr):
+    """One cp.async group: the latent rows of positions start .. start + BLOCK_N - 1 at the slots of idx
+    (_tile_index of the same positions) or the new tokens into one ring stage; rows at or past hi are zero-filled
+    and read nothing (a tile wholly past the range adds nothing to the products)."""
+    row_ptr, ok = _tile_ptrs(kv_ptr, new_base, is_new, idx, start, hi, stride_kvs, stride_knt, rows, PAGE_SIZE)
+    _gather_rows(dst_nope, dst_pe, row_ptr, ok, cols, CHUNK, DV)
+    async_copy.commit_group()
 
 
 @gluon.jit
@@ -238,15 +241,10 @@ def _mla_verify_sm90_kernel(
                                             indices_ptr, indptr_ptr, stride_ptb, k_new_ptr, stride_knb, T, HQ,
                                             USE_INDPTR, CHUNK, DV)
         kv_rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld_layout))
-        row_ptr, ok = _tile_row_ptrs(kv_ptr, idx_base, new_base, is_new, lo, hi, stride_kvs, stride_knt, kv_rows,
-                                     PAGE_SIZE)
-        _gather_rows(k_nope.index(0), k_pe.index(0), row_ptr, ok, cols, CHUNK, DV)
-        async_copy.commit_group()
-        # tile 1 into stage 1 (past hi: all rows masked, nothing read, zero-filled: the tile adds nothing)
-        row_ptr, ok = _tile_row_ptrs(kv_ptr, idx_base, new_base, is_new, lo + BLOCK_N, hi, stride_kvs, stride_knt,
-                                     kv_rows, PAGE_SIZE)
-        _gather_rows(k_nope.index(1), k_pe.index(1), row_ptr, ok, cols, CHUNK, DV)
-        async_copy.commit_group()
+        for i in gl.static_range(2):  # tiles 0 (with Q) and 1
+            _load_tile(k_nope.index(i), k_pe.index(i), kv_ptr, new_base, is_new,
+                       _tile_index(idx_base, is_new, lo + i * BLOCK_N, hi, kv_rows, PAGE_SIZE), lo + i * BLOCK_N, hi,
+                       stride_kvs, stride_knt, kv_rows, cols, PAGE_SIZE, CHUNK, DV)
         idx0 = _tile_index(idx_base, is_new, lo + 2 * BLOCK_N, hi, kv_rows, PAGE_SIZE)  # the next refills' words
         idx1 = _tile_index(idx_base, is_new, lo + 3 * BLOCK_N, hi, kv_rows, PAGE_SIZE)
 
@@ -260,7 +258,7 @@ def _mla_verify_sm90_kernel(
         s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
         l_i = gl.sum(gl.reshape(s_zero, [BLOCK_M, 2, BLOCK_N // 2]), axis=2)  # [M, 2]: per-warpgroup row sums
         n_tiles = gl.cdiv(hi - lo, BLOCK_N)
-        # two tiles per iteration: P V of the first runs while S of the second is computed
+        # two tiles per iteration: the second's S is issued before the first's P V, and its softmax runs under it
         for jj in range(0, n_tiles, 2):
             start = lo + jj * BLOCK_N
             async_copy.wait_group(1)  # tile jj (stage 0) has landed for this thread's copies; jj + 1 may be in flight
@@ -285,20 +283,16 @@ def _mla_verify_sm90_kernel(
             more = jj + 2 < n_tiles
             gl.thread_barrier()  # every warp is done with stage 0
             if more:  # tile jj + 2 into stage 0
-                row_ptr, ok = _tile_ptrs(kv_ptr, new_base, is_new, idx0, start + 2 * BLOCK_N, hi, stride_kvs,
-                                         stride_knt, kv_rows, PAGE_SIZE)
-                _gather_rows(k_nope.index(0), k_pe.index(0), row_ptr, ok, cols, CHUNK, DV)
-                async_copy.commit_group()
+                _load_tile(k_nope.index(0), k_pe.index(0), kv_ptr, new_base, is_new, idx0, start + 2 * BLOCK_N, hi,
+                           stride_kvs, stride_knt, kv_rows, cols, PAGE_SIZE, CHUNK, DV)
                 idx0 = _tile_index(idx_base, is_new, start + 4 * BLOCK_N, hi, kv_rows, PAGE_SIZE)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
             acc_tok = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), k_nope.index(1), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok,))  # nothing in flight across iterations
             if more:  # tile jj + 3 into stage 1 as soon as every warp is done with it: two tiles in flight
                 gl.thread_barrier()
-                row_ptr, ok = _tile_ptrs(kv_ptr, new_base, is_new, idx1, start + 3 * BLOCK_N, hi, stride_kvs,
-                                         stride_knt, kv_rows, PAGE_SIZE)
-                _gather_rows(k_nope.index(1), k_pe.index(1), row_ptr, ok, cols, CHUNK, DV)
-                async_copy.commit_group()
+                _load_tile(k_nope.index(1), k_pe.index(1), kv_ptr, new_base, is_new, idx1, start + 3 * BLOCK_N, hi,
+                           stride_kvs, stride_knt, kv_rows, cols, PAGE_SIZE, CHUNK, DV)
                 idx1 = _tile_index(idx_base, is_new, start + 5 * BLOCK_N, hi, kv_rows, PAGE_SIZE)
 
         l_i = gl.convert_layout(gl.sum(l_i, axis=1), gl.SliceLayout(1, s_layout))
@@ -374,11 +368,10 @@ def _mla_verify_sm90_narrow_kernel(
                                             USE_INDPTR, CHUNK, DV)
         cols = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, ld_layout))
         kv_rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld_layout))
-        for i in gl.static_range(2):  # tiles 0 (with Q) and 1; past hi: masked, nothing read, zero-filled
-            row_ptr, ok = _tile_row_ptrs(kv_ptr, idx_base, new_base, is_new, lo + i * BLOCK_N, hi, stride_kvs,
-                                         stride_knt, kv_rows, PAGE_SIZE)
-            _gather_rows(k_nope.index(i), k_pe.index(i), row_ptr, ok, cols, CHUNK, DV)
-            async_copy.commit_group()
+        for i in gl.static_range(2):  # tiles 0 (with Q) and 1
+            _load_tile(k_nope.index(i), k_pe.index(i), kv_ptr, new_base, is_new,
+                       _tile_index(idx_base, is_new, lo + i * BLOCK_N, hi, kv_rows, PAGE_SIZE), lo + i * BLOCK_N, hi,
+                       stride_kvs, stride_knt, kv_rows, cols, PAGE_SIZE, CHUNK, DV)
 
         keys = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
         r_cols = gl.arange(0, BLOCK_R, layout=gl.SliceLayout(0, s_layout))
@@ -414,10 +407,9 @@ def _mla_verify_sm90_narrow_kernel(
             gl.thread_barrier()  # every warp is done with this stage and with P^T
             # the words are loaded here, not a tile ahead as in the 64-row kernel: ahead was 9-15% slower on the
             # ragged T = 1 rows (page 16, run 29)
-            row_ptr, ok = _tile_row_ptrs(kv_ptr, idx_base, new_base, is_new, start + 2 * BLOCK_N, hi, stride_kvs,
-                                         stride_knt, kv_rows, PAGE_SIZE)
-            _gather_rows(k_nope.index(stage), k_pe.index(stage), row_ptr, ok, cols, CHUNK, DV)
-            async_copy.commit_group()
+            _load_tile(k_nope.index(stage), k_pe.index(stage), kv_ptr, new_base, is_new,
+                       _tile_index(idx_base, is_new, start + 2 * BLOCK_N, hi, kv_rows, PAGE_SIZE), start + 2 * BLOCK_N,
+                       hi, stride_kvs, stride_knt, kv_rows, cols, PAGE_SIZE, CHUNK, DV)
         async_copy.wait_group(0)  # the masked refills past the end
 
         o_rows = gl.arange(0, BLOCK_R, layout=gl.SliceLayout(0, o_layout))
