@@ -227,14 +227,15 @@ def _plan_kernel(
     kv_indptr_ptr, prefix_lens_ptr, items_ptr, req_ptr, order_ptr, seq_ptr, prog_ptr,
     batch,
     num_splits,  # P: prefix programs of one wave per (m-block, KV head)
+    request_units,  # the units a request's new tokens count for (_REQUEST_UNITS)
     BLOCK_B: tl.constexpr,  # pow2 >= batch
     BLOCK_K: tl.constexpr,  # items written per request and step
     BLOCK_I: tl.constexpr,  # empty items / programs written per step
     BLOCK_N: tl.constexpr,
     USE_INDPTR: tl.constexpr,
 ):
-    """The plan (one program). The step's work is one line of units: request b owns 1 + tiles_b of them (its new
-    tokens, then its prefix tiles), requests in order; the line is cut into P chunks of ceil(units / P) units, one
+    """The plan (one program). The step's work is one line of units: request b owns R + tiles_b of them (its new
+    tokens, counted as R = request_units, then its prefix tiles), requests in order; the line is cut into P chunks of ceil(units / P) units, one
     per program, so programs are sized by the total work, not per request (a request may span programs, a program
     may hold pieces of several requests). A piece of a request's prefix inside one chunk is an item:
     items[i] = (b, lo, hi, 0), request order, slot i; req[b] = (first item, items) (at most P + B items in all).
@@ -249,19 +250,20 @@ def _plan_kernel(
     mask_b = offs_b < batch
     lens = _prefix_lens_vec(kv_indptr_ptr, prefix_lens_ptr, offs_b, mask_b, USE_INDPTR)
     tiles = (lens + BLOCK_N - 1) // BLOCK_N
-    units = tl.where(mask_b, tiles + 1, 0)
+    units = tl.where(mask_b, tiles + request_units, 0)
     start = tl.cumsum(units, 0) - units  # request b's first unit: its new tokens; its prefix tiles follow
     total = tl.sum(units, 0)
     chunk = tl.maximum((total + num_splits - 1) // num_splits, 1)
-    first_chunk = (start + 1) // chunk  # the chunk of the first prefix tile
+    pre = start + request_units  # request b's first prefix tile
+    first_chunk = pre // chunk  # the chunk of the first prefix tile
     last_chunk = (start + units - 1) // chunk
     n_items = tl.where(tiles > 0, last_chunk - first_chunk + 1, 0)
     first = tl.cumsum(n_items, 0) - n_items
     count = tl.sum(n_items, 0)
     seq_b = first + offs_b  # seq index of request b's new tokens; its items follow
     # item sizes in tiles: the first and the last item of a request may be partial chunks, the rest are full
-    head = tl.minimum(start + units, (first_chunk + 1) * chunk) - (start + 1)
-    tail = (start + units) - tl.maximum(start + 1, last_chunk * chunk)
+    head = tl.minimum(start + units, (first_chunk + 1) * chunk) - pre
+    tail = (start + units) - tl.maximum(pre, last_chunk * chunk)
     head_part = (n_items > 0) & (head < chunk)
     tail_part = (n_items > 1) & (tail < chunk)
     n_full = n_items - head_part.to(tl.int32) - tail_part.to(tl.int32)
@@ -280,15 +282,14 @@ def _plan_kernel(
     tl.store(req_ptr + offs_b * 2, first, mask=mask_b)
     tl.store(req_ptr + offs_b * 2 + 1, n_items, mask=mask_b)
     tl.store(seq_ptr + seq_b, -1 - offs_b, mask=mask_b)
-    tl.store(prog_ptr + start // chunk, seq_b, mask=mask_b & (start % chunk == 0))  # a chunk starting here
     for k0 in range(0, tl.max(n_items, 0), BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask = mask_b[:, None] & (offs_k[None, :] < n_items[:, None])
         c = first_chunk[:, None] + offs_k[None, :]
-        u_lo = tl.maximum(start[:, None] + 1, c * chunk)
+        u_lo = tl.maximum(pre[:, None], c * chunk)
         u_hi = tl.minimum((start + units)[:, None], (c + 1) * chunk)
-        lo = (u_lo - start[:, None] - 1) * BLOCK_N
-        hi = tl.minimum((u_hi - start[:, None] - 1) * BLOCK_N, lens[:, None])
+        lo = (u_lo - pre[:, None]) * BLOCK_N
+        hi = tl.minimum((u_hi - pre[:, None]) * BLOCK_N, lens[:, None])
         item = first[:, None] + offs_k[None, :]
         row = items_ptr + item * 4
         tl.store(row, offs_b[:, None] + offs_k[None, :] * 0, mask=mask)
@@ -296,7 +297,6 @@ def _plan_kernel(
         tl.store(row + 2, hi, mask=mask)
         tl.store(row + 3, item * 0, mask=mask)
         tl.store(seq_ptr + seq_b[:, None] + 1 + offs_k[None, :], item, mask=mask)
-        tl.store(prog_ptr + u_lo // chunk, seq_b[:, None] + 1 + offs_k[None, :], mask=mask & (u_lo % chunk == 0))
         is_head = (offs_k[None, :] == 0) & head_part[:, None]
         is_tail = (offs_k[None, :] == n_items[:, None] - 1) & tail_part[:, None]
         program = tl.where(is_head, total_full + rank_head[:, None],
@@ -310,9 +310,14 @@ def _plan_kernel(
         for col in tl.static_range(4):
             tl.store(items_ptr + offs_i * 4 + col, offs_i * 0, mask=mask_i)
         tl.store(order_ptr + offs_i, offs_i, mask=mask_i)
-    for p0 in range(0, num_splits + 1, BLOCK_I):  # chunks past the line's end (and prog[P]): no pieces
+    # prog[p] = the pieces starting before chunk p: request b's new tokens if start_b < p chunk, and its items of
+    # the chunks before p
+    for p0 in range(0, num_splits + 1, BLOCK_I):
         offs_p = p0 + tl.arange(0, BLOCK_I)
-        tl.store(prog_ptr + offs_p, offs_p * 0 + count + batch, mask=(offs_p <= num_splits) & (offs_p * chunk >= total))
+        edge = offs_p[:, None] * chunk
+        before = ((start[None, :] < edge) & mask_b[None, :]).to(tl.int32) + tl.minimum(
+            tl.maximum(offs_p[:, None] - first_chunk[None, :], 0), n_items[None, :])
+        tl.store(prog_ptr + offs_p, tl.sum(before, 1), mask=offs_p <= num_splits)
 
 
 @triton.jit
@@ -633,6 +638,9 @@ def step_needs_plan(batch: int) -> bool:
     return batch > 1
 
 
+_REQUEST_UNITS = 4  # what a request's new tokens count for in the plan's work line, in prefix tiles (docs/kernels.md)
+
+
 def _launch_plan(workspace: VerifyWorkspace, lens_or_indptr: Tensor, use_indptr: bool, batch: int, block_n: int,
                  num_splits: int) -> VerifyPlan:
     num_items = num_splits + batch
@@ -641,6 +649,7 @@ def _launch_plan(workspace: VerifyWorkspace, lens_or_indptr: Tensor, use_indptr:
                       batch=batch, block_n=block_n, num_splits=num_splits)
     _plan_kernel[(1,)](
         lens_or_indptr, lens_or_indptr, plan.items, plan.req, plan.order, plan.seq, plan.prog, batch, num_splits,
+        _REQUEST_UNITS,
         BLOCK_B=max(2, triton.next_power_of_2(batch)), BLOCK_K=32, BLOCK_I=128, BLOCK_N=block_n,
         USE_INDPTR=use_indptr, num_warps=4,
     )

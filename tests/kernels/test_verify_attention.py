@@ -164,7 +164,8 @@ def check_plan(lens, *, block_n, num_splits, indptr=False):
     items, req, order = plan.items.tolist(), plan.req.tolist(), plan.order.tolist()
     assert len(items) == plan.num_items == num_splits + batch
     tiles = [-(-n // block_n) for n in lens]
-    chunk = max(1, -(-(sum(tiles) + batch) // num_splits))
+    r = va._REQUEST_UNITS
+    chunk = max(1, -(-(sum(tiles) + r * batch) // num_splits))
     nonempty = [i for i, (_, lo, hi, _) in enumerate(items) if hi > lo]
     assert nonempty == list(range(len(nonempty))), "non-empty items first, in request order"
     assert all(it == [0, 0, 0, 0] for it in items[len(nonempty):]), "empty items are (0, 0, 0, 0)"
@@ -185,6 +186,7 @@ def check_plan(lens, *, block_n, num_splits, indptr=False):
     line = []
     for b, n in enumerate(lens):
         line.append(("new", b))
+        line.extend([("cost", b)] * (r - 1))  # the rest of what the new tokens count for: no piece starts there
         line.extend(("tile", b, t) for t in range(tiles[b]))
     seq, prog = plan.seq.tolist(), plan.prog.tolist()
     assert len(prog) == num_splits + 1 and prog[0] == 0 and prog[-1] == len(nonempty) + batch
@@ -195,11 +197,17 @@ def check_plan(lens, *, block_n, num_splits, indptr=False):
         for v in seq[prog[p]:prog[p + 1]]:
             if v < 0:
                 units.append(("new", -1 - v))
+                units.extend([("cost", -1 - v)] * (r - 1))
             else:
                 b, lo, hi, _ = items[v]
                 assert hi > lo, f"program {p} runs the empty item {v}"
                 units.extend(("tile", b, t) for t in range(lo // block_n, -(-hi // block_n)))
-        assert units == line[p * chunk:(p + 1) * chunk], f"program {p}: {units} is not its chunk of the line"
+        # the pieces starting in chunk p (a new-token piece's cost may run on past the chunk's end)
+        mine = line[p * chunk:(p + 1) * chunk]
+        while mine and mine[0][0] == "cost":
+            mine = mine[1:]
+        assert units[:len(mine)] == mine and all(u[0] == "cost" for u in units[len(mine):]), \
+            f"program {p}: {units} is not its chunk of the line"
         ran_units += units
     assert ran_units == line, "the programs do not run the whole line once"
     return plan
@@ -207,7 +215,9 @@ def check_plan(lens, *, block_n, num_splits, indptr=False):
 
 @pytest.mark.parametrize("num_splits", [1, 2, 5, 13, 40])
 @pytest.mark.parametrize("block_n", [16, 128])
-def test_plan_items_cover_every_tile_once(num_splits, block_n):
+@pytest.mark.parametrize("request_units", [1, 4, 9])
+def test_plan_items_cover_every_tile_once(num_splits, block_n, request_units, monkeypatch):
+    monkeypatch.setattr(va, "_REQUEST_UNITS", request_units)
     check_plan([0, 300, 1, 17, 0, 129, 40], block_n=block_n, num_splits=num_splits)
     check_plan([0, 300, 1, 17, 0, 129, 40], block_n=block_n, num_splits=num_splits, indptr=True)
 
