@@ -224,100 +224,57 @@ def _prefix_lens_vec(kv_indptr_ptr, prefix_lens_ptr, offs_b, mask_b, USE_INDPTR:
 
 @triton.jit
 def _plan_kernel(
-    kv_indptr_ptr, prefix_lens_ptr, items_ptr, req_ptr, order_ptr, seq_ptr, prog_ptr,
+    kv_indptr_ptr, prefix_lens_ptr, items_ptr, req_ptr, order_ptr,
     batch,
     num_splits,  # P: prefix programs of one wave per (m-block, KV head)
-    request_units,  # the units a request's new tokens count for (_REQUEST_UNITS)
     BLOCK_B: tl.constexpr,  # pow2 >= batch
     BLOCK_K: tl.constexpr,  # items written per request and step
-    BLOCK_I: tl.constexpr,  # empty items / programs written per step
+    BLOCK_I: tl.constexpr,  # empty items written per step
     BLOCK_N: tl.constexpr,
     USE_INDPTR: tl.constexpr,
 ):
-    """The plan (one program). The step's work is one line of units: request b owns R + tiles_b of them (its new
-    tokens, counted as R = request_units, then its prefix tiles), requests in order; the line is cut into P chunks of ceil(units / P) units, one
-    per program, so programs are sized by the total work, not per request (a request may span programs, a program
-    may hold pieces of several requests). A piece of a request's prefix inside one chunk is an item:
-    items[i] = (b, lo, hi, 0), request order, slot i; req[b] = (first item, items) (at most P + B items in all).
-    Written for the two kernels:
-    - the packed kernels (Gluon MLA): program p runs the pieces seq[prog[p]] .. seq[prog[p + 1] - 1] of its chunk
-      in line order; seq entry v >= 0 is item v, v < 0 request -v - 1's new tokens (slot P + B + b), so the grid
-      is exactly P programs per m-block;
-    - one program per item (Triton): order[p] = the item program p runs: full chunks first, then the partial
-      items largest first, then the empty items (lo = hi = 0, b = 0) up to P + B; the new tokens of request b
-      run as program P + B + b."""
+    """The plan (one program): cut every request's prefix tiles into items of at most `chunk` tiles,
+    chunk = ceil(tiles / P), so there are at most P + B items and no item
+    crosses a request. items[i] = (b, lo, hi, 0) in request order (slot i); req[b] = (first item, items);
+    order[p] = the item program p runs: full items first, then the requests' last partial items by size,
+    largest first, then the empty items (lo = hi = 0, b = 0) up to P + B."""
     offs_b = tl.arange(0, BLOCK_B)
     mask_b = offs_b < batch
     lens = _prefix_lens_vec(kv_indptr_ptr, prefix_lens_ptr, offs_b, mask_b, USE_INDPTR)
     tiles = (lens + BLOCK_N - 1) // BLOCK_N
-    units = tl.where(mask_b, tiles + request_units, 0)
-    start = tl.cumsum(units, 0) - units  # request b's first unit: its new tokens; its prefix tiles follow
-    total = tl.sum(units, 0)
-    chunk = tl.maximum((total + num_splits - 1) // num_splits, 1)
-    pre = start + request_units  # request b's first prefix tile
-    first_chunk = pre // chunk  # the chunk of the first prefix tile
-    last_chunk = (start + units - 1) // chunk
-    n_items = tl.where(tiles > 0, last_chunk - first_chunk + 1, 0)
+    chunk = tl.maximum((tl.sum(tiles, 0) + num_splits - 1) // num_splits, 1)
+    n_items = (tiles + chunk - 1) // chunk
     first = tl.cumsum(n_items, 0) - n_items
     count = tl.sum(n_items, 0)
-    seq_b = first + offs_b  # seq index of request b's new tokens; its items follow
-    # item sizes in tiles: the first and the last item of a request may be partial chunks, the rest are full
-    head = tl.minimum(start + units, (first_chunk + 1) * chunk) - pre
-    tail = (start + units) - tl.maximum(pre, last_chunk * chunk)
-    head_part = (n_items > 0) & (head < chunk)
-    tail_part = (n_items > 1) & (tail < chunk)
-    n_full = n_items - head_part.to(tl.int32) - tail_part.to(tl.int32)
+    n_full = tiles // chunk
+    part = tiles - n_full * chunk  # tiles of the last, partial item (0: none)
     full_first = tl.cumsum(n_full, 0) - n_full
     total_full = tl.sum(n_full, 0)
-    # rank of each partial item by size (largest first; ties: earlier request, then a request's head first)
-    hb, tb = head[:, None], tail[:, None]  # rows: the item ranked
-    hc, tc = head[None, :], tail[None, :]  # columns: the items that may be ahead of it
-    earlier = offs_b[None, :] < offs_b[:, None]
-    same_or_earlier = offs_b[None, :] <= offs_b[:, None]
-    hp, tp = head_part[None, :], tail_part[None, :]
-    rank_head = (tl.sum((hp & ((hc > hb) | ((hc == hb) & earlier))).to(tl.int32), 1)
-                 + tl.sum((tp & ((tc > hb) | ((tc == hb) & earlier))).to(tl.int32), 1))
-    rank_tail = (tl.sum((hp & ((hc > tb) | ((hc == tb) & same_or_earlier))).to(tl.int32), 1)
-                 + tl.sum((tp & ((tc > tb) | ((tc == tb) & earlier))).to(tl.int32), 1))
+    ahead = (part[None, :] > part[:, None]) | ((part[None, :] == part[:, None]) & (offs_b[None, :] < offs_b[:, None]))
+    rank = tl.sum((ahead & (part[None, :] > 0)).to(tl.int32), 1)  # partial items larger (or equal and earlier)
     tl.store(req_ptr + offs_b * 2, first, mask=mask_b)
     tl.store(req_ptr + offs_b * 2 + 1, n_items, mask=mask_b)
-    tl.store(seq_ptr + seq_b, -1 - offs_b, mask=mask_b)
+    max_items = num_splits + batch
     for k0 in range(0, tl.max(n_items, 0), BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask = mask_b[:, None] & (offs_k[None, :] < n_items[:, None])
-        c = first_chunk[:, None] + offs_k[None, :]
-        u_lo = tl.maximum(pre[:, None], c * chunk)
-        u_hi = tl.minimum((start + units)[:, None], (c + 1) * chunk)
-        lo = (u_lo - pre[:, None]) * BLOCK_N
-        hi = tl.minimum((u_hi - pre[:, None]) * BLOCK_N, lens[:, None])
         item = first[:, None] + offs_k[None, :]
+        lo = offs_k[None, :] * (chunk * BLOCK_N)
+        hi = tl.minimum(lo + chunk * BLOCK_N, lens[:, None])
         row = items_ptr + item * 4
         tl.store(row, offs_b[:, None] + offs_k[None, :] * 0, mask=mask)
-        tl.store(row + 1, lo, mask=mask)
+        tl.store(row + 1, lo + offs_b[:, None] * 0, mask=mask)
         tl.store(row + 2, hi, mask=mask)
         tl.store(row + 3, item * 0, mask=mask)
-        tl.store(seq_ptr + seq_b[:, None] + 1 + offs_k[None, :], item, mask=mask)
-        is_head = (offs_k[None, :] == 0) & head_part[:, None]
-        is_tail = (offs_k[None, :] == n_items[:, None] - 1) & tail_part[:, None]
-        program = tl.where(is_head, total_full + rank_head[:, None],
-                           tl.where(is_tail, total_full + rank_tail[:, None],
-                                    full_first[:, None] + offs_k[None, :] - head_part[:, None].to(tl.int32)))
+        program = tl.where(offs_k[None, :] < n_full[:, None], full_first[:, None] + offs_k[None, :],
+                           total_full + rank[:, None])
         tl.store(order_ptr + program, item, mask=mask)
-    max_items = num_splits + batch
     for i0 in range(count, max_items, BLOCK_I):
         offs_i = i0 + tl.arange(0, BLOCK_I)
         mask_i = offs_i < max_items
         for col in tl.static_range(4):
             tl.store(items_ptr + offs_i * 4 + col, offs_i * 0, mask=mask_i)
         tl.store(order_ptr + offs_i, offs_i, mask=mask_i)
-    # prog[p] = the pieces starting before chunk p: request b's new tokens if start_b < p chunk, and its items of
-    # the chunks before p
-    for p0 in range(0, num_splits + 1, BLOCK_I):
-        offs_p = p0 + tl.arange(0, BLOCK_I)
-        edge = offs_p[:, None] * chunk
-        before = ((start[None, :] < edge) & mask_b[None, :]).to(tl.int32) + tl.minimum(
-            tl.maximum(offs_p[:, None] - first_chunk[None, :], 0), n_items[None, :])
-        tl.store(prog_ptr + offs_p, tl.sum(before, 1), mask=offs_p <= num_splits)
 
 
 @triton.jit
@@ -450,9 +407,9 @@ def _verify_merge_kernel(
     """out[b, t, h, dv block] = the request's partials combined by their log2-sum-exps, in one pass: every load of
     a chunk (its log-sum-exps and its partial rows) is issued together and folded into a running (max, sum, acc),
     so a request with <= BLOCK_SC parts costs one round of loads after the slot lookup.
-    PDL: the program may start while the attention kernel still runs; it reads only the call's inputs (prefix
-    lengths, the plan's req, written by a kernel that completed before the attention kernel began) until
-    griddepcontrol.wait returns, i.e. until the attention kernel has completed and its partials are visible."""
+    PDL: the program may start while the attention kernel still runs; until griddepcontrol.wait returns (the
+    attention kernel has completed and its partials are visible) it reads only what kernels before the attention
+    kernel wrote (the prefix lengths, the plan's req)."""
     pid = tl.program_id(0)
     b = pid // (T * NUM_Q_HEADS)
     t = (pid // NUM_Q_HEADS) % T
@@ -517,8 +474,6 @@ class VerifyWorkspace:
     items: Tensor  # [max_splits + max_batch, 4] int32: item i = (b, lo, hi, 0), its partial in slot i
     req: Tensor  # [max_batch, 2] int32: request b's (first item, number of non-empty items)
     order: Tensor  # [max_splits + max_batch] int32: program p of the prefix programs runs item order[p]
-    seq: Tensor  # [max_splits + 2 * max_batch] int32: the pieces of the work line (item, or -1 - b: new tokens)
-    prog: Tensor  # [max_splits + 1] int32: packed program p runs seq[prog[p]] .. seq[prog[p + 1] - 1]
 
     @property
     def max_splits(self) -> int:
@@ -536,8 +491,6 @@ class VerifyPlan:
     items: Tensor  # [num_splits + batch, 4] int32: (b, lo, hi, 0); request order; lo = hi: empty
     req: Tensor  # [batch, 2] int32: (first item, non-empty items) of request b
     order: Tensor  # [num_splits + batch] int32: prefix program p runs item order[p] (largest first)
-    seq: Tensor  # [num_splits + 2 * batch] int32 (first items + batch used): item v >= 0, or -1 - b (new tokens)
-    prog: Tensor  # [num_splits + 1] int32: packed program p runs seq[prog[p]] .. seq[prog[p + 1] - 1]
     batch: int
     block_n: int
     num_splits: int
@@ -626,8 +579,6 @@ def allocate_workspace(
         items=torch.zeros(max_items, 4, device=device, dtype=torch.int32),
         req=torch.zeros(max_batch, 2, device=device, dtype=torch.int32),
         order=torch.zeros(max_items, device=device, dtype=torch.int32),
-        seq=torch.zeros(max_items + max_batch, device=device, dtype=torch.int32),
-        prog=torch.zeros(max_splits + 1, device=device, dtype=torch.int32),
     )
 
 
@@ -638,18 +589,13 @@ def step_needs_plan(batch: int) -> bool:
     return batch > 1
 
 
-_REQUEST_UNITS = 4  # what a request's new tokens count for in the plan's work line, in prefix tiles (docs/kernels.md)
-
-
 def _launch_plan(workspace: VerifyWorkspace, lens_or_indptr: Tensor, use_indptr: bool, batch: int, block_n: int,
                  num_splits: int) -> VerifyPlan:
     num_items = num_splits + batch
     plan = VerifyPlan(items=workspace.items[:num_items], req=workspace.req[:batch], order=workspace.order[:num_items],
-                      seq=workspace.seq[:num_items + batch], prog=workspace.prog[:num_splits + 1],
                       batch=batch, block_n=block_n, num_splits=num_splits)
     _plan_kernel[(1,)](
-        lens_or_indptr, lens_or_indptr, plan.items, plan.req, plan.order, plan.seq, plan.prog, batch, num_splits,
-        _REQUEST_UNITS,
+        lens_or_indptr, lens_or_indptr, plan.items, plan.req, plan.order, batch, num_splits,
         BLOCK_B=max(2, triton.next_power_of_2(batch)), BLOCK_K=32, BLOCK_I=128, BLOCK_N=block_n,
         USE_INDPTR=use_indptr, num_warps=4,
     )
@@ -795,8 +741,9 @@ def merge_tiles(*, dv: int, num_splits: int, batch: int) -> tuple[int, int]:
 def _pdl_supported(device_index: int) -> bool:
     """Whether the merge is launched as a programmatic dependent launch (PDL) of the attention kernel: compiled
     kernels on an sm_90 or newer GPU (griddepcontrol). The attention kernels signal their dependents as they start,
-    so the merge's programs are scheduled onto SMs as the attention programs leave them and wait in
-    griddepcontrol.wait, instead of the merge being launched once the attention kernel has drained."""
+    so the merge is launched early and its programs take SMs as the attention programs leave them, then wait in
+    griddepcontrol.wait, instead of the merge being launched once the attention kernel has drained: 0.3-0.8 us a
+    batch-1 MLA call (run 33, docs/kernels.md item 31)."""
     return (not kernel_is_interpreted() and torch.cuda.is_available()
             and torch.cuda.get_device_capability(device_index)[0] >= 9)
 
@@ -881,8 +828,8 @@ def _mla_sm90_launch(q: Tensor, k_buffer: Tensor, k_new: Tensor, tree_mask: Tens
     global _last_compiled
     _last_compiled = gluon.launch_mla_sm90(
         q=q, kv_buffer=k_buffer, k_new=k_new, tree_mask=tree_mask, indices=kv_indices, kv_indptr=kv_indptr,
-        prefix_lens=prefix_lens, page_table_stride=page_table_stride, items=workspace.items, seq=workspace.seq,
-        prog=workspace.prog, part_out=workspace.part_out, part_lse=workspace.part_lse,
+        prefix_lens=prefix_lens, page_table_stride=page_table_stride, items=workspace.items, order=workspace.order,
+        part_out=workspace.part_out, part_lse=workspace.part_lse,
         num_items=num_splits if single else plan.num_items, sm_scale=sm_scale, page_size=page_size,
         use_indptr=use_indptr, single=single)
     _launch_merge(workspace, out, kv_indptr, prefix_lens, num_splits=num_splits, block_n=gluon.BLOCK_N,

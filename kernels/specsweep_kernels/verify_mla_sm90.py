@@ -48,8 +48,8 @@ _LOG2E = 1.4426950408889634
 
 @gluon.jit
 def _signal_dependents():
-    """griddepcontrol.launch_dependents: the merge (a programmatic dependent launch) may be scheduled onto SMs as
-    this kernel's programs leave them; it waits in griddepcontrol.wait until this kernel has completed."""
+    """griddepcontrol.launch_dependents: the merge (a programmatic dependent launch) may be launched now; its
+    programs take SMs as this kernel's programs leave them and wait in griddepcontrol.wait until it has completed."""
     gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
                               pack=1)
 
@@ -163,60 +163,42 @@ def _online_softmax(s, start, hi, visible, m_i, l_i, qk_scale, s_cols):
 
 
 @gluon.jit
-def _program_pieces(pid_z, prog_ptr, SINGLE: gl.constexpr):
-    """The range [first, end) of pieces program pid_z runs: SINGLE, piece pid_z alone; else the plan's
-    prog[pid_z] .. prog[pid_z + 1] (its chunk of the step's work line, verify_attention._plan_kernel)."""
-    if SINGLE:
-        return pid_z, pid_z + 1
-    else:
-        return gl.load(prog_ptr + pid_z), gl.load(prog_ptr + pid_z + 1)
-
-
-@gluon.jit
-def _piece(k, num_items, items_ptr, seq_ptr, indptr_ptr, lens_ptr, T: gl.constexpr, USE_INDPTR: gl.constexpr,
-           SINGLE: gl.constexpr, ALIGN: gl.constexpr):
-    """What piece k streams: (request b, prefix positions [lo, hi) or, is_new, its T new tokens, the workspace
-    slot its partial goes to). SINGLE (batch 1, no plan): piece k < P is the k-th equal ALIGN-aligned slice of the
-    prefix (the Triton kernel's batch-1 slices, which its merge reads), piece P the new tokens (slot P); else the
-    plan's seq[k]: item v >= 0 (b, lo, hi, -) into slot v, or v = -1 - b, request b's new tokens into slot
-    num_items + b (num_items = P + B)."""
-    if SINGLE:
-        is_new = k >= num_items
+def _program_item(pid_z, num_items, items_ptr, order_ptr, indptr_ptr, lens_ptr, T: gl.constexpr,
+                  USE_INDPTR: gl.constexpr, SINGLE: gl.constexpr, ALIGN: gl.constexpr):
+    """What program pid_z streams: (request b, prefix positions [lo, hi) or, is_new, its T new tokens, the
+    workspace slot its partial goes to). Programs >= num_items do request pid_z - num_items's new tokens; SINGLE
+    (batch 1, no plan): program s < P takes the s-th equal ALIGN-aligned slice of the prefix (the Triton kernel's
+    batch-1 slices, which its merge reads); else the plan's item order[pid_z] (b, lo, hi, -)."""
+    is_new = pid_z >= num_items
+    if is_new:
+        b = pid_z - num_items
+        lo = 0
+        hi = T
+        slot = pid_z
+    elif SINGLE:
         b = 0
-        if is_new:
-            lo = 0
-            hi = T
+        if USE_INDPTR:
+            prefix_len = gl.load(indptr_ptr + 1) - gl.load(indptr_ptr)
         else:
-            if USE_INDPTR:
-                prefix_len = gl.load(indptr_ptr + 1) - gl.load(indptr_ptr)
-            else:
-                prefix_len = gl.load(lens_ptr)
-            per_split = gl.cdiv(gl.cdiv(prefix_len, num_items), ALIGN) * ALIGN
-            lo = gl.minimum(k * per_split, prefix_len)
-            hi = gl.minimum(lo + per_split, prefix_len)
-        slot = k
+            prefix_len = gl.load(lens_ptr)
+        per_split = gl.cdiv(gl.cdiv(prefix_len, num_items), ALIGN) * ALIGN
+        lo = gl.minimum(pid_z * per_split, prefix_len)
+        hi = gl.minimum(lo + per_split, prefix_len)
+        slot = pid_z
     else:
-        v = gl.load(seq_ptr + k)
-        is_new = v < 0
-        if is_new:
-            b = -1 - v
-            lo = 0
-            hi = T
-            slot = num_items + b
-        else:
-            b = gl.load(items_ptr + v * 4)
-            lo = gl.load(items_ptr + v * 4 + 1)
-            hi = gl.load(items_ptr + v * 4 + 2)
-            slot = v
+        slot = gl.load(order_ptr + pid_z)
+        b = gl.load(items_ptr + slot * 4)
+        lo = gl.load(items_ptr + slot * 4 + 1)
+        hi = gl.load(items_ptr + slot * 4 + 2)
     return b, lo, hi, slot, is_new
 
 
 @gluon.jit
 def _mla_verify_sm90_kernel(
-    q_ptr, kv_ptr, k_new_ptr, tree_mask_ptr, indices_ptr, indptr_ptr, lens_ptr, items_ptr, seq_ptr, prog_ptr,
+    q_ptr, kv_ptr, k_new_ptr, tree_mask_ptr, indices_ptr, indptr_ptr, lens_ptr, items_ptr, order_ptr,
     part_out_ptr, part_lse_ptr,
     qk_scale,  # sm_scale * log2(e)
-    num_items,  # P + B: the plan's item slots, b's new tokens in slot num_items + b (SINGLE: P slices, slot P)
+    num_items,  # P + B: the plan's item slots (SINGLE: the P slices); program num_items + b does b's new tokens
     stride_qb, stride_qt, stride_qh,
     stride_kvs,
     stride_knb, stride_knt,
@@ -242,99 +224,97 @@ def _mla_verify_sm90_kernel(
     _signal_dependents()
     pid_m = gl.program_id(0)
     pid_z = gl.program_id(1)
-    # register layouts: S [M, N] and O [M, DV] split over the 2 warpgroups along their columns
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                       instr_shape=[16, BLOCK_N // 2, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                       instr_shape=[16, DV // 2, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    ld_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
-                                               warps_per_cta=[8, 1], order=[1, 0])
-    smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    dtype: gl.constexpr = q_ptr.dtype.element_ty
+    b, lo, hi, slot, is_new = _program_item(pid_z, num_items, items_ptr, order_ptr, indptr_ptr, lens_ptr, T,
+                                            USE_INDPTR, SINGLE, BLOCK_N)
+    if hi > lo:
+        # register layouts: S [M, N] and O [M, DV] split over the 2 warpgroups along their columns
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                           instr_shape=[16, BLOCK_N // 2, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                           instr_shape=[16, DV // 2, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        ld_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
+                                                   warps_per_cta=[8, 1], order=[1, 0])
+        smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        dtype: gl.constexpr = q_ptr.dtype.element_ty
 
-    q_nope = gl.allocate_shared_memory(dtype, [BLOCK_M, DV], smem_layout)
-    q_pe = gl.allocate_shared_memory(dtype, [BLOCK_M, DPE], smem_layout)
-    k_nope = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DV], smem_layout)
-    k_pe = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DPE], smem_layout)
-    first, end = _program_pieces(pid_z, prog_ptr, SINGLE)
-    for k in range(first, end):
-        b, lo, hi, slot, is_new = _piece(k, num_items, items_ptr, seq_ptr, indptr_ptr, lens_ptr, T, USE_INDPTR,
-                                         SINGLE, BLOCK_N)
-        if hi > lo:
-            gl.thread_barrier()  # every warp is done with the previous piece's ring stages and Q
-            cols = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, ld_layout))
-            # Q rows: row r = t * HQ + h of this m-block
-            q_rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ld_layout))
-            idx_base, new_base = _request_setup(q_nope, q_pe, q_ptr, q_rows, cols, b, stride_qb, stride_qt, stride_qh,
-                                                indices_ptr, indptr_ptr, stride_ptb, k_new_ptr, stride_knb, T, HQ,
-                                                USE_INDPTR, CHUNK, DV)
-            kv_rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld_layout))
-            for i in gl.static_range(2):  # tiles 0 (with Q) and 1
-                _load_tile(k_nope.index(i), k_pe.index(i), kv_ptr, new_base, is_new,
-                           _tile_index(idx_base, is_new, lo + i * BLOCK_N, hi, kv_rows, PAGE_SIZE), lo + i * BLOCK_N, hi,
+        q_nope = gl.allocate_shared_memory(dtype, [BLOCK_M, DV], smem_layout)
+        q_pe = gl.allocate_shared_memory(dtype, [BLOCK_M, DPE], smem_layout)
+        k_nope = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DV], smem_layout)
+        k_pe = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DPE], smem_layout)
+
+        cols = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, ld_layout))
+        # Q rows: row r = t * HQ + h of this m-block
+        q_rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ld_layout))
+        idx_base, new_base = _request_setup(q_nope, q_pe, q_ptr, q_rows, cols, b, stride_qb, stride_qt, stride_qh,
+                                            indices_ptr, indptr_ptr, stride_ptb, k_new_ptr, stride_knb, T, HQ,
+                                            USE_INDPTR, CHUNK, DV)
+        kv_rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld_layout))
+        for i in gl.static_range(2):  # tiles 0 (with Q) and 1
+            _load_tile(k_nope.index(i), k_pe.index(i), kv_ptr, new_base, is_new,
+                       _tile_index(idx_base, is_new, lo + i * BLOCK_N, hi, kv_rows, PAGE_SIZE), lo + i * BLOCK_N, hi,
+                       stride_kvs, stride_knt, kv_rows, cols, PAGE_SIZE, CHUNK, DV)
+        idx0 = _tile_index(idx_base, is_new, lo + 2 * BLOCK_N, hi, kv_rows, PAGE_SIZE)  # the next refills' words
+        idx1 = _tile_index(idx_base, is_new, lo + 3 * BLOCK_N, hi, kv_rows, PAGE_SIZE)
+
+        s_rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        s_cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        # the tree mask of the new tokens ([row's token, new token j]); every prefix position is visible
+        visible = _tree_visible(tree_mask_ptr, b, stride_mb, stride_mt, gl.expand_dims(s_rows, 1),
+                                gl.expand_dims(s_cols, 0), is_new, T, HQ)
+        m_i = gl.full([BLOCK_M], -1.0e30, gl.float32, layout=gl.SliceLayout(1, s_layout))
+        acc = gl.zeros([BLOCK_M, DV], gl.float32, layout=o_layout)
+        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+        l_i = gl.sum(gl.reshape(s_zero, [BLOCK_M, 2, BLOCK_N // 2]), axis=2)  # [M, 2]: per-warpgroup row sums
+        n_tiles = gl.cdiv(hi - lo, BLOCK_N)
+        # two tiles per iteration: the second's S is issued before the first's P V, and its softmax runs under it
+        for jj in range(0, n_tiles, 2):
+            start = lo + jj * BLOCK_N
+            async_copy.wait_group(1)  # tile jj (stage 0) has landed for this thread's copies; jj + 1 may be in flight
+            gl.thread_barrier()  # ... and for every thread's
+            fence_async_shared()  # generic-proxy writes before wgmma's async-proxy reads
+            s_tok = warpgroup_mma(q_nope, k_nope.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s_tok = warpgroup_mma(q_pe, k_pe.index(0).permute((1, 0)), s_tok, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
+            p, m_i, alpha, l_i = _online_softmax(s, start, hi, visible, m_i, l_i, qk_scale, s_cols)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            async_copy.wait_group(0)  # tile jj + 1
+            gl.thread_barrier()
+            fence_async_shared()
+            # S of tile jj + 1 first, then P V of tile jj: the softmax of jj + 1 runs while P V of jj is computed
+            s_tok = warpgroup_mma(q_nope, k_nope.index(1).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s_tok = warpgroup_mma(q_pe, k_pe.index(1).permute((1, 0)), s_tok, is_async=True)
+            acc_tok = warpgroup_mma(p_op, k_nope.index(0), acc, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))  # S of jj + 1 done, P V of jj in flight
+            p, m_i, alpha, l_i = _online_softmax(s, start + BLOCK_N, hi, visible, m_i, l_i, qk_scale, s_cols)
+            acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, p_op))  # P V of tile jj
+            more = jj + 2 < n_tiles
+            gl.thread_barrier()  # every warp is done with stage 0
+            if more:  # tile jj + 2 into stage 0
+                _load_tile(k_nope.index(0), k_pe.index(0), kv_ptr, new_base, is_new, idx0, start + 2 * BLOCK_N, hi,
                            stride_kvs, stride_knt, kv_rows, cols, PAGE_SIZE, CHUNK, DV)
-            idx0 = _tile_index(idx_base, is_new, lo + 2 * BLOCK_N, hi, kv_rows, PAGE_SIZE)  # the next refills' words
-            idx1 = _tile_index(idx_base, is_new, lo + 3 * BLOCK_N, hi, kv_rows, PAGE_SIZE)
-
-            s_rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-            s_cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-            # the tree mask of the new tokens ([row's token, new token j]); every prefix position is visible
-            visible = _tree_visible(tree_mask_ptr, b, stride_mb, stride_mt, gl.expand_dims(s_rows, 1),
-                                    gl.expand_dims(s_cols, 0), is_new, T, HQ)
-            m_i = gl.full([BLOCK_M], -1.0e30, gl.float32, layout=gl.SliceLayout(1, s_layout))
-            acc = gl.zeros([BLOCK_M, DV], gl.float32, layout=o_layout)
-            s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-            l_i = gl.sum(gl.reshape(s_zero, [BLOCK_M, 2, BLOCK_N // 2]), axis=2)  # [M, 2]: per-warpgroup row sums
-            n_tiles = gl.cdiv(hi - lo, BLOCK_N)
-            # two tiles per iteration: the second's S is issued before the first's P V, and its softmax runs under it
-            for jj in range(0, n_tiles, 2):
-                start = lo + jj * BLOCK_N
-                async_copy.wait_group(1)  # tile jj (stage 0) has landed for this thread's copies; jj + 1 may be in flight
-                gl.thread_barrier()  # ... and for every thread's
-                fence_async_shared()  # generic-proxy writes before wgmma's async-proxy reads
-                s_tok = warpgroup_mma(q_nope, k_nope.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                s_tok = warpgroup_mma(q_pe, k_pe.index(0).permute((1, 0)), s_tok, is_async=True)
-                s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
-                p, m_i, alpha, l_i = _online_softmax(s, start, hi, visible, m_i, l_i, qk_scale, s_cols)
-                acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-                p_op = gl.convert_layout(p.to(dtype), p_layout)
-                async_copy.wait_group(0)  # tile jj + 1
+                idx0 = _tile_index(idx_base, is_new, start + 4 * BLOCK_N, hi, kv_rows, PAGE_SIZE)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+            acc_tok = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), k_nope.index(1), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok,))  # nothing in flight across iterations
+            if more:  # tile jj + 3 into stage 1 as soon as every warp is done with it: two tiles in flight
                 gl.thread_barrier()
-                fence_async_shared()
-                # S of tile jj + 1 first, then P V of tile jj: the softmax of jj + 1 runs while P V of jj is computed
-                s_tok = warpgroup_mma(q_nope, k_nope.index(1).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                s_tok = warpgroup_mma(q_pe, k_pe.index(1).permute((1, 0)), s_tok, is_async=True)
-                acc_tok = warpgroup_mma(p_op, k_nope.index(0), acc, is_async=True)
-                s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))  # S of jj + 1 done, P V of jj in flight
-                p, m_i, alpha, l_i = _online_softmax(s, start + BLOCK_N, hi, visible, m_i, l_i, qk_scale, s_cols)
-                acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, p_op))  # P V of tile jj
-                more = jj + 2 < n_tiles
-                gl.thread_barrier()  # every warp is done with stage 0
-                if more:  # tile jj + 2 into stage 0
-                    _load_tile(k_nope.index(0), k_pe.index(0), kv_ptr, new_base, is_new, idx0, start + 2 * BLOCK_N, hi,
-                               stride_kvs, stride_knt, kv_rows, cols, PAGE_SIZE, CHUNK, DV)
-                    idx0 = _tile_index(idx_base, is_new, start + 4 * BLOCK_N, hi, kv_rows, PAGE_SIZE)
-                acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-                acc_tok = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), k_nope.index(1), acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok,))  # nothing in flight across iterations
-                if more:  # tile jj + 3 into stage 1 as soon as every warp is done with it: two tiles in flight
-                    gl.thread_barrier()
-                    _load_tile(k_nope.index(1), k_pe.index(1), kv_ptr, new_base, is_new, idx1, start + 3 * BLOCK_N, hi,
-                               stride_kvs, stride_knt, kv_rows, cols, PAGE_SIZE, CHUNK, DV)
-                    idx1 = _tile_index(idx_base, is_new, start + 5 * BLOCK_N, hi, kv_rows, PAGE_SIZE)
+                _load_tile(k_nope.index(1), k_pe.index(1), kv_ptr, new_base, is_new, idx1, start + 3 * BLOCK_N, hi,
+                           stride_kvs, stride_knt, kv_rows, cols, PAGE_SIZE, CHUNK, DV)
+                idx1 = _tile_index(idx_base, is_new, start + 5 * BLOCK_N, hi, kv_rows, PAGE_SIZE)
 
-            l_i = gl.convert_layout(gl.sum(l_i, axis=1), gl.SliceLayout(1, s_layout))
-            o_rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
-            o_cols = gl.arange(0, DV, layout=gl.SliceLayout(0, o_layout))
-            _store_partial(part_out_ptr, part_lse_ptr, slot, acc, l_i, m_i, gl.expand_dims(o_rows, 1),
-                           gl.expand_dims(o_cols, 0), s_rows, stride_pos, stride_pot, stride_poh, stride_pls, stride_plt,
-                           T, HQ, 0)
+        l_i = gl.convert_layout(gl.sum(l_i, axis=1), gl.SliceLayout(1, s_layout))
+        o_rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+        o_cols = gl.arange(0, DV, layout=gl.SliceLayout(0, o_layout))
+        _store_partial(part_out_ptr, part_lse_ptr, slot, acc, l_i, m_i, gl.expand_dims(o_rows, 1),
+                       gl.expand_dims(o_cols, 0), s_rows, stride_pos, stride_pot, stride_poh, stride_pls, stride_plt,
+                       T, HQ, 0)
 
 
 @gluon.jit
 def _mla_verify_sm90_narrow_kernel(
-    q_ptr, kv_ptr, k_new_ptr, tree_mask_ptr, indices_ptr, indptr_ptr, lens_ptr, items_ptr, seq_ptr, prog_ptr,
+    q_ptr, kv_ptr, k_new_ptr, tree_mask_ptr, indices_ptr, indptr_ptr, lens_ptr, items_ptr, order_ptr,
     part_out_ptr, part_lse_ptr,
     qk_scale, num_items,
     stride_qb, stride_qt, stride_qh,
@@ -371,84 +351,82 @@ def _mla_verify_sm90_narrow_kernel(
     gl.static_assert(T * HQ <= BLOCK_R, "one m-block holds every row")
     _signal_dependents()
     pid_z = gl.program_id(1)
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                       instr_shape=[16, BLOCK_R // 2, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
-                                                       instr_shape=[16, BLOCK_R, 16])
-    ld_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
-                                               warps_per_cta=[8, 1], order=[1, 0])
-    q_ld_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8 * BLOCK_R // 32], threads_per_warp=[4, 8],
-                                                 warps_per_cta=[BLOCK_R // 4, 32 // BLOCK_R], order=[1, 0])
-    smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    dtype: gl.constexpr = q_ptr.dtype.element_ty
+    b, lo, hi, slot, is_new = _program_item(pid_z, num_items, items_ptr, order_ptr, indptr_ptr, lens_ptr, T,
+                                            USE_INDPTR, SINGLE, BLOCK_N)
+    if hi > lo:
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                           instr_shape=[16, BLOCK_R // 2, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+                                                           instr_shape=[16, BLOCK_R, 16])
+        ld_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
+                                                   warps_per_cta=[8, 1], order=[1, 0])
+        q_ld_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8 * BLOCK_R // 32], threads_per_warp=[4, 8],
+                                                     warps_per_cta=[BLOCK_R // 4, 32 // BLOCK_R], order=[1, 0])
+        smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        dtype: gl.constexpr = q_ptr.dtype.element_ty
 
-    q_nope = gl.allocate_shared_memory(dtype, [BLOCK_R, DV], smem_layout)
-    q_pe = gl.allocate_shared_memory(dtype, [BLOCK_R, DPE], smem_layout)
-    k_nope = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DV], smem_layout)
-    k_pe = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DPE], smem_layout)
-    p_smem = gl.allocate_shared_memory(dtype, [BLOCK_R, BLOCK_N], smem_layout)
-    first, end = _program_pieces(pid_z, prog_ptr, SINGLE)
-    for k in range(first, end):
-        b, lo, hi, slot, is_new = _piece(k, num_items, items_ptr, seq_ptr, indptr_ptr, lens_ptr, T, USE_INDPTR,
-                                         SINGLE, BLOCK_N)
-        if hi > lo:
-            gl.thread_barrier()  # every warp is done with the previous piece's ring stages, P^T and Q
-            q_cols = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, q_ld_layout))
-            q_rows = gl.arange(0, BLOCK_R, layout=gl.SliceLayout(1, q_ld_layout))
-            idx_base, new_base = _request_setup(q_nope, q_pe, q_ptr, q_rows, q_cols, b, stride_qb, stride_qt, stride_qh,
-                                                indices_ptr, indptr_ptr, stride_ptb, k_new_ptr, stride_knb, T, HQ,
-                                                USE_INDPTR, CHUNK, DV)
-            cols = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, ld_layout))
-            kv_rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld_layout))
-            for i in gl.static_range(2):  # tiles 0 (with Q) and 1
-                _load_tile(k_nope.index(i), k_pe.index(i), kv_ptr, new_base, is_new,
-                           _tile_index(idx_base, is_new, lo + i * BLOCK_N, hi, kv_rows, PAGE_SIZE), lo + i * BLOCK_N, hi,
-                           stride_kvs, stride_knt, kv_rows, cols, PAGE_SIZE, CHUNK, DV)
+        q_nope = gl.allocate_shared_memory(dtype, [BLOCK_R, DV], smem_layout)
+        q_pe = gl.allocate_shared_memory(dtype, [BLOCK_R, DPE], smem_layout)
+        k_nope = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DV], smem_layout)
+        k_pe = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DPE], smem_layout)
+        p_smem = gl.allocate_shared_memory(dtype, [BLOCK_R, BLOCK_N], smem_layout)
 
-            keys = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
-            r_cols = gl.arange(0, BLOCK_R, layout=gl.SliceLayout(0, s_layout))
-            # the tree mask of the new tokens: S^T[key j, row r] needs tree_mask[b, token of r, j]
-            visible = _tree_visible(tree_mask_ptr, b, stride_mb, stride_mt, gl.expand_dims(r_cols, 0),
-                                    gl.expand_dims(keys, 1), is_new, T, HQ)
-            m_i = gl.full([BLOCK_R], -1.0e30, gl.float32, layout=gl.SliceLayout(0, s_layout))
-            s_zero = gl.zeros([BLOCK_N, BLOCK_R], gl.float32, layout=s_layout)
-            l_acc = gl.zeros([BLOCK_N, BLOCK_R], gl.float32, layout=s_layout)  # per-thread sums, reduced at the end
-            acc = gl.zeros([DV, BLOCK_R], gl.float32, layout=o_layout)
-            n_tiles = gl.cdiv(hi - lo, BLOCK_N)
-            for j in range(0, n_tiles):
-                stage = j % 2
-                start = lo + j * BLOCK_N
-                async_copy.wait_group(1)  # tile j has landed for this thread's copies; tile j + 1 may be in flight
-                gl.thread_barrier()  # ... and for every thread's
-                fence_async_shared()
-                s_tok = warpgroup_mma(k_nope.index(stage), q_nope.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                s_tok = warpgroup_mma(k_pe.index(stage), q_pe.permute((1, 0)), s_tok, is_async=True)
-                s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
-                s = gl.where(gl.expand_dims(start + keys < hi, 1) & visible, s, float("-inf"))
-                m_new = gl.maximum(m_i, gl.max(s, axis=0) * qk_scale)
-                alpha = gl.exp2(m_i - m_new)
-                p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 0))
-                l_acc = l_acc * gl.expand_dims(alpha, 0) + p
-                m_i = m_new
-                p_smem.store(gl.permute(p.to(dtype), (1, 0)))
-                fence_async_shared()  # generic-proxy stores before wgmma's async-proxy reads
-                gl.thread_barrier()  # every warp's keys of P^T are in
-                acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(0, o_layout)), 0)
-                acc_tok = warpgroup_mma(k_nope.index(stage).permute((1, 0)), p_smem.permute((1, 0)), acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok,))
-                gl.thread_barrier()  # every warp is done with this stage and with P^T
-                # the words are loaded here, not a tile ahead as in the 64-row kernel: ahead was 9-15% slower on the
-                # ragged T = 1 rows (page 16, run 29)
-                _load_tile(k_nope.index(stage), k_pe.index(stage), kv_ptr, new_base, is_new,
-                           _tile_index(idx_base, is_new, start + 2 * BLOCK_N, hi, kv_rows, PAGE_SIZE), start + 2 * BLOCK_N,
-                           hi, stride_kvs, stride_knt, kv_rows, cols, PAGE_SIZE, CHUNK, DV)
-            async_copy.wait_group(0)  # the masked refills past the end
+        q_cols = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, q_ld_layout))
+        q_rows = gl.arange(0, BLOCK_R, layout=gl.SliceLayout(1, q_ld_layout))
+        idx_base, new_base = _request_setup(q_nope, q_pe, q_ptr, q_rows, q_cols, b, stride_qb, stride_qt, stride_qh,
+                                            indices_ptr, indptr_ptr, stride_ptb, k_new_ptr, stride_knb, T, HQ,
+                                            USE_INDPTR, CHUNK, DV)
+        cols = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, ld_layout))
+        kv_rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld_layout))
+        for i in gl.static_range(2):  # tiles 0 (with Q) and 1
+            _load_tile(k_nope.index(i), k_pe.index(i), kv_ptr, new_base, is_new,
+                       _tile_index(idx_base, is_new, lo + i * BLOCK_N, hi, kv_rows, PAGE_SIZE), lo + i * BLOCK_N, hi,
+                       stride_kvs, stride_knt, kv_rows, cols, PAGE_SIZE, CHUNK, DV)
 
-            o_rows = gl.arange(0, BLOCK_R, layout=gl.SliceLayout(0, o_layout))
-            o_dims = gl.arange(0, DV, layout=gl.SliceLayout(1, o_layout))
-            _store_partial(part_out_ptr, part_lse_ptr, slot, acc, gl.sum(l_acc, axis=0), m_i, gl.expand_dims(o_rows, 0),
-                           gl.expand_dims(o_dims, 1), r_cols, stride_pos, stride_pot, stride_poh, stride_pls, stride_plt,
-                           T, HQ, 1)
+        keys = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
+        r_cols = gl.arange(0, BLOCK_R, layout=gl.SliceLayout(0, s_layout))
+        # the tree mask of the new tokens: S^T[key j, row r] needs tree_mask[b, token of r, j]
+        visible = _tree_visible(tree_mask_ptr, b, stride_mb, stride_mt, gl.expand_dims(r_cols, 0),
+                                gl.expand_dims(keys, 1), is_new, T, HQ)
+        m_i = gl.full([BLOCK_R], -1.0e30, gl.float32, layout=gl.SliceLayout(0, s_layout))
+        s_zero = gl.zeros([BLOCK_N, BLOCK_R], gl.float32, layout=s_layout)
+        l_acc = gl.zeros([BLOCK_N, BLOCK_R], gl.float32, layout=s_layout)  # per-thread sums, reduced at the end
+        acc = gl.zeros([DV, BLOCK_R], gl.float32, layout=o_layout)
+        n_tiles = gl.cdiv(hi - lo, BLOCK_N)
+        for j in range(0, n_tiles):
+            stage = j % 2
+            start = lo + j * BLOCK_N
+            async_copy.wait_group(1)  # tile j has landed for this thread's copies; tile j + 1 may be in flight
+            gl.thread_barrier()  # ... and for every thread's
+            fence_async_shared()
+            s_tok = warpgroup_mma(k_nope.index(stage), q_nope.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s_tok = warpgroup_mma(k_pe.index(stage), q_pe.permute((1, 0)), s_tok, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
+            s = gl.where(gl.expand_dims(start + keys < hi, 1) & visible, s, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, axis=0) * qk_scale)
+            alpha = gl.exp2(m_i - m_new)
+            p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 0))
+            l_acc = l_acc * gl.expand_dims(alpha, 0) + p
+            m_i = m_new
+            p_smem.store(gl.permute(p.to(dtype), (1, 0)))
+            fence_async_shared()  # generic-proxy stores before wgmma's async-proxy reads
+            gl.thread_barrier()  # every warp's keys of P^T are in
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(0, o_layout)), 0)
+            acc_tok = warpgroup_mma(k_nope.index(stage).permute((1, 0)), p_smem.permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok,))
+            gl.thread_barrier()  # every warp is done with this stage and with P^T
+            # the words are loaded here, not a tile ahead as in the 64-row kernel: ahead was 9-15% slower on the
+            # ragged T = 1 rows (page 16, run 29)
+            _load_tile(k_nope.index(stage), k_pe.index(stage), kv_ptr, new_base, is_new,
+                       _tile_index(idx_base, is_new, start + 2 * BLOCK_N, hi, kv_rows, PAGE_SIZE), start + 2 * BLOCK_N,
+                       hi, stride_kvs, stride_knt, kv_rows, cols, PAGE_SIZE, CHUNK, DV)
+        async_copy.wait_group(0)  # the masked refills past the end
+
+        o_rows = gl.arange(0, BLOCK_R, layout=gl.SliceLayout(0, o_layout))
+        o_dims = gl.arange(0, DV, layout=gl.SliceLayout(1, o_layout))
+        _store_partial(part_out_ptr, part_lse_ptr, slot, acc, gl.sum(l_acc, axis=0), m_i, gl.expand_dims(o_rows, 0),
+                       gl.expand_dims(o_dims, 1), r_cols, stride_pos, stride_pot, stride_poh, stride_pls, stride_plt,
+                       T, HQ, 1)
 
 
 def mla_sm90_supported(q: torch.Tensor, *, v_is_k: bool, dk: int, dv: int) -> bool:
@@ -458,24 +436,21 @@ def mla_sm90_supported(q: torch.Tensor, *, v_is_k: bool, dk: int, dv: int) -> bo
 
 
 def launch_mla_sm90(*, q, kv_buffer, k_new, tree_mask, indices, kv_indptr, prefix_lens, page_table_stride: int,
-                    items, seq, prog, part_out, part_lse, num_items: int, sm_scale: float, page_size: int,
+                    items, order, part_out, part_lse, num_items: int, sm_scale: float, page_size: int,
                     use_indptr: bool, single: bool = False):
-    """One launch over (m-blocks, programs). From a plan (verify_attention.plan_verify): P = num_items - B
-    programs per m-block, program p running the pieces seq[prog[p]] .. seq[prog[p + 1] - 1] of its chunk of the
-    step's work (items into their slots, a request's new tokens into slot num_items + b); single (batch 1, no plan):
-    num_items = P equal slices of the prefix in slots 0..P-1 and one program for the new tokens, slot P (items /
-    seq / prog not read). q [B, T, Hq, 576], kv_buffer [slots, 1, 576], k_new [B, T, 1, 576], tree_mask [B, T, T]
+    """One launch over (m-blocks, num_items + B): the plan's items (program p runs item order[p]), then each
+    request's new tokens; single (batch 1, no plan): num_items = P equal slices of the prefix in slots 0..P-1, the
+    new tokens in slot P. q [B, T, Hq, 576], kv_buffer [slots, 1, 576], k_new [B, T, 1, 576], tree_mask [B, T, T]
     uint8, indices: kv_indices (use_indptr) or the page table; part_out / part_lse: the workspace's partials.
     Returns the compiled kernel."""
     batch, num_tokens, num_q_heads, _ = q.shape
     rows = num_tokens * num_q_heads
-    programs = num_items + 1 if single else num_items - batch
     if rows <= NARROW_MAX_ROWS:  # S^T / O^T: the keys fill wgmma's 64-row side (one m-block: grid dim 0 is 1)
         kernel, m_blocks, shape = _mla_verify_sm90_narrow_kernel, 1, dict(BLOCK_R=16 if rows <= 16 else 32)
     else:
         kernel, m_blocks, shape = _mla_verify_sm90_kernel, triton.cdiv(rows, BLOCK_M), dict(BLOCK_M=BLOCK_M)
-    return kernel[(m_blocks, programs)](
-        q, kv_buffer, k_new, tree_mask, indices, kv_indptr, prefix_lens, items, seq, prog, part_out, part_lse,
+    return kernel[(m_blocks, num_items + batch)](
+        q, kv_buffer, k_new, tree_mask, indices, kv_indptr, prefix_lens, items, order, part_out, part_lse,
         sm_scale * _LOG2E,
         num_items,
         q.stride(0), q.stride(1), q.stride(2),

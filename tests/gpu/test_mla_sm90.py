@@ -23,18 +23,6 @@ def items_for(prefix_lens: list[int], per_item: int) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.int32, device="cuda")
 
 
-def packed_programs(num_items: int, batch: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(seq, prog) for num_items - batch programs: every item (the empty one too) and every request's new tokens
-    (-1 - b) in a random order, cut at random points, so programs run 0, 1 or several pieces of any kind."""
-    gen = torch.Generator().manual_seed(seed)
-    pieces = list(range(num_items)) + [-1 - b for b in range(batch)]
-    seq = [pieces[i] for i in torch.randperm(len(pieces), generator=gen).tolist()]
-    programs = num_items - batch
-    cuts = sorted(torch.randint(0, len(seq) + 1, (programs - 1,), generator=gen).tolist())
-    prog = [0, *cuts, len(seq)]
-    return (torch.tensor(seq, dtype=torch.int32, device="cuda"), torch.tensor(prog, dtype=torch.int32, device="cuda"))
-
-
 def softmax_truth(q, keys, sm_scale, visible=None):
     """fp32 softmax(q keys^T) V and log2-sum-exp; q [T, Hq, 576], keys [n, 576], visible [T, n] or None."""
     s = torch.einsum("thd,nd->thn", q.float(), keys.float()) * sm_scale
@@ -67,10 +55,10 @@ def test_partials_match_fp32_truth(num_q_heads, num_tokens, page_size, indptr):
     else:
         indices, lens_or_indptr, table_stride, ps = (addressing["page_table"], addressing["prefix_lens"],
                                                      addressing["page_table"].stride(0), page_size)
-    seq, prog = packed_programs(num_items, batch, seed=num_q_heads + num_tokens)
+    order = torch.randperm(num_items, device="cuda").int()  # programs may run items in any order
     launch_mla_sm90(q=t["q"], kv_buffer=t["k_buffer"], k_new=t["k_new"], tree_mask=t["tree_mask"].view(torch.uint8),
                     indices=indices, kv_indptr=lens_or_indptr, prefix_lens=lens_or_indptr,
-                    page_table_stride=table_stride, items=items, seq=seq, prog=prog, part_out=part_out,
+                    page_table_stride=table_stride, items=items, order=order, part_out=part_out,
                     part_lse=part_lse, num_items=num_items, sm_scale=problem.sm_scale, page_size=ps,
                     use_indptr=indptr)
     torch.cuda.synchronize()
@@ -111,10 +99,10 @@ def test_batch_one_slices_match_fp32_truth(prefix_len, num_splits, indptr, num_q
     else:
         indices, lens, table_stride, ps = (addressing["page_table"], addressing["prefix_lens"],
                                            addressing["page_table"].stride(0), page_size)
-    unused = torch.zeros(num_splits + 1, 4, dtype=torch.int32, device="cuda")  # items / seq / prog: not read
+    unused = torch.zeros(num_splits + 1, 4, dtype=torch.int32, device="cuda")  # items / order: not read
     launch_mla_sm90(q=t["q"], kv_buffer=t["k_buffer"], k_new=t["k_new"], tree_mask=t["tree_mask"].view(torch.uint8),
                     indices=indices, kv_indptr=lens, prefix_lens=lens, page_table_stride=table_stride,
-                    items=unused, seq=unused[:, 0], prog=unused[:, 1], part_out=part_out, part_lse=part_lse, num_items=num_splits,
+                    items=unused, order=unused[:, 0], part_out=part_out, part_lse=part_lse, num_items=num_splits,
                     sm_scale=problem.sm_scale, page_size=ps, use_indptr=indptr, single=True)
     torch.cuda.synchronize()
     slots = prefix_slots(batch=1, **addressing)[0]
