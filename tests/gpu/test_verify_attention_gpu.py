@@ -170,3 +170,49 @@ def test_cuda_graph_batch_one_slices():
         ref = verify_attention_reference(**args, **addressing, v_head_dim=MLA_16.v_head_dim)
         assert not out.isnan().any()
         assert rel_err(out, ref) < BF16_TOL, f"replay at prefix {n}: {rel_err(out, ref):.2e}"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="programmatic dependent launch needs sm_90 or newer")
+@pytest.mark.parametrize("layout,prefix_lens", [(MLA_16, [70_001]), (MLA_16, [5000, 64, 0, 1300]),
+                                                (GQA_32_8, [5000, 64, 0, 1300])], ids=["mla-b1", "mla-b4", "gqa-b4"])
+def test_merge_as_dependent_launch_equals_normal_launch(layout, prefix_lens, monkeypatch):
+    """On sm_90+ the merge is a programmatic dependent launch (PDL) of the attention kernel, its programs started
+    before the attention kernel ends and held in griddepcontrol.wait: replayed from a CUDA graph while the inputs
+    change, it gives the same output bit for bit as normal launches (a merge reading partials before they are
+    written would differ)."""
+    from specsweep_kernels import verify_attention as va
+
+    assert va._pdl_supported(torch.cuda.current_device())
+    problem = make_problem(layout=layout, prefix_lens=prefix_lens, num_tokens=3, page_size=16,
+                           dtype=torch.bfloat16, device="cuda", tree="random", seed=77)
+    args, addressing = problem.attention_args(), problem.table_args()
+    b, t, hq, _ = args["q"].shape
+    ws = allocate_workspace(max_batch=b, max_tokens=t, num_q_heads=hq, v_head_dim=layout.v_head_dim, device="cuda")
+    outs = {}
+    for pdl in (True, False):
+        if not pdl:
+            monkeypatch.setattr(va, "_pdl_supported", lambda index: False)
+        out = problem.new_out()
+        verify_attention(**args, **addressing, out=out, workspace=ws)  # compile outside the capture
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+            verify_attention(**args, **addressing, out=out, workspace=ws)
+        torch.cuda.current_stream().wait_stream(stream)
+        gen = torch.Generator(device="cuda").manual_seed(3)
+        results = []
+        for _ in range(3):
+            args["q"].copy_(torch.randn(args["q"].shape, generator=gen, device="cuda"))
+            out.fill_(float("nan"))
+            ws.part_out.fill_(float("nan"))  # a merge that ran early would read these
+            graph.replay()
+            torch.cuda.synchronize()
+            results.append(out.clone())
+        outs[pdl] = results
+    for with_pdl, without in zip(outs[True], outs[False]):
+        assert not with_pdl.isnan().any()
+        assert torch.equal(with_pdl, without)
+    ref = verify_attention_reference(**args, **addressing, v_head_dim=layout.v_head_dim)
+    assert rel_err(outs[True][-1], ref) < BF16_TOL

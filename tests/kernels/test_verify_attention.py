@@ -44,6 +44,17 @@ def test_runs_through_interpreter_on_cpu():
     assert DEVICE == "cuda" or kernel_is_interpreted(), "on CPU the kernel must run in Triton's interpreter"
 
 
+def test_dependent_launch_only_where_compiled_for_sm90():
+    """The merge is a programmatic dependent launch only for compiled kernels on sm_90+ (griddepcontrol is PTX of
+    sm_90; the interpreter has no inline PTX): never under the interpreter, and the kernels then take PDL=False."""
+    from specsweep_kernels import verify_attention as va
+
+    if kernel_is_interpreted():
+        assert not va._pdl_supported(0)
+    else:
+        assert va._pdl_supported(0) == (torch.cuda.get_device_capability(0)[0] >= 9)
+
+
 @pytest.mark.parametrize("layout", [GQA, MHA, MLA_SMALL], ids=["gqa4-2", "mha", "mla-small"])
 @pytest.mark.parametrize("page_size", [1, 16, 64])
 @pytest.mark.parametrize("num_tokens,tree", [(1, "chain"), (5, "random"), (8, "chain")])
