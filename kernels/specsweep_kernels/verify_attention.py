@@ -816,8 +816,12 @@ def _mla_sm90_launch(q: Tensor, k_buffer: Tensor, k_new: Tensor, tree_mask: Tens
     config = VerifyConfig(gluon.BLOCK_M, gluon.BLOCK_N, 8, 2)
     m_blocks = triton.cdiv(num_tokens * num_q_heads, gluon.BLOCK_M)
     if num_splits is None:
-        num_splits = _num_splits(num_kv_heads=1, m_blocks=m_blocks, slots=_device_limits(_device_index(q.device))[1],
-                                 max_splits=workspace.max_splits)
+        slots = _device_limits(_device_index(q.device))[1]
+        num_splits = _num_splits(num_kv_heads=1, m_blocks=m_blocks, slots=slots, max_splits=workspace.max_splits)
+        if not step_needs_plan(batch) and m_blocks <= 2 and m_blocks * (num_splits + 1) > slots and num_splits > 1:
+            # batch 1: one prefix program fewer so that the new-token program(s) run in the first wave (0.1-1.0 us
+            # a call, run 33; with more m-blocks the lost prefix share costs more than the wave, docs/kernels.md)
+            num_splits -= 1
     _check_plan(plan, workspace, batch=batch, block_n=gluon.BLOCK_N, num_splits=num_splits)
     if not launch:
         return config, num_splits

@@ -19,7 +19,8 @@ for the new tokens k_new under the tree mask) through a two-stage shared-memory 
   the products swapped so that a tile's 64 keys fill wgmma's 64-row side instead of 16 rows padded to 64
   (S^T = K Q^T, O^T = V^T P^T; item 27).
 Both write the normalised fp32 partial and log2-sum-exp of each item to the item's workspace slot and of each
-request's new tokens to slot P + B + b, the layout verify_attention's merge reads. The portable Triton kernel
+request's new tokens to slot P + B + b, the layout verify_attention's merge reads; both signal the merge, a
+programmatic dependent launch, as they start (_signal_dependents; docs/kernels.md item 31). The portable Triton kernel
 (verify_attention.py) stays the path for GQA, for sm_120 and other GPUs, and for fp32.
 """
 from __future__ import annotations
