@@ -1,4 +1,6 @@
 """verify_attention on a CUDA GPU in bf16: fresh random inputs, NaN-poisoned outputs, fp32 reference; graph replay."""
+import functools
+
 import pytest
 import torch
 
@@ -14,6 +16,18 @@ BF16_TOL = 1e-2
 
 def rel_err(out, ref):
     return ((out.float() - ref).norm() / ref.norm()).item()
+
+
+def captured(fn) -> torch.cuda.CUDAGraph:
+    """fn run once (it compiles outside the capture), then captured into a CUDA graph on a side stream."""
+    fn()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    return graph
 
 
 def run_and_check(problem, *, indptr=False, seed_offset=0, impl="auto"):
@@ -118,13 +132,7 @@ def test_cuda_graph_capture_and_replay(layout, planned):
         for layer_args, out in layers:
             verify_attention(**layer_args, **addressing, out=out, workspace=ws, plan=plan)
 
-    step()  # compile outside the capture
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
+    graph = captured(step)
     for lens_now in ([1000, 4000], [2345, 8191], [1, 7000], [0, 8000], [6000, 0]):
         lens.copy_(torch.tensor(lens_now, dtype=torch.int32))
         for layer_args, out in layers:
@@ -154,13 +162,7 @@ def test_cuda_graph_batch_one_slices():
     ws = allocate_workspace(max_batch=1, max_tokens=num_tokens, num_q_heads=MLA_16.num_q_heads,
                             v_head_dim=MLA_16.v_head_dim, device="cuda")
     out = problem.new_out()
-    verify_attention(**args, **addressing, out=out, workspace=ws)  # compile outside the capture
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        verify_attention(**args, **addressing, out=out, workspace=ws)
-    torch.cuda.current_stream().wait_stream(stream)
+    graph = captured(lambda: verify_attention(**args, **addressing, out=out, workspace=ws))
     for n in (1000, 30_000, 1, 0, 64, 12_345):
         lens.fill_(n)
         args["q"].copy_(torch.randn_like(args["q"]))
@@ -194,13 +196,7 @@ def test_merge_as_dependent_launch_equals_normal_launch(layout, prefix_lens, mon
         if not pdl:
             monkeypatch.setattr(va, "_pdl_supported", lambda index: False)
         out = problem.new_out()
-        verify_attention(**args, **addressing, out=out, workspace=ws)  # compile outside the capture
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-            verify_attention(**args, **addressing, out=out, workspace=ws)
-        torch.cuda.current_stream().wait_stream(stream)
+        graph = captured(functools.partial(verify_attention, **args, **addressing, out=out, workspace=ws))
         gen = torch.Generator(device="cuda").manual_seed(3)
         results = []
         for _ in range(3):
