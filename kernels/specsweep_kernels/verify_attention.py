@@ -561,6 +561,17 @@ def _num_splits(*, num_kv_heads: int, m_blocks: int, slots: int, max_splits: int
     return max(1, min(max_splits, slots // (num_kv_heads * m_blocks)))
 
 
+def _gluon_num_splits(*, m_blocks: int, batch: int, slots: int, max_splits: int) -> int:
+    """Prefix programs per m-block of the Gluon MLA kernels (one program per SM): one wave, as _num_splits, except
+    that at batch 1 with <= 2 m-blocks one prefix program fewer lets the new-token program(s) run in the first wave
+    (0.1-1.0 us a call, run 33; with more m-blocks the lost prefix share costs more than the wave: 128 heads T = 16,
+    P 4 -> 3, 335 -> 442 us; docs/kernels.md, runs 33-37)."""
+    num_splits = _num_splits(num_kv_heads=1, m_blocks=m_blocks, slots=slots, max_splits=max_splits)
+    if not step_needs_plan(batch) and m_blocks <= 2 and m_blocks * (num_splits + 1) > slots and num_splits > 1:
+        num_splits -= 1
+    return num_splits
+
+
 def allocate_workspace(
     *, max_batch: int, max_tokens: int, num_q_heads: int, v_head_dim: int, device: torch.device | str,
     max_splits: int | None = None,
@@ -816,12 +827,8 @@ def _mla_sm90_launch(q: Tensor, k_buffer: Tensor, k_new: Tensor, tree_mask: Tens
     config = VerifyConfig(gluon.BLOCK_M, gluon.BLOCK_N, 8, 2)
     m_blocks = triton.cdiv(num_tokens * num_q_heads, gluon.BLOCK_M)
     if num_splits is None:
-        slots = _device_limits(_device_index(q.device))[1]
-        num_splits = _num_splits(num_kv_heads=1, m_blocks=m_blocks, slots=slots, max_splits=workspace.max_splits)
-        if not step_needs_plan(batch) and m_blocks <= 2 and m_blocks * (num_splits + 1) > slots and num_splits > 1:
-            # batch 1: one prefix program fewer so that the new-token program(s) run in the first wave (0.1-1.0 us
-            # a call, run 33; with more m-blocks the lost prefix share costs more than the wave, docs/kernels.md)
-            num_splits -= 1
+        num_splits = _gluon_num_splits(m_blocks=m_blocks, batch=batch, slots=_device_limits(_device_index(q.device))[1],
+                                       max_splits=workspace.max_splits)
     _check_plan(plan, workspace, batch=batch, block_n=gluon.BLOCK_N, num_splits=num_splits)
     if not launch:
         return config, num_splits

@@ -44,6 +44,20 @@ def test_runs_through_interpreter_on_cpu():
     assert DEVICE == "cuda" or kernel_is_interpreted(), "on CPU the kernel must run in Triton's interpreter"
 
 
+@pytest.mark.parametrize("m_blocks,batch,max_splits,expected", [
+    (1, 1, 528, 131),  # 16 heads T <= 2: the new-token program joins the first wave
+    (2, 1, 528, 65),  # 128 heads T = 1: 2 x (65 + 1) = 132
+    (4, 1, 528, 33),  # 16 heads T = 16: P - 1 would cost 1/33 of the prefix share; the second wave stays
+    (32, 1, 528, 4),  # 128 heads T = 16
+    (1, 4, 528, 132),  # batches run from a plan: one wave of items, unchanged
+    (1, 1, 100, 100),  # a small workspace caps P; then everything fits in one wave anyway
+    (1, 1, 1, 1),
+])
+def test_gluon_split_count(m_blocks, batch, max_splits, expected):
+    """The Gluon MLA kernels' prefix programs per m-block on a 132-SM GPU (one 164-220 KB program per SM)."""
+    assert va._gluon_num_splits(m_blocks=m_blocks, batch=batch, slots=132, max_splits=max_splits) == expected
+
+
 def test_dependent_launch_only_where_compiled_for_sm90():
     """The merge is a programmatic dependent launch only for compiled kernels on sm_90+ (griddepcontrol is PTX of
     sm_90; the interpreter has no inline PTX): never under the interpreter, and the kernels then take PDL=False."""
