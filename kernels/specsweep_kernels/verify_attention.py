@@ -753,8 +753,8 @@ def _pdl_supported(device_index: int) -> bool:
     """Whether the merge is launched as a programmatic dependent launch (PDL) of the attention kernel: compiled
     kernels on an sm_90 or newer GPU (griddepcontrol). The attention kernels signal their dependents as they start,
     so the merge is launched early and its programs take SMs as the attention programs leave them, then wait in
-    griddepcontrol.wait, instead of the merge being launched once the attention kernel has drained: 0.3-0.8 us a
-    batch-1 MLA call (run 33, docs/kernels.md item 31)."""
+    griddepcontrol.wait, instead of the merge being launched once the attention kernel has drained: 0.3-0.8 us on
+    6 of 7 batch-1 MLA shapes, -0.2 us on one (run 33, docs/kernels.md item 31)."""
     return (not kernel_is_interpreted() and torch.cuda.is_available()
             and torch.cuda.get_device_capability(device_index)[0] >= 9)
 
