@@ -11,17 +11,18 @@ for the new tokens k_new under the tree mask) through a two-stage shared-memory 
   An iteration takes two tiles: S of the second is issued before P V of the first, and the second's softmax runs
   while the tensor cores compute P V of the first (3.5-8.5% on compute-bound rows, item 30; a tile past the range
   is all masked: zero-filled, nothing read, it adds nothing; the one-tile loop measured -2% to +4% against the
-  two-tile one, docs/kernels.md item 20); each stage is refilled as soon as every warp is done with it, so two tiles are in flight across the
-  iteration's boundary (+1-4%, item 26), and the slot / page words of a refill are loaded one refill ahead (page 1:
-  +2-13%, item 29). Every wgmma is waited for inside the iteration that issued it: one in flight across the loop's
-  back edge made ptxas serialise every wgmma of the kernel (C7514), which cost 10-20% (docs/kernels.md).
+  two-tile one, docs/kernels.md item 20); each stage is refilled as soon as every warp is done with it, so two
+  tiles are in flight across the iteration's boundary (+1-4%, item 26), and the slot / page words of a refill are
+  loaded one refill ahead (page 1: +2-13%, item 28). Every wgmma is waited for inside the iteration that issued
+  it: one in flight across the loop's back edge made ptxas serialise every wgmma of the kernel (C7514), which cost
+  10-20% (docs/kernels.md).
 - calls of at most 32 rows (16 heads at T = 1 / 2, DeepSeek's decode under TP 8): _mla_verify_sm90_narrow_kernel,
   the products swapped so that a tile's 64 keys fill wgmma's 64-row side instead of 16 rows padded to 64
   (S^T = K Q^T, O^T = V^T P^T; item 27).
 Both write the normalised fp32 partial and log2-sum-exp of each item to the item's workspace slot and of each
 request's new tokens to slot P + B + b, the layout verify_attention's merge reads; both signal the merge, a
-programmatic dependent launch, as they start (_signal_dependents; docs/kernels.md item 31). The portable Triton kernel
-(verify_attention.py) stays the path for GQA, for sm_120 and other GPUs, and for fp32.
+programmatic dependent launch, as they start (_signal_dependents; docs/kernels.md item 31). The portable Triton
+kernel (verify_attention.py) stays the path for GQA, for sm_120 and other GPUs, and for fp32.
 """
 from __future__ import annotations
 

@@ -61,8 +61,6 @@ def test_gluon_split_count(m_blocks, batch, max_splits, expected):
 def test_dependent_launch_only_where_compiled_for_sm90():
     """The merge is a programmatic dependent launch only for compiled kernels on sm_90+ (griddepcontrol is PTX of
     sm_90; the interpreter has no inline PTX): never under the interpreter, and the kernels then take PDL=False."""
-    from specsweep_kernels import verify_attention as va
-
     if kernel_is_interpreted():
         assert not va._pdl_supported(0)
     else:
