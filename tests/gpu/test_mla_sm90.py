@@ -120,3 +120,48 @@ def test_batch_one_slices_match_fp32_truth(prefix_len, num_splits, indptr, num_q
     err = ((part_out[num_splits] - out).norm() / out.norm()).item()
     assert err < 1e-2, f"new tokens: rel err {err:.2e}"
     assert (part_lse[num_splits] - lse).abs().max().item() < 2e-2, "new tokens: log-sum-exp"
+
+
+@pytest.mark.parametrize("num_q_heads,num_tokens", [(16, 4), (128, 2), (16, 1)])
+def test_partials_exact_where_the_scores_jump_mid_range(num_q_heads, num_tokens):
+    """Conditional rescaling (_online_softmax: the reference max moves only when a row grew by more than
+    RESCALE_LOG2): keys built so that half the heads' scores jump by 10-15 nats at tiles 3, 6 and 7 (odd and even
+    tiles of the two-tile loop) of one 16-tile item, and by nothing for the other heads, must give the fp32 truth
+    (64 / 256 rows run the 64-row kernel, 16 the swapped one)."""
+    from specsweep_kernels.verify_mla_sm90 import launch_mla_sm90
+
+    prefix_len, page_size = 1500, 16
+    problem = make_problem(layout=Layout(num_q_heads, 1, 576, 512, True), prefix_lens=[prefix_len],
+                           num_tokens=num_tokens, page_size=page_size, dtype=torch.bfloat16, device="cuda",
+                           tree="chain", seed=7)
+    t = problem.tensors
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    u = torch.randn(576, device="cuda", generator=gen)
+    u = u / u.norm()
+    jumping = (torch.arange(num_q_heads, device="cuda") % 2 == 0).float()  # even heads see the jumps
+    t["q"] += (jumping[None, None, :, None] * u * 24).to(t["q"].dtype)  # q.u / sqrt(576) = 1 nat per unit step
+    slots = prefix_slots(batch=1, **problem.table_args())[0]
+    tile = torch.arange(prefix_len, device="cuda") // 64
+    step = torch.zeros(prefix_len, device="cuda")
+    for first_tile, height in [(3, 10.0), (6, 25.0), (7, 40.0)]:
+        step[tile >= first_tile] = height
+    t["k_buffer"][slots.long(), 0] += (step[:, None] * u).to(t["k_buffer"].dtype)
+    items = items_for([prefix_len], per_item=1024)
+    num_items = items.shape[0]
+    part_out = torch.full((num_items + 1, num_tokens, num_q_heads, 512), float("nan"), device="cuda")
+    part_lse = torch.full((num_items + 1, num_tokens, num_q_heads), float("nan"), device="cuda")
+    launch_mla_sm90(q=t["q"], kv_buffer=t["k_buffer"], k_new=t["k_new"], tree_mask=t["tree_mask"].view(torch.uint8),
+                    indices=problem.page_table, kv_indptr=problem.lens, prefix_lens=problem.lens,
+                    page_table_stride=problem.page_table.stride(0), items=items,
+                    order=torch.arange(num_items, device="cuda", dtype=torch.int32), part_out=part_out,
+                    part_lse=part_lse, num_items=num_items, sm_scale=problem.sm_scale, page_size=page_size,
+                    use_indptr=False)
+    torch.cuda.synchronize()
+    for i, (_, lo, hi, _) in enumerate(items.tolist()):
+        if hi == lo:
+            continue
+        out, lse = softmax_truth(t["q"][0], t["k_buffer"][slots[lo:hi], 0], problem.sm_scale)
+        for heads, name in [(slice(0, None, 2), "jumping"), (slice(1, None, 2), "flat")]:
+            err = ((part_out[i][:, heads] - out[:, heads]).norm() / out[:, heads].norm()).item()
+            assert err < 1e-2, f"item {i} [{lo}, {hi}), {name} heads: rel err {err:.2e}"
+            assert (part_lse[i][:, heads] - lse[:, heads]).abs().max().item() < 2e-2, f"item {i}, {name} heads: lse"
