@@ -79,9 +79,8 @@ import triton.language as tl
 from torch import Tensor
 from triton.runtime.errors import OutOfResources
 
-__all__ = ["PARTIAL_DTYPES", "verify_kernel", "VerifyConfig", "VerifyPlan", "VerifyWorkspace", "allocate_workspace",
-           "candidate_configs", "kernel_is_interpreted", "pick_config", "plan_verify", "verify_attention",
-           "verify_launch_params"]
+__all__ = ["verify_kernel", "VerifyConfig", "VerifyPlan", "VerifyWorkspace", "allocate_workspace", "candidate_configs",
+           "kernel_is_interpreted", "pick_config", "plan_verify", "verify_attention", "verify_launch_params"]
 
 _LOG2E = 1.4426950408889634
 _IMPLS = ("auto", "triton", "gluon")  # verify_attention(impl=...)
@@ -208,8 +207,7 @@ def _store_part(part_out_ptr, part_lse_ptr, slot, m_i, l_i, acc, offs_t, offs_h,
     """Workspace slot `slot`: the normalised partial output and its log2-sum-exp (-inf where nothing was seen)."""
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     part_row = offs_t[:, None] * stride_pot + offs_h[:, None] * stride_poh + offs_dv[None, :]
-    tl.store(part_out_ptr + slot * stride_pos + part_row, (acc / l_safe[:, None]).to(part_out_ptr.dtype.element_ty),
-             mask=mask[:, None])
+    tl.store(part_out_ptr + slot * stride_pos + part_row, acc / l_safe[:, None], mask=mask[:, None])
     tl.store(part_lse_ptr + slot * stride_pls + offs_t * stride_plt + offs_h,
              tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf")), mask=mask)
 
@@ -436,7 +434,7 @@ def _verify_merge_kernel(
         tl.extra.cuda.gdc_wait()
     # the new tokens' part: its weight is 1 relative to its own log-sum-exp
     m_i = tl.load(lse_row + new_slot * stride_pls)
-    acc = tl.load(part_out_ptr + new_slot * stride_pos + row + offs_dv).to(tl.float32)
+    acc = tl.load(part_out_ptr + new_slot * stride_pos + row + offs_dv)
     l_i = tl.where(m_i == float("-inf"), 0.0, 1.0)
     acc = tl.where(m_i == float("-inf"), 0.0, acc)
     for s0 in range(0, num_parts, BLOCK_SC):
@@ -444,7 +442,7 @@ def _verify_merge_kernel(
         mask_sc = s0 + tl.arange(0, BLOCK_SC) < num_parts
         lse = tl.load(lse_row + offs_sc * stride_pls, mask=mask_sc, other=float("-inf"))  # [SC]
         o = tl.load(part_out_ptr + offs_sc[:, None] * stride_pos + row + offs_dv[None, :], mask=mask_sc[:, None],
-                    other=0.0).to(tl.float32)  # [SC, DV]
+                    other=0.0)  # [SC, DV]
         m_new = tl.maximum(m_i, tl.max(lse, 0))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing visible yet: every weight is 0
         alpha = tl.exp2(m_i - m_safe)
@@ -470,7 +468,7 @@ class VerifyWorkspace:
     """fp32 partials, one slot per plan item (P + B at most) plus one per request's new tokens, and the int32 plan
     (see plan_verify). Allocate once for the largest shapes; its sizes do not depend on the prefix lengths."""
 
-    part_out: Tensor  # [max_splits + 2 * max_batch, T_max, Hq, Dv] partial_dtype (fp32, or the inputs' bf16 / fp16)
+    part_out: Tensor  # [max_splits + 2 * max_batch, T_max, Hq, Dv] fp32
     part_lse: Tensor  # [max_splits + 2 * max_batch, T_max, Hq] fp32 (log2 domain)
     max_batch: int
     items: Tensor  # [max_splits + max_batch, 4] int32: item i = (b, lo, hi, 0), its partial in slot i
@@ -574,28 +572,19 @@ def _gluon_num_splits(*, m_blocks: int, batch: int, slots: int, max_splits: int)
     return num_splits
 
 
-PARTIAL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
 def allocate_workspace(
     *, max_batch: int, max_tokens: int, num_q_heads: int, v_head_dim: int, device: torch.device | str,
-    max_splits: int | None = None, partial_dtype: torch.dtype = torch.float32,
+    max_splits: int | None = None,
 ) -> VerifyWorkspace:
     """Workspace for any call with B <= max_batch and T <= max_tokens (allocate once, before graph capture).
-    max_splits bounds the prefix programs per (m-block, KV head) of one call (default 4 x SMs).
-    partial_dtype: the dtype of the split partials (normalised, each a convex combination of V rows; the
-    log2-sum-exps stay fp32). fp32 (default) adds no rounding; the calls' own bf16 / fp16 (as FlashInfer keeps its
-    split-KV partials in the output dtype) halves the partial bytes that every split program writes and the merge
-    reads, at one more rounding of each partial, and serves only calls of that dtype (docs/kernels.md item 33)."""
+    max_splits bounds the prefix programs per (m-block, KV head) of one call (default 4 x SMs)."""
     device = torch.device(device)
-    if partial_dtype not in PARTIAL_DTYPES:
-        raise ValueError(f"partial_dtype={partial_dtype}; allowed: {', '.join(map(str, PARTIAL_DTYPES))}")
     if max_splits is None:
         max_splits = 4 * _device_limits(_device_index(device))[1]
     shape = (max_splits + 2 * max_batch, max_tokens, num_q_heads)
     max_items = max_splits + max_batch
     return VerifyWorkspace(
-        part_out=torch.empty(*shape, v_head_dim, device=device, dtype=partial_dtype),
+        part_out=torch.empty(*shape, v_head_dim, device=device, dtype=torch.float32),
         part_lse=torch.empty(*shape, device=device, dtype=torch.float32),
         max_batch=max_batch,
         items=torch.zeros(max_items, 4, device=device, dtype=torch.int32),
@@ -956,9 +945,6 @@ def _check_inputs(
         raise ValueError(f"workspace too small: max_batch={workspace.max_batch} max_tokens={ws[1]} num_q_heads={ws[2]} "
                          f"v_head_dim={ws[3]}; allowed: allocate_workspace(max_batch>={batch}, max_tokens>={num_tokens}, "
                          f"num_q_heads={num_q_heads}, v_head_dim={dv})")
-    if workspace.part_out.dtype not in (torch.float32, q.dtype):
-        raise ValueError(f"workspace: partials of {workspace.part_out.dtype} for {q.dtype} inputs; allowed: "
-                         f"allocate_workspace(partial_dtype=torch.float32) or partial_dtype={q.dtype}")
     if num_splits is not None and not 1 <= num_splits <= workspace.max_splits:
         raise ValueError(f"num_splits={num_splits}; allowed: None or 1..{workspace.max_splits} (the workspace's "
                          "max_splits)")

@@ -142,8 +142,8 @@ def _store_partial(part_out_ptr, part_lse_ptr, slot, acc, l_i, m_i, o_rows, o_di
     l_safe = gl.where(l_i > 0, l_i, 1.0)
     lse = gl.where(l_i > 0, m_i + gl.log2(l_safe), float("-inf"))
     out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1 - ROW_AXIS, acc.type.layout)), 1 - ROW_AXIS)
-    gl.store(part_out_ptr + slot * stride_pos + (o_rows // HQ) * stride_pot + (o_rows % HQ) * stride_poh + o_dims,
-             out.to(part_out_ptr.dtype.element_ty), mask=o_rows < T * HQ)
+    gl.store(part_out_ptr + slot * stride_pos + (o_rows // HQ) * stride_pot + (o_rows % HQ) * stride_poh + o_dims, out,
+             mask=o_rows < T * HQ)
     gl.store(part_lse_ptr + slot * stride_pls + (lse_rows // HQ) * stride_plt + lse_rows % HQ, lse,
              mask=lse_rows < T * HQ)
 

@@ -124,10 +124,10 @@ def test_batch_one_slices_match_fp32_truth(prefix_len, num_splits, indptr, num_q
 
 @pytest.mark.parametrize("num_q_heads,num_tokens", [(16, 4), (128, 2), (16, 1)])
 def test_partials_exact_where_the_scores_jump_mid_range(num_q_heads, num_tokens):
-    """Conditional rescaling (_online_softmax: the reference max moves only when a row grew by more than
-    RESCALE_LOG2): keys built so that half the heads' scores jump by 10-15 nats at tiles 3, 6 and 7 (odd and even
-    tiles of the two-tile loop) of one 16-tile item, and by nothing for the other heads, must give the fp32 truth
-    (64 / 256 rows run the 64-row kernel, 16 the swapped one)."""
+    """The online softmax where the running max moves mid-range: keys built so that half the heads' scores jump by
+    10-15 nats at tiles 3, 6 and 7 (odd and even tiles of the 64-row kernel's two-tile loop) of one 16-tile item, and
+    by nothing for the other heads, must give the fp32 truth for both halves (64 / 256 rows run the 64-row kernel,
+    16 the swapped one). Written for the conditional rescaling of docs/kernels.md item 33 (measured, not kept)."""
     from specsweep_kernels.verify_mla_sm90 import launch_mla_sm90
 
     prefix_len, page_size = 1500, 16

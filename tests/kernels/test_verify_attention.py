@@ -25,13 +25,13 @@ def rel_err(out, ref):
     return ((out.float() - ref).norm() / ref.norm()).item()
 
 
-def check(problem, *, dtype=torch.float16, indptr=False, max_splits=4, partial_dtype=torch.float32, **kw):
+def check(problem, *, dtype=torch.float16, indptr=False, max_splits=4, **kw):
     args = problem.attention_args()
     addressing = problem.indptr_args() if indptr else problem.table_args()
     b, t, hq, _ = args["q"].shape
     out = problem.new_out()
     ws = allocate_workspace(max_batch=b, max_tokens=t, num_q_heads=hq, v_head_dim=problem.layout.v_head_dim,
-                            device=DEVICE, max_splits=max_splits, partial_dtype=partial_dtype)
+                            device=DEVICE, max_splits=max_splits)
     ws.part_out.fill_(float("nan"))  # a partial the merge reads but no program wrote fails the check
     verify_attention(**args, **addressing, out=out, workspace=ws, **kw)
     ref = verify_attention_reference(**args, **addressing, v_head_dim=problem.layout.v_head_dim)
@@ -75,19 +75,6 @@ def test_matches_reference(layout, page_size, num_tokens, tree):
     problem = make_problem(layout=layout, prefix_lens=[37, 130, 1], num_tokens=num_tokens, page_size=page_size,
                            dtype=torch.float16, device=DEVICE, tree=tree, seed=page_size * 100 + num_tokens)
     check(problem)
-
-
-@pytest.mark.parametrize("layout,prefix_lens,num_tokens", [(GQA, [37, 130, 1, 0], 5), (MLA_SMALL, [300], 3),
-                                                           (GQA, [200], 1)], ids=["gqa-batch", "mla-batch1", "gqa-T1"])
-def test_partials_in_the_inputs_dtype(layout, prefix_lens, num_tokens):
-    """allocate_workspace(partial_dtype=fp16) for fp16 inputs: every split partial stored in fp16 (one more rounding
-    of a convex combination of V rows), merged in fp32, within the same tolerance of the reference; the fp32 and fp16
-    workspaces agree to fp16 rounding."""
-    problem = make_problem(layout=layout, prefix_lens=prefix_lens, num_tokens=num_tokens, page_size=16,
-                           dtype=torch.float16, device=DEVICE, tree="random", seed=sum(prefix_lens) + num_tokens)
-    half = check(problem, partial_dtype=torch.float16, max_splits=8, num_splits=8)
-    full = check(problem, max_splits=8, num_splits=8)
-    assert rel_err(half, full.float()) < 2e-3
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
@@ -351,9 +338,6 @@ def bad_input_case():
     (lambda a: {"num_splits": 3}, ValueError, r"num_splits=3; allowed: None or 1..2"),
     (lambda a: {"workspace": allocate_workspace(max_batch=1, max_tokens=1, num_q_heads=4, v_head_dim=32, device=DEVICE)},
      ValueError, r"workspace too small: .*max_tokens=1 .*allocate_workspace\(max_batch>=1, max_tokens>=2"),
-    (lambda a: {"workspace": allocate_workspace(max_batch=1, max_tokens=2, num_q_heads=4, v_head_dim=32, device=DEVICE,
-                                                partial_dtype=torch.bfloat16)},
-     ValueError, r"workspace: partials of torch.bfloat16 for torch.float16 inputs; allowed: .*partial_dtype=torch.float16"),
 ])
 def test_rejects_bad_input_naming_the_argument(change, error, message):
     _, args = bad_input_case()
@@ -464,9 +448,3 @@ def test_breakdown_needs_a_gpu():
 
     with pytest.raises(SystemExit, match="needs a CUDA GPU"):
         main(["--layouts", "mla:64", "--tokens", "1"])
-
-
-def test_workspace_refuses_a_partial_dtype_it_cannot_hold():
-    with pytest.raises(ValueError, match=r"partial_dtype=torch.int8; allowed: torch.float32, torch.bfloat16, torch.float16"):
-        allocate_workspace(max_batch=1, max_tokens=1, num_q_heads=4, v_head_dim=32, device=DEVICE,
-                           partial_dtype=torch.int8)
