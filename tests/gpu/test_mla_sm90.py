@@ -32,7 +32,9 @@ def softmax_truth(q, keys, sm_scale, visible=None):
 
 
 # rows = tokens x heads: <= 16 and <= 32 (20 padded to 32) run the swapped-product kernel, the rest the 64-row one
-@pytest.mark.parametrize("num_q_heads,num_tokens", [(16, 1), (16, 2), (4, 5), (16, 8), (16, 13), (64, 4), (128, 1)])
+# (64 rows: 16 heads T = 4, 64 heads T = 1)
+@pytest.mark.parametrize("num_q_heads,num_tokens", [(16, 1), (16, 2), (4, 5), (16, 4), (64, 1), (16, 8), (16, 13), (64, 4),
+                                                     (128, 1)])
 @pytest.mark.parametrize("page_size", [1, 64, 16])
 @pytest.mark.parametrize("indptr", [False, True], ids=["table", "indptr"])
 def test_partials_match_fp32_truth(num_q_heads, num_tokens, page_size, indptr):
