@@ -218,6 +218,7 @@ def _mla_verify_sm90_kernel(
     DV: gl.constexpr,
     DPE: gl.constexpr,
     CHUNK: gl.constexpr,
+    UNDER_S: gl.constexpr,  # first tile's rescale and P exchange after S of the second is issued (under_s)
     num_warps: gl.constexpr,
 ):
     gl.static_assert(num_warps == 8, "two warpgroups: the Dv halves")
@@ -279,17 +280,23 @@ def _mla_verify_sm90_kernel(
             s_tok = warpgroup_mma(q_pe, k_pe.index(0).permute((1, 0)), s_tok, is_async=True)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
             p, m_i, alpha, l_i = _online_softmax(s, start, hi, visible, m_i, l_i, qk_scale, s_cols)
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            if not UNDER_S:
+                acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+                p_op = gl.convert_layout(p.to(dtype), p_layout)
             async_copy.wait_group(0)  # tile jj + 1
             gl.thread_barrier()
             fence_async_shared()
             # S of tile jj + 1 first, then P V of tile jj: the softmax of jj + 1 runs while P V of jj is computed
             s_tok = warpgroup_mma(q_nope, k_nope.index(1).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             s_tok = warpgroup_mma(q_pe, k_pe.index(1).permute((1, 0)), s_tok, is_async=True)
+            if UNDER_S:  # the rescale and P's exchange while the tensor cores compute S of tile jj + 1
+                acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+                p_op = gl.convert_layout(p.to(dtype), p_layout)
             acc_tok = warpgroup_mma(p_op, k_nope.index(0), acc, is_async=True)
             s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))  # S of jj + 1 done, P V of jj in flight
             p, m_i, alpha, l_i = _online_softmax(s, start + BLOCK_N, hi, visible, m_i, l_i, qk_scale, s_cols)
+            if UNDER_S:  # P of tile jj + 1 exchanged while P V of jj runs
+                p_op1 = gl.convert_layout(p.to(dtype), p_layout)
             acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, p_op))  # P V of tile jj
             more = jj + 2 < n_tiles
             gl.thread_barrier()  # every warp is done with stage 0
@@ -298,7 +305,9 @@ def _mla_verify_sm90_kernel(
                            stride_kvs, stride_knt, kv_rows, cols, PAGE_SIZE, CHUNK, DV)
                 idx0 = _tile_index(idx_base, is_new, start + 4 * BLOCK_N, hi, kv_rows, PAGE_SIZE)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-            acc_tok = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), k_nope.index(1), acc, is_async=True)
+            if not UNDER_S:
+                p_op1 = gl.convert_layout(p.to(dtype), p_layout)
+            acc_tok = warpgroup_mma(p_op1, k_nope.index(1), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok,))  # nothing in flight across iterations
             if more:  # tile jj + 3 into stage 1 as soon as every warp is done with it: two tiles in flight
                 gl.thread_barrier()
@@ -431,6 +440,16 @@ def _mla_verify_sm90_narrow_kernel(
                        T, HQ, 1)
 
 
+def under_s(num_tokens: int) -> bool:
+    """Whether the 64-row kernel issues the first tile's accumulator rescale and P exchange after S of the second
+    tile (so they run while the tensor cores compute it) and the second tile's P exchange before waiting for P V of
+    the first. Measured both ways in one process (run 43, docs/kernels.md item 38): 0.6-1.6% faster on every
+    verify shape (T >= 2: 64 / 128 heads T = 2, 128 heads T = 4 / 16, 16 heads T = 16, 32k and 128k), 0.7-2.4%
+    slower on every decode shape (T = 1: 64 and 128 heads); ptxas then also schedules the first softmax's exp2s
+    among the S wgmmas. No cause found for the T = 1 loss, so the rule is the measurement's."""
+    return num_tokens >= 2
+
+
 def mla_sm90_supported(q: torch.Tensor, *, v_is_k: bool, dk: int, dv: int) -> bool:
     """This kernel's domain: MLA (576 = 512 + 64, one latent head), bf16 / fp16, on a CUDA sm_90 device."""
     return (v_is_k and dk == _DV + _DPE and dv == _DV and q.dtype in (torch.bfloat16, torch.float16)
@@ -450,7 +469,8 @@ def launch_mla_sm90(*, q, kv_buffer, k_new, tree_mask, indices, kv_indptr, prefi
     if rows <= NARROW_MAX_ROWS:  # S^T / O^T: the keys fill wgmma's 64-row side (one m-block: grid dim 0 is 1)
         kernel, m_blocks, shape = _mla_verify_sm90_narrow_kernel, 1, dict(BLOCK_R=16 if rows <= 16 else 32)
     else:
-        kernel, m_blocks, shape = _mla_verify_sm90_kernel, triton.cdiv(rows, BLOCK_M), dict(BLOCK_M=BLOCK_M)
+        kernel, m_blocks = _mla_verify_sm90_kernel, triton.cdiv(rows, BLOCK_M)
+        shape = dict(BLOCK_M=BLOCK_M, UNDER_S=under_s(num_tokens))
     return kernel[(m_blocks, num_items + batch)](
         q, kv_buffer, k_new, tree_mask, indices, kv_indptr, prefix_lens, items, order, part_out, part_lse,
         sm_scale * _LOG2E,

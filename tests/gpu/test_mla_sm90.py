@@ -38,10 +38,27 @@ def softmax_truth(q, keys, sm_scale, visible=None):
 @pytest.mark.parametrize("page_size", [1, 64, 16])
 @pytest.mark.parametrize("indptr", [False, True], ids=["table", "indptr"])
 def test_partials_match_fp32_truth(num_q_heads, num_tokens, page_size, indptr):
-    from specsweep_kernels.verify_mla_sm90 import launch_mla_sm90
-
     if indptr and page_size != 16:
         pytest.skip("indptr form is per-token slots: one page size is enough")
+    check_item_partials(num_q_heads, num_tokens, page_size, indptr)
+
+
+@pytest.mark.parametrize("num_q_heads,num_tokens", [(64, 1), (128, 1), (16, 4), (16, 8), (16, 13), (64, 4)])
+def test_both_loop_orders_match_fp32_truth(num_q_heads, num_tokens, monkeypatch):
+    """The 64-row kernel with the other order of its loop than under_s picks for this T (the first tile's
+    rescale and P exchange before or after S of the second tile is issued): both orders at T = 1 and T > 1."""
+    from specsweep_kernels import verify_mla_sm90
+
+    picked = verify_mla_sm90.under_s(num_tokens)
+    monkeypatch.setattr(verify_mla_sm90, "under_s", lambda num_tokens: not picked)
+    check_item_partials(num_q_heads, num_tokens, 16, False)
+
+
+def check_item_partials(num_q_heads: int, num_tokens: int, page_size: int, indptr: bool) -> None:
+    """A plan-mode launch over six requests cut into items (one of them empty) and their new tokens: every item's
+    and every request's new-token partial against the fp32 truth, and the empty item's slot untouched."""
+    from specsweep_kernels.verify_mla_sm90 import launch_mla_sm90
+
     lens = [5000, 1, 64, 0, 700, 129]  # 1 / 2 / 3 tiles, an empty prefix, a partial last tile
     problem = make_problem(layout=Layout(num_q_heads, 1, 576, 512, True), prefix_lens=lens, num_tokens=num_tokens,
                            page_size=page_size, dtype=torch.bfloat16, device="cuda", tree="random",
