@@ -11,7 +11,8 @@ for the new tokens k_new under the tree mask) through a two-stage shared-memory 
   An iteration takes two tiles: S of the second is issued before P V of the first, and the second's softmax runs
   while the tensor cores compute P V of the first (3.5-8.5% on compute-bound rows, item 30; a tile past the range
   is all masked: zero-filled, nothing read, it adds nothing; the one-tile loop measured -2% to +4% against the
-  two-tile one, docs/kernels.md item 20); each stage is refilled as soon as every warp is done with it, so two
+  two-tile one, docs/kernels.md item 20); for T >= 2 the first tile's rescale and P exchange are issued after S of
+  the second tile (under_s, item 38); each stage is refilled as soon as every warp is done with it, so two
   tiles are in flight across the iteration's boundary (+1-4%, item 26), and the slot / page words of a refill are
   loaded one refill ahead (page 1: +2-13%, item 28). Every wgmma is waited for inside the iteration that issued
   it: one in flight across the loop's back edge made ptxas serialise every wgmma of the kernel (C7514), which cost
@@ -443,10 +444,11 @@ def _mla_verify_sm90_narrow_kernel(
 def under_s(num_tokens: int) -> bool:
     """Whether the 64-row kernel issues the first tile's accumulator rescale and P exchange after S of the second
     tile (so they run while the tensor cores compute it) and the second tile's P exchange before waiting for P V of
-    the first. Measured both ways in one process (run 43, docs/kernels.md item 38): 0.6-1.6% faster on every
-    verify shape (T >= 2: 64 / 128 heads T = 2, 128 heads T = 4 / 16, 16 heads T = 16, 32k and 128k), 0.7-2.4%
-    slower on every decode shape (T = 1: 64 and 128 heads); ptxas then also schedules the first softmax's exp2s
-    among the S wgmmas. No cause found for the T = 1 loss, so the rule is the measurement's."""
+    the first. Measured both ways in one process (run 43, docs/kernels.md item 38): 0.7-1.7% faster on 8 of 9
+    verify shapes (T >= 2: 64 / 128 heads T = 2, 128 heads T = 4 / 16, 16 / 64 heads T = 16, 32k and 128k; +0.3%
+    on the ninth), 0.7-2.3% slower on every decode shape (T = 1: 64 and 128 heads); ptxas then also schedules
+    the first softmax's exp2s among the S wgmmas. No cause found for the T = 1 loss, so the rule is the
+    measurement's."""
     return num_tokens >= 2
 
 
