@@ -36,16 +36,16 @@ ui:
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000
 
 bench-engine:
-	$(BIN)/python -m workers.reference.bench
+	$(BIN)/python -m tools.bench_engine
 
 bench-model:
-	$(BIN)/python -m workers.reference.bench_model
+	$(BIN)/python -m tools.bench_model
 
 bench-batch:
-	$(BIN)/python -m workers.reference.bench_batch
+	$(BIN)/python -m tools.bench_batch
 
 bench-orchestrator:
-	RAY_AUTH_MODE=disabled $(BIN)/python -m orchestrator.bench
+	RAY_AUTH_MODE=disabled $(BIN)/python -m tools.bench_orchestrator
 
 # SGLang's Triton kernels for the peer columns: its 0.5.10.post1 wheel in .whl/ (docs/kernels.md, "Benchmark").
 SGLANG_WHEEL ?= $(wildcard .whl/sglang-0.5.10.post1-py3-none-any.whl)
@@ -60,10 +60,10 @@ bench-kernels-breakdown:
 	PYTHONPATH=$(CURDIR):$(CURDIR)/kernels $(BIN)/python -m specsweep_kernels.breakdown $(BENCH_ARGS)
 
 bench-sched:
-	RAY_AUTH_MODE=disabled $(BIN)/python -m orchestrator.bench_sched
+	RAY_AUTH_MODE=disabled $(BIN)/python -m tools.bench_sched
 
 bench-badinput:
-	RAY_AUTH_MODE=disabled $(BIN)/python -m orchestrator.bench_badinput
+	RAY_AUTH_MODE=disabled $(BIN)/python -m tools.bench_badinput
 
 clean:
 	rm -rf $(VENV) .pytest_cache

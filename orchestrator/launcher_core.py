@@ -26,7 +26,7 @@ import sys
 import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence, cast
+from typing import TYPE_CHECKING, Any, Protocol, Sequence, cast
 
 from hydra.core.utils import JobReturn, JobStatus, configure_log, setup_globals
 from hydra.errors import CompactHydraException
@@ -39,8 +39,18 @@ from specsweep_vocab.spec import EngineKind, FailureReason, RunResult, RunSpec, 
 from orchestrator.validate import ConfigError, Problem, every_point_over_context, validate_run
 
 if TYPE_CHECKING:
-    from hydra_plugins.specsweep_launcher.specsweep_launcher import SpecsweepLauncher
+    from hydra.types import HydraContext
+
     from orchestrator.tracking import Tracker
+
+
+class LauncherState(Protocol):
+    """What this module reads of the Hydra plugin's launcher (`hydra_plugins/specsweep_launcher`): the plugin calls
+    down into this module, never the other way, so the plugin is described here instead of imported."""
+
+    config: DictConfig | None
+    hydra_context: HydraContext | None
+    dry_run: bool
 
 log = logging.getLogger(__name__)
 
@@ -260,7 +270,7 @@ def dry_run_outcomes(plan: Plan) -> dict[int, RunResult | NotRun]:
     return by_index
 
 
-def launch(*, launcher: SpecsweepLauncher, job_overrides: Sequence[Sequence[str]],
+def launch(*, launcher: LauncherState, job_overrides: Sequence[Sequence[str]],
            initial_job_idx: int) -> list[JobReturn]:
     setup_globals()
     config = launcher.config
@@ -298,7 +308,7 @@ def _remove_sweep_record(sweep_dir: str, cwd: str) -> None:
             return
 
 
-def _launch_jobs(launcher: SpecsweepLauncher, config: DictConfig, jobs: list[tuple[DictConfig, Sequence[str]]],
+def _launch_jobs(launcher: LauncherState, config: DictConfig, jobs: list[tuple[DictConfig, Sequence[str]]],
                  initial_job_idx: int, cwd: str) -> list[JobReturn]:
     try:
         configs = convert_and_validate(jobs, sweep=True, cwd=cwd)

@@ -1,4 +1,4 @@
-"""What one `run_plan` call did and how long each phase took, for benchmarks (`orchestrator.bench --breakdown`),
+"""What one `run_plan` call did and how long each phase took, for benchmarks (`tools.bench_orchestrator --breakdown`),
 tests and the parent run's metrics. Plain data: no Ray, no MLflow.
 
     ExecutionStats      filled in by `run_plan`: engine starts, start-up and stop seconds per group, the phase

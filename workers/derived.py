@@ -33,7 +33,7 @@ def model_weight_bytes(model: ModelSpec) -> float | None:
     """Bytes of the weights one forward reads: every decoder layer plus the LM head (the embedding is only
     gathered, T rows). None when the full shape (intermediate size, vocab) can't be read."""
     try:
-        from workers.reference.config import load_config
+        from workers.reference.model_source import load_config
 
         cfg = load_config(model.path)
     except Exception as e:  # an HF id without a local config.json, or transformers-only configs

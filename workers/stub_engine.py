@@ -18,7 +18,7 @@ environment value, so no secret, reaches the engine log.
 
     python -m workers.stub_engine --port 30000 --stub-token-s 0.01 [SGLang flags...]
     python -m orchestrator engine=stub engine.stub.token_s=0.01        # through the orchestrator (conf/engine/stub.yaml)
-    orchestrator.testing.stub_server(tp_size=8, nnodes=1, token_s=0.005, seed=0) -> ServerSpec   # tests, benches
+    tools.testing.stub_server(tp_size=8, nnodes=1, token_s=0.005, seed=0) -> ServerSpec   # tests, benches
 
 Its timing flags are `specsweep_vocab.spec.StubOptions` (`engine.stub.*` in the config), emitted by `StubOptions.argv()`.
 """

@@ -1,4 +1,4 @@
-"""`orchestrator.bench`: one fresh-Ray row end to end (Ray started and stopped inside `run_plan`, nothing left
+"""`tools.bench_orchestrator`: one fresh-Ray row end to end (Ray started and stopped inside `run_plan`, nothing left
 behind, the phases add up to the wall time), `shutdown_ray` on a Ray this process started, the median table."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from orchestrator.testing import pid_alive
+from tools.testing import pid_alive
 
 pytestmark = pytest.mark.slow
 
@@ -61,7 +61,7 @@ def test_shutdown_ray_stops_every_process_of_the_ray_it_started(no_ray):
 
 
 def test_fresh_ray_row_leaves_nothing_behind_and_accounts_for_its_wall_time(no_ray):
-    from orchestrator.bench import BREAKDOWN, bench_once
+    from tools.bench_orchestrator import BREAKDOWN, bench_once
 
     before = _descendants()
     row = bench_once(2, 16, 2, 2, "fresh")
@@ -79,7 +79,7 @@ def test_fresh_ray_row_leaves_nothing_behind_and_accounts_for_its_wall_time(no_r
 
 
 def test_median_rows_keep_row_order_and_take_each_median():
-    from orchestrator.bench import _median_rows
+    from tools.bench_orchestrator import _median_rows
 
     samples = [{"ray": "fresh", "runs": 8, "wall_s": w, "engine_s": 1.0} for w in (5.0, 9.0, 6.0)]
     samples += [{"ray": "running", "runs": 8, "wall_s": w, "engine_s": e} for w, e in ((3.0, 1.0), (2.0, 3.0))]

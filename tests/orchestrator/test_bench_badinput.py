@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.bench_badinput import Case, format_cli_table, run_case
+from tools.bench_badinput import Case, format_cli_table, run_case
 
 
 def test_refused_input_row():

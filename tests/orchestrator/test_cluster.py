@@ -23,7 +23,7 @@ import pytest
 from orchestrator.plan import Plan
 from orchestrator.settings import AcceleratorMatch, ClusterKind, ClusterSettings, ExecutionSettings, TrackingSettings
 from specsweep_vocab.spec import FailureReason, RunState
-from orchestrator.testing import (pid_alive, proc_env, ray_cluster, stub_server, stub_starts, tiny_group, tiny_run,
+from tools.testing import (pid_alive, proc_env, ray_cluster, stub_server, stub_starts, tiny_group, tiny_run,
                                   wait_for_request)
 
 pytestmark = pytest.mark.slow

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.testing import proc_argv, stub_starts
+from tools.testing import proc_argv, stub_starts
 from orchestrator.tracking import DRIVER_LOST, StoreLock, Tracker, lock_path_for
 
 mlflow = pytest.importorskip("mlflow")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.testing import engines_under, pid_alive, wait_for_request
+from tools.testing import engines_under, pid_alive, wait_for_request
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ from orchestrator.local_ray import init_local_ray
 from orchestrator.plan import Plan
 from orchestrator.settings import ExecutionSettings, TrackingSettings
 from specsweep_vocab.spec import FailureReason, ProbeKind, RunState
-from orchestrator.testing import pid_alive, tiny_group, tiny_run, tiny_server, wait_for_request
+from tools.testing import pid_alive, tiny_group, tiny_run, tiny_server, wait_for_request
 from workers.runners import LOG_TAIL_ARTIFACT
 
 pytestmark = pytest.mark.slow

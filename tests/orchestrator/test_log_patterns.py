@@ -7,7 +7,7 @@ import threading
 import time
 
 from specsweep_vocab.spec import RunResult, RunState
-from orchestrator.testing import tiny_run, tiny_server
+from tools.testing import tiny_run, tiny_server
 from workers.runners import LOG_SETTLE_S, _wait_quiet, apply_log_patterns
 from workers.sglang_metrics import follow_log
 

@@ -13,7 +13,7 @@ import pytest
 from orchestrator.plan import Plan
 from orchestrator.settings import ClusterKind, ClusterSettings, ExecutionSettings, TrackingSettings
 from specsweep_vocab.spec import FailureReason, RunState
-from orchestrator.testing import pid_alive, ray_cluster, stub_server, tiny_group, tiny_run, wait_for_request
+from tools.testing import pid_alive, ray_cluster, stub_server, tiny_group, tiny_run, wait_for_request
 from workers.runners import LOG_TAIL_ARTIFACT
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,7 @@ import pytest
 from orchestrator.preflight import check_declared, check_local, probe_tracking
 from orchestrator.settings import ClusterKind, ClusterSettings
 from specsweep_vocab.spec import EngineKind
-from orchestrator.testing import stub_server, tiny_group, tiny_run, tiny_server
+from tools.testing import stub_server, tiny_group, tiny_run, tiny_server
 
 
 def _group(server):

@@ -7,7 +7,7 @@ from rich.console import Console
 from orchestrator.launcher_core import expand_grid, plan_jobs
 from orchestrator.progress import ENGINE_COLUMNS, KERNEL_COLUMNS, SweepProgress
 from specsweep_vocab.spec import FailureReason, RunResult, RunState
-from orchestrator.testing import tiny_run, tiny_server
+from tools.testing import tiny_run, tiny_server
 
 
 def _kernel_runs(tmp_path):

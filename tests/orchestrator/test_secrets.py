@@ -18,7 +18,7 @@ import pytest
 from orchestrator.plan import Plan
 from specsweep_vocab.redact import MASK, redact_argv, redact_config, redact_override, redact_params, redact_text
 from specsweep_vocab.spec import FailureReason, RunResult, RunState
-from orchestrator.testing import engines_under, proc_argv, proc_env, stub_server, stub_starts, tiny_group, tiny_run
+from tools.testing import engines_under, proc_argv, proc_env, stub_server, stub_starts, tiny_group, tiny_run
 from orchestrator.tracking import Tracker
 
 mlflow = pytest.importorskip("mlflow")

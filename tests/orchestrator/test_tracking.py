@@ -10,7 +10,7 @@ from orchestrator.plan import Plan
 from specsweep_vocab.spec import FailureReason, ProbeKind, RunResult, RunState
 from orchestrator.schema import flatten
 from orchestrator.tracking import Tracker, param_value
-from orchestrator.testing import tiny_group, tiny_run, tiny_server
+from tools.testing import tiny_group, tiny_run, tiny_server
 
 mlflow = pytest.importorskip("mlflow")
 

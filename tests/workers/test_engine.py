@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from specsweep_vocab.spec import EngineKind
-from orchestrator.testing import tiny_server
+from tools.testing import tiny_server
 from workers.engine import EngineProcess, adapter_for, build_engine_argv
 from workers.errors import EngineDied, EngineStartFailed, EngineTimeout
 
@@ -151,7 +151,7 @@ def test_engine_death_is_noticed(tmp_path):
 OWNER = textwrap.dedent("""
     import sys, time
     from workers.engine import EngineProcess
-    from orchestrator.testing import tiny_server
+    from tools.testing import tiny_server
     engine = EngineProcess.for_server(tiny_server("none"), sys.argv[1])
     engine.start()
     print(engine.pid, flush=True)

@@ -12,7 +12,7 @@ from workers.errors import BadResponse
 from workers.probe import (NOVEL_NGRAM, Generation, ProbeClient, build_prompt, build_prompts, measure, measure_all,
                            novel_text, novel_words, probe_text, reference_tokenizer, run_probe)
 from workers.reference.tokenizer import ByteTokenizer
-from orchestrator.testing import tiny_server
+from tools.testing import tiny_server
 
 REF = EngineKind.REFERENCE
 

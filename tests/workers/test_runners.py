@@ -11,7 +11,7 @@ import pytest
 
 import workers.runners as sw
 from specsweep_vocab.spec import FailureReason, RunState
-from orchestrator.testing import tiny_run, tiny_server
+from tools.testing import tiny_run, tiny_server
 
 pytestmark = pytest.mark.slow
 
@@ -122,7 +122,7 @@ def test_an_engine_that_cannot_start_fails_its_runs_at_once_naming_the_cause(tmp
 
 
 def test_every_runner_is_behind_the_runner_protocol(tmp_path):
-    from orchestrator.testing import stub_server
+    from tools.testing import stub_server
     from workers.engine import NodeRank
 
     server = stub_server(tp_size=2, nnodes=2)

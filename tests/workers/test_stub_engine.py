@@ -6,7 +6,7 @@ import os
 
 from orchestrator.launcher_core import plan_jobs
 from specsweep_vocab.spec import STUB_FLAGS, StubOptions
-from orchestrator.testing import engines_under, pid_alive, proc_env, stub_server, stub_starts
+from tools.testing import engines_under, pid_alive, proc_env, stub_server, stub_starts
 from workers.engine import EngineProcess, build_engine_argv
 from workers.stub_engine import parse_args
 

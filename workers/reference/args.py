@@ -160,7 +160,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                      f"a known GGUF model ({', '.join(GGUF_MODELS)}) nor a directory with a config.json")
     args = resolve(args, parser)
     if args.speculative_draft_num_layers is not None:
-        from .config import load_config  # a GGUF's config: read once, cached for the engine
+        from .model_source import load_config  # a GGUF's config: read once, cached for the engine
 
         layers = load_config(args.speculative_draft_model_path).num_hidden_layers
         if args.speculative_draft_num_layers > layers:

@@ -1,10 +1,8 @@
 """Model configuration: Qwen3/Llama-style decoder hyper-parameters from an HF `config.json`, a GGUF file or a built-in name."""
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -100,20 +98,3 @@ def config_from_hf(raw: dict) -> ModelConfig:
         bos_token_id=raw.get("bos_token_id"), eos_token_id=eos[0] if isinstance(eos, list) else eos,
         pad_token_id=raw.get("pad_token_id"),
     )
-
-
-def load_config(model_path: str) -> ModelConfig:
-    """A built-in name (`tiny`, `tiny-draft`), a .gguf file or a known GGUF name (gguf_checkpoint.GGUF_MODELS),
-    or a directory holding an HF `config.json`."""
-    if model_path in BUILTIN_CONFIGS:
-        return BUILTIN_CONFIGS[model_path]
-    from .gguf_checkpoint import prepare_gguf, read_config, resolve_gguf
-
-    gguf_path = resolve_gguf(model_path)
-    if gguf_path is not None:
-        return read_config(prepare_gguf(gguf_path))
-    path = Path(model_path) / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"--model-path {model_path!r}: not a built-in config "
-                                f"({', '.join(BUILTIN_CONFIGS)}), not a .gguf file and no {path}")
-    return config_from_hf(json.loads(path.read_text()))

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from .attention import create_attention_backend
-from .config import load_config
+from .model_source import load_config
 from .cuda_graph import make_runner  # CUDA graphs for specsweep_verify on CUDA
 from .model import build_model, layer_subset, skip_layers_kept
 from .runner import ModelRunner

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from orchestrator.testing import spec_flags
+from tools.testing import spec_flags
 from workers.reference.engine import Cancelled, SamplingParams
 
 pytestmark = pytest.mark.timeout(300)
@@ -190,7 +190,7 @@ def ngram_engine(tmp_path_factory):
     import dataclasses
 
     from workers.engine import EngineProcess
-    from orchestrator.testing import tiny_server
+    from tools.testing import tiny_server
 
     server = tiny_server("ngram", num_steps=4)
     server = dataclasses.replace(server, engine=dataclasses.replace(server.engine,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from workers.reference import gguf_checkpoint
-from workers.reference.config import load_config
+from workers.reference.model_source import load_config
 from workers.reference.gguf_checkpoint import locate_packaged, prepare_gguf, resolve_gguf, unpermute_rope_rows
 from workers.reference.model import build_model
 from workers.reference.tokenizer import GGUFTokenizer, load_tokenizer

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from workers.reference import h200_e2e
+from tools import h200_e2e
 
 
 def test_e2e_benchmark_runs_small_on_cpu(tmp_path):

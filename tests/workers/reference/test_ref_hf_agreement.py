@@ -8,7 +8,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from specsweep_kernels import fused_ops  # noqa: E402
-from workers.reference.config import load_config  # noqa: E402
+from workers.reference.model_source import load_config  # noqa: E402
 from workers.reference.model import build_model  # noqa: E402
 
 PROMPT_LEN, DECODE_STEPS = 37, 6

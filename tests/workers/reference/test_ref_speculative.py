@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.testing import spec_flags
+from tools.testing import spec_flags
 from workers.reference.engine import SamplingParams
 from workers.reference.speculative import DraftTree, NgramDrafter
 

@@ -1,6 +1,6 @@
 """Orchestration overhead per run: (sweep wall time − Σ engine time) ÷ runs.
 
-`python -m orchestrator.bench [--runs 8 64] [--ray fresh running] [--repeat 3] [--breakdown]`
+`python -m tools.bench_orchestrator [--runs 8 64] [--ray fresh running] [--repeat 3] [--breakdown]`
 (`make bench-orchestrator`).
 
 Each sample is one `run_plan` call as a sweep makes it, in a fresh Python process as `make run` is one (the
@@ -39,7 +39,7 @@ from orchestrator.local_ray import init_local_ray
 from orchestrator.plan import Plan
 from orchestrator.settings import ClusterSettings, ExecutionSettings, TrackingSettings
 from orchestrator.stats import ExecutionStats
-from orchestrator.testing import tiny_group, tiny_run, tiny_server
+from tools.testing import tiny_group, tiny_run, tiny_server
 from specsweep_vocab.spec import ProbeKind, RunState
 
 logger = logging.getLogger(__name__)
@@ -130,7 +130,7 @@ def _median_rows(samples: list[dict]) -> list[dict]:
 def _sample(mode: str, runs: int, args: argparse.Namespace) -> dict:
     """One row measured in a fresh Python process, as `make run` is one: the driver pays its own imports (MLflow,
     matplotlib for the report) inside the sweep's wall time every time, not only in the first row."""
-    cmd = [sys.executable, "-m", "orchestrator.bench", "--one", mode, str(runs), "--context-len", str(args.context_len),
+    cmd = [sys.executable, "-m", "tools.bench_orchestrator", "--one", mode, str(runs), "--context-len", str(args.context_len),
            "--gen-tokens", str(args.gen_tokens), "--num-cpus", str(args.num_cpus)]
     out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
     lines = [line for line in out.stdout.splitlines() if line.startswith(ONE_PREFIX)]
@@ -143,7 +143,7 @@ ONE_PREFIX = "BENCH_ROW "
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m orchestrator.bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m tools.bench_orchestrator", description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, nargs="+", default=[8, 64])
     p.add_argument("--context-len", type=int, default=16)
     p.add_argument("--gen-tokens", type=int, default=2)

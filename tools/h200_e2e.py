@@ -1,8 +1,8 @@
 """Long-context speculative decode on one GPU: the reference engine's `torch` attention against the
 `specsweep_verify` kernel (with and without CUDA graphs), Qwen3-8B-shaped, dummy weights, oracle drafter.
 
-    python -m workers.reference.h200_e2e --out $OUT            # 4k, 32k, 128k on cuda, bf16
-    python -m workers.reference.h200_e2e --device cpu --dtype float32 --layers 2 --hidden 256 ... (smoke)
+    python -m tools.h200_e2e --out $OUT            # 4k, 32k, 128k on cuda, bf16
+    python -m tools.h200_e2e --device cpu --dtype float32 --layers 2 --hidden 256 ... (smoke)
 
 No Ray, MLflow or Hydra: the engine is built in-process (`Engine(parse_args(...))`) and driven step by step.
 The oracle is STANDALONE with the target as its own draft (same weights, its own KV pool), topk 1, 7 steps, so
@@ -34,10 +34,10 @@ import torch
 
 from specsweep_vocab.spec import kv_bytes_per_token
 
-from .args import parse_args
-from .cuda_graph import bucket_for, replay_summary
-from .engine import Engine, Request, SamplingParams
-from .model import CausalLM
+from workers.reference.args import parse_args
+from workers.reference.cuda_graph import bucket_for, replay_summary
+from workers.reference.engine import Engine, Request, SamplingParams
+from workers.reference.model import CausalLM
 
 logger = logging.getLogger(__name__)
 

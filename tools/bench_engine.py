@@ -1,4 +1,4 @@
-"""`python -m workers.reference.bench`: prefill and decode tokens/s of `tiny` (dummy weights) by context
+"""`python -m tools.bench_engine`: prefill and decode tokens/s of `tiny` (dummy weights) by context
 length x page size x algorithm (NONE, NGRAM, the oracle). Medians over --repeats requests.
 
 prefill tok/s = prompt_tokens / ttft (median; the oracle's ttft includes the draft's prefill);
@@ -16,8 +16,8 @@ import time
 
 import torch
 
-from .args import parse_args
-from .engine import Engine, Request, SamplingParams
+from workers.reference.args import parse_args
+from workers.reference.engine import Engine, Request, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ def page_ratios(rows: list[dict]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m workers.reference.bench", allow_abbrev=False)
+    p = argparse.ArgumentParser(prog="python -m tools.bench_engine", allow_abbrev=False)
     p.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096, 16384])
     p.add_argument("--page-sizes", type=int, nargs="+", default=[1, 16])
     p.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=list(ALGORITHMS))

@@ -1,4 +1,4 @@
-"""`python -m workers.reference.bench_batch`: speculative speedup vs batch size on the reference engine.
+"""`python -m tools.bench_batch`: speculative speedup vs batch size on the reference engine.
 
 For each drafter (none, NGRAM, the oracle; `self`: the target's first --self-layers layers) x concurrency N: N requests submitted at once (one thread each, as
 the server's worker threads; each prompt starts with "Request <i>. " so no two are equal), all decoded by the
@@ -20,9 +20,9 @@ import time
 
 import torch
 
-from .args import parse_args
-from .bench import ALGORITHMS, cpu_name, markdown_table
-from .engine import Engine, Output, SamplingParams
+from workers.reference.args import parse_args
+from tools.bench_engine import ALGORITHMS, cpu_name, markdown_table
+from workers.reference.engine import Engine, Output, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ def format_table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m workers.reference.bench_batch", allow_abbrev=False)
+    p = argparse.ArgumentParser(prog="python -m tools.bench_batch", allow_abbrev=False)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     p.add_argument("--drafters", nargs="+", default=["none", "ngram", "oracle"], choices=list(DRAFTERS))
     p.add_argument("--self-layers", type=int, default=2, help="drafter self: the target's first N layers draft")

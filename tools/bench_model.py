@@ -1,4 +1,4 @@
-"""`python -m workers.reference.bench_model` (`make bench-model`): the reference engine on the real default model
+"""`python -m tools.bench_model` (`make bench-model`): the reference engine on the real default model
 (SmolLM2-135M-Instruct, fp32, CPU, batch 1).
 
 Prints model load time (cold: a fresh conversion cache, i.e. dequantise the GGUF and write the safetensors;
@@ -20,10 +20,10 @@ import torch
 from specsweep_vocab.spec import EngineKind, ProbeKind, ProbeSpec
 from workers.probe import build_prompt
 
-from . import gguf_checkpoint
-from .args import parse_args
-from .bench import cpu_name, markdown_table
-from .engine import Engine, SamplingParams
+from workers.reference import gguf_checkpoint
+from workers.reference.args import parse_args
+from tools.bench_engine import cpu_name, markdown_table
+from workers.reference.engine import Engine, SamplingParams
 
 MODEL = "smollm2-135m"
 DRAFT = ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", MODEL, "--speculative-num-steps", "4"]
@@ -76,7 +76,7 @@ def format_table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m workers.reference.bench_model", allow_abbrev=False)
+    p = argparse.ArgumentParser(prog="python -m tools.bench_model", allow_abbrev=False)
     p.add_argument("--contexts", type=int, nargs="+", default=[1024, 8160])
     p.add_argument("--drafters", nargs="+", default=list(DRAFTERS), choices=list(DRAFTERS))
     p.add_argument("--new-tokens", type=int, default=32)

@@ -1,6 +1,6 @@
 """Scheduling benchmark: a 48-run sweep of mixed run lengths on a simulated Ray cluster.
 
-    python -m orchestrator.bench_sched [--groups 12] [--runs-per-group 4] [--tp 8] [--seed 0]
+    python -m tools.bench_sched [--groups 12] [--runs-per-group 4] [--tp 8] [--seed 0]
 
 A `ray.cluster_utils.Cluster` (a CPU head and 3 nodes × 8 logical GPUs) runs the real execution path
 (preflight, placement groups, Ray actors, EngineProcess, HTTP probes, MLflow on SQLite in a temp dir) with the
@@ -28,7 +28,7 @@ from pathlib import Path
 from orchestrator.plan import Plan
 from orchestrator.settings import ClusterKind, ClusterSettings, ExecutionSettings, TrackingSettings
 from specsweep_vocab.spec import RunState
-from orchestrator.testing import stub_server, tiny_group, tiny_run
+from tools.testing import stub_server, tiny_group, tiny_run
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Test and benchmark helpers: spec builders for the tiny reference engine and the stub engine (no Hydra needed).
 
-Imported by tests/ and the benchmarks (orchestrator/bench*.py) only, never by runtime code.
+Imported by tests/ and the benchmarks (tools/bench_*.py) only, never by product code.
 
     tiny_server(drafter="oracle"|"ngram"|"none", num_steps=4, page_size=16, context_length=4096) -> ServerSpec
     tiny_run(server, job_index, kind=ProbeKind.PREDICTABLE, context_len=64, gen_tokens=8) -> RunSpec

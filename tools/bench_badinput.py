@@ -1,6 +1,6 @@
 """The bad-input battery: every bad input through the real CLI, in a subprocess, and what it left behind.
 
-`python -m orchestrator.bench_badinput [--only SUBSTRING] [--no-engine]` (`make bench-badinput`).
+`python -m tools.bench_badinput [--only SUBSTRING] [--no-engine]` (`make bench-badinput`).
 
 Each case runs `python -m orchestrator ...` (or `python -m orchestrator.schedule ...`) in a fresh temp dir and
 prints one Markdown row: the input, the exit code, the first line of the message, the seconds, and whether
@@ -313,7 +313,7 @@ def machine() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m orchestrator.bench_badinput", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m tools.bench_badinput", description=__doc__.splitlines()[0])
     p.add_argument("--only", default=None, help="run the cases whose label contains this")
     p.add_argument("--no-engine", action="store_true", help="skip the reference engine's request checks")
     args = p.parse_args(argv)
