@@ -9,7 +9,7 @@ a median over CUDA-graph replays (host launch overhead out, as in a graph-captur
 lines for the timed call to write back); the eager time is in the full table. GB/s = unique prefix KV bytes / time; floor =
 max(bytes / copy bandwidth, FLOPs / matmul rate) from specsweep_kernels.roofline. SGLang's verify path
 (extend_attention_fwd + custom mask) and, at T = 1, its split-KV decode kernel run beside it when the wheel is
-given (loaded by sglang_baseline.py, found next to the wheel or in ../shared/tools). --tune also times a few
+given (unpacked from the wheel by specsweep_kernels.sglang_peer). --tune also times a few
 tiles and split counts per row and reports the best. The full table goes to --out, a short one is printed last.
 """
 from __future__ import annotations
@@ -169,13 +169,9 @@ def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 def _load_sglang(wheel: str | None):
     if not wheel:
         return None
-    for folder in [Path(wheel).parent, Path(__file__).resolve().parents[2] / "shared" / "tools"]:
-        if (folder / "sglang_baseline.py").exists():
-            sys.path.insert(0, str(folder))
-            break
-    from sglang_baseline import load
+    from specsweep_kernels.sglang_peer import load_peer_kernels
 
-    return load(wheel)
+    return load_peer_kernels(wheel)
 
 
 def _sglang_calls(sglang, problem, out_verify: torch.Tensor):

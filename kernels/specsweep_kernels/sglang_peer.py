@@ -1,0 +1,61 @@
+"""SGLang's own Triton attention kernels as the benchmark's peer column, taken from an SGLang wheel file without
+installing SGLang (its dependency pins clash with ours) and without keeping any of its code in this repository.
+
+    extend_fwd, decode_fwd = load_peer_kernels(".whl/sglang-0.5.10.post1-py3-none-any.whl")
+
+Why 0.5.10.post1: it is a pure-Python wheel whose `sglang/srt/layers/attention/triton_ops/*.py` import, from the
+rest of SGLang, only `sglang.srt.utils.is_hip` and `is_cuda`; later wheels moved the kernels and import much more of
+SGLang. So the loader unpacks only that folder into a temporary directory (removed at exit), gives it empty package
+`__init__`s and a two-function `sglang.srt.utils` answering those calls, and imports
+`decode_attention.decode_attention_fwd` and `extend_attention.extend_attention_fwd` from there. The wheel is fetched
+where pip has a network (docs/kernels.md, "Benchmark"):
+
+    pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \\
+        --platform manylinux2014_x86_64 -d .whl sglang==0.5.10.post1
+"""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any, Callable
+
+TRITON_OPS = "sglang/srt/layers/attention/triton_ops"
+_UTILS = ("import torch\n\n\ndef is_hip():\n    return False\n\n\n"
+          "def is_cuda():\n    return torch.cuda.is_available()\n")
+
+
+def unpack_triton_ops(wheel: str | Path, into: Path) -> Path:
+    """Extract the wheel's triton_ops/*.py under `into`, with the packages around them; returns `into`."""
+    with zipfile.ZipFile(wheel) as archive:
+        members = [n for n in archive.namelist() if n.startswith(TRITON_OPS + "/") and n.endswith(".py")]
+        if not members:
+            raise ValueError(f"{wheel}: no {TRITON_OPS}/*.py inside; the peer column needs sglang 0.5.10.post1's wheel")
+        for name in members:
+            archive.extract(name, into)
+    package = into
+    for part in TRITON_OPS.split("/"):
+        package = package / part
+        package.mkdir(exist_ok=True)
+        (package / "__init__.py").touch()
+    (into / "sglang" / "srt" / "utils").mkdir(exist_ok=True)
+    (into / "sglang" / "srt" / "utils" / "__init__.py").write_text(_UTILS)
+    return into
+
+
+def load_peer_kernels(wheel: str | Path) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """(extend_attention_fwd, decode_attention_fwd) of the wheel. An `sglang` already imported in this process
+    would shadow the unpacked one, so that is refused."""
+    if "sglang" in sys.modules:
+        raise RuntimeError("sglang is already imported in this process; the peer kernels need a clean import")
+    root = Path(tempfile.mkdtemp(prefix="specsweep-sglang-peer-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    sys.path.insert(0, str(unpack_triton_ops(wheel, root)))
+    from sglang.srt.layers.attention.triton_ops.decode_attention import decode_attention_fwd
+    from sglang.srt.layers.attention.triton_ops.extend_attention import extend_attention_fwd
+
+    return extend_attention_fwd, decode_attention_fwd
