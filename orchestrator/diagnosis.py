@@ -4,7 +4,9 @@ Pure functions over `RunRow`s (one per FINISHED child run); every finding cites 
 prove it, and every rule says whether the sweep let it be evaluated (a `Check`). The rules (thresholds in
 `Thresholds`, set from the `report` config):
 
-(a) the oracle drafter commits less than num_steps + 1 per verify step  -> pipeline bug;
+(a) the oracle drafter commits less than num_steps + 1 per verify step  -> pipeline bug (commit_len_mean =
+    1 + spec_num_correct_drafts / spec_verify_ct on every engine: exact even when the last step overshoots
+    max_new_tokens, which SGLang counts whole but truncates in completion_tokens; workers.sglang_metrics);
 (b) commit collapse with context (>= `collapse_drop` below the shortest context of the same
     drafter x page x attention) on predictable text -> drafting bug at long context; while the same drafter
     holds on predictable text, a collapse with context on novel text, or novel text committing
@@ -13,9 +15,14 @@ prove it, and every rule says whether the sweep let it be evaluated (a `Check`).
 (c) verify-step time growing faster than linearly with context, or effective KV bandwidth under
     `min_bw_frac` of the device's peak at contexts >= `bw_min_context` (shorter prefixes are
     overhead-dominated) -> attention-kernel bound (names backend and page size);
-(d) GPU utilisation under `max_gpu_util` while the step time is high -> launch- or host-bound.
+(d) GPU utilisation under `max_gpu_util` while the step time is high -> launch- or host-bound;
+(e) (only in sweeps with such runs) an SGLang run with the specsweep_verify plugin whose dispatch counters show a
+    fallback, no kernel call, or are missing -> the run does not measure the kernel its label names.
 
 Runs on the stub engine (`engine` = stub) are examined by no rule: their commits and timings are simulated.
+Runs on dummy weights (`model.load_format=dummy`, the built-in random `tiny`) are left out of (a) and (b): random
+logits say nothing about the drafter or the pipeline (orchestrator/weights_scope.py). The report is
+`orchestrator.diagnosis_md.render_markdown`.
 The verdict is "Healthy" only when every rule was evaluated and none fired; with 0 runs there is no verdict.
 """
 
@@ -25,9 +32,11 @@ import enum
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from orchestrator.settings import Thresholds
+from orchestrator.weights_scope import scoped
+from specsweep_vocab.plugin_counters import unproven
 from specsweep_vocab.spec import EngineKind
 
 
@@ -37,6 +46,7 @@ class Cause(str, enum.Enum):
     DRAFTER_QUALITY = "drafter quality"
     KERNEL_BOUND = "attention-kernel bound"
     HOST_BOUND = "launch- or host-bound"
+    KERNEL_NOT_RUN = "verify kernel not proven to run"
 
 
 class Rule(str, enum.Enum):
@@ -48,6 +58,7 @@ class Rule(str, enum.Enum):
     STEP_GROWTH = "(c) verify-step time vs context"
     KV_BANDWIDTH = "(c) KV bandwidth vs the device peak"
     HOST_BOUND = "(d) GPU utilisation vs step time"
+    PLUGIN_DISPATCH = "(e) specsweep_verify runs on its kernel (plugin counters)"
 
 
 class Verdict(str, enum.Enum):
@@ -71,6 +82,8 @@ class RunRow:
     metrics: dict[str, float] = field(default_factory=dict)
     engine: str = ""  # reference | sglang | stub ("" when unknown)
     concurrency: int = 1  # probe.concurrency: requests in flight at once (runs compare only at equal values)
+    dummy_weights: str = ""  # why its weights are random (orchestrator.weights_scope); "" = real: (a), (b) judge it
+    plugin: bool = False  # SGLang run with the specsweep_verify plugin as a backend (its counters are recorded)
 
     def metric(self, key: str) -> float | None:
         v = self.metrics.get(key)
@@ -111,6 +124,7 @@ class Diagnosis:
     simulated: int  # of them on the stub engine: in no rule
     findings: tuple[Finding, ...]
     checks: tuple[Check, ...]
+    dummy_weights: tuple[str, ...] = ()  # why, for each real-engine run on random weights: not in (a), (b)
 
     @property
     def not_evaluated(self) -> tuple[Check, ...]:
@@ -386,38 +400,31 @@ def diagnose(rows: Sequence[RunRow], th: Thresholds = Thresholds(), peak_gbs: fl
         why = (f"all {simulated} run(s) ran on the stub engine, whose commits and timings are simulated"
                if simulated else "no run to examine")
         return Diagnosis(len(rows), simulated, (), tuple(Check(rule, False, why) for rule in Rule))
-    oracle, c_oracle = find_oracle_shortfall(real, th)
-    collapse, c_collapse = find_commit_collapse(real, th)
+    judged = [r for r in real if not r.dummy_weights]  # (a), (b) judge the pipeline and drafter: real weights only
+    dummy = tuple(r.dummy_weights for r in real if r.dummy_weights)
+    oracle, c_oracle = find_oracle_shortfall(judged, th)
+    collapse, c_collapse = find_commit_collapse(judged, th)
+    if dummy:
+        c_oracle, *c_collapse = (replace(c, detail=scoped(c.detail, c.evaluated, len(judged), dummy))
+                                 for c in (c_oracle, *c_collapse))
     kernel, c_kernel = find_kernel_bound(real, th, peak_gbs)
     host, c_host = find_host_bound(real, th)
-    return Diagnosis(len(rows), simulated, (*oracle, *collapse, *kernel, *host),
-                     (c_oracle, *c_collapse, *c_kernel, c_host))
+    plugin, c_plugin = find_plugin_fallback(real)
+    return Diagnosis(len(rows), simulated, (*oracle, *collapse, *kernel, *host, *plugin),
+                     (c_oracle, *c_collapse, *c_kernel, c_host, *c_plugin), dummy_weights=dummy)
 
 
-def render_markdown(diagnosis: Diagnosis, sweep: str, earlier: int = 0) -> str:
-    """`earlier`: how many of the runs examined were recorded by earlier invocations of the sweep (resume)."""
-    d = diagnosis
-    examined = f"{d.runs} run(s) examined"
-    if earlier:
-        examined += f" ({earlier} of them from earlier invocations of this sweep, skipped on resume)"
-    lines = [f"# Diagnosis: {sweep}", "", examined + "."]
-    if d.simulated:
-        lines += ["", (f"{d.simulated} run(s) ran on the stub engine: their commits and timings are simulated "
-                       f"(workers/stub_engine.py), so no rule examines them.")]
-    verdict = d.verdict
-    if verdict is Verdict.NO_RUNS:
-        lines += ["", "**No verdict**: no FINISHED run of a real engine to examine, so nothing was checked."]
-        return "\n".join(lines) + "\n"
-    if verdict is Verdict.HEALTHY:
-        lines += ["", "**Healthy**: every rule was evaluated and none fired."]
-    elif verdict is Verdict.INCOMPLETE:
-        lines += ["", (f"**No verdict**: no rule fired, but {len(d.not_evaluated)} of {len(d.checks)} could not "
-                       f"be evaluated on this sweep (listed under \"Not checked\"), so it is not called healthy.")]
-    for f in d.findings:
-        lines += ["", f"## {f.cause.value}", "", f.summary, ""] + [f"- {e}" for e in f.evidence]
-    checked = [c for c in d.checks if c.evaluated]
-    if checked:
-        lines += ["", "## Checked", ""] + [f"- {c.rule.value}: {c.detail}" for c in checked]
-    if d.not_evaluated:
-        lines += ["", "## Not checked", ""] + [f"- {c.rule.value}: {c.detail}" for c in d.not_evaluated]
-    return "\n".join(lines) + "\n"
+def find_plugin_fallback(rows: Sequence[RunRow]) -> tuple[list[Finding], list[Check]]:
+    """(e), only where a run uses the plugin on SGLang: each must show kernel calls and no fallback (`unproven`)."""
+    runs = [r for r in rows if r.plugin]
+    if not runs:
+        return [], []
+    bad = [(r, why) for r in runs if (why := unproven(r.metrics))]
+    check = Check(Rule.PLUGIN_DISPATCH, True, f"{len(runs) - len(bad)} of {len(runs)} specsweep_verify run(s) ran "
+                                              "every verify / decode layer call on the kernel")
+    if not bad:
+        return [], [check]
+    return [Finding(Cause.KERNEL_NOT_RUN, f"{len(bad)} run(s) labelled specsweep_verify cannot show that the kernel "
+                    "ran their attention: what they measured is (partly) SGLang's Triton backend, or unknown.",
+                    tuple(f"`{r.name}` (run {r.run_id[:8]}): {why}" for r, why in bad),
+                    tuple(r.run_id for r, _ in bad))], [check]

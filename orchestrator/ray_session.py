@@ -3,7 +3,8 @@ started it.
 
     ray_session(cluster, groups, stats=None) -> RaySession   (a context manager)
         connect (or reuse) Ray, then the preflight (`orchestrator.preflight.run_preflight`: PreflightError before
-        MLflow or any engine); on exit shuts Ray down if this call started it. The launcher opens one and hands it
+        MLflow or any engine) and, for specsweep_verify servers, the plugin preflight on each node that could host
+        one (`orchestrator.plugin_preflight`); on exit shuts Ray down if this call started it. The launcher opens one and hands it
         to `run_plan`; `run_plan` called on its own opens its own.
     connect_ray(cluster, gpus_needed=0) -> bool   True when this call started Ray (and must shut it down)
     shutdown_ray()                                `ray.shutdown()` without its 1 s stall on the autoscaler monitor
@@ -27,6 +28,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group_table
 
 from orchestrator.local_ray import init_local_ray
+from orchestrator.plugin_preflight import check_plugin_nodes
 from orchestrator.preflight import Preflight, gpus_per_node, run_preflight
 from orchestrator.settings import ClusterKind, ClusterSettings
 from orchestrator.stats import ExecutionStats
@@ -54,7 +56,9 @@ def ray_session(cluster: ClusterSettings, groups: Sequence[ServerGroup],
     stats.ray_init_s = time.perf_counter() - t
     stats.mark("ray_up")
     try:
-        yield RaySession(run_preflight(groups, cluster), started)
+        preflight = run_preflight(groups, cluster)
+        check_plugin_nodes(groups, cluster, preflight)  # attention=specsweep_verify: SGLang's interpreter, per node
+        yield RaySession(preflight, started)
     finally:
         if started:
             logger.info("stopping Ray")

@@ -28,7 +28,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.settings import Thresholds
-from orchestrator.diagnosis import Diagnosis, Finding, RunRow, diagnose, render_markdown
+from orchestrator.diagnosis import Diagnosis, Finding, RunRow, diagnose
+from orchestrator.diagnosis_md import render_markdown
+from orchestrator.weights_scope import dummy_weights_reason
+from specsweep_vocab.sglang_facts import SGLANG_PLUGIN_BACKENDS
 
 if TYPE_CHECKING:
     from mlflow.entities import Run
@@ -98,6 +101,9 @@ def row_from_run(run) -> RunRow:
         metrics=dict(m),
         engine=run.data.tags.get("engine", ""),
         concurrency=int(float(_param(p, "probe.concurrency", default="1"))),
+        dummy_weights=dummy_weights_reason(p),
+        plugin=run.data.tags.get("engine", "") == "sglang" and any(
+            _param(p, f"attention.{k}") in SGLANG_PLUGIN_BACKENDS for k in ("backend", "decode_backend", "prefill_backend")),
     )
 
 
@@ -318,7 +324,7 @@ def build_plots(out: Path, client, children: Sequence[ChildRun]) -> list[Path]:
         ("decode_tok_s_vs_context.png", "decode_tok_s", lambda r: f"attn={r.attention} page={r.page_size}",
          "decode throughput vs context", "decode tokens / s", None, ""),
         ("verify_step_ms_vs_context.png", "verify_step_ms", lambda r: f"attn={r.attention} page={r.page_size}",
-         "verify-step time vs context", "verify_step_ms (median)", None, ""),
+         "verify-step time vs context", "verify_step_ms (per request step; N>1: batched forward / N)", None, ""),
         ("kv_bw_gbs_vs_context.png", "kv_bw_gbs", lambda r: f"attn={r.attention} page={r.page_size}",
          "effective KV bandwidth vs context", "GB/s", peak, "device roofline"),
     ]

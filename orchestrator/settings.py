@@ -56,6 +56,9 @@ class ClusterSettings:
     accelerator: str | None = None  # GPU architecture every server must land on, e.g. "sm_120"
     accelerator_label: str = "gpu-arch"  # node label key that carries the architecture
     accelerator_match: AcceleratorMatch = AcceleratorMatch.AUTO
+    # memory of one GPU (GiB) for the plan-time weights check; None: the largest GPU of `accelerator`
+    # (orchestrator/validate_startup.py GPU_MEMORY_GIB), or of any architecture when that is unset too
+    gpu_memory_gib: float | None = None
     max_concurrent_servers: int | None = None  # cap on servers at once; None: as many as the cluster fits
     max_retries: int = 2  # per run: re-queues after its node was lost while it ran
 

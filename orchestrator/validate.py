@@ -13,7 +13,9 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
+from orchestrator.validate_startup import startup_problems
 from specsweep_vocab.redact import MASK, is_secret_path, redact_override, redact_text
+from specsweep_vocab.sglang_limits import context_need, sglang_generated
 from specsweep_vocab.spec import STUB_FLAGS, Algorithm, AttentionKind, EngineKind, JobKind, ProbeKind, StubOptions
 from specsweep_vocab.sglang_facts import (SGLANG_BACKEND_PAGE_SIZES, SGLANG_DRAFT_BACKENDS,
                                           SGLANG_EAGLE_DRAFT_WORKER_BACKENDS, SGLANG_PLUGIN_BACKENDS,
@@ -179,18 +181,27 @@ def probe_file_problem(key_value: str, name: str, raw: bytes, overrides: tuple[s
 
 
 def check_context(rc: RunConfig) -> Problem | None:
-    """context_len + gen_tokens (+ SGLang's EAGLE reserve) must fit the server's context (a sweep drops such
-    points instead). SGLang refuses a request whose prompt + reserve >= its context length, or whose prompt +
-    reserve + max_new_tokens exceeds it; with gen_tokens >= 1 the second rule covers the first."""
+    """The probe's prompt and all its gen_tokens must fit the server's context (a sweep drops such points instead).
+    The reference engine takes prompt + max_new_tokens <= context (workers/reference/engine.py `check`). SGLang
+    (0.5.23, `specsweep_vocab.sglang_limits`, checked against its own code): prompt + max_new_tokens + max(reserve, 2)
+    <= context and prompt <= context - 7, the reserve being EAGLE/EAGLE3's draft slots; nearer the edge it refuses
+    the request (HTTP 400), aborts it, or generates fewer tokens than asked."""
     limit, reserved = server_context_len(rc), reserved_tokens(rc)
-    if rc.probe.context_len + rc.probe.gen_tokens + reserved > limit:
-        where = (f"server_context_len {limit}" if rc.server_context_len
-                 else f"model {rc.model.name}'s max_context_len {limit}")
-        extra = (f" + {reserved} tokens SGLang reserves for {rc.drafter.algorithm.value} drafts "
-                 f"(max(topk*num_steps, num_draft_tokens))" if reserved else "")
-        return Problem("context_len", rc.probe.context_len,
-                       f"context_len + gen_tokens ({rc.probe.gen_tokens}){extra} <= {where}", rc.overrides)
-    return None
+    prompt, gen = rc.probe.context_len, rc.probe.gen_tokens
+    sglang = rc.engine.kind is EngineKind.SGLANG
+    if (sglang_generated(prompt, gen, limit, reserve=reserved) == gen) if sglang else prompt + gen <= limit:
+        return None
+    where = (f"server_context_len {limit}" if rc.server_context_len
+             else f"model {rc.model.name}'s max_context_len {limit}")
+    if not sglang:
+        return Problem("context_len", prompt, f"context_len + gen_tokens ({gen}) <= {where}", rc.overrides)
+    total, alone = context_need(reserved)
+    why = (f"the {reserved} tokens SGLang reserves for {rc.drafter.algorithm.value} drafts "
+           "(max(topk*num_steps, num_draft_tokens))" if reserved >= total else
+           "SGLang's scheduler keeps max_new_tokens <= context - prompt - 2")
+    return Problem("context_len", prompt, f"context_len + gen_tokens ({gen}) + {total} ({why}) <= {where}, and "
+                   f"context_len <= {limit - alone} (SGLang aborts prompts of context - 6 tokens or more)",
+                   rc.overrides)
 
 
 def every_point_over_context(configs: Sequence[RunConfig]) -> Problem | None:
@@ -568,6 +579,7 @@ def sglang_problems(rc: RunConfig) -> list[Problem]:
                 f"on SGLang {rules.version})")
 
     _plugin_problems(rc, bad)
+    startup_problems(rc, bad)  # what SGLang's parser lets through but its start-up refuses (fa3 arch, weights, ...)
     mrr = opts.max_running_requests if opts is not None else None
     cap = mrr if mrr is not None else (SPEC_MAX_RUNNING_REQUESTS if d.algorithm is not Algorithm.NONE else None)
     if cap is not None and rc.probe.concurrency > cap:

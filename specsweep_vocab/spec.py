@@ -130,6 +130,12 @@ class ModelSpec:
     attention_kind: AttentionKind = AttentionKind.GQA
     dtype: str = "float32"  # KV/weights dtype the engine runs in
     load_format: str = "dummy"  # "dummy" (seeded random weights) or "auto"
+    # Weight size, for the plan-time check that the weights fit the GPUs (orchestrator/validate_startup.py); they
+    # describe the checkpoint at `path`, so they are no part of a run's identity. num_params: parameters of the
+    # checkpoint (its model card; None: a lower bound from the attention shape); weight_dtype: how its weights are
+    # stored where that is not `dtype` (DeepSeek-V3: float8_e4m3fn, its config.json quantization_config).
+    num_params: int | None = field(default=None, metadata=NOT_IDENTITY)
+    weight_dtype: str | None = field(default=None, metadata=NOT_IDENTITY)
 
     @property
     def kv_bytes_per_token(self) -> int:

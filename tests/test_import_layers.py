@@ -18,7 +18,8 @@ PACKAGES = {"specsweep_vocab": ROOT / "specsweep_vocab", "orchestrator": ROOT / 
             "hydra_plugins": ROOT / "hydra_plugins", "benchmarks": ROOT / "benchmarks"}
 OURS = (*PACKAGES, "conf")
 PLANNING = {"orchestrator.settings", "orchestrator.run_config", "orchestrator.schema", "orchestrator.validate",
-            "orchestrator.plan", "orchestrator.diagnosis"}
+            "orchestrator.plan", "orchestrator.diagnosis", "orchestrator.validate_startup",
+            "orchestrator.weights_scope"}
 CLIS = {"orchestrator.__main__", "orchestrator.schedule"}
 
 

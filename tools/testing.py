@@ -16,6 +16,9 @@ Imported by tests/ and the benchmarks (tools/bench_*.py) only, never by product 
         the reference engine's --speculative-* argv
     ray_cluster([node_args, ...], object_store_mb=80) -> (Cluster, [node, ...])   a context manager: a
         ray.cluster_utils.Cluster with a 1-CPU head and these nodes, this process connected; shut down after
+    load_scale() -> float; scaled(seconds) -> float
+        a deadline in a test is `scaled(s)`: s on an idle machine, s x (1-minute load / cores) on a loaded one
+        (capped at MAX_LOAD_SCALE), so a busy machine makes a test slower, never wrong
 """
 
 from __future__ import annotations
@@ -35,6 +38,23 @@ from orchestrator.plan import launch_engine
 from specsweep_vocab.spec import (Algorithm, AttentionSpec, DrafterSpec, EngineKind, EngineSpec, ModelSpec, ProbeKind,
                                   ProbeSpec, RunSpec, ServerGroup, ServerSpec, StubOptions, stable_hash)
 from workers.sglang_metrics import parse_prometheus
+
+MAX_LOAD_SCALE = 8.0
+
+
+def load_scale() -> float:
+    """How much slower than idle this machine runs now: the 1-minute load average per core, at least 1."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return 1.0
+    return min(MAX_LOAD_SCALE, max(1.0, load / (os.cpu_count() or 1)))
+
+
+def scaled(seconds: float) -> float:
+    """A test's deadline of `seconds` on an idle machine, stretched by the current load (`load_scale`)."""
+    return seconds * load_scale()
+
 
 TINY = ModelSpec(name="tiny", path="tiny", max_context_len=32768, num_layers=4, hidden_size=256, num_q_heads=8,
                  num_kv_heads=2, head_dim=32, v_head_dim=32)

@@ -5,8 +5,15 @@ against the node's physical floor.
                          (prompt_tokens + completion_tokens / 2): layers x KV heads x (Dk + Dv) x dtype bytes x context
     kv_bw_gbs          = kv_bytes_per_step / verify_step_ms                    (CPU and GPU)
     peak_bw_gbs        = the node's measured device-to-device copy bandwidth   (GPU only; specsweep_kernels.roofline, cached)
-    floor_step_ms      = (weight bytes read per forward + kv_bytes_per_step) / peak_bw_gbs   (GPU only)
+    floor_step_ms      = (weight bytes read per forward / requests per forward + kv_bytes_per_step) / peak_bw_gbs
+                                                                               (GPU only)
     roofline_frac      = floor_step_ms / verify_step_ms                        (GPU only; 1.0 = at the floor)
+
+verify_step_ms (workers.engine_counters) is device time per request verify step: one forward's time at
+probe.concurrency 1, a batched forward's time / the requests in it above. So kv_bw_gbs is the batch's KV bytes per
+second, and the floor counts the weights once per forward, shared by its requests: `batch_size_mean` where the
+engine reports it (the reference engine's spec_steps), else `requests` (probe.concurrency; all requests start
+together and generate the same number of tokens).
 
 Weight bytes come from the model's full shape (`model_weight_bytes`: a built-in reference config or an HF
 config.json directory); where the shape can't be read, the floor counts the KV bytes alone. On CPU the
@@ -86,7 +93,8 @@ def derived_metrics(metrics: dict[str, float], model: ModelSpec, *, on_gpu: bool
     out["peak_bw_gbs"] = peak
     if weight_bytes is None:
         weight_bytes = model_weight_bytes(model) or 0.0
-    floor_ms = 1000.0 * (weight_bytes + kv_bytes) / (peak * 1e9)
+    per_forward = metrics.get("batch_size_mean") or metrics.get("requests") or 1.0  # requests sharing the weights
+    floor_ms = 1000.0 * (weight_bytes / per_forward + kv_bytes) / (peak * 1e9)
     out["floor_step_ms"] = floor_ms
     if step_ms:
         out["roofline_frac"] = floor_ms / step_ms

@@ -14,7 +14,12 @@ Public API:
         .generate(prompt, gen_tokens, temperature=0.0, stream=True) -> Generation
         .server_info() -> dict               GET /server_info
     measure(gen: Generation, expect_spec: bool) -> Measurement
-        metrics (DESIGN.md names), series {"commit_len": [...]}, artifacts {"continuation.txt", "steps.csv"}
+        metrics (DESIGN.md names), series {"commit_len": [...]}, artifacts {"continuation.txt", "steps.csv"}. The
+        speculative headline figures (commit_len_mean, emitted_per_verify, engine_accept_length, accept_rate, the
+        histogram and accept_at_depth) come from SGLang's meta_info fields on every engine, through one function
+        (workers.sglang_metrics.spec_metrics_from_meta_info); the reference engine's extra `spec_steps` give only
+        the commit_len series, tree shape, verify_forward_median_ms and steps.csv (the headline verify_step_ms
+        comes from /metrics counters on both engines: workers.engine_counters, set by the runner).
     measure_all(gens, expect_spec, wall_s) -> Measurement
         a run's probe.concurrency answers: per-request means, commit over all verify steps, throughput_tok_s
     run_probe(base_url, probe, engine, *, expect_spec, timeout_s, model_path=None) -> Measurement
@@ -443,40 +448,32 @@ def measure(gen: Generation, expect_spec: bool, *, version: str | None = None,
     out = Measurement(metrics=m, engine_time_s=gen.client_e2e_s)
     out.artifacts["continuation.txt"] = gen.text
 
+    if expect_spec and "spec_verify_ct" not in meta:
+        raise BadResponse("speculating server sent no meta_info.spec_verify_ct")
+    # The headline figures, on every engine, from SGLang's fields (workers.sglang_metrics: formulas, SGLang lines)
+    spec = spec_metrics_from_meta_info(meta, version)
+    if expect_spec and spec.metrics.get("verify_steps") and "commit_len_mean" not in spec.metrics:
+        raise BadResponse(f"speculating server sent spec_verify_ct but no correct-draft count: {str(meta)[:200]}")
+    m.update({k: v for k, v in spec.metrics.items() if k not in ("accepted_drafts", "proposed_drafts")})
+    out.histogram = spec.histogram
+    if spec.metrics.get("proposed_drafts"):
+        out.drafts = (spec.metrics.get("accepted_drafts", 0.0), spec.metrics["proposed_drafts"])
+    elif isinstance(meta.get("spec_accept_rate"), (int, float)):
+        m["accept_rate"] = float(meta["spec_accept_rate"])
+    # The reference engine's extra per-step record: the commit_len series, tree shape, step times
     steps = meta.get("spec_steps")
-    if expect_spec and not steps and "spec_verify_ct" not in meta:
-        raise BadResponse("speculating server sent neither meta_info.spec_steps nor spec_verify_ct")
     if steps:
         if not isinstance(steps, list) or not all(isinstance(s, dict) and "accept_len" in s for s in steps):
             raise BadResponse(f"meta_info.spec_steps is malformed: {str(steps)[:200]}")
-        commit = [float(s["accept_len"]) for s in steps]
-        out.series["commit_len"] = commit
-        m["commit_len_mean"] = statistics.fmean(commit)
-        m["verify_steps"] = float(len(steps))
+        out.series["commit_len"] = [float(s["accept_len"]) for s in steps]
         for key, name in (("tree_depth", "tree_depth_mean"), ("tree_nodes", "tree_nodes_mean")):
             vals = [float(s[key]) for s in steps if isinstance(s.get(key), (int, float))]
             if vals:
                 m[name] = statistics.fmean(vals)
         verify = [float(s["verify_s"]) for s in steps if isinstance(s.get("verify_s"), (int, float))]
-        if verify:
-            m["verify_step_ms"] = 1000.0 * statistics.median(verify)
+        if verify:  # an extra: the headline verify_step_ms is workers.engine_counters' (both engines)
+            m["verify_forward_median_ms"] = 1000.0 * statistics.median(verify)
         out.artifacts["steps.csv"] = _steps_csv(steps)
-        out.histogram = [0.0] * int(max(commit))
-        for c in commit:
-            out.histogram[int(c) - 1] += 1.0  # accept_len counts the bonus token
-    elif "spec_verify_ct" in meta:
-        verify_ct = _number(meta, "spec_verify_ct")
-        m["verify_steps"] = verify_ct
-        if verify_ct > 0:  # SGLang counts the prefill token in completion_tokens: strict per-verify figure
-            m["commit_len_mean"] = (completion - 1) / verify_ct
-            m["engine_accept_length"] = completion / verify_ct  # SGLang's spec_accept_length
-            out.histogram = spec_metrics_from_meta_info(meta, version).histogram
-    sm = spec_metrics_from_meta_info(meta, version).metrics if "spec_verify_ct" in meta else {}
-    if sm.get("proposed_drafts"):
-        out.drafts = (sm.get("accepted_drafts", 0.0), sm["proposed_drafts"])
-        m["accept_rate"] = out.drafts[0] / out.drafts[1]
-    elif isinstance(meta.get("spec_accept_rate"), (int, float)):
-        m["accept_rate"] = float(meta["spec_accept_rate"])
     _depth_metrics(out, max_depth)
     return out
 
@@ -495,8 +492,10 @@ def measure_all(gens: list[Generation], expect_spec: bool, wall_s: float, *, ver
     """The metrics of one run's probe.concurrency answers (`measure` of each, combined).
 
     Per-request figures (prompt/completion tokens, ttft_s, e2e_s, decode_tok_s, verify_steps, tree shape) are
-    means over requests; commit_len_mean and accept_rate are taken over all requests' verify steps and drafts;
-    verify_step_ms is the median over every step. Aggregate: `requests`, `wall_s` (first send to last answer)
+    means over requests; commit_len_mean, emitted_per_verify, engine_accept_length and accept_rate are taken over
+    all requests' verify steps and drafts;
+    verify_forward_median_ms (reference engine) is the median batched verify forward over every step.
+    Aggregate: `requests`, `wall_s` (first send to last answer)
     and `throughput_tok_s` = all completion tokens / wall_s (for one request, its completion tokens / its
     client-side time). `batch_size_mean`: requests per verify step, from the reference engine's spec_steps.
     The commit_len series, steps.csv and continuation.txt are request 0's."""
@@ -508,14 +507,11 @@ def measure_all(gens: list[Generation], expect_spec: bool, wall_s: float, *, ver
         values = [p.metrics[key] for p in parts if key in p.metrics]
         if values:
             m[key] = statistics.fmean(values)
-    verify = [(p.metrics["commit_len_mean"], p.metrics["verify_steps"]) for p in parts
-              if "commit_len_mean" in p.metrics and p.metrics.get("verify_steps")]
-    if verify:
-        m["commit_len_mean"] = sum(c * v for c, v in verify) / sum(v for _, v in verify)
-    engine_len = [(p.metrics["engine_accept_length"], p.metrics["verify_steps"]) for p in parts
-                  if "engine_accept_length" in p.metrics]
-    if engine_len:
-        m["engine_accept_length"] = sum(c * v for c, v in engine_len) / sum(v for _, v in engine_len)
+    for key in ("commit_len_mean", "emitted_per_verify", "engine_accept_length"):  # per verify step: over all steps
+        per_step = [(p.metrics[key], p.metrics["verify_steps"]) for p in parts
+                    if key in p.metrics and p.metrics.get("verify_steps")]
+        if per_step:
+            m[key] = sum(c * v for c, v in per_step) / sum(v for _, v in per_step)
     drafts = [p.drafts for p in parts if p.drafts is not None]
     if len(drafts) == len(parts) and sum(d[1] for d in drafts) != 0:
         m["accept_rate"] = sum(d[0] for d in drafts) / sum(d[1] for d in drafts)
@@ -524,7 +520,7 @@ def measure_all(gens: list[Generation], expect_spec: bool, wall_s: float, *, ver
     steps = [s for g in gens for s in (g.meta_info.get("spec_steps") or [])]
     step_s = [float(s["verify_s"]) for s in steps if isinstance(s.get("verify_s"), (int, float))]
     if step_s:
-        m["verify_step_ms"] = 1000.0 * statistics.median(step_s)
+        m["verify_forward_median_ms"] = 1000.0 * statistics.median(step_s)
     batch = [float(s["batch_size"]) for s in steps if isinstance(s.get("batch_size"), (int, float))]
     if batch:
         m["batch_size_mean"] = statistics.fmean(batch)

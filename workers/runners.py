@@ -28,9 +28,16 @@ SGLang: once per engine start the runner reads `/server_info` (the resolved serv
 gets them as `sglang.<key>` tags (backends for prefill/decode/verify, num_steps, topk, draft tokens, ...), and a
 note in its message (tag `sglang.changed`) where SGLang runs something other than the config asked
 (`workers.sglang.server_arg_changes`, e.g. NGRAM's num_steps). Around each probe it scrapes `/metrics` and, after it,
-reads `/server_info` again: `engine_accept_length_metrics` (Prometheus counter deltas) and
-`engine_accept_length_server` (avg_spec_accept_length, reset by the run's /flush_cache) cross-check
-`engine_accept_length` from meta_info. A failure to read them is a note, never a failed run.
+records `engine_accept_length_metrics` (Prometheus counter deltas), a cross-check of `engine_accept_length` from
+meta_info. A failure to read them is a note, never a failed run. `/server_info`'s avg_spec_accept_length is not
+recorded: SGLang reports it over complete 40-iteration windows only (workers.sglang_metrics says why).
+With `attention=specsweep_verify` it also reads the plugin's dispatch counters from `/metrics` before and after each
+run (`workers.plugin_counters`): `plugin_kernel_calls`, `plugin_fallback_calls` and the fallbacks by reason.
+
+Both real engines (SGLang and the reference engine; not the stub): `/metrics` is scraped before each run's flush and
+after its last answer, and `verify_step_ms` is Δ target-verify forward seconds ÷ Δ sglang:spec_verify_calls_total
+(`workers.engine_counters`: the same counters and formula on both); once per engine start `/server_info` gives the
+metrics `max_req_input_len` and `max_total_num_tokens` (SGLang's scheduler limits) of every run of that engine.
 
 GPU engines (SGLang, or the reference engine on cuda): each run is sampled with `workers.telemetry.GpuSampler`
 over CUDA_VISIBLE_DEVICES (set by Ray from the actor's GPUs): `gpu_*` metrics and series, GPU name and compute
@@ -61,11 +68,12 @@ from specsweep_vocab.spec import Algorithm, EngineKind, FailureReason, JobKind, 
 from specsweep_vocab.sglang_facts import SGLANG_VERSIONS
 from workers.engine import EngineProcess, NodeRank
 from workers.derived import derived_metrics
+from workers.engine_counters import Scrape, parse_scrape, read_limits, verify_timing
 from workers.errors import BadResponse, EngineDied, EngineStartFailed, ProbeTimeout, WorkerError
 from workers.probe import ProbeClient, run_probe
-from workers.sglang import max_draft_depth, reported_server_args, server_arg_changes, server_arg_tags
-from workers.sglang_metrics import (LogPatterns, accept_length_from_counters, follow_log, parse_prometheus,
-                                    server_accept_length)
+from workers.plugin_counters import read_dispatch, record_dispatch
+from workers.sglang import max_draft_depth, reported_server_args, server_arg_changes, server_arg_tags, uses_plugin
+from workers.sglang_metrics import LogPatterns, accept_length_from_counters, follow_log
 from workers.telemetry import GpuSampler, gpu_identity
 
 logger = logging.getLogger(__name__)
@@ -138,7 +146,11 @@ class GroupRunner:
         self.on_gpu = server.on_gpu
         self.gpu_tags = self._gpu_tags() if self.on_gpu else {}
         self.sglang = server.engine.kind is EngineKind.SGLANG
+        self.plugin = self.sglang and uses_plugin(server)  # specsweep_verify: its dispatch counters per run
         self.server_args: SGLangServerArgs | None = None  # /server_info of the engine now running (SGLang)
+        # /metrics counters (verify_step_ms) and /server_info limits, the same on both engines (engine_counters)
+        self.counted = server.engine.kind in (EngineKind.SGLANG, EngineKind.REFERENCE)
+        self.limits: tuple[int | None, dict[str, float]] | None = None  # (engine pid, its limits)
 
     # -- engine lifecycle
 
@@ -192,11 +204,13 @@ class GroupRunner:
             pid = engine.pid if engine is not None else None
             if engine is None or pid is None:
                 raise RuntimeError(f"group {self.group_id}: no spawned engine after _ensure_engine()")
-            if spec.log_patterns:
-                log_offset = _file_size(self.log_path)
             result.tags.update(engine_start=str(self.engine_starts), engine_pid=str(pid))
             args = self._server_args(engine) if self.sglang else None
-            before = scrape_metrics(engine.base_url) if self.sglang else None
+            limits = self._limits(engine) if self.counted else {}
+            before = scrape_metrics(engine.base_url) if self.counted else None
+            dispatch_before = read_dispatch(engine.base_url) if self.plugin else None
+            if spec.log_patterns:  # the run's own lines: from just before its flush
+                log_offset = _file_size(self.log_path)
             sampler = self._sampler() if self.on_gpu else None
             try:
                 m = run_probe(engine.base_url, spec.probe, _prompt_kind(self.server.engine.kind),
@@ -206,10 +220,15 @@ class GroupRunner:
                               in SGLANG_VERSIONS else None, max_depth=self._max_depth(args))
             finally:
                 samples = sampler.stop() if sampler else None
+            after = scrape_metrics(engine.base_url) if before is not None else None
+            m.notes += verify_timing(before, after, m.metrics)  # verify_step_ms, both engines
+            m.metrics.update(limits)
             if args is not None:
                 result.tags.update(args.tags)
                 m.notes += args.notes
-                m.notes += engine_cross_checks(engine.base_url, before, m.metrics)
+                m.notes += engine_cross_checks(engine.base_url, before, m.metrics, after=after)
+            if self.plugin:
+                m.notes += record_dispatch(engine.base_url, dispatch_before, m.metrics)
             result.metrics, result.series, result.engine_time_s = m.metrics, m.series, m.engine_time_s
             result.metrics.update(derived_metrics(result.metrics, self.server.model, on_gpu=self.on_gpu))
             if sampler is not None and samples is not None and sampler.available:  # NVML missing or no GPU: nothing recorded
@@ -239,6 +258,12 @@ class GroupRunner:
             for note in self.server_args.notes:
                 logger.warning("group %s: %s", self.group_id, note)
         return self.server_args
+
+    def _limits(self, engine: EngineProcess) -> dict[str, float]:
+        """max_req_input_len and max_total_num_tokens from /server_info, read once per engine start."""
+        if self.limits is None or self.limits[0] != engine.pid:
+            self.limits = (engine.pid, read_limits(engine.base_url))
+        return self.limits[1]
 
     def _max_depth(self, args: "SGLangServerArgs | None") -> int | None:
         if args is not None:
@@ -470,11 +495,12 @@ def read_server_args(base_url: str, server: ServerSpec, pid: int | None = None) 
     return SGLangServerArgs(pid, reported, tags, changes)
 
 
-def scrape_metrics(base_url: str) -> dict[str, float] | None:
-    """/metrics samples, or None when they cannot be read (the caller then skips the cross-check)."""
+def scrape_metrics(base_url: str) -> Scrape | None:
+    """/metrics samples (summed over labels, and labelled: `engine_counters.Scrape`), or None when they cannot be
+    read (the caller then skips what needs them)."""
     client = ProbeClient(base_url, timeout_s=30.0)
     try:
-        return parse_prometheus(client.metrics_text())
+        return parse_scrape(client.metrics_text())
     except (BadResponse, ProbeTimeout, ValueError) as e:
         logger.warning("%s: /metrics not read: %s", base_url, e)
         return None
@@ -482,26 +508,17 @@ def scrape_metrics(base_url: str) -> dict[str, float] | None:
         client.close()
 
 
-def engine_cross_checks(base_url: str, before: dict[str, float] | None, metrics: dict[str, float]) -> list[str]:
-    """After a probe: engine_accept_length_metrics (/metrics deltas since `before`) and
-    engine_accept_length_server (/server_info, reset by the run's flush) into `metrics`; notes for what failed."""
+def engine_cross_checks(base_url: str, before: dict[str, float] | None, metrics: dict[str, float],
+                        after: dict[str, float] | None = None) -> list[str]:
+    """After a probe: engine_accept_length_metrics (/metrics deltas from `before` to `after`, scraped now when not
+    given) into `metrics`; notes for what failed."""
     notes = []
-    after = scrape_metrics(base_url)
+    after = after if after is not None else scrape_metrics(base_url)
     value = accept_length_from_counters(before, after) if before is not None and after is not None else None
     if value is not None:
         metrics["engine_accept_length_metrics"] = value
     elif "verify_steps" in metrics:
         notes.append("/metrics gave no accept length for the run (no counters or no verify call)")
-    client = ProbeClient(base_url, timeout_s=30.0)
-    try:
-        value = server_accept_length(client.server_info())
-    except (BadResponse, ProbeTimeout, ValueError) as e:
-        value = None
-        notes.append(f"/server_info not read after the run: {e}")
-    finally:
-        client.close()
-    if value is not None:
-        metrics["engine_accept_length_server"] = value
     return notes
 
 

@@ -30,6 +30,7 @@ import sys
 from typing import Any, Mapping
 
 from specsweep_vocab.spec import Algorithm, EngineKind, ServerSpec, SGLangOptions
+from workers.engine_counters import DEVICE_TIMER_ENV
 from specsweep_vocab.sglang_facts import (SGLANG_PLUGIN_BACKENDS, SPEC_MAX_RUNNING_REQUESTS, SGLangFacts,
                                           resolved_backends, sglang_draft_backend, sglang_facts)
 
@@ -107,7 +108,9 @@ def build_sglang_argv(server: ServerSpec, port: int, *, python: str = sys.execut
 
 
 def sglang_env(server: ServerSpec) -> dict[str, str]:
-    env: dict[str, str] = {}
+    # device time per forward into sglang:forward_execution_seconds_total (sglang/srt/environ.py:479,
+    # managers/scheduler_components/metrics_reporter.py:325-341): the runs' verify_step_ms (workers.engine_counters)
+    env: dict[str, str] = {DEVICE_TIMER_ENV: "1"}
     if server.context_length > server.model.max_context_len:
         env[LONGER_CONTEXT_ENV] = "1"  # else SGLang refuses a context beyond the model config's
     return env

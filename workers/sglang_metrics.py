@@ -4,18 +4,20 @@ Public API:
 
     spec_metrics_from_meta_info(meta_info, version=None) -> SpecMetrics
         from the final /generate `meta_info` (the spec fields are on the finishing chunk only). version None:
-        told apart by the field names. DESIGN.md names: verify_steps, commit_len_mean (= (completion_tokens - 1)
-        / spec_verify_ct, the first token comes from prefill), accept_rate (correct / proposed drafts),
-        plus engine_accept_length (SGLang's own completion_tokens / spec_verify_ct) and the histogram.
+        told apart by the field names. The one place the project turns those fields into metrics, for SGLang and
+        the reference engine alike (see the function for each formula and the SGLang lines behind it).
     parse_prometheus(text) -> dict[str, float]          sample values summed over labels, per sample name
                                                         (prometheus_client's parser)
     accept_length_from_counters(before, after) -> float | None
         Δ sglang:generation_tokens_total / Δ sglang:spec_verify_calls_total between two scrapes of one run
-        (Prometheus counters are never reset; both move when a request finishes)
-    server_accept_length(info) -> float | None
-        `/server_info` internal_states[].avg_spec_accept_length (mean over the DP ranks reporting one). SGLang resets its
-        counters in /flush_cache (`MetricsReporter.reset_metrics`), so read after a run that began with a flush it
-        covers exactly that run's requests (no deltas: the flush breaks them).
+        (Prometheus counters are never reset; both move when a request finishes, by its truncated completion_tokens
+        and its spec_verify_ct: `sglang/srt/observability/metrics_collector.py:2110-2112`), so it cross-checks
+        engine_accept_length, not commit_len_mean
+    Not read: `/server_info` internal_states[].avg_spec_accept_length. SGLang folds it in windows of
+        --decode-log-interval (40) decode iterations and reports complete windows only, since the last /flush_cache
+        (`scheduler_components/metrics_reporter.py:934,973,999-1004,708-717`, `internal_state.py:119-125,243-253`):
+        absent for a run of under 40 iterations, the first 40k iterations of a longer one. commit_len_mean is the
+        same quantity, exact, per request (workers/reference/spec_counters.py keeps the window as SGLang does).
     LogPatterns(patterns).feed(line) / .series     named-group regexes over server log lines -> per-step series
     follow_log(path, offset) -> (lines, new_offset)  new complete lines of a growing log file
 
@@ -26,7 +28,6 @@ from __future__ import annotations
 
 import math
 import re
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -62,7 +63,27 @@ def _num(meta: Mapping[str, Any], key: str) -> float | None:
 
 
 def spec_metrics_from_meta_info(meta_info: Mapping[str, Any], version: str | None = None) -> SpecMetrics:
-    """Per-request speculation figures; empty when the request carried none (no speculation, or 0 verify steps)."""
+    """Per-request speculation figures; empty when the request carried none (no speculation, or 0 verify steps).
+
+    SGLang (0.5.23 names; 0.5.10's in `MetaNames`) counts every verify step of a request and all its correct
+    drafts, the last step's too (`sglang/srt/managers/scheduler_components/batch_result_processor.py:832-836`;
+    0.5.10 `scheduler_output_processor_mixin.py:354-358`), but cuts completion_tokens at the finish
+    (`sglang/srt/managers/schedule_batch.py:2038-2042`, `scheduler_components/output_streamer.py:490,522-526`): a
+    last step that overshoots max_new_tokens is counted whole while its surplus tokens are not sent.
+
+        verify_steps          spec_verify_ct
+        commit_len_mean       1 + spec_num_correct_drafts / spec_verify_ct: tokens committed per verify step, the
+                              bonus token included, exact on every step (the diagnosis rules read this)
+        emitted_per_verify    (completion_tokens - 1) / spec_verify_ct: tokens the client received per verify step
+                              (the prefill's first token left out). Throughput-side only: it reads low when the
+                              last step overshoots (an oracle committing 5 a step gives 31 / 7 = 4.43 at 32 tokens)
+        engine_accept_length  spec_accept_length = completion_tokens / spec_verify_ct, SGLang's own figure
+                              (`sglang/srt/managers/tokenizer_manager.py:3166-3168`)
+        accept_rate           spec_num_correct_drafts / spec_num_proposed_drafts, where SGLang computes proposed =
+                              spec_verify_ct * (speculative_num_draft_tokens - 1) (`tokenizer_manager.py:3156-3158`)
+        histogram             spec_correct_drafts_histogram: index k = steps that accepted k drafts, as long as the
+                              largest k seen + 1 (`schedule_batch.py:1566-1572`)
+    """
     facts = _facts_for(meta_info, version)
     out = SpecMetrics(version=facts.version if facts else None)
     if facts is None:
@@ -73,15 +94,16 @@ def spec_metrics_from_meta_info(meta_info: Mapping[str, Any], version: str | Non
         return out
     m = out.metrics
     m["verify_steps"] = verify_ct
-    completion = _num(meta_info, "completion_tokens")
-    if completion is not None:
-        m["commit_len_mean"] = (completion - 1.0) / verify_ct  # the first token is the prefill's
-    engine_len = _num(meta_info, names.accept_length)
-    if engine_len is not None:
-        m["engine_accept_length"] = engine_len
     accepted, proposed = _num(meta_info, names.accepted), _num(meta_info, names.proposed)
     if accepted is not None:
         m["accepted_drafts"] = accepted
+        m["commit_len_mean"] = 1.0 + accepted / verify_ct
+    completion = _num(meta_info, "completion_tokens")
+    if completion is not None:
+        m["emitted_per_verify"] = (completion - 1.0) / verify_ct  # the first token is the prefill's
+    engine_len = _num(meta_info, names.accept_length)
+    if engine_len is not None:
+        m["engine_accept_length"] = engine_len
     if proposed:
         m["proposed_drafts"] = proposed
         if accepted is not None:
@@ -121,18 +143,6 @@ def accept_length_from_counters(before: Mapping[str, float], after: Mapping[str,
         return None
     calls = calls_a - calls_b
     return (gen_a - gen_b) / calls if calls > 0 else None
-
-
-def server_accept_length(info: Mapping[str, Any]) -> float | None:
-    """avg_spec_accept_length of /server_info's internal_states (one per DP rank; ranks without verify steps
-    report none). Meaningful for one run only when that run started with /flush_cache (see the module doc)."""
-    states = info.get("internal_states")
-    if not isinstance(states, list):
-        return None
-    values = [float(st["avg_spec_accept_length"]) for st in states
-              if isinstance(st, dict) and isinstance(st.get("avg_spec_accept_length"), (int, float))
-              and not isinstance(st.get("avg_spec_accept_length"), bool)]
-    return statistics.fmean(values) if values else None
 
 
 # ---------------------------------------------------------------- server log lines -> per-step series

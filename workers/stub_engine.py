@@ -126,7 +126,7 @@ def _meta(state: StubState, prompt_tokens: int, n: int, e2e: float, ttft: float)
                           "tree_nodes": commit, "verify_s": state.args.stub_token_s * c})
             left -= c
         meta.update(spec_steps=steps, spec_verify_ct=len(steps),
-                    spec_accept_length=(n - 1) / len(steps),
+                    spec_accept_length=n / len(steps),  # SGLang's: completion_tokens / spec_verify_ct
                     spec_num_correct_drafts=sum(s["accept_len"] - 1 for s in steps),
                     spec_num_proposed_drafts=len(steps) * state.args.speculative_num_steps)
     return meta

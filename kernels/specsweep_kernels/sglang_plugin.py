@@ -7,6 +7,8 @@
     verify_step_inputs(...) / decode_step_inputs(...)   one step's prefix addressing + tree mask for verify_attention
     StepCache           what the layers of one forward step share: those inputs and one plan_verify() per workspace
     run_layer_attention(step_cache, ...)                 one layer: the step's plan, then verify_attention(plan=...)
+    verify_width(parent) -> int     the TARGET_VERIFY tokens per request SGLang resolved (what the backend is sized for)
+    DispatchCounts(sink)            each layer call of verify / decode counted: on the kernel, or a fallback + reason
 
 How SGLang finds it (shared/docs/sglang-facts.md §3):
 - SGLang >= 0.5.16: the `sglang.srt.plugins` entry point `specsweep_verify` in pyproject.toml; SGLang's
@@ -21,6 +23,14 @@ else (prefill / plain extend, draft-extend, MLA, sliding window, sinks, logit so
 context parallelism, head dims the kernel does not take, T > 64) goes to `TritonAttnBackend` unchanged. Because
 MLA layers would silently run Triton, `orchestrator.validate` refuses specsweep_verify with an MLA model on SGLang,
 and refuses split backends where SGLang would verify on the other backend (docs/sglang.md).
+Sizing: the workspace and the largest T the kernel takes come from `verify_width()`, the verify width SGLang
+resolved (the parent Triton backend's own per-request width), never from the raw `server_args` field, which
+0.5.23 leaves None under DFLASH (every 16-token verify would then have gone to Triton unseen).
+Counting: every verify / decode layer call is counted by `DispatchCounts` into the prometheus counter
+`specsweep_vocab.plugin_counters.COUNTER` (labels phase, path = kernel | fallback, reason), including CUDA-graph
+replays (the hook before each replay re-sends the captured step's counts); SGLang's /metrics sums it over the
+scheduler processes, and the server worker records per-run deltas (`plugin_kernel_calls`, `plugin_fallback_calls`,
+by reason) so a run labelled specsweep_verify proves the kernel ran.
 Metadata is the parent's: `forward_metadata.kv_indptr/kv_indices` (verify prefix, token slot ids at any page
 size), `req_to_token` rows (decode prefix), and its CUDA-graph buffers; the kernel's workspace is allocated in
 `init_cuda_graph_state` (or on first use) for the largest batch, so replays allocate nothing.
@@ -42,12 +52,16 @@ SGLang is imported only inside `register()` / `backend_class()`: importing this 
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import weakref
+from collections import Counter
 from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
+
+from specsweep_vocab import plugin_counters as pc
 
 logger = logging.getLogger(__name__)
 
@@ -228,6 +242,108 @@ def run_layer_attention(step_cache: StepCache, *, q: torch.Tensor, k: torch.Tens
     return out.view(batch * num_tokens, num_q_heads * head_dim)
 
 
+# ---------------------------------------------------------------- how wide a verify the backend is sized for
+
+
+def spec_capacity() -> int | None:
+    """0.5.23: the most draft tokens speculation may use in this process, adaptive states included
+    (`sglang/srt/runtime_context.py:1982-2000`, over the bag published by the scheduler); None elsewhere."""
+    try:
+        from sglang.srt.runtime_context import max_speculative_num_draft_tokens
+        value = max_speculative_num_draft_tokens()
+    except Exception:  # 0.5.10 (no runtime context), or nothing published in this process
+        return None
+    return value if isinstance(value, int) else None
+
+
+def verify_width(parent: Any) -> int:
+    """Tokens per request of a TARGET_VERIFY forward, as the parent TritonAttnBackend `parent` sized itself:
+    0.5.23 `target_verify_num_tokens_per_req = model_runner.decode_num_tokens_per_req()`
+    (`sglang/srt/layers/attention/triton_backend.py:233`; the resolved width, `model_executor/model_runner.py:876-897`
+    -> `speculative/spec_utils.py:104-109`) and `num_draft_tokens = get_spec().speculative_num_draft_tokens`
+    (`triton_backend.py:227`); 0.5.10 `num_draft_tokens = model_runner.server_args.speculative_num_draft_tokens`
+    (its `triton_backend.py:88`, resolved in place by `__post_init__`); and `spec_capacity()`. The largest; 1
+    without speculation (decode is T = 1).
+
+    Not `model_runner.server_args.speculative_num_draft_tokens`: in 0.5.23 the record keeps the raw input and
+    resolution is declared beside it (`sglang/srt/arg_groups/overrides.py:110-137`), so under DFLASH, whose
+    width comes from `--speculative-dflash-block-size` (`arg_groups/speculative_hook.py:368-424`), it is None."""
+    widths = (getattr(parent, "target_verify_num_tokens_per_req", None), getattr(parent, "num_draft_tokens", None),
+              spec_capacity())
+    return max((int(w) for w in widths if isinstance(w, int) and not isinstance(w, bool) and w > 0), default=1)
+
+
+# ---------------------------------------------------------------- counting what ran where
+
+
+class DispatchCounts:
+    """Each layer's attention call of the phases the kernel claims ("verify": TARGET_VERIFY, "decode"), on our
+    kernel or handed to SGLang's Triton backend with a reason (`specsweep_vocab.plugin_counters.FALLBACK_REASONS`),
+    sent to `sink(phase, path, reason, n)` (the prometheus counter: `prometheus_sink`).
+
+    CUDA graphs: a replay runs no Python, so the layers cannot count themselves. Every forward whose layers ran
+    Python (eager, the capture warm-ups, the captured run) is kept as its phase's record (layer calls by outcome);
+    `replay(phase)`, called from the hook SGLang runs before each replay (REPLAY_HOOKS), sends that record again.
+    A captured run (`capturing=True`) is recorded but not sent: capture executes nothing. A forward step ends at
+    `new_step()` (every metadata hook), and where a layer repeats within a step (0.5.10 runs its two warm-ups and
+    the captured run after one capture hook) or the capture state changes."""
+
+    def __init__(self, sink: Callable[[str, str, str, float], None]):
+        self._sink = sink
+        self._step: Counter = Counter()  # (phase, path, reason) -> layer calls of the step under way
+        self._layers: set = set()
+        self._capturing = False
+        self.recorded: dict[str, Counter] = {}  # phase -> its last complete step
+
+    def new_step(self) -> None:
+        phases = {key[0] for key in self._step}
+        if len(phases) == 1:
+            self.recorded[phases.pop()] = self._step
+        self._step, self._layers = Counter(), set()
+
+    def layer(self, phase: str, layer_id: Any, reason: str | None, *, capturing: bool = False) -> None:
+        if layer_id in self._layers or (self._step and capturing != self._capturing):
+            self.new_step()
+        self._layers.add(layer_id)
+        self._capturing = capturing
+        key = (phase, pc.KERNEL, "") if reason is None else (phase, pc.FALLBACK, reason)
+        self._step[key] += 1
+        if not capturing:
+            self._sink(*key, 1)
+
+    def replay(self, phase: str) -> None:
+        record = self.recorded.get(phase)
+        if not record:
+            self._sink(phase, pc.FALLBACK, "replay_unrecorded", 1)
+            return
+        for key, n in record.items():
+            self._sink(*key, n)
+
+
+@functools.lru_cache(maxsize=None)
+def prometheus_counter() -> Any:
+    """The process's counter (`specsweep_vocab.plugin_counters.COUNTER`), created on first use: in a scheduler,
+    after SGLang put PROMETHEUS_MULTIPROC_DIR in the environment, so that SGLang's /metrics sums it over processes.
+    Never import prometheus_client earlier in the launcher: it picks its value class once, at import. None when
+    prometheus_client is missing."""
+    try:
+        from prometheus_client import Counter as PromCounter
+    except ImportError:
+        logger.warning("prometheus_client is missing: %s calls are not counted", NAME)
+        return None
+    counter = PromCounter(pc.COUNTER, "specsweep_verify attention calls per layer: on the kernel or handed to "
+                          "SGLang's Triton backend (reason)", labelnames=pc.LABELS)
+    for phase in pc.PHASES:  # present (at 0) from start-up, so a run with no call reads 0, not nothing
+        counter.labels(phase, pc.KERNEL, "")
+    return counter
+
+
+def prometheus_sink(phase: str, path: str, reason: str, n: float) -> None:
+    counter = prometheus_counter()
+    if counter is not None:
+        counter.labels(phase, path, reason).inc(n)
+
+
 # SGLang's once-per-step metadata hooks (each one the backend has ends our step): init_forward_metadata (eager,
 # every version); 0.5.10: the capture / replay pair; 0.5.23: out_graph (capture, replay) and in_graph (before each
 # warm-up and the captured run, recorded into the graph).
@@ -236,10 +352,48 @@ STEP_HOOKS = ("init_forward_metadata", "init_forward_metadata_capture_cuda_graph
               "init_forward_metadata_in_graph")
 
 
-def _ends_step(parent: Callable) -> Callable:
+# The hooks SGLang calls before replaying a captured CUDA graph (the layers' Python does not run then), with how
+# to tell from their arguments which forward mode is replayed: 0.5.23 `init_forward_metadata_out_graph(
+# forward_batch, in_capture=False)` (base_attn_backend.py:117-137: called at capture with in_capture=True and
+# before each replay; TritonAttnBackend keeps its own eager body, triton_backend.py:870); 0.5.10
+# `init_forward_metadata_replay_cuda_graph(bs, ..., forward_mode, spec_info, ...)` (triton_backend.py:664).
+REPLAY_HOOKS = ("init_forward_metadata_out_graph", "init_forward_metadata_replay_cuda_graph")
+
+
+def replayed_phase(parent: Callable, name: str, args: tuple, kwargs: dict) -> str | None:
+    """The phase ("verify" / "decode") a replay hook call announces; None for a capture, another forward mode or
+    a hook that is no replay hook."""
+    if name not in REPLAY_HOOKS:
+        return None
+    try:
+        bound = inspect.signature(parent).bind(None, *args, **kwargs).arguments
+    except TypeError:
+        return None
+    if name == "init_forward_metadata_out_graph":
+        if bound.get("in_capture", False):
+            return None
+        mode = getattr(bound.get("forward_batch"), "forward_mode", None)
+    else:
+        mode = bound.get("forward_mode")
+    return phase_of(mode)
+
+
+def phase_of(mode: Any) -> str | None:
+    if mode is None:
+        return None
+    if mode.is_target_verify():
+        return "verify"
+    return "decode" if mode.is_decode() else None
+
+
+def _ends_step(parent: Callable, name: str) -> Callable:
     @functools.wraps(parent)
     def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
         self._step_cache.new_step()
+        self._dispatch.new_step()
+        phase = replayed_phase(parent, name, args, kwargs)
+        if phase is not None:
+            self._dispatch.replay(phase)
         return parent(self, *args, **kwargs)
     return hook
 
@@ -259,11 +413,12 @@ def backend_class() -> type:
 
         def __init__(self, model_runner: Any, *args: Any, **kwargs: Any):
             self._step_cache = StepCache()  # before the parent's __init__, which may already call a metadata hook
+            self._dispatch = DispatchCounts(prometheus_sink)
             super().__init__(model_runner, *args, **kwargs)
             self._workspaces: dict[tuple[int, int], Any] = {}
             self._max_bs = int(getattr(model_runner.req_to_token_pool, "size", 1))
-            spec_tokens = getattr(getattr(model_runner, "server_args", None), "speculative_num_draft_tokens", None)
-            self._max_tokens = max(1, min(MAX_VERIFY_TOKENS, int(spec_tokens or 1)))
+            self._max_tokens = min(MAX_VERIFY_TOKENS, verify_width(self))
+            prometheus_counter()
 
         # -- CUDA graphs: allocate the workspace before capture
         def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, *args: Any, **kwargs: Any):
@@ -279,14 +434,27 @@ def backend_class() -> type:
                 self._workspaces[key] = ws
             return ws
 
-        def _kernel_takes(self, layer: Any, num_tokens: int, kwargs: dict) -> bool:
+        def _fallback_reason(self, layer: Any, num_tokens: int, k: Any, kwargs: dict) -> str | None:
+            """None when the kernel takes this layer's call, else why not (FALLBACK_REASONS)."""
             d = layer.qk_head_dim
-            return (not self.use_mla and d == layer.v_head_dim and d & (d - 1) == 0 and 16 <= d <= 256
-                    and 1 <= num_tokens <= self._max_tokens
-                    and not any(kwargs.get(k) is not None for k in ("sinks", "score_mod", "aux_tensors"))
-                    and not getattr(layer, "logit_cap", 0) and getattr(layer, "sliding_window_size", -1) in (-1, None)
-                    and getattr(layer, "k_scale", None) is None and getattr(self, "dcp_size", 1) == 1
-                    and not getattr(layer, "is_cross_attention", False))
+            checks = (("no_k", k is None), ("mla", self.use_mla),
+                      ("head_dim", not (d == layer.v_head_dim and d & (d - 1) == 0 and 16 <= d <= 256)),
+                      ("tokens", not 1 <= num_tokens <= self._max_tokens),
+                      ("extra_inputs", any(kwargs.get(x) is not None for x in ("sinks", "score_mod", "aux_tensors"))),
+                      ("logit_cap", bool(getattr(layer, "logit_cap", 0))),
+                      ("sliding_window", getattr(layer, "sliding_window_size", -1) not in (-1, None)),
+                      ("kv_scale", getattr(layer, "k_scale", None) is not None),
+                      ("dcp", getattr(self, "dcp_size", 1) != 1),
+                      ("cross_attention", bool(getattr(layer, "is_cross_attention", False))))
+            return next((reason for reason, applies in checks if applies), None)
+
+        def _dispatched(self, phase: str, layer: Any, num_tokens: int, q: torch.Tensor, k: Any,
+                        kwargs: dict) -> bool:
+            """Whether the kernel runs this layer's call; counted either way."""
+            reason = self._fallback_reason(layer, num_tokens, k, kwargs)
+            capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
+            self._dispatch.layer(phase, getattr(layer, "layer_id", id(layer)), reason, capturing=capturing)
+            return reason is None
 
         def _save_kv(self, forward_batch: Any, layer: Any, k: torch.Tensor, v: torch.Tensor) -> None:
             forward_batch.token_to_kv_pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v)
@@ -308,7 +476,7 @@ def backend_class() -> type:
         def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
             mode = forward_batch.forward_mode
             num_tokens = q.shape[0] // max(1, forward_batch.batch_size)
-            if not mode.is_target_verify() or k is None or not self._kernel_takes(layer, num_tokens, kwargs):
+            if not mode.is_target_verify() or not self._dispatched("verify", layer, num_tokens, q, k, kwargs):
                 return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
             if save_kv_cache:
                 self._save_kv(forward_batch, layer, k, v)
@@ -319,7 +487,7 @@ def backend_class() -> type:
             return self._run(q, k, v, layer, forward_batch, num_tokens, inputs)
 
         def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
-            if k is None or not self._kernel_takes(layer, 1, kwargs):
+            if not self._dispatched("decode", layer, 1, q, k, kwargs):
                 return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
             if save_kv_cache:
                 self._save_kv(forward_batch, layer, k, v)
@@ -330,6 +498,6 @@ def backend_class() -> type:
 
     for name in STEP_HOOKS:
         if hasattr(TritonAttnBackend, name):
-            setattr(SpecsweepVerifyAttnBackend, name, _ends_step(getattr(TritonAttnBackend, name)))
+            setattr(SpecsweepVerifyAttnBackend, name, _ends_step(getattr(TritonAttnBackend, name), name))
     SpecsweepVerifyAttnBackend.__module__ = __name__
     return SpecsweepVerifyAttnBackend

@@ -9,7 +9,8 @@ import itertools
 import pytest
 
 from orchestrator.settings import Thresholds
-from orchestrator.diagnosis import Cause, Rule, RunRow, Verdict, diagnose, render_markdown
+from orchestrator.diagnosis import Cause, Rule, RunRow, Verdict, diagnose
+from orchestrator.diagnosis_md import render_markdown
 
 CONTEXTS = (1024, 4096, 16384, 65536)
 PEAK_GBS = 4250.0
@@ -45,7 +46,7 @@ def test_healthy_sweep_has_no_finding():
     rows = sweep()
     d = diagnose(rows, peak_gbs=PEAK_GBS)
     assert d.causes == [] and d.not_evaluated == () and d.verdict is Verdict.HEALTHY
-    assert {c.rule for c in d.checks} == set(Rule)
+    assert {c.rule for c in d.checks} == set(Rule) - {Rule.PLUGIN_DISPATCH}  # (e): only with plugin runs
     text = render_markdown(d, "s")
     assert "**Healthy**" in text and "16 run(s) examined" in text and "Not checked" not in text
 
@@ -60,6 +61,25 @@ def test_oracle_underperforming_is_a_pipeline_bug():
     bad = next(r for r in rows if r.is_oracle and r.context_len == 16384 and r.probe == "novel")
     assert findings[0].run_ids == (bad.run_id,)
     assert "commit_len_mean=4.5" in findings[0].evidence[0] and "expected 5" in findings[0].evidence[0]
+
+
+def test_sglang_oracle_whose_last_step_overshoots_is_healthy():
+    """SGLang's meta_info for an oracle at gen_tokens=32 (5 a step): 7 verify steps and 28 correct drafts counted,
+    32 tokens sent. commit_len_mean comes out 5, so rule (a) holds; the old (completion - 1) / verify_ct gave 4.43."""
+    from workers.probe import Generation, measure
+
+    meta = {"prompt_tokens": 16384, "completion_tokens": 32, "e2e_latency": 1.0, "ttft": 0.2, "spec_verify_ct": 7,
+            "spec_num_correct_drafts": 28, "spec_num_proposed_drafts": 28, "spec_accept_rate": 1.0,
+            "spec_accept_length": 32 / 7, "spec_correct_drafts_histogram": [0, 0, 0, 0, 7],
+            "finish_reason": {"type": "length", "length": 32}}
+    m = measure(Generation("", list(range(32)), meta, 0.2, 1.0), expect_spec=True, version="0.5.23").metrics
+
+    def mutate(row, metrics):
+        if row.is_oracle:
+            metrics.update(m)
+    d = diagnose(sweep(mutate), peak_gbs=PEAK_GBS)
+    assert d.causes == [] and d.verdict is Verdict.HEALTHY and m["commit_len_mean"] == NUM_STEPS + 1
+    assert m["emitted_per_verify"] == pytest.approx(31 / 7)  # recorded, but no rule reads it
 
 
 def test_collapse_on_predictable_text_is_a_long_context_drafting_bug():
@@ -253,3 +273,61 @@ def test_runs_at_other_concurrency_are_their_own_series():
     # the same runs labelled concurrency 1 are counted as growth (the mix this keying prevents)
     mixed = [dataclasses.replace(r, concurrency=1) for r in batched]
     assert Cause.KERNEL_BOUND in causes(rows + mixed)
+
+
+def _plugin_sweep(counters: dict[str, dict[str, float] | None]) -> list[RunRow]:
+    """The healthy sweep, its ngram runs at 1k as specsweep_verify runs with the given plugin counters
+    (None: none recorded)."""
+    rows, i = sweep(), 0
+    for r in [r for r in rows if r.drafter == "ngram" and r.context_len == 1024]:
+        c = list(counters.values())[i]
+        i += 1
+        m = {**r.metrics, **(c or {})}
+        rows.append(dataclasses.replace(r, run_id=f"plugin{i:02d}feedface", name=list(counters)[i - 1],
+                                        attention="specsweep_verify", plugin=True, metrics=m))
+    return rows
+
+
+def test_a_specsweep_verify_run_that_fell_back_or_never_ran_the_kernel_is_flagged():
+    from specsweep_vocab import plugin_counters as pc
+
+    ok = pc.run_metrics({}, {("verify", "kernel", ""): 7200.0})
+    fell = pc.run_metrics({("verify", "kernel", ""): 10.0},
+                          {("verify", "kernel", ""): 10.0, ("verify", "fallback", "tokens"): 3600.0})
+    assert ok == {"plugin_kernel_calls": 7200.0, "plugin_fallback_calls": 0.0, "plugin_verify_kernel_calls": 7200.0,
+                  "plugin_decode_kernel_calls": 0.0}
+    assert fell["plugin_fallback_calls"] == fell["plugin_fallback_calls.tokens"] == 3600.0
+    assert fell["plugin_kernel_calls"] == 0.0
+    d = diagnose(_plugin_sweep({"ran": ok, "fell back": fell}), peak_gbs=PEAK_GBS)
+    assert d.causes == [Cause.KERNEL_NOT_RUN] and d.verdict is Verdict.FINDINGS
+    (finding,) = d.findings
+    assert finding.run_ids == ("plugin02feedface",)
+    assert "3600 layer call(s) fell back to SGLang's Triton backend (tokens: 3600)" in finding.evidence[0]
+    check = next(c for c in d.checks if c.rule is Rule.PLUGIN_DISPATCH)
+    assert check.evaluated and "1 of 2 specsweep_verify run(s)" in check.detail
+    # no kernel call at all, and no counters recorded: both unproven
+    idle = pc.run_metrics({("decode", "kernel", ""): 5.0}, {("decode", "kernel", ""): 5.0})
+    d = diagnose(_plugin_sweep({"idle": idle, "unread": None}), peak_gbs=PEAK_GBS)
+    (finding,) = d.findings
+    assert "never called" in finding.evidence[0] and "no plugin counters were recorded" in finding.evidence[1]
+    # only proven runs: healthy, the rule evaluated
+    d = diagnose(_plugin_sweep({"a": ok, "b": ok}), peak_gbs=PEAK_GBS)
+    assert d.verdict is Verdict.HEALTHY and "2 of 2" in next(
+        c.detail for c in d.checks if c.rule is Rule.PLUGIN_DISPATCH)
+
+
+def test_report_rows_know_plugin_runs_from_engine_and_backends():
+    from types import SimpleNamespace
+
+    from orchestrator.report import row_from_run
+
+    def run(engine: str, **params: str):
+        return SimpleNamespace(info=SimpleNamespace(run_id="r1", run_name="n"),
+                               data=SimpleNamespace(params={"context_len": "1024", **params}, metrics={},
+                                                    tags={"engine": engine}))
+
+    assert row_from_run(run("sglang", **{"attention.backend": "specsweep_verify"})).plugin
+    assert row_from_run(run("sglang", **{"attention.backend": "triton",
+                                         "attention.decode_backend": "specsweep_verify"})).plugin
+    assert not row_from_run(run("sglang", **{"attention.backend": "triton"})).plugin
+    assert not row_from_run(run("reference", **{"attention.backend": "specsweep_verify"})).plugin

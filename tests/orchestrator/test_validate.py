@@ -29,7 +29,7 @@ TINY = "model=tiny"
     (), ("drafter=ngram",), ("drafter=none",), ("drafter=layer_skip",), ("context_len=8128",),
     ("model=tiny", "drafter=draft_model", "drafter.draft_model_path=tiny-draft"), ("model=tiny", "context_len=32704"),
     SGLANG, SGLANG + ("drafter=eagle3", "drafter.draft_model_path=x"),
-    SGLANG + ("drafter=dflash", "drafter.draft_model_path=x"), SGLANG + ("model=deepseek-v3", "drafter=ngram"),
+    SGLANG + ("drafter=dflash", "drafter.draft_model_path=x"), SGLANG + ("model=deepseek-v3", "drafter=ngram", "tp_size=8"),
     ("engine.device=cuda", "attention=specsweep_verify"),
 ])
 def test_valid_configs_have_no_problems(overrides):
@@ -97,7 +97,9 @@ def test_sglang_rules():
     p = problems(*tree, "attention=torch_native", "attention.draft_backend=triton")["attention.backend"]
     assert p.value == "torch_native" and "flashinfer, fa3, triton" in p.allowed
     assert problems(*tree, "attention=fa3") == {}
-    assert problems(*tree, "attention=torch_native", "attention.draft_backend=triton", "page_size=1") == {}
+    # page_size=1 passes that rule; torch_native still cannot verify (test_rules_sglang_checks_only_at_start_up)
+    p = problems(*tree, "attention=torch_native", "attention.draft_backend=triton", "page_size=1")
+    assert list(p) == ["attention.backend"] and "warm-up" in p["attention.backend"].allowed
     # the EAGLE draft worker has no torch_native backend unless a draft backend is named
     p = problems("engine=sglang", "model=qwen3-8b", "attention=torch_native", "drafter=eagle3", "drafter.draft_model_path=x")
     assert "draft-worker backend" in p["attention.draft_backend"].allowed
@@ -163,7 +165,10 @@ def test_context_counts_the_server_context_and_eagle_reserve():
     assert "4 tokens SGLang reserves for EAGLE3" in p.allowed and "40960" in p.allowed
     tree = (*EAGLE, "drafter.topk=4", "drafter.num_draft_tokens=8", "page_size=1")  # max(4 * 3, 8) = 12
     assert "context_len" in problems(*tree, "context_len=40885") and problems(*tree, "context_len=40884") == {}
-    assert problems(*SGLANG, "drafter=ngram", "context_len=40896") == {}  # NGRAM reserves nothing
+    # NGRAM reserves nothing, but SGLang's scheduler keeps 2 slots (specsweep_vocab.sglang_limits)
+    assert problems(*SGLANG, "drafter=ngram", "context_len=40894") == {}
+    p = problems(*SGLANG, "drafter=ngram", "context_len=40895")["context_len"]
+    assert "gen_tokens (64) + 2 (SGLang's scheduler keeps" in p.allowed and "context_len <= 40953" in p.allowed
     p = problems(*SGLANG, "server_context_len=8192", "context_len=8192")["context_len"]
     assert "server_context_len 8192" in p.allowed
     assert problems(*SGLANG, "server_context_len=8192", "context_len=8192", sweep=True) == {}  # dropped, not an error
@@ -372,3 +377,87 @@ def test_draft_model_must_share_the_targets_vocabulary():
     p = problems(TINY, "drafter=draft_model", "drafter.draft_model_path=smollm2-135m")["drafter.draft_model_path"]
     assert "byte vocabulary" in p.allowed and "tiny-draft" in p.allowed
     assert problems(TINY, "drafter=draft_model", "drafter.draft_model_path=tiny-draft") == {}
+
+
+# ---------------------------------------------------------------- rules SGLang checks only at start-up
+# (orchestrator/validate_startup.py; the parser accepts these points: tests/workers/test_sglang_args.py OURS_ONLY)
+
+
+def test_fa3_refused_on_architectures_its_factory_asserts_against(caplog):
+    import orchestrator.validate_startup as startup
+
+    fa3 = ("engine=sglang", "model=qwen3-8b", "attention=fa3", "drafter=ngram")
+    for arch in ("sm_120", "sm_100"):
+        p = problems(*fa3, f"cluster.accelerator={arch}")["attention.backend"]
+        assert p.value == "fa3" and f"cluster.accelerator={arch}" in p.allowed and "SM 8.x" in p.allowed
+    assert problems(*fa3, "cluster.accelerator=sm_90") == {}
+    assert problems(*fa3, "cluster.accelerator=sm_86") == {}
+    mla = ("engine=sglang", "model=deepseek-v3", "attention=fa3", "drafter=none", "tp_size=8")
+    assert "only without MLA" in problems(*mla, "cluster.accelerator=sm_80")["attention.backend"].allowed
+    assert problems(*mla, "cluster.accelerator=sm_90") == {}
+    draft = ("engine=sglang", "model=qwen3-8b", "attention=triton", "drafter=eagle3", "drafter.draft_model_path=x",
+             "attention.draft_backend=fa3", "cluster.accelerator=sm_120")
+    assert problems(*draft)["attention.draft_backend"].value == "fa3"
+    startup._warned.clear()
+    with caplog.at_level("WARNING", logger="orchestrator.validate_startup"):
+        assert problems(*fa3) == {}  # not judged without an accelerator: a warning says so
+    assert "attention.backend=fa3 with cluster.accelerator=None" in caplog.text and "set cluster.accelerator" in caplog.text
+
+
+def test_torch_native_cannot_verify():
+    p = problems("engine=sglang", "model=qwen3-8b", "attention=torch_native", "drafter=ngram", "page_size=1")
+    assert p["attention.backend"].value == "torch_native" and "warm-up" in p["attention.backend"].allowed
+    assert problems("engine=sglang", "model=qwen3-8b", "attention=torch_native", "drafter=none") == {}
+    split = (*EAGLE, "attention=triton", "attention.draft_backend=triton")
+    p = problems(*split, "attention.prefill_backend=torch_native")["attention.prefill_backend"]
+    assert "drafter.algorithm=EAGLE3" in p.allowed
+    # the decode half does not verify unless the mode says so
+    assert problems(*split, "attention.decode_backend=torch_native") == {}
+    p = problems(*split, "attention.decode_backend=torch_native", "attention.speculative_attention_mode=decode")
+    assert p["attention.decode_backend"].value == "torch_native"
+
+
+def test_hpc_ops_refused_with_speculation():
+    import dataclasses
+
+    def hpc_ops(drafter: str):  # not in conf/attention: the backend set on the typed config
+        rc = run_config("engine=sglang", "model=qwen3-8b", "attention=triton", "page_size=64", drafter)
+        return validate_run(dataclasses.replace(rc, attention=dataclasses.replace(rc.attention, backend="hpc_ops")))
+
+    assert hpc_ops("drafter=none") == []
+    (p,) = hpc_ops("drafter=ngram")
+    assert (p.key, p.value) == ("attention.backend", "hpc_ops") and "refuses speculative decoding" in p.allowed
+
+
+def test_weights_that_cannot_fit_are_refused():
+    ds = ("engine=sglang", "model=deepseek-v3", "attention=triton", "drafter=none")
+    p = problems(*ds)["tp_size"]  # 671e9 fp8 bytes = 624.9 GiB on one GPU: no GPU has that
+    assert p.value == 1 and p.allowed.startswith(">= 3 for model deepseek-v3") and "624.9 GiB" in p.allowed
+    assert "the largest GPU known (sm_103)" in p.allowed
+    assert problems(*ds, "tp_size=8") == {}
+    p = problems(*ds, "tp_size=4", "cluster.accelerator=sm_90")["tp_size"]  # 156 GiB per GPU > 144
+    assert p.allowed.startswith(">= 5") and "cluster.accelerator=sm_90" in p.allowed
+    assert problems(*ds, "tp_size=8", "cluster.gpu_memory_gib=80") == {}  # 78.1 GiB per GPU
+    p = problems(*ds, "tp_size=8", "cluster.gpu_memory_gib=80", "engine.sglang.mem_fraction_static=0.9")["tp_size"]
+    assert p.allowed.startswith(">= 9") and "x mem_fraction_static 0.9" in p.allowed
+    # the oracle's draft worker loads the target a second time
+    q = ("engine=sglang", "model=qwen3-8b", "attention=triton", "cluster.gpu_memory_gib=24")
+    assert problems(*q, "drafter=ngram") == {}  # 15.3 GiB
+    assert "twice" in problems(*q, "drafter=oracle")["tp_size"].allowed
+    assert problems(*q, "cluster.gpu_memory_gib=0")["cluster.gpu_memory_gib"].allowed == "null or a number of GiB > 0"
+    assert "float8_e4m3fn" in problems(*q, "model.weight_dtype=fp9")["model.weight_dtype"].allowed
+
+
+def test_startup_rules_refuse_before_anything_starts(monkeypatch):
+    """The single-run entry refuses at validation: neither the preflight nor execution (Ray) is reached."""
+    from orchestrator import launcher_core
+
+    monkeypatch.setattr(launcher_core, "preflight_before_start", lambda *a, **k: pytest.fail("preflight reached"))
+    monkeypatch.setattr(launcher_core, "execute_plan", lambda *a, **k: pytest.fail("execution reached"))
+    overrides = ["engine=sglang", "model=deepseek-v3", "attention=fa3", "drafter=none", "cluster.accelerator=sm_120"]
+    register_configs()
+    with initialize_config_module("conf", version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    with pytest.raises(launcher_core.InvalidConfig) as e:
+        launcher_core.launch_single(cfg, overrides)
+    assert "attention.backend='fa3'" in str(e.value) and "tp_size=1" in str(e.value)

@@ -95,7 +95,8 @@ def test_measure_spec_metrics():
     assert m.metrics["decode_tok_s"] == pytest.approx(10 / 2.0)
     assert m.metrics["commit_len_mean"] == pytest.approx(3.0)
     assert m.metrics["verify_steps"] == 3 and m.metrics["accept_rate"] == 0.5
-    assert m.metrics["verify_step_ms"] == pytest.approx(20.0)
+    assert m.metrics["verify_forward_median_ms"] == pytest.approx(20.0)  # verify_step_ms: /metrics, the runner's
+    assert "verify_step_ms" not in m.metrics
     assert m.metrics["tree_depth_mean"] == 4 and m.metrics["tree_nodes_mean"] == 5
     assert m.series["commit_len"] == [5.0, 1.0, 3.0]
     assert m.artifacts["steps.csv"].splitlines()[0] == "step,accept_len,tree_depth,tree_nodes,verify_s"
@@ -103,9 +104,28 @@ def test_measure_spec_metrics():
 
 
 def test_measure_falls_back_to_client_ttft_and_sglang_counters():
-    meta = {"prompt_tokens": 10, "completion_tokens": 9, "e2e_latency": 1.2, "spec_verify_ct": 4}
+    meta = {"prompt_tokens": 10, "completion_tokens": 9, "e2e_latency": 1.2, "spec_verify_ct": 4,
+            "spec_num_correct_drafts": 4}
     m = measure(_gen(meta, ttft=0.2), expect_spec=True)
-    assert m.metrics["ttft_s"] == 0.2 and m.metrics["commit_len_mean"] == 2.0  # (9 - 1) / 4
+    assert m.metrics["ttft_s"] == 0.2 and m.metrics["commit_len_mean"] == 2.0  # 1 + 4 / 4
+    assert m.metrics["emitted_per_verify"] == 2.0  # (9 - 1) / 4: no overshoot, the same figure
+
+
+def test_commit_len_counts_the_last_step_whole_when_it_overshoots():
+    """SGLang cuts completion_tokens at max_new_tokens but counts the last verify step and its drafts: an oracle
+    committing 5 a step over 7 steps sends 32 of 36 tokens. commit_len_mean is 5; the client-side figure is 31 / 7."""
+    meta = {"prompt_tokens": 10, "completion_tokens": 32, "e2e_latency": 1.2, "ttft": 0.1, "spec_verify_ct": 7,
+            "spec_num_correct_drafts": 28, "spec_num_proposed_drafts": 28, "spec_accept_length": 32 / 7,
+            "spec_correct_drafts_histogram": [0, 0, 0, 0, 7]}
+    m = measure(_gen(meta), expect_spec=True, max_depth=4).metrics
+    assert m["commit_len_mean"] == 5.0 and m["accept_rate"] == 1.0 and m["depth_accept_rate"] == 1.0
+    assert m["emitted_per_verify"] == pytest.approx(31 / 7) and m["engine_accept_length"] == pytest.approx(32 / 7)
+
+
+def test_a_speculating_answer_without_a_correct_draft_count_is_refused():
+    meta = {"prompt_tokens": 10, "completion_tokens": 9, "spec_verify_ct": 4, "spec_accept_length": 9 / 4}
+    with pytest.raises(BadResponse, match="no correct-draft count"):
+        measure(_gen(meta), expect_spec=True)
 
 
 @pytest.mark.parametrize("meta,expect_spec", [
@@ -146,7 +166,7 @@ def test_measure_all_means_per_request_and_sums_over_steps():
     assert m["decode_tok_s"] == pytest.approx((10 / 2.0 + 7 / 4.0) / 2)
     assert m["requests"] == 2 and m["wall_s"] == 5.0 and m["throughput_tok_s"] == pytest.approx(19 / 5.0)
     assert m["batch_size_mean"] == pytest.approx((2 * 2 + 4 * 1) / 6)
-    assert m["verify_step_ms"] == pytest.approx(25.0)  # median over the six steps (10, 10, 10, 40, 50, 50 ms)
+    assert m["verify_forward_median_ms"] == pytest.approx(25.0)  # median of the six steps (10, 10, 10, 40, 50, 50 ms)
 
 
 @pytest.fixture(scope="module")

@@ -34,6 +34,7 @@ from orchestrator.plan import build_server
 from orchestrator.schema import register_configs, to_run_config
 from specsweep_vocab.spec import Algorithm, AttentionKind, ModelSpec
 from orchestrator.validate import REFERENCE_MODEL_PATHS, validate_run
+from orchestrator.validate_startup import min_tp_size
 from workers.sglang import (LONGER_CONTEXT_ENV, SERVER_ARG_KEYS, build_sglang_argv, expected_server_args,
                             reported_server_args, sglang_env)
 
@@ -134,7 +135,7 @@ def _grid(tmp: Path, versions=("0.5.23", "0.5.10"), *, null_paths: bool = False)
                 if rc0.drafter.algorithm is not Algorithm.NONE:
                     variants.append(base + ["drafter.draft_window_size=64"])
                 for overrides in variants:
-                    rc = _compose(overrides)
+                    rc = _fitting(_compose(overrides))
                     for version in versions:
                         for page in PAGE_SIZES:
                             point = dataclasses.replace(rc, page_size=page, engine=dataclasses.replace(
@@ -149,6 +150,12 @@ def _grid(tmp: Path, versions=("0.5.23", "0.5.10"), *, null_paths: bool = False)
                                         (" no-draft-path" if needs_path and path is None else ""))
                                 points.append(_point(p, name, version, tmp, dirs))
     return points
+
+
+def _fitting(rc):
+    """At the smallest power-of-two tp_size whose weights fit a GPU (deepseek-v3: 4; orchestrator/validate_startup.py),
+    so that the grid checks SGLang's verdict on the model and not our weights rule."""
+    return dataclasses.replace(rc, tp_size=max(rc.tp_size, 1 << (min_tp_size(rc) - 1).bit_length()))
 
 
 def _point(rc, name: str, version: str, tmp: Path, dirs: dict) -> Point:
@@ -200,6 +207,13 @@ OURS_ONLY = [  # (key, words of its `allowed`)
     ("drafter.draft_model_path", "draft with the target itself"),  # that would be the oracle, unlabelled
     ("attention.draft_backend", "draft worker does not support"),  # EAGLE draft worker: fails at start-up
     ("drafter.draft_num_layers", "SGLang has no such flag"),  # layer skipping is the reference engine's
+    # orchestrator/validate_startup.py: the parser accepts them, the server dies at start-up
+    ("attention.backend", "dies at its own warm-up"),  # torch_native cannot run TARGET_VERIFY
+    ("attention.prefill_backend", "dies at its own warm-up"),
+    ("attention.decode_backend", "dies at its own warm-up"),
+    ("attention.backend", "asserts SM 8.x"),  # fa3 on another architecture (with cluster.accelerator)
+    ("attention.backend", "factory refuses speculative decoding"),  # hpc_ops
+    ("tp_size", "refuse to start with no memory left"),  # weights that cannot fit the GPU
 ]
 
 
@@ -281,6 +295,12 @@ BAD = [
      "engine.sglang.mem_fraction_static", False),
     (Q + ("drafter=eagle3", DRAFT, "attention=triton", "drafter.num_draft_tokens=9"), "0.5.23",
      "drafter.num_draft_tokens", False),  # topk 1: SGLang would silently use num_steps + 1
+    # start-up only (orchestrator/validate_startup.py; tests/workers/test_sglang_startup_rules.py runs SGLang's code)
+    (Q + ("drafter=ngram", "attention=torch_native", "page_size=1"), "0.5.23", "attention.backend", False),
+    (Q + ("drafter=none", "attention=fa3", "cluster.accelerator=sm_120"), "0.5.23", "attention.backend", False),
+    (Q + ("drafter=ngram", "attention=triton", "+attention.backend=hpc_ops", "page_size=64"), "0.5.23",
+     "attention.backend", False),
+    (("engine=sglang", "model=deepseek-v3", "drafter=none", "attention=triton"), "0.5.23", "tp_size", False),
 ]
 
 
@@ -388,8 +408,9 @@ def test_common_flags_and_env():
     assert flags["--mem-fraction-static"] == "0.8" and flags["--context-length"] == "65536"
     assert "--enable-metrics" in argv and flags["--tp-size"] == "1"
     rc = _compose(list(Q) + ["drafter=none", "attention=triton", "server_context_len=65536"])
-    assert sglang_env(build_server(rc)) == {LONGER_CONTEXT_ENV: "1"}  # qwen3-8b's config says 40960
-    assert sglang_env(build_server(_compose(list(Q) + ["drafter=none", "attention=triton"]))) == {}
+    timer = {"SGLANG_ENABLE_METRICS_DEVICE_TIMER": "1"}  # verify_step_ms (workers/engine_counters.py)
+    assert sglang_env(build_server(rc)) == {LONGER_CONTEXT_ENV: "1", **timer}  # qwen3-8b's config says 40960
+    assert sglang_env(build_server(_compose(list(Q) + ["drafter=none", "attention=triton"]))) == timer
 
 
 def test_plugin_backend_launches_through_the_wrapper_with_a_triton_draft():

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from specsweep_vocab.sglang_facts import SGLANG_VERSIONS
 from workers.sglang_metrics import (
     LogPatterns,
     accept_length_from_counters,
     follow_log,
     parse_prometheus,
-    server_accept_length,
     spec_metrics_from_meta_info,
 )
 
@@ -30,15 +30,29 @@ def test_meta_info_names_per_version(meta, version):
     out = spec_metrics_from_meta_info(meta, version)
     assert out.version == ("0.5.10" if meta is META_0_5_10 else "0.5.23")
     m = out.metrics
-    assert m["verify_steps"] == 21 and m["commit_len_mean"] == pytest.approx(63 / 21)  # prefill token excluded
+    assert m["verify_steps"] == 21 and m["commit_len_mean"] == pytest.approx(1 + 42 / 21)  # bonus + drafts a step
+    assert m["emitted_per_verify"] == pytest.approx(63 / 21)  # prefill token excluded; no overshoot: the same
     assert m["engine_accept_length"] == pytest.approx(64 / 21)  # SGLang's own figure, prefill token included
     assert m["accept_rate"] == pytest.approx(42 / 63) and m["accepted_drafts"] == 42 and m["proposed_drafts"] == 63
     assert out.histogram == [3, 5, 6, 7] and sum(out.histogram) == 21
 
 
+@pytest.mark.parametrize("version", ["0.5.10", "0.5.23"])
+def test_commit_len_counts_an_overshooting_last_step_whole(version):
+    """An oracle committing 5 a step, max_new_tokens 32: SGLang counts 7 steps and 28 drafts (the last step whole,
+    batch_result_processor.py:832-836) but sends 32 tokens (schedule_batch.py:2038-2042)."""
+    names = SGLANG_VERSIONS[version].meta
+    meta = {"completion_tokens": 32, names.verify_ct: 7, names.accepted: 28, names.proposed: 28,
+            names.accept_length: 32 / 7, names.histogram: [0, 0, 0, 0, 7]}
+    m = spec_metrics_from_meta_info(meta, version).metrics
+    assert m["commit_len_mean"] == 5.0  # was (32 - 1) / 7 = 4.43: rule (a) fired on every SGLang oracle run
+    assert m["emitted_per_verify"] == pytest.approx(31 / 7) and m["engine_accept_length"] == pytest.approx(32 / 7)
+    assert m["accept_rate"] == 1.0
+
+
 def test_wrong_version_names_give_no_spec_figures_beyond_verify_steps():
     out = spec_metrics_from_meta_info(META_0_5_10, "0.5.23")  # 0.5.23 dropped the old aliases
-    assert "accept_rate" not in out.metrics and out.histogram == []
+    assert "accept_rate" not in out.metrics and "commit_len_mean" not in out.metrics and out.histogram == []
 
 
 def test_no_speculation_or_no_verify_step():
@@ -76,15 +90,6 @@ def test_prometheus_labels_summed_and_suffixless_counter():
     s = parse_prometheus(text)
     assert s["sglang:generation_tokens"] == 12
     assert accept_length_from_counters({"sglang:generation_tokens": 0, "sglang:spec_verify_calls": 0}, s) == 3
-
-
-def test_server_accept_length_is_read_after_a_flushed_run():
-    """SGLang's /flush_cache resets avg_spec_accept_length's counters (MetricsReporter.reset_metrics), so the value
-    read after a run that started with a flush is that run's; a DP rank without verify steps reports none."""
-    info = {"internal_states": [{"avg_spec_accept_length": 64 / 21, "last_gen_throughput": 10.0},
-                                {"last_gen_throughput": 0.0}], "version": "0.5.23"}
-    assert server_accept_length(info) == pytest.approx(64 / 21)
-    assert server_accept_length({"internal_states": [{}]}) is None and server_accept_length({}) is None
 
 
 def test_prometheus_text_the_parser_refuses_raises():

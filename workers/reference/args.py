@@ -9,6 +9,7 @@ from specsweep_vocab.sglang_facts import SPEC_MAX_RUNNING_REQUESTS
 
 from .config import BUILTIN_CONFIGS
 from .gguf_checkpoint import GGUF_MODELS, resolve_gguf
+from .spec_counters import DEFAULT_DECODE_LOG_INTERVAL
 
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 
@@ -103,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--port", type=int, default=30000)
     srv.add_argument("--enable-metrics", action="store_true", help="accepted; /metrics is always on")
     srv.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    srv.add_argument("--decode-log-interval", type=positive_int, default=DEFAULT_DECODE_LOG_INTERVAL,
+                     help="decode iterations per window of /server_info's avg_spec_accept_length and of the "
+                          "sglang:spec_accept_length gauge, as SGLang (workers/reference/spec_counters.py)")
     srv.add_argument("--served-model-name", default=None)
     srv.add_argument("--disable-cuda-graph", action="store_true",
                      help="run decode/verify eagerly (graphs are used only with specsweep_verify on CUDA)")

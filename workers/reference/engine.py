@@ -22,6 +22,7 @@ from .model_source import load_config
 from .cuda_graph import make_runner  # CUDA graphs for specsweep_verify on CUDA
 from .model import build_model, layer_subset, skip_layers_kept
 from .runner import ModelRunner
+from .spec_counters import DEFAULT_DECODE_LOG_INTERVAL, AcceptLengthWindow, spec_meta_fields
 from .speculative import Drafter, ModelDrafter, NgramDrafter, SelfDrafter, sample, verify_batch
 from .tokenizer import load_tokenizer
 
@@ -103,6 +104,9 @@ class Stats:
     e2e_seconds: float = 0.0
     ttft_seconds: float = 0.0
     max_batch_size: int = 0  # most requests in one decode step
+    # seconds of batched target-verify forwards (host clock, verify_batch's verify_s), once per forward: /metrics'
+    # sglang:forward_execution_seconds_total{category="target_verify"}, never reset (workers/engine_counters.py)
+    verify_forward_seconds: float = 0.0
 
 
 def _dtype(args) -> torch.dtype:
@@ -129,6 +133,7 @@ class Engine:
         self.eos_id = self.config.eos_token_id if self.config.eos_token_id is not None else getattr(self.tokenizer, "eos_token_id", None)
         self.max_running_requests = args.max_running_requests
         self.stats = Stats()
+        self.accept_window = AcceptLengthWindow(getattr(args, "decode_log_interval", DEFAULT_DECODE_LOG_INTERVAL))
         self.cancelled = threading.Event()  # shutting down: every request ends with Cancelled
         self.cond = threading.Condition()  # guards `waiting`, `running` (membership) and `idle`
         self.waiting: list[Request] = []
@@ -193,6 +198,19 @@ class Engine:
     def _pages(self, num_prompt: int, params: SamplingParams) -> int:
         """KV pages a request may hold at most (prompt + max_new_tokens + headroom), in each pool."""
         return -(-(num_prompt + params.max_new_tokens + self._headroom()) // self.args.page_size)
+
+    @property
+    def max_total_num_tokens(self) -> int:
+        """The target's KV pool capacity in tokens: SGLang's /server_info field of that name
+        (sglang/srt/managers/scheduler.py:1945, tp_worker.py:576)."""
+        return self.target.pool.num_slots
+
+    @property
+    def max_req_input_len(self) -> int:
+        """The prompt length from which `check` refuses a request whatever its max_new_tokens (>= 1): SGLang's
+        /server_info field of that name means the same (scheduler.py:1946, aborted at managers/utils.py:272-287);
+        the limits differ (SGLang: min(context, KV pool) - 6, sglang/srt/managers/tp_worker.py:568-572)."""
+        return min(self.context_length, self.target.pool.num_slots - self._headroom())
 
     def check(self, input_ids: list[int], params: SamplingParams) -> None:
         if not input_ids:
@@ -320,11 +338,13 @@ class Engine:
             trees = self.drafter.propose([r.draft for r in batch], [r.context for r in batch])
             results = verify_batch(self.target, [r.target_seq for r in batch], trees,
                                    [r.params.temperature for r in batch], [r.gen for r in batch])
-            for req, res in zip(batch, results):
+            for req, res in zip(batch, results):  # every step counts, the last one in full (spec_counters)
                 req.steps.append({"accept_len": len(res.committed), "accepted_drafts": res.accepted,
-                                  "proposed_drafts": res.tree_nodes - 1, "tree_depth": res.tree_depth,
-                                  "tree_nodes": res.tree_nodes, "verify_s": res.verify_s, "batch_size": len(batch)})
+                                  "tree_depth": res.tree_depth, "tree_nodes": res.tree_nodes,
+                                  "verify_s": res.verify_s, "batch_size": len(batch)})
                 req.out += res.committed
+            self.accept_window.decode_iteration(len(batch), sum(len(res.committed) for res in results))
+            self.stats.verify_forward_seconds += results[0].verify_s if results else 0.0  # one batched forward
         for req in batch:
             self._after_tokens(req)
 
@@ -361,16 +381,18 @@ class Engine:
             req.done.set()
 
     def _finish_reason(self, out: list[int], params: SamplingParams) -> dict | None:
-        """Trims `out` in place at the first EOS / stop string / length limit; returns SGLang's finish_reason."""
-        if not params.ignore_eos and self.eos_id is not None and self.eos_id in out:
-            del out[out.index(self.eos_id) + 1:]
-            return {"type": "stop", "matched": self.eos_id}
+        """Trims `out` in place at the first stop string / EOS / length limit; returns SGLang's finish_reason. As
+        SGLang (`Req.update_finish_state`, sglang/srt/managers/schedule_batch.py:2007-2042): a stop string before an
+        EOS, and a stop found past max_new_tokens (a verify step can overshoot it) is a length finish."""
         text = self.decode(out) if params.stop else ""
         for stop in (s for s in params.stop if s and s in text):
-            for n in range(1, len(out) + 1):
+            for n in range(1, min(len(out), params.max_new_tokens) + 1):
                 if stop in self.decode(out[:n]):
                     del out[n:]
                     return {"type": "stop", "matched": stop}
+        if not params.ignore_eos and self.eos_id is not None and self.eos_id in out[:params.max_new_tokens]:
+            del out[out.index(self.eos_id) + 1:]
+            return {"type": "stop", "matched": self.eos_id}
         if len(out) >= params.max_new_tokens:
             del out[params.max_new_tokens:]
             return {"type": "length", "length": params.max_new_tokens}
@@ -380,21 +402,11 @@ class Engine:
         meta = {"id": uuid.uuid4().hex, "finish_reason": finish, "prompt_tokens": len(input_ids),
                 "completion_tokens": len(out), "cached_tokens": 0, "e2e_latency": e2e, "ttft": ttft,
                 "first_token_latency": ttft}
-        if self.drafter is not None and steps:
-            verify_ct = len(steps)
-            correct = sum(s["accepted_drafts"] for s in steps)
-            proposed = sum(s["proposed_drafts"] for s in steps)
-            hist = [0] * (max(self.num_steps, max(s["accepted_drafts"] for s in steps)) + 1)
-            for s in steps:
-                hist[s["accepted_drafts"]] += 1
-            meta.update({
-                "spec_verify_ct": verify_ct, "spec_accept_length": len(out) / verify_ct,
-                "spec_accept_rate": correct / proposed if proposed else 0.0,
-                "spec_num_correct_drafts": correct, "spec_num_proposed_drafts": proposed,
-                "spec_correct_drafts_histogram": hist,
-                "spec_steps": [{k: s[k] for k in ("accept_len", "tree_depth", "tree_nodes", "verify_s", "batch_size")}
-                               for s in steps],
-            })
+        if self.drafter is not None and steps:  # SGLang 0.5.23's fields and semantics (spec_counters), plus our steps
+            spec = spec_meta_fields([s["accepted_drafts"] for s in steps], len(out), self.num_draft_tokens)
+            if spec:
+                meta.update(spec, spec_steps=[{k: s[k] for k in ("accept_len", "tree_depth", "tree_nodes", "verify_s",
+                                                                 "batch_size")} for s in steps])
         return meta
 
     def _account(self, prompt_len, out_len, steps, ttft, e2e) -> None:
@@ -415,7 +427,9 @@ class Engine:
             self.target.pool.flush()
             if isinstance(self.drafter, ModelDrafter):
                 self.drafter.runner.pool.flush()
+            self.accept_window.reset()  # as SGLang's flush resets its MetricsReporter (spec_counters)
 
-    def avg_spec_accept_length(self) -> float:
-        st = self.stats
-        return st.spec_accepted_tokens / st.spec_verify_calls if st.spec_verify_calls else 0.0
+    def avg_spec_accept_length(self) -> float | None:
+        """/server_info's avg_spec_accept_length: complete --decode-log-interval windows since the last flush, None
+        before the first (spec_counters.AcceptLengthWindow)."""
+        return self.accept_window.average() if self.drafter is not None else None

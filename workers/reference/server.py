@@ -1,18 +1,18 @@
-"""HTTP server (FastAPI + uvicorn) speaking SGLang's subset: /health /generate /flush_cache /server_info /metrics.
+"""HTTP server (FastAPI + uvicorn) speaking SGLang's subset: /health /generate /flush_cache /server_info /metrics,
+and the OpenAI-compatible routes of `openai_api` (/v1/models, /v1/completions, /v1/chat/completions, /model_info).
 
 The model loads and warms up in a background thread; /health answers 503 until that is done; if it cannot load,
 the server exits 1 (the traceback in its log). Concurrent requests are batched by the engine's scheduler thread
 (up to --max-running-requests at once); a client that goes away (streaming or not) cancels its generation,
 which leaves the batch at the next step, so /flush_cache, which answers 400 while a request waits or runs,
 works again right after. Requests are checked as SGLang does
-(`_parse_sampling`): a bad field is a 400 naming it, and the keep-alive connection stays open.
+(`request_params.parse_sampling`): a bad field is a 400 naming it, and the keep-alive connection stays open.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-import math
 import signal
 import threading
 import time
@@ -23,6 +23,11 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.concurrency import run_in_threadpool
 
 from .engine import Cancelled, Engine, RequestError, SamplingParams
+from .openai_api import add_openai_routes
+from .request_params import cancel_on_disconnect as _cancel_on_disconnect
+from .request_params import fill_max_new_tokens as _fill_max_new_tokens
+from .request_params import is_int as _is_int
+from .request_params import parse_sampling as _parse_sampling
 
 logger = logging.getLogger(__name__)
 
@@ -60,72 +65,6 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "code": status}}, status_code=status)
 
 
-SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_p", "ignore_eos", "stop", "sampling_seed")
-# SGLang sampling params this engine does not implement: accepted only at SGLang's defaults
-SGLANG_DEFAULTS = {"top_k": -1, "min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
-                   "repetition_penalty": 1.0, "min_new_tokens": 0, "n": 1}
-SEED_MIN, SEED_MAX = -2**63, 2**63 - 1  # SGLang's sampling_seed range
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v) -> bool:
-    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
-
-
-def _parse_sampling(raw) -> SamplingParams:
-    """SGLang's checks (SamplingParams.verify), with no coercion: "3" or 2.9 is not an integer, "false" not a bool.
-    `max_new_tokens` None means up to the context length (filled in by `_fill_max_new_tokens`)."""
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise RequestError("sampling_params must be an object (a batch in one body is not supported: send "
-                           "concurrent requests)")
-    for key, value in raw.items():
-        if key in SAMPLING_KEYS or (key in SGLANG_DEFAULTS and (value is None or (
-                not isinstance(value, bool) and value == SGLANG_DEFAULTS[key]))):
-            continue
-        allowed = ", ".join(SAMPLING_KEYS) + "; at SGLang's defaults only: " + \
-            ", ".join(f"{k}={v}" for k, v in SGLANG_DEFAULTS.items())
-        raise RequestError(f"sampling_params.{key}={value!r} is not supported by the reference engine; "
-                           f"allowed: {allowed}")
-    n = raw.get("max_new_tokens", 128)
-    if n is not None and not (_is_int(n) and n >= 1):
-        raise RequestError(f"sampling_params.max_new_tokens must be an integer >= 1, got {n!r}")
-    temperature = raw.get("temperature", 1.0)
-    if temperature is None:
-        temperature = 1.0
-    if not (_is_number(temperature) and temperature >= 0):
-        raise RequestError(f"sampling_params.temperature must be a non-negative finite number, got {temperature!r}")
-    top_p = raw.get("top_p", 1.0)
-    if top_p is None:
-        top_p = 1.0
-    if not (_is_number(top_p) and 0 < top_p <= 1):
-        raise RequestError(f"sampling_params.top_p must be in (0, 1], got {top_p!r}")
-    if top_p < 1 and temperature > 0:
-        raise RequestError(f"sampling_params.top_p={top_p!r}: the reference engine samples from the whole "
-                           "distribution; allowed: top_p=1, or temperature=0 (greedy)")
-    ignore_eos = raw.get("ignore_eos", False)
-    if not isinstance(ignore_eos, bool):
-        raise RequestError(f"sampling_params.ignore_eos must be true or false, got {ignore_eos!r}")
-    stop = raw.get("stop") or []
-    stop = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-        raise RequestError(f"sampling_params.stop must be a string or a list of strings, got {raw.get('stop')!r}")
-    seed = raw.get("sampling_seed")
-    if seed is not None and not (_is_int(seed) and SEED_MIN <= seed <= SEED_MAX):
-        raise RequestError(f"sampling_params.sampling_seed must be an integer in [-2**63, 2**63 - 1], got {seed!r}")
-    return SamplingParams(max_new_tokens=n, temperature=float(temperature), ignore_eos=ignore_eos, stop=stop,
-                          sampling_seed=seed)
-
-
-def _fill_max_new_tokens(params: SamplingParams, input_ids: list[int], engine: Engine) -> None:
-    if params.max_new_tokens is None:  # SGLang: generate up to the context length
-        params.max_new_tokens = max(1, engine.context_length - len(input_ids))
-
-
 def _parse_prompt(body: dict, engine: Engine) -> list[int]:
     text, ids = body.get("text"), body.get("input_ids")
     if (text is None) == (ids is None):
@@ -155,8 +94,8 @@ def _metrics_text(engine: Engine | None, model_name: str) -> str:
         ("sglang:cached_tokens_total", "counter", "Prefix-cache hit tokens (no prefix cache: 0)", 0),
         ("sglang:num_requests_total", "counter", "Finished requests", st.num_requests if st else 0),
         ("sglang:spec_verify_calls_total", "counter", "Speculative verify forwards", st.spec_verify_calls if st else 0),
-        ("sglang:spec_accept_length", "gauge", "Tokens committed per verify step since start",
-         engine.avg_spec_accept_length() if engine else 0.0),
+        ("sglang:spec_accept_length", "gauge", "Tokens committed per verify step in the last complete "
+         "--decode-log-interval window", engine.accept_window.last if engine else 0.0),
         ("sglang:num_running_reqs", "gauge", "Requests running", len(engine.running) if engine else 0),
         ("sglang:num_queue_reqs", "gauge", "Requests waiting", len(engine.waiting) if engine else 0),
         ("sglang:e2e_request_latency_seconds_sum", "counter", "Sum of end-to-end latencies", st.e2e_seconds if st else 0.0),
@@ -167,6 +106,13 @@ def _metrics_text(engine: Engine | None, model_name: str) -> str:
     lines = []
     for name, kind, help_, value in rows:
         lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name}{label} {value}"]
+    # SGLang's device-timer counter, with its scheduler labels and category (sglang/srt/observability/
+    # metrics_collector.py:1054-1061, 1382-1387): seconds of batched verify forwards (workers/engine_counters.py)
+    name = "sglang:forward_execution_seconds_total"
+    fwd = (f'{{model_name="{model_name}",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0",'
+           'category="target_verify"}')
+    lines += [f"# HELP {name} Seconds of target-verify forwards (host clock)", f"# TYPE {name} counter",
+              f"{name}{fwd} {st.verify_forward_seconds if st else 0.0}"]
     return "\n".join(lines) + "\n"
 
 
@@ -185,6 +131,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     app = FastAPI(title="specsweep reference engine", version=VERSION, lifespan=lifespan)
     model_name = state.args.served_model_name or state.args.model_path
+    add_openai_routes(app, state, model_name)  # /v1/models, /v1/completions, /v1/chat/completions, /model_info
 
     @app.get("/health")
     @app.get("/health_generate")
@@ -216,12 +163,16 @@ def create_app(state: ServerState) -> FastAPI:
             "ready": state.ready.is_set(), "max_batch_size": state.args.max_running_requests,
             "context_length": engine.context_length if engine else state.args.context_length,
             "internal_states": [{
-                "avg_spec_accept_length": engine.avg_spec_accept_length() if engine else 0.0,
                 "spec_verify_calls": engine.stats.spec_verify_calls if engine else 0,
                 "num_requests": engine.stats.num_requests if engine else 0,
                 "effective_max_running_requests_per_dp": state.args.max_running_requests,
             }],
         })
+        if engine is not None:  # SGLang's scheduler limits, same meaning (sglang/srt/managers/scheduler.py:1942-1947)
+            info.update(max_req_input_len=engine.max_req_input_len, max_total_num_tokens=engine.max_total_num_tokens)
+        accept_length = engine.avg_spec_accept_length() if engine else None
+        if accept_length is not None:  # as SGLang: complete windows since the last flush, else no key (spec_counters)
+            info["internal_states"][0]["avg_spec_accept_length"] = accept_length
         return JSONResponse(info)
 
     @app.get("/metrics")
@@ -269,15 +220,6 @@ def create_app(state: ServerState) -> FastAPI:
                              "meta_info": out.meta_info})
 
     return app
-
-
-async def _cancel_on_disconnect(request: Request, cancel: threading.Event) -> None:
-    """Sets `cancel` when the client closes the connection (the body is read: the next message is the disconnect)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            cancel.set()
-            return
 
 
 async def _stream(engine: Engine, input_ids: list[int], params: SamplingParams):

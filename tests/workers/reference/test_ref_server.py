@@ -21,7 +21,7 @@ FLAGS = ["--model-path", "tiny", "--load-format", "dummy", "--page-size", "16", 
          "--context-length", "4096", "--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path",
          "tiny", "--speculative-num-steps", str(NUM_STEPS), "--speculative-eagle-topk", "1",
          "--speculative-num-draft-tokens", str(NUM_STEPS + 1), "--random-seed", "0", "--host", "127.0.0.1",
-         "--mem-fraction-static", "0.8", "--enable-metrics"]
+         "--mem-fraction-static", "0.8", "--enable-metrics", "--decode-log-interval", "2"]
 TIMEOUT = 60
 
 
@@ -259,13 +259,27 @@ def test_flush_cache(server):
 
 
 def test_server_info(server):
+    """avg_spec_accept_length as SGLang reports it: complete --decode-log-interval windows (2 decode iterations
+    here) since the last /flush_cache, the key absent before the first one."""
     url, _, _ = server
-    post(url, {"text": "info", "sampling_params": greedy(8)})
+
+    def state():
+        return requests.get(f"{url}/server_info", timeout=TIMEOUT).json()["internal_states"][0]
+
+    assert requests.post(f"{url}/flush_cache", timeout=TIMEOUT).status_code == 200
+    post(url, {"text": "info", "sampling_params": greedy(NUM_STEPS + 2)})  # prefill + 1 verify step (the oracle)
+    assert "avg_spec_accept_length" not in state()
+    post(url, {"text": "info", "sampling_params": greedy(NUM_STEPS + 2)})  # a second iteration closes the window
+    assert state()["avg_spec_accept_length"] == pytest.approx(NUM_STEPS + 1)
+    gauge = next(x for x in requests.get(f"{url}/metrics", timeout=TIMEOUT).text.splitlines()
+                 if x.startswith("sglang:spec_accept_length{"))
+    assert float(gauge.rsplit(" ", 1)[1]) == pytest.approx(NUM_STEPS + 1)
+    assert requests.post(f"{url}/flush_cache", timeout=TIMEOUT).status_code == 200
+    assert "avg_spec_accept_length" not in state()  # the flush resets it, as SGLang's
     info = requests.get(f"{url}/server_info", timeout=TIMEOUT).json()
-    assert info["model_path"] == "tiny" and info["page_size"] == 16
+    assert info["model_path"] == "tiny" and info["page_size"] == 16 and info["decode_log_interval"] == 2
     assert info["speculative_algorithm"] == "STANDALONE" and info["speculative_num_draft_tokens"] == NUM_STEPS + 1
     assert info["version"] and info["max_batch_size"] == 48
-    assert info["internal_states"][0]["avg_spec_accept_length"] == pytest.approx(NUM_STEPS + 1)
 
 
 def test_metrics(server):
@@ -283,6 +297,18 @@ def test_metrics(server):
     assert value(text, "sglang:num_requests_total") - value(before, "sglang:num_requests_total") == 1
     assert value(text, "sglang:spec_verify_calls_total") > value(before, "sglang:spec_verify_calls_total")
     assert "# TYPE sglang:prompt_tokens_total counter" in text
+
+
+def test_server_info_limits_mean_what_sglangs_do(server):
+    """max_req_input_len: prompts this long are refused whatever max_new_tokens, one token less is served (SGLang's
+    /server_info field, sglang/srt/managers/scheduler.py:1946); max_total_num_tokens: the KV pool's tokens."""
+    url, _, _ = server
+    info = requests.get(f"{url}/server_info", timeout=TIMEOUT).json()
+    edge, pool = info["max_req_input_len"], info["max_total_num_tokens"]
+    assert edge == 4096 and pool >= edge + NUM_STEPS + 1  # --context-length 4096; the pool holds a draft tree more
+    assert post(url, {"input_ids": [7] * (edge - 1), "sampling_params": greedy(1)}).status_code == 200
+    r = post(url, {"input_ids": [7] * edge, "sampling_params": greedy(1)})
+    assert r.status_code == 400 and "context length 4096" in r.text
 
 
 @pytest.mark.parametrize("argv, fragment", [

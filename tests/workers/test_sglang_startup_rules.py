@@ -1,0 +1,165 @@
+"""The rules of orchestrator/validate_startup.py against SGLang 0.5.23's own code, on CPU.
+
+SGLang's parser and resolver accept every one of these points (`prepare_server_args` + `resolve_once()` +
+`check_server_args()`: the OURS_ONLY rules of tests/workers/test_sglang_args.py); they fail later, at start-up.
+Here the code that fails is run itself, in a child process (importing SGLang patches transformers):
+- fa3: the registry's factory, with the device capability it reads set to each architecture;
+- hpc_ops: the registry's factory, with and without speculation published;
+- torch_native: its `forward_extend` on a TARGET_VERIFY-shaped batch (no extend_prefix_lens, as
+  `ForwardBatch.init_new` leaves them for verify) and, as a control, on a prefill-shaped one.
+Our verdict for each case comes from the rule functions themselves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_module
+
+from orchestrator.run_config import RunConfig
+from orchestrator.schema import register_configs, to_run_config
+from orchestrator.settings import ClusterSettings
+from orchestrator.validate_startup import fa3_problems, speculation_problems
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CHILD = r"""
+import json, sys
+from types import SimpleNamespace
+from workers.sglang_argcheck import _prepare_imports
+_prepare_imports(None)
+import torch
+import sglang.srt.layers.attention.attention_registry as registry
+from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+from sglang.srt.layers.radix_attention import AttentionType
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.runtime_context import publish
+from sglang.srt.server_args import prepare_server_args
+
+def outcome(call, refused_type, words):
+    try:
+        call()
+    except refused_type as e:
+        if words in str(e):
+            return "refused"
+    except Exception:
+        pass  # past the check: building the backend on a CPU fails for other reasons
+    return "passes"
+
+out = {"fa3": {}, "hpc_ops": {}}
+for major in (8, 9, 10, 12):
+    for mla in (False, True):
+        registry.get_device_capability = lambda *a, _m=major, **k: (_m, 0)
+        out["fa3"][f"{major}/{mla}"] = outcome(lambda: registry.ATTENTION_BACKENDS["fa3"](
+            SimpleNamespace(use_mla_backend=mla)), AssertionError, "FlashAttention v3 Backend requires")
+
+model = sys.argv[1]
+for name, spec in (("none", []), ("NGRAM", ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "5",
+                                        "--speculative-ngram-min-bfs-breadth", "1", "--speculative-ngram-max-bfs-breadth", "1"])):
+    sa = prepare_server_args(["--model-path", model, "--device", "cuda", "--page-size", "64",
+                              "--attention-backend", "hpc_ops", *spec])
+    sa.resolve_once()
+    publish(sa, role="scheduler")
+    runner = SimpleNamespace(use_mla_backend=False, model_config=SimpleNamespace(is_encoder_decoder=False))
+    out["hpc_ops"][name] = outcome(lambda: registry.ATTENTION_BACKENDS["hpc_ops"](runner), ValueError,
+                                   "does not support speculative decoding")
+
+b = TorchNativeAttnBackend.__new__(TorchNativeAttnBackend)
+k_buf, v_buf = torch.randn(64, 2, 32), torch.randn(64, 2, 32)
+b.token_to_kv_pool = SimpleNamespace(set_kv_buffer=lambda *a, **k: None, get_key_buffer=lambda i: k_buf,
+                                     get_value_buffer=lambda i: v_buf)
+b.swa_out_cache_loc = None
+b.req_to_token_pool = SimpleNamespace(req_to_token=torch.arange(64).view(2, 32))
+layer = SimpleNamespace(qk_head_dim=32, v_head_dim=32, tp_q_head_num=4, tp_k_head_num=2, is_cross_attention=False,
+                        attn_type=AttentionType.DECODER, layer_id=0, scaling=32 ** -0.5, sliding_window_size=-1)
+q, kv = torch.randn(8, 4 * 32), torch.randn(8, 2 * 32)
+def batch(mode, prefix, extend):
+    return SimpleNamespace(forward_mode=mode, out_cache_loc=torch.arange(8), req_pool_indices=torch.tensor([0, 1]),
+                           seq_lens=torch.tensor([10, 12]), extend_prefix_lens=prefix, extend_seq_lens=extend,
+                           encoder_lens=None, encoder_out_cache_loc=None)
+def torch_native(fb):
+    try:
+        b.forward_extend(q, kv, kv, layer, fb)
+        return "ran"
+    except Exception as e:
+        tb = e.__traceback__
+        while tb.tb_next:
+            tb = tb.tb_next
+        return f"{type(e).__name__}: {e} at line {tb.tb_lineno}"
+out["torch_native"] = {
+    "verify": torch_native(batch(ForwardMode.TARGET_VERIFY, None, None)),
+    "prefill": torch_native(batch(ForwardMode.EXTEND, torch.tensor([6, 8]), torch.tensor([4, 4]))),
+}
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def sglang_says(tmp_path_factory) -> dict:
+    if importlib.util.find_spec("sglang") is None:
+        if os.environ.get("CI"):
+            pytest.fail("sglang is not installed (CI must run this: `make setup` installs it)")
+        pytest.skip("sglang is not installed (pip install --no-deps sglang==0.5.23, see docs/sglang.md)")
+    model = tmp_path_factory.mktemp("model")
+    (model / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 256, "intermediate_size": 512,
+        "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32, "num_hidden_layers": 2,
+        "vocab_size": 1024, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "torch_dtype": "bfloat16"}))
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(model)], capture_output=True, text=True, cwd=ROOT,
+                          timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_config(*overrides: str) -> RunConfig:
+    register_configs()
+    with initialize_config_module("conf", version_base="1.3"):
+        cfg = compose("config", overrides=list(overrides))
+    return to_run_config(cfg, overrides, cwd="/tmp")
+
+
+def _config(**changes) -> RunConfig:
+    rc = run_config("engine=sglang", "model=qwen3-8b", "attention=triton", "drafter=none")
+    attention = {k: changes.pop(k) for k in list(changes) if k in ("backend", "speculative_attention_mode")}
+    return dataclasses.replace(rc, attention=dataclasses.replace(rc.attention, **attention), **changes)
+
+
+def _ours(rule, rc: RunConfig) -> str:
+    found: list = []
+    rule(rc, lambda *problem: found.append(problem))
+    return "refused" if found else "passes"
+
+
+def test_fa3_verdicts_equal_the_factorys_assertion(sglang_says):
+    mla_model = run_config("model=deepseek-v3").model
+    for arch, major in (("sm_86", 8), ("sm_90", 9), ("sm_100", 10), ("sm_120", 12)):
+        for mla in (False, True):
+            rc = _config(backend="fa3", cluster=ClusterSettings(accelerator=arch))
+            if mla:
+                rc = dataclasses.replace(rc, model=mla_model)
+            assert _ours(fa3_problems, rc) == sglang_says["fa3"][f"{major}/{mla}"], (arch, mla)
+    assert sglang_says["fa3"]["12/False"] == "refused" and sglang_says["fa3"]["9/True"] == "passes"
+
+
+def test_hpc_ops_verdicts_equal_its_factory(sglang_says):
+    ngram = run_config("engine=sglang", "model=qwen3-8b", "drafter=ngram").drafter
+    assert sglang_says["hpc_ops"] == {"none": "passes", "NGRAM": "refused"}
+    assert _ours(speculation_problems, _config(backend="hpc_ops")) == "passes"
+    assert _ours(speculation_problems, dataclasses.replace(_config(backend="hpc_ops"), drafter=ngram)) == "refused"
+
+
+def test_torch_native_fails_on_a_verify_batch_only(sglang_says):
+    verify = sglang_says["torch_native"]["verify"]
+    assert verify.startswith("AttributeError: 'NoneType' object has no attribute 'shape'") and verify.endswith(
+        "at line 101"), verify  # torch_native_backend.py:101
+    assert sglang_says["torch_native"]["prefill"] == "ran"
+    ngram = run_config("engine=sglang", "model=qwen3-8b", "drafter=ngram").drafter
+    assert _ours(speculation_problems, dataclasses.replace(_config(backend="torch_native"), drafter=ngram)) == "refused"
+    assert _ours(speculation_problems, _config(backend="torch_native")) == "passes"

@@ -1,0 +1,93 @@
+"""Request checks shared by the native (/generate) and OpenAI-compatible routes of the reference engine's server.
+
+SGLang's sampling-parameter rules (`SamplingParams.verify`, sglang/srt/sampling/sampling_params.py) with no
+coercion, the fill-in of a missing `max_new_tokens`, and the watcher that cancels a generation whose client went away.
+"""
+from __future__ import annotations
+
+import math
+import threading
+
+from starlette.requests import Request
+
+from .engine import Engine, RequestError, SamplingParams
+
+SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_p", "ignore_eos", "stop", "sampling_seed")
+# SGLang sampling params this engine does not implement: accepted only at SGLang's defaults
+SGLANG_DEFAULTS = {"top_k": -1, "min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
+                   "repetition_penalty": 1.0, "min_new_tokens": 0, "n": 1}
+SEED_MIN, SEED_MAX = -2**63, 2**63 - 1  # SGLang's sampling_seed range
+
+
+def is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_number(v) -> bool:
+    return (is_int(v) or isinstance(v, float)) and math.isfinite(v)
+
+
+def parse_sampling(raw, names: dict[str, str] | None = None) -> SamplingParams:
+    """SGLang's checks (SamplingParams.verify), with no coercion: "3" or 2.9 is not an integer, "false" not a bool.
+    `max_new_tokens` None means up to the context length (filled in by `fill_max_new_tokens`). `names` maps a
+    native key to the name an error message gives it (the OpenAI routes: `max_new_tokens` -> `max_tokens`);
+    unmapped keys are named `sampling_params.<key>`."""
+    names = names or {}
+
+    def name(key: str) -> str:
+        return names.get(key, f"sampling_params.{key}")
+
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise RequestError("sampling_params must be an object (a batch in one body is not supported: send "
+                           "concurrent requests)")
+    for key, value in raw.items():
+        if key in SAMPLING_KEYS or (key in SGLANG_DEFAULTS and (value is None or (
+                not isinstance(value, bool) and value == SGLANG_DEFAULTS[key]))):
+            continue
+        allowed = ", ".join(name(k) for k in SAMPLING_KEYS) + "; at SGLang's defaults only: " + \
+            ", ".join(f"{name(k)}={v}" for k, v in SGLANG_DEFAULTS.items())
+        raise RequestError(f"{name(key)}={value!r} is not supported by the reference engine; allowed: {allowed}")
+    n = raw.get("max_new_tokens", 128)
+    if n is not None and not (is_int(n) and n >= 1):
+        raise RequestError(f"{name('max_new_tokens')} must be an integer >= 1, got {n!r}")
+    temperature = raw.get("temperature", 1.0)
+    if temperature is None:
+        temperature = 1.0
+    if not (is_number(temperature) and temperature >= 0):
+        raise RequestError(f"{name('temperature')} must be a non-negative finite number, got {temperature!r}")
+    top_p = raw.get("top_p", 1.0)
+    if top_p is None:
+        top_p = 1.0
+    if not (is_number(top_p) and 0 < top_p <= 1):
+        raise RequestError(f"{name('top_p')} must be in (0, 1], got {top_p!r}")
+    if top_p < 1 and temperature > 0:
+        raise RequestError(f"{name('top_p')}={top_p!r}: the reference engine samples from the whole "
+                           "distribution; allowed: top_p=1, or temperature=0 (greedy)")
+    ignore_eos = raw.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise RequestError(f"{name('ignore_eos')} must be true or false, got {ignore_eos!r}")
+    stop = raw.get("stop") or []
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise RequestError(f"{name('stop')} must be a string or a list of strings, got {raw.get('stop')!r}")
+    seed = raw.get("sampling_seed")
+    if seed is not None and not (is_int(seed) and SEED_MIN <= seed <= SEED_MAX):
+        raise RequestError(f"{name('sampling_seed')} must be an integer in [-2**63, 2**63 - 1], got {seed!r}")
+    return SamplingParams(max_new_tokens=n, temperature=float(temperature), ignore_eos=ignore_eos, stop=stop,
+                          sampling_seed=seed)
+
+
+def fill_max_new_tokens(params: SamplingParams, input_ids: list[int], engine: Engine) -> None:
+    if params.max_new_tokens is None:  # SGLang: generate up to the context length
+        params.max_new_tokens = max(1, engine.context_length - len(input_ids))
+
+
+async def cancel_on_disconnect(request: Request, cancel: threading.Event) -> None:
+    """Sets `cancel` when the client closes the connection (the body is read: the next message is the disconnect)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            cancel.set()
+            return
