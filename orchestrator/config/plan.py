@@ -49,14 +49,6 @@ class Plan:
         return frozenset(r.server.engine.kind for r in (*self.runs, *(r for r, _ in self.dropped if r is not None)))
 
 
-@dataclass(frozen=True)
-class NotRun:
-    """Hydra return value of a job that planning left out (dropped, or skipped on resume)."""
-
-    run: RunSpec | None
-    reason: str
-
-
 # Override keys the standard name already shows, or that never change a result.
 _NAMED_KEYS = {"context_len", "probe", "drafter", "page_size", "attention", "sweep"}
 _UNNAMED_PREFIXES = ("hydra", "tracking", "cluster", "resume", "progress", "sweep_name", "metrics")
@@ -78,9 +70,10 @@ def build_name(rc: RunConfig) -> str:
     return " ".join(parts)
 
 
-def launch_engine(engine: EngineSpec) -> EngineSpec:
-    """The EngineSpec a server is started with. The stub engine takes its timing as flags in `extra_args`
-    (workers/engine.py StubAdapter): `engine.stub` is prepended there as `--stub-*` flags."""
+def with_stub_flags(engine: EngineSpec) -> EngineSpec:
+    """The EngineSpec a server is started with (this starts nothing). The stub engine takes its timing as flags in
+    `extra_args` (workers/engine.py StubAdapter): `engine.stub` is prepended there as `--stub-*` flags; any other
+    engine is returned as it is."""
     if engine.kind is EngineKind.STUB and engine.stub is not None:
         return replace(engine, extra_args=engine.stub.argv() + engine.extra_args)
     return engine
@@ -88,7 +81,7 @@ def launch_engine(engine: EngineSpec) -> EngineSpec:
 
 def build_server(rc: RunConfig) -> ServerSpec:
     """The engine a run needs. No context_len in it: one server covers every context of a sweep."""
-    return ServerSpec(engine=launch_engine(rc.engine), model=rc.model, drafter=rc.drafter, attention=rc.attention,
+    return ServerSpec(engine=with_stub_flags(rc.engine), model=rc.model, drafter=rc.drafter, attention=rc.attention,
                       page_size=rc.page_size, context_length=rc.server_context_len or rc.model.max_context_len,
                       seed=rc.seed, tp_size=rc.tp_size, nnodes=rc.nnodes)
 

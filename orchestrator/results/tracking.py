@@ -25,20 +25,20 @@ Experiments. One per sweep: `tracking.experiment_name`, else `sweep_name`. A swe
 real results or resume against them; a sweep mixing the stub with a real engine is rejected (`experiment_for`).
 
 Concurrent drivers (docs/orchestrator.md, "Concurrent sweeps and lost drivers"). A SQLite store is created and
-migrated under an exclusive `flock` on `<db>.lock` beside the database: the kernel drops it when its holder
-exits, however it exits, so a lock left by a dead process never blocks. The launcher claims its points under
-the same lock: each RunSpec it will run gets a RUNNING child run at submission, tagged with the driver's
-identity (`driver_host`, `driver_pid`, `driver_start`); another driver skips every run_hash with such a claim
-while that driver lives, and marks claims (and parents) of drivers that are gone FAILED `driver_lost`, then
+migrated under an exclusive `flock` on `<db>.lock` beside the database (`orchestrator.results.store_lock`). The
+launcher claims its points under the same lock: each RunSpec it will run gets a RUNNING child run at submission,
+tagged with the driver's identity (`orchestrator.results.drivers`); another driver skips every run_hash with such a
+claim while that driver lives, and marks claims (and parents) of drivers that are gone FAILED `driver_lost`, then
 runs those points itself. The parent carries `driver_heartbeat` (unix seconds, every `HEARTBEAT_S`).
 
 Secrets: names, params, tags and artifacts go through `specsweep_vocab.redact` (structure, and the literal secrets
 of the plan given to `from_settings`, or given as `secrets`, or found in the tracking URI).
 
 Layout. Parent: params = resolved base config flattened (`a.b.c`), `overrides`; tags = `specsweep.role=parent`,
-git sha, host, sweep; metrics `runs_planned` (this invocation), `runs_resumed` (skipped: FINISHED earlier);
-artifacts = `config.yaml`, `overrides.txt`, `run_hashes.txt` (every point of the sweep, one run_hash a line, resumed
-ones included: what the report covers), `multirun.yaml` (given, or found in Hydra's sweep dir). Child:
+git sha, host, sweep, the schedule that fired it (`orchestrator.results.provenance`); metrics `runs_planned` (this
+invocation), `runs_resumed` (skipped: FINISHED earlier); artifacts = `config.yaml`, `overrides.txt`,
+`run_hashes.txt` (every point of the sweep, one run_hash a line, resumed ones included: what the report covers),
+`multirun.yaml` (given, or found in Hydra's sweep dir). Child:
 `mlflow.parentRunId`, run name = RunSpec.name, params = RunSpec.params, tags = run_hash, job_index,
 server_group, engine, engine_version, host, git sha, attempt, engine_start, failure_reason; metrics in
 `log_batch` calls, the `commit_len` series (and any `metrics.log_patterns` series) with step = index; artifacts = RunResult.artifacts
@@ -50,25 +50,24 @@ With a `sqlite:` store, artifacts go to `mlartifacts/` next to the database file
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
-import socket
-import subprocess
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
+from orchestrator.config.schema import flatten
+from orchestrator.config.settings import ExecutionSettings
+from orchestrator.results.drivers import HEARTBEAT_S, DriverId
+from orchestrator.results.provenance import git_sha, hydra_multirun_yaml, redact_multirun_yaml, schedule_tags
+from orchestrator.results.store_lock import StoreLock
 from specsweep_vocab.redact import plan_secrets, redact_config, redact_text, uri_secrets
-from orchestrator.schema import flatten
-from orchestrator.settings import ExecutionSettings
 from specsweep_vocab.spec import EngineKind, FailureReason, RunResult, RunSpec, RunState
 
 if TYPE_CHECKING:
-    from orchestrator.plan import Plan
+    from orchestrator.config.plan import Plan
 
 logger = logging.getLogger(__name__)
 
@@ -78,9 +77,7 @@ MAX_PARAM_VALUE = 6000  # MLflow's limit on a param value
 BATCH_METRICS, BATCH_PARAMS, BATCH_TAGS = 1000, 100, 100  # MLflow's log_batch limits
 STUB_EXPERIMENT_SUFFIX = "-stub"
 RUN_HASHES_ARTIFACT = "run_hashes.txt"
-# Set by the schedule daemon (orchestrator/schedule.py) on the Ray job of each firing; tagged on the parent run.
-ENV_SCHEDULE = "SPECSWEEP_SCHEDULE"
-ENV_SCHEDULED_TIME = "SPECSWEEP_SCHEDULED_TIME"
+DRIVER_LOST = "driver_lost"  # failure_reason of a RUNNING run whose driver is gone
 
 
 def param_value(v: Any) -> str:
@@ -96,10 +93,6 @@ def experiment_for(settings: ExecutionSettings, plan: Plan | None = None) -> str
         raise ValueError(f"engine.kind={sorted(k.value for k in kinds)}: the stub engine's runs are simulated and "
                          f"recorded in their own experiment; run stub and real engines as separate sweeps")
     return settings.experiment_name + (STUB_EXPERIMENT_SUFFIX if kinds == {EngineKind.STUB} else "")
-DRIVER_LOST = "driver_lost"  # failure_reason of a RUNNING run whose driver is gone
-HEARTBEAT_S = 30.0  # the parent's `driver_heartbeat` tag is refreshed this often
-STALE_HEARTBEAT_S = 600.0  # a driver on another host is gone when its heartbeat is older than this
-LOCK_TIMEOUT_S = 300.0  # waiting for another driver's store lock (a migration takes seconds)
 
 
 def _client(uri: str):
@@ -117,153 +110,9 @@ def artifact_root_for(uri: str) -> str | None:
     return None
 
 
-def git_sha(cwd: str | os.PathLike = ".") -> str:
-    """The commit of the specsweep code that ran (its checkout), else of the working directory."""
-    for where in (Path(__file__).resolve().parent, Path(cwd)):
-        try:
-            out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=5)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if out.returncode == 0:
-            return out.stdout.strip()
-    return "unknown"
-
-
 def _chunks(items: list, n: int) -> Iterator[list]:
     for i in range(0, len(items), n):
         yield items[i:i + n]
-
-
-def lock_path_for(uri: str) -> Path | None:
-    """`<db>.lock` beside a SQLite database; None for other stores (a server serialises its own schema)."""
-    if uri.startswith("sqlite:///"):
-        db = Path(uri[len("sqlite:///"):].split("?", 1)[0]).resolve()
-        return db.with_name(db.name + ".lock")
-    return None
-
-
-class StoreLock:
-    """An exclusive `flock` on one lock file, reentrant within the process (threads wait on an RLock).
-
-    The kernel releases a flock when the holding process exits, so a lock file left by a killed driver blocks
-    no one; the file itself stays (its content names the last holder, for the timeout message)."""
-
-    _by_path: dict[Path, "StoreLock"] = {}
-    _guard = threading.Lock()
-
-    def __init__(self, path: Path):
-        self.path = path
-        self._rlock = threading.RLock()
-        self._depth = 0
-        self._fd: int | None = None
-
-    @classmethod
-    def for_uri(cls, uri: str) -> "StoreLock | None":
-        path = lock_path_for(uri)
-        if path is None:
-            return None
-        with cls._guard:
-            return cls._by_path.setdefault(path, cls(path))
-
-    @contextlib.contextmanager
-    def hold(self, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
-        with self._rlock:
-            if self._depth == 0:
-                self._acquire(timeout_s)
-            self._depth += 1
-            try:
-                yield
-            finally:
-                self._depth -= 1
-                if self._depth == 0:
-                    self._release()
-
-    def _acquire(self, timeout_s: float) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
-                    os.close(fd)
-                    raise TimeoutError(f"MLflow store lock {self.path} held for over {timeout_s:.0f} s by "
-                                       f"{holder}") from None
-                time.sleep(0.05)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
-        self._fd = fd
-
-    def _release(self) -> None:
-        if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
-
-
-def _process_start(pid: int) -> str:
-    """The process's start time in clock ticks since boot (/proc/PID/stat field 22); "" when unknown.
-    With the pid it names one process: a recycled pid has another start time."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    return stat.rsplit(")", 1)[1].split()[19]
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-@dataclass(frozen=True)
-class DriverId:
-    """The process that owns a RUNNING run: host, pid and its start time."""
-
-    host: str
-    pid: int
-    start: str = ""
-
-    TAGS = ("driver_host", "driver_pid", "driver_start")
-
-    @classmethod
-    def current(cls) -> "DriverId":
-        return cls(socket.gethostname(), os.getpid(), _process_start(os.getpid()))
-
-    @classmethod
-    def from_tags(cls, tags: Mapping[str, str]) -> "DriverId | None":
-        if "driver_host" not in tags or not tags.get("driver_pid", "").isdigit():
-            return None
-        return cls(tags["driver_host"], int(tags["driver_pid"]), tags.get("driver_start", ""))
-
-    def tags(self) -> dict[str, str]:
-        return {"driver_host": self.host, "driver_pid": str(self.pid), "driver_start": self.start}
-
-    def __str__(self) -> str:
-        return f"pid {self.pid} on {self.host}"
-
-    def gone_reason(self, heartbeat: float | None, now: float | None = None) -> str | None:
-        """Why this driver is gone, or None while it may be alive. This host: its pid must exist with the same
-        start time. Another host: gone only when its heartbeat is older than STALE_HEARTBEAT_S."""
-        if self.host == socket.gethostname():
-            if not _pid_alive(self.pid):
-                return f"driver {self} is gone (no such process)"
-            if self.start and _process_start(self.pid) not in ("", self.start):
-                return f"driver {self} is gone (pid {self.pid} now belongs to another process)"
-            return None
-        if heartbeat is not None:
-            age = (now or time.time()) - heartbeat
-            if age > STALE_HEARTBEAT_S:
-                return f"driver {self} is gone (last heartbeat {age:.0f} s ago, over {STALE_HEARTBEAT_S:.0f} s)"
-        return None
 
 
 class Tracker:
@@ -437,33 +286,13 @@ class Tracker:
             self.client.log_text(rid, self.redact(yaml.safe_dump(base, sort_keys=False)), "config.yaml")
         self.client.log_text(rid, self.redact("\n".join(plan.overrides) + "\n"), "overrides.txt")
         self.client.log_text(rid, "".join(f"{h}\n" for h in plan.run_hashes), RUN_HASHES_ARTIFACT)
-        multirun_yaml = multirun_yaml or _hydra_multirun_yaml()
+        multirun_yaml = multirun_yaml or hydra_multirun_yaml()
         if multirun_yaml:
-            self.client.log_text(rid, self._redact_yaml(multirun_yaml), "multirun.yaml")
+            self.client.log_text(rid, redact_multirun_yaml(multirun_yaml, self.secrets), "multirun.yaml")
         self._heartbeat_stop = threading.Event()  # one per parent: a late beat never touches the next parent
         threading.Thread(target=self._heartbeat, args=(rid, self._heartbeat_stop), name="mlflow-heartbeat",
                          daemon=True).start()
         return rid
-
-    def _redact_yaml(self, text: str) -> str:
-        """Hydra's multirun.yaml: its mappings structurally (engine.env, extra_args), its override lists by value."""
-        import yaml
-
-        try:
-            doc = yaml.safe_load(text)
-        except yaml.YAMLError:
-            return self.redact(text)
-        if isinstance(doc, dict):
-            task = doc.get("hydra", {}).get("overrides", {}) if isinstance(doc.get("hydra"), dict) else {}
-            if isinstance(task, dict):
-                from specsweep_vocab.redact import redact_override
-
-                for k, v in task.items():
-                    if isinstance(v, list):
-                        task[k] = [redact_override(o) if isinstance(o, str) else o for o in v]
-            doc = redact_config(doc)
-            text = yaml.safe_dump(doc, sort_keys=False)
-        return self.redact(text)
 
     def _heartbeat(self, rid: str, stop: threading.Event) -> None:
         while not stop.wait(HEARTBEAT_S):
@@ -544,26 +373,6 @@ def _run_tags(tags: Mapping[str, str]) -> list:
     from mlflow.entities import RunTag
 
     return [RunTag(k, str(v)) for k, v in tags.items()]
-
-
-def _hydra_multirun_yaml() -> str | None:
-    """The `multirun.yaml` Hydra wrote in this sweep's directory, when running under a Hydra multirun."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        if not HydraConfig.initialized():
-            return None
-        path = Path(HydraConfig.get().sweep.dir) / "multirun.yaml"
-        return path.read_text() if path.is_file() else None
-    except Exception:  # not under Hydra, or no sweep dir: the parent simply has no multirun.yaml
-        return None
-
-
-def schedule_tags(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """A sweep fired by `orchestrator.schedule` carries its schedule name and scheduled time."""
-    if ENV_SCHEDULE not in environ:
-        return {}
-    return {"schedule": environ[ENV_SCHEDULE], "scheduled_time": environ.get(ENV_SCHEDULED_TIME, "")}
 
 
 def finished_run_hashes(settings: ExecutionSettings, plan: Plan | None = None) -> set[str]:
