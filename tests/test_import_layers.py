@@ -17,8 +17,8 @@ PACKAGES = {"specsweep_vocab": ROOT / "specsweep_vocab", "orchestrator": ROOT / 
             "workers": ROOT / "workers", "specsweep_kernels": ROOT / "kernels" / "specsweep_kernels",
             "hydra_plugins": ROOT / "hydra_plugins", "benchmarks": ROOT / "benchmarks"}
 OURS = (*PACKAGES, "conf")
-PLANNING = {"orchestrator.settings", "orchestrator.run_config", "orchestrator.schema", "orchestrator.validate",
-            "orchestrator.plan", "orchestrator.diagnosis"}
+PLANNING = {"orchestrator.config.settings", "orchestrator.config.run_config", "orchestrator.config.schema", "orchestrator.config.validate",
+            "orchestrator.config.plan", "orchestrator.results.diagnosis"}
 CLIS = {"orchestrator.__main__", "orchestrator.schedule"}
 
 
@@ -157,6 +157,6 @@ def test_planning_imports_only_planning_and_the_vocabulary():
 
 def test_settings_is_the_bottom_of_orchestrator_and_the_clis_its_top():
     graph = _imports("orchestrator")
-    assert not {i for i in graph["orchestrator.settings"] if _top(i) in OURS}
+    assert not {i for i in graph["orchestrator.config.settings"] if _top(i) in OURS}
     bad = {(m, i) for m, names in graph.items() for i in names if i in CLIS and m not in CLIS}
     assert not bad

@@ -34,11 +34,11 @@ import ray
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.execute import run_plan
-from orchestrator.local_ray import init_local_ray
-from orchestrator.plan import Plan
-from orchestrator.settings import ClusterSettings, ExecutionSettings, TrackingSettings
-from orchestrator.stats import ExecutionStats
+from orchestrator.execution.execute import execute_plan
+from orchestrator.execution.local_ray import init_local_ray
+from orchestrator.config.plan import Plan
+from orchestrator.config.settings import ClusterSettings, ExecutionSettings, TrackingSettings
+from orchestrator.execution.stats import ExecutionStats
 from tools.testing import tiny_group, tiny_run, tiny_server
 from specsweep_vocab.spec import ProbeKind, RunState
 
@@ -60,7 +60,7 @@ def bench_once(runs: int, context_len: int, gen_tokens: int, num_cpus: int, ray_
                            log_to_driver=False)
         try:
             t0 = time.perf_counter()
-            results = run_plan(plan, settings, stats=stats)
+            results = execute_plan(plan, settings, stats=stats)
             wall = time.perf_counter() - t0
         finally:
             if ray_mode == "running":

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from specsweep_vocab.redact import redact_config, redact_override, redact_params
 from specsweep_vocab.spec import EngineKind, EngineSpec, JobKind, RunSpec, ServerGroup, ServerSpec, stable_hash
-from orchestrator.validate import check_context
+from orchestrator.config.validate import check_context
 from specsweep_vocab.sglang_facts import resolved_backends
 
 if TYPE_CHECKING:
-    from orchestrator.schema import RunConfig
+    from orchestrator.config.schema import RunConfig
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """`RunConfig`: one grid point, fully typed: what validation, planning and the launcher pass around.
 
-It sits below both `orchestrator.schema` (which builds it from Hydra's DictConfig) and `orchestrator.validate` (whose
+It sits below both `orchestrator.config.schema` (which builds it from Hydra's DictConfig) and `orchestrator.config.validate` (whose
 rules read it), so that neither imports the other's module for it.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from orchestrator.settings import ClusterSettings, ExecutionSettings, Thresholds, TrackingSettings
+from orchestrator.config.settings import ClusterSettings, ExecutionSettings, Thresholds, TrackingSettings
 from specsweep_vocab.spec import (AttentionSpec, DrafterSpec, EngineSpec, JobKind, KernelSpec, ModelSpec,
                                   ProbeSpec)
 

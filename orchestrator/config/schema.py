@@ -2,7 +2,7 @@
 DictConfig → `RunConfig` (frozen dataclasses) done at the entry.
 
 Each config key is declared once, as a field of the dataclass it becomes (`specsweep_vocab.spec` for what a
-run is, `orchestrator.settings` for where it runs and is recorded, `RunConfig` for the top level): the `*Conf`
+run is, `orchestrator.config.settings` for where it runs and is recorded, `RunConfig` for the top level): the `*Conf`
 structured configs are generated from those (`structured_conf`), and `to_run_config` fills them field by field.
 The `*Conf` dataclasses give Hydra the keys and types: an unknown key or a wrong type is Hydra's own error at
 composition. Kinds are plain strings there (OmegaConf matches enums by member name, `REFERENCE`, not by value);
@@ -24,10 +24,10 @@ from typing import Any, Optional, Sequence
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from orchestrator.run_config import RunConfig
-from orchestrator.settings import ClusterSettings, Thresholds, TrackingSettings
-from orchestrator.validate import (LEAF, OPEN, ConfigError, Problem, config_key_problems, probe_file_problem,
-                                   unknown_key_problem)
+from orchestrator.config.run_config import RunConfig
+from orchestrator.config.settings import ClusterSettings, Thresholds, TrackingSettings
+from orchestrator.config.validate import (LEAF, OPEN, ConfigError, Problem, config_key_problems, probe_file_problem,
+                                          unknown_key_problem)
 from specsweep_vocab.spec import (AttentionSpec, DrafterSpec, EngineKind, EngineSpec, JobKind, KERNEL_LAYOUTS,
                                   KernelSpec, ModelSpec, ProbeKind, ProbeSpec, SGLangOptions, StubOptions)
 
@@ -76,7 +76,7 @@ def structured_conf(spec: type, name: str, *, replace: Mapping[str, Sequence[tup
         entries += replace[f.name] if f.name in replace else [(f.name, *_conf_field(hints[f.name], f))]
         entries += after.get(f.name, ())
     conf = dataclasses.make_dataclass(name, entries)
-    conf.__doc__ = f"`{spec.__qualname__}` as Hydra composes it (generated: see orchestrator.schema.structured_conf)."
+    conf.__doc__ = f"`{spec.__qualname__}` as Hydra composes it (generated: see orchestrator.config.schema.structured_conf)."
     _CONFS[spec] = conf
     return conf
 

@@ -1,7 +1,7 @@
 """Driver-side settings: where a sweep runs (Ray), where it is recorded (MLflow), how its report judges it.
 
 None of these is part of any run's identity (run_hash). The `cluster`, `tracking` and `report` config sections are
-generated from these dataclasses (orchestrator/schema.py), so each key and its default is declared here only.
+generated from these dataclasses (orchestrator/config/schema.py), so each key and its default is declared here only.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Thresholds:
-    """The diagnosis rules' thresholds (orchestrator/diagnosis.py), config section `report`."""
+    """The diagnosis rules' thresholds (orchestrator/results/diagnosis.py), config section `report`."""
 
     oracle_tolerance: float = 1e-6  # commit_len_mean may fall this far below num_steps + 1
     collapse_drop: float = 0.5  # fraction lost from the shortest context

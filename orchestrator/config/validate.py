@@ -21,7 +21,7 @@ from specsweep_vocab.sglang_facts import (SGLANG_BACKEND_PAGE_SIZES, SGLANG_DRAF
                                           sglang_draft_backend)
 
 if TYPE_CHECKING:
-    from orchestrator.run_config import RunConfig
+    from orchestrator.config.run_config import RunConfig
 
 
 @dataclass(frozen=True)

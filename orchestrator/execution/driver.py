@@ -33,18 +33,18 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from orchestrator.actors import NodeWorker, ServerWorker
-from orchestrator.preflight import Preflight, expected_work
-from orchestrator.ray_session import bundle_nodes
-from orchestrator.settings import ExecutionSettings
-from orchestrator.signals import Shield
-from orchestrator.stats import ExecutionStats, SlotRecord
+from orchestrator.execution.actors import NodeWorker, ServerWorker
+from orchestrator.execution.preflight import Preflight, expected_work
+from orchestrator.execution.ray_session import bundle_nodes
+from orchestrator.config.settings import ExecutionSettings
+from orchestrator.execution.signals import Shield
+from orchestrator.execution.stats import ExecutionStats, SlotRecord
 from specsweep_vocab.spec import FailureReason, RunResult, RunSpec, RunState, ServerGroup
 from workers.engine import read_log_tail
 from workers.runners import LOG_TAIL_ARTIFACT, EngineInfo, engine_log_path
 
 if TYPE_CHECKING:  # rich: imported by run_plan, on the driver only
-    from orchestrator.progress import SweepProgress
+    from orchestrator.execution.progress import SweepProgress
 
 logger = logging.getLogger(__name__)
 

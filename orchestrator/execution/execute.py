@@ -6,33 +6,33 @@ finish.
              tracker: Tracker | None = None, session: RaySession | None = None) -> list[RunResult]
 
 Exactly one RunResult per RunSpec of `plan`, in job order. `on_result` is called on the driver for each result as
-it arrives. With `track` (the default) the results are also recorded in MLflow (`orchestrator.tracking.Tracker`):
+it arrives. With `track` (the default) the results are also recorded in MLflow (`orchestrator.results.tracking.Tracker`):
 a parent run for this invocation and a child run per result, the parent closed FINISHED (KILLED on interrupt).
 `stats`, when given, is filled in (engine starts, start-up seconds, wall time, the phase marks, the parent run id)
 for benchmarks and the report.
 
 The parts, one module each:
 
-    orchestrator.ray_session   connect Ray (or reuse it) and the Ray preflight, once; shut down what was started
-    orchestrator.actors        `ServerWorker` (rank 0) and `NodeWorker` (rank > 0), thin Ray actors around
+    orchestrator.execution.ray_session   connect Ray (or reuse it) and the Ray preflight, once; shut down what was started
+    orchestrator.execution.actors        `ServerWorker` (rank 0) and `NodeWorker` (rank > 0), thin Ray actors around
                                `workers.runners`'s runners
-    orchestrator.driver        the slots, the queue (longest first, `cluster.max_concurrent_servers` at once), the
+    orchestrator.execution.driver        the slots, the queue (longest first, `cluster.max_concurrent_servers` at once), the
                                `ray.wait` loop, node loss and re-queueing, killing everything on an interrupt
-    orchestrator.recording     results to the progress line, `on_result` and MLflow; the background thread
+    orchestrator.execution.recording     results to the progress line, `on_result` and MLflow; the background thread
                                (imports, MLflow set-up, report); the closing of the MLflow runs
-    orchestrator.signals       Ctrl-C and SIGTERM as KeyboardInterrupt, held back while a result is recorded
-    orchestrator.stats         ExecutionStats, SlotRecord, the parent run's metrics
+    orchestrator.execution.signals       Ctrl-C and SIGTERM as KeyboardInterrupt, held back while a result is recorded
+    orchestrator.execution.stats         ExecutionStats, SlotRecord, the parent run's metrics
 
 `session`: a `ray_session` the caller opened (the launcher: it connected Ray and ran the preflight before its
 resume lookup); without one, `run_plan` opens its own and closes it before the report is awaited.
 
-Preflight (`orchestrator.preflight`): once Ray is up and before MLflow or any engine, every group must be
+Preflight (`orchestrator.execution.preflight`): once Ray is up and before MLflow or any engine, every group must be
 placeable on the empty cluster (GPUs per node, node count, accelerator label); else `PreflightError` names each
 group that never fits and what the cluster has, and nothing is recorded.
 
 Ctrl-C / SIGTERM on the driver: every actor is killed (its engine dies with it: parent-death signal), unfinished
 and queued runs become KILLED (`interrupted`) and are recorded, then KeyboardInterrupt propagates (for SIGTERM its
-subclass `orchestrator.signals.Terminated`, on which `python -m orchestrator` exits 143); the same command again
+subclass `orchestrator.execution.signals.Terminated`, on which `python -m orchestrator` exits 143); the same command again
 resumes (FINISHED runs are skipped). A second Ctrl-C while stopping skips the report but never the closing of the
 parent run and of claims without a result.
 """
@@ -47,19 +47,19 @@ from typing import TYPE_CHECKING, Callable, ContextManager, Iterable
 
 import ray
 
-from orchestrator.driver import Driver
-from orchestrator.ray_session import RaySession, ray_session
-from orchestrator.recording import Recorder
-from orchestrator.settings import ExecutionSettings
-from orchestrator.signals import driver_signals
-from orchestrator.stats import ExecutionStats
+from orchestrator.execution.driver import Driver
+from orchestrator.execution.ray_session import RaySession, ray_session
+from orchestrator.execution.recording import Recorder
+from orchestrator.config.settings import ExecutionSettings
+from orchestrator.execution.signals import driver_signals
+from orchestrator.execution.stats import ExecutionStats
 from specsweep_vocab.spec import RunResult
 
 if TYPE_CHECKING:
-    from orchestrator.plan import Plan
-    from orchestrator.progress import SweepProgress
-    from orchestrator.report import Report
-    from orchestrator.tracking import Tracker
+    from orchestrator.config.plan import Plan
+    from orchestrator.execution.progress import SweepProgress
+    from orchestrator.results.report import Report
+    from orchestrator.results.tracking import Tracker
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def run_plan(plan: Plan, settings: ExecutionSettings, on_result: Callable[[RunRe
     """Run every RunSpec of `plan`; see the module docstring.
 
     `multirun_yaml`: the text of Hydra's `<sweep dir>/multirun.yaml`, stored on the parent run.
-    `tracker`: an `orchestrator.tracking.Tracker` whose parent run is already begun (the launcher's, holding this
+    `tracker`: an `orchestrator.results.tracking.Tracker` whose parent run is already begun (the launcher's, holding this
     plan's claims); results are recorded there and no set-up thread runs. Claims still without a result at the end
     are closed (KILLED when interrupted, else FAILED), and the parent is closed even on a second Ctrl-C.
 
@@ -79,12 +79,12 @@ def run_plan(plan: Plan, settings: ExecutionSettings, on_result: Callable[[RunRe
     results arrive and are recorded as they finish → once every run has its result, the report is written in
     that thread while the engines stop and Ray shuts down → the parent run is closed.
     """
-    from orchestrator.progress import SweepProgress
+    from orchestrator.execution.progress import SweepProgress
 
     if plan.num_runs == 0:
         return []
     if track:
-        from orchestrator.tracking import experiment_for
+        from orchestrator.results.tracking import experiment_for
 
         experiment_for(settings, plan)  # ValueError (stub mixed with a real engine) before anything starts
     stats = stats if stats is not None else ExecutionStats()

@@ -34,7 +34,7 @@ from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from orchestrator.settings import AcceleratorMatch, ClusterSettings
+from orchestrator.config.settings import AcceleratorMatch, ClusterSettings
 from specsweep_vocab.spec import EngineKind, ServerGroup, ServerSpec
 
 ACCELERATOR_RESOURCE_UNIT = 0.001  # per bundle, of a node's {"accelerator_sm_90": 1}: many bundles per node

@@ -23,7 +23,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.report import KERNEL_METRICS
+from orchestrator.results.report import KERNEL_METRICS
 from specsweep_vocab.spec import JobKind, RunResult, RunState
 
 logger = logging.getLogger(__name__)

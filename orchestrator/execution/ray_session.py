@@ -2,7 +2,7 @@
 started it.
 
     ray_session(cluster, groups, stats=None) -> RaySession   (a context manager)
-        connect (or reuse) Ray, then the preflight (`orchestrator.preflight.run_preflight`: PreflightError before
+        connect (or reuse) Ray, then the preflight (`orchestrator.execution.preflight.run_preflight`: PreflightError before
         MLflow or any engine); on exit shuts Ray down if this call started it. The launcher opens one and hands it
         to `run_plan`; `run_plan` called on its own opens its own.
     connect_ray(cluster, gpus_needed=0) -> bool   True when this call started Ray (and must shut it down)
@@ -10,7 +10,7 @@ started it.
     bundle_nodes(pg) -> [node_id, ...]            where a placement group's bundles landed
 
 An existing connection is used as is; otherwise `cluster.kind=local` starts an embedded Ray of its own, listening
-on 127.0.0.1 only (`orchestrator.local_ray`; logical GPUs when the machine has none but a server asks for some),
+on 127.0.0.1 only (`orchestrator.execution.local_ray`; logical GPUs when the machine has none but a server asks for some),
 `cluster.kind=ray` connects to `cluster.address`, and a driver running as a Ray Job joins that job's cluster.
 """
 
@@ -26,10 +26,10 @@ from typing import Any, Iterator, Sequence
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group_table
 
-from orchestrator.local_ray import init_local_ray
-from orchestrator.preflight import Preflight, gpus_per_node, run_preflight
-from orchestrator.settings import ClusterKind, ClusterSettings
-from orchestrator.stats import ExecutionStats
+from orchestrator.execution.local_ray import init_local_ray
+from orchestrator.execution.preflight import Preflight, gpus_per_node, run_preflight
+from orchestrator.config.settings import ClusterKind, ClusterSettings
+from orchestrator.execution.stats import ExecutionStats
 from specsweep_vocab.spec import ServerGroup
 
 logger = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ def connect_ray(cluster: ClusterSettings, gpus_needed: int = 0) -> bool:
         return True
     num_gpus = cluster.num_gpus if cluster.num_gpus is not None else max(_visible_gpus(), gpus_needed)
     mb = cluster.object_store_memory_mb or LOCAL_OBJECT_STORE_MB
-    # its own Ray on loopback, never one already on the machine (orchestrator.local_ray)
+    # its own Ray on loopback, never one already on the machine (orchestrator.execution.local_ray)
     init_local_ray(num_cpus=cluster.num_cpus, num_gpus=num_gpus, object_store_memory=mb * 2**20,
                    include_dashboard=cluster.include_dashboard, **common)
     return True

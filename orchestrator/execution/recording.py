@@ -30,16 +30,16 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
-from orchestrator.settings import ExecutionSettings
-from orchestrator.signals import Shield, sigterm_as_interrupt
-from orchestrator.stats import ExecutionStats, parent_metrics
+from orchestrator.config.settings import ExecutionSettings
+from orchestrator.execution.signals import Shield, sigterm_as_interrupt
+from orchestrator.execution.stats import ExecutionStats, parent_metrics
 from specsweep_vocab.spec import FailureReason, RunResult, RunState
 
 if TYPE_CHECKING:
-    from orchestrator.plan import Plan
-    from orchestrator.progress import SweepProgress
-    from orchestrator.report import Report
-    from orchestrator.tracking import Tracker
+    from orchestrator.config.plan import Plan
+    from orchestrator.execution.progress import SweepProgress
+    from orchestrator.results.report import Report
+    from orchestrator.results.tracking import Tracker
 
 logger = logging.getLogger(__name__)
 
@@ -197,7 +197,7 @@ def warm_mlflow(uri: str) -> None:
 def open_tracker(plan: Plan, settings: ExecutionSettings, multirun_yaml: str | None, stats: ExecutionStats,
                  gate: _Gate | None = None, early_import_uri: str | None = None) -> Tracker | None:
     """The MLflow set-up: store, experiment, parent run (None when the gate cancels it)."""
-    from orchestrator.tracking import Tracker  # light: MLflow itself loads in from_settings (or warm_mlflow)
+    from orchestrator.results.tracking import Tracker  # light: MLflow itself loads in from_settings (or warm_mlflow)
 
     if early_import_uri is not None:
         warm_mlflow(early_import_uri)
@@ -239,7 +239,7 @@ def _timed_report(tracker: Tracker, plan: Plan, settings: ExecutionSettings, sta
 
 def _write_report(tracker: Tracker, plan: Plan, settings: ExecutionSettings) -> Report | None:
     """Table, plots and diagnosis.md on the parent run; a report failure never fails the sweep."""
-    from orchestrator.report import write_report
+    from orchestrator.results.report import write_report
 
     try:
         if tracker.parent_run_id is None:

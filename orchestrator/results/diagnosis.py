@@ -27,7 +27,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from orchestrator.settings import Thresholds
+from orchestrator.config.settings import Thresholds
 from specsweep_vocab.spec import EngineKind
 
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator.settings import Thresholds
-from orchestrator.diagnosis import Diagnosis, Finding, RunRow, diagnose, render_markdown
+from orchestrator.config.settings import Thresholds
+from orchestrator.results.diagnosis import Diagnosis, Finding, RunRow, diagnose, render_markdown
 
 if TYPE_CHECKING:
     from mlflow.entities import Run

@@ -249,7 +249,7 @@ class Tracker:
     @contextlib.contextmanager
     def start_parent(self, plan, *, work_dir: str | os.PathLike = ".", multirun_yaml: str | None = None,
                      tags: Mapping[str, str] | None = None) -> Iterator[str]:
-        """`plan` is an `orchestrator.plan.Plan` (sweep_name, base_config, overrides, num_runs, run_hashes and
+        """`plan` is an `orchestrator.config.plan.Plan` (sweep_name, base_config, overrides, num_runs, run_hashes and
         resumed are read)."""
         rid = self.begin_parent(plan, work_dir=work_dir, multirun_yaml=multirun_yaml, tags=tags)
         try:

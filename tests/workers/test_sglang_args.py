@@ -30,10 +30,10 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_module
 
-from orchestrator.plan import build_server
-from orchestrator.schema import register_configs, to_run_config
+from orchestrator.config.plan import build_server
+from orchestrator.config.schema import register_configs, to_run_config
 from specsweep_vocab.spec import Algorithm, AttentionKind, ModelSpec
-from orchestrator.validate import REFERENCE_MODEL_PATHS, validate_run
+from orchestrator.config.validate import REFERENCE_MODEL_PATHS, validate_run
 from workers.sglang import (LONGER_CONTEXT_ENV, SERVER_ARG_KEYS, build_sglang_argv, expected_server_args,
                             reported_server_args, sglang_env)
 

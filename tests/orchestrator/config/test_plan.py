@@ -7,8 +7,8 @@ from dataclasses import replace
 
 from hydra import compose, initialize_config_module
 
-from orchestrator.plan import build_name, build_run, format_tokens, plan_resume, plan_sweep
-from orchestrator.schema import register_configs, to_run_config
+from orchestrator.config.plan import build_name, build_run, format_tokens, plan_resume, plan_sweep
+from orchestrator.config.schema import register_configs, to_run_config
 
 
 def run_config(*overrides: str):
@@ -62,7 +62,7 @@ def test_human_name():
 
 def test_over_max_points_dropped_with_one_log_line(caplog):
     configs = grid(contexts=(1024, 65536, 131072))
-    with caplog.at_level(logging.INFO, logger="orchestrator.plan"):
+    with caplog.at_level(logging.INFO, logger="orchestrator.config.plan"):
         plan = plan_sweep("t", configs)
     assert plan.num_runs == 8 and len(plan.dropped) == 16
     assert all(run.probe.context_len > 8192 and "context_len" in why for run, why in plan.dropped)

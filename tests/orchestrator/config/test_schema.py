@@ -13,11 +13,12 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationErr
 
 from omegaconf import OmegaConf
 
-from orchestrator.schema import (ClusterConf, DrafterConf, EngineConf, ProbeConf, SpecsweepConf, _from_conf, _Problems,
-                                 absolute_tracking_uri, flatten, register_configs, structured_conf, to_run_config)
-from orchestrator.settings import ClusterKind, ClusterSettings, Thresholds
+from orchestrator.config.schema import (ClusterConf, DrafterConf, EngineConf, ProbeConf, SpecsweepConf, _from_conf,
+                                        _Problems, absolute_tracking_uri, flatten, register_configs, structured_conf,
+                                        to_run_config)
+from orchestrator.config.settings import ClusterKind, ClusterSettings, Thresholds
 from specsweep_vocab.spec import Algorithm, AttentionKind, EngineKind, EngineSpec, ProbeKind
-from orchestrator.validate import ConfigError, validate_run
+from orchestrator.config.validate import ConfigError, validate_run
 
 
 def compose_cfg(*overrides: str):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from hydra import compose, initialize_config_module
 
-from orchestrator.schema import register_configs, to_run_config
-from orchestrator.validate import ConfigError, Problem, validate_run
+from orchestrator.config.schema import register_configs, to_run_config
+from orchestrator.config.validate import ConfigError, Problem, validate_run
 
 
 def run_config(*overrides: str):
@@ -294,7 +294,7 @@ def test_keys_under_a_dict_are_any():
 
 
 def test_override_keys_left_to_hydra():
-    from orchestrator.schema import override_key_problems
+    from orchestrator.config.schema import override_key_problems
 
     assert override_key_problems(["+sweep=smoke", "engine=stub", "hydra/job_logging=disabled", "~tracking",
                                   "hydra.launcher.dry_run=true", "engine.env.X=1", "page_size=1,16"]) == []
@@ -304,8 +304,8 @@ def test_override_keys_left_to_hydra():
 
 
 def test_unknown_key_problem_lists_the_level_and_finds_names_at_other_levels():
-    from orchestrator.schema import schema_tree
-    from orchestrator.validate import unknown_key_problem
+    from orchestrator.config.schema import schema_tree
+    from orchestrator.config.validate import unknown_key_problem
 
     tree = schema_tree()
     assert unknown_key_problem("engine.stub.token_s", 1, tree) is None
@@ -327,7 +327,7 @@ def test_unknown_key_problem_lists_the_level_and_finds_names_at_other_levels():
     ("a.jsonl", b'{"text": "x"}\n{bad\n', "line 2 is not JSON"),
 ])
 def test_probe_file_problem(name, raw, why):
-    from orchestrator.validate import probe_file_problem
+    from orchestrator.config.validate import probe_file_problem
 
     p = probe_file_problem(name, f"/d/{name}", raw)
     assert p.key == "probe.path" and p.value == name and why in p.allowed
@@ -335,7 +335,7 @@ def test_probe_file_problem(name, raw, why):
 
 
 def test_every_point_over_context():
-    from orchestrator.validate import every_point_over_context
+    from orchestrator.config.validate import every_point_over_context
 
     over = [run_config("context_len=40000"), run_config("context_len=32768")]
     p = every_point_over_context(over)

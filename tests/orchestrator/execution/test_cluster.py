@@ -3,7 +3,7 @@ nodes of 8 logical GPUs, two labelled gpu-arch=sm_120 and one sm_90 (also advert
 `accelerator_<arch>` of the fallback). Engines are the stub engine (workers/stub_engine.py) started by the real
 EngineProcess in Ray actors placed by placement groups, probed over HTTP, recorded in MLflow where asked.
 
-Also runnable as a driver for the interrupt test: `python tests/orchestrator/test_cluster.py ADDRESS WORK_DIR`.
+Also runnable as a driver for the interrupt test: `python tests/orchestrator/execution/test_cluster.py ADDRESS WORK_DIR`.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.plan import Plan
-from orchestrator.settings import AcceleratorMatch, ClusterKind, ClusterSettings, ExecutionSettings, TrackingSettings
+from orchestrator.config.plan import Plan
+from orchestrator.config.settings import (AcceleratorMatch, ClusterKind, ClusterSettings, ExecutionSettings,
+                                          TrackingSettings)
 from specsweep_vocab.spec import FailureReason, RunState
 from tools.testing import (pid_alive, proc_env, ray_cluster, stub_server, stub_starts, tiny_group, tiny_run,
                                   wait_for_request)
@@ -97,13 +98,13 @@ def _arch_of_node(nodes) -> dict[str, str]:
 
 
 def test_tp8_servers_take_a_whole_node_each_three_at_a_time(sim, tmp_path):
-    from orchestrator.execute import run_plan
-    from orchestrator.stats import ExecutionStats
+    from orchestrator.execution.execute import execute_plan
+    from orchestrator.execution.stats import ExecutionStats
 
     _, nodes = sim
     plan = _plan(_groups(12, 2, gen_tokens=30))
     stats = ExecutionStats()
-    results = run_plan(plan, _settings(tmp_path), track=False, stats=stats)
+    results = execute_plan(plan, _settings(tmp_path), track=False, stats=stats)
     assert len(results) == 24 and all(r.state is RunState.FINISHED for r in results), [r.message for r in results]
     spans = _group_spans(results)
     assert len(spans) == 12 and set(n for n, _, _ in spans.values()) <= set(_arch_of_node(nodes))
@@ -116,12 +117,12 @@ def test_tp8_servers_take_a_whole_node_each_three_at_a_time(sim, tmp_path):
 
 
 def test_tp4_servers_pack_two_per_node(sim, tmp_path):
-    from orchestrator.execute import run_plan
-    from orchestrator.stats import ExecutionStats
+    from orchestrator.execution.execute import execute_plan
+    from orchestrator.execution.stats import ExecutionStats
 
     plan = _plan(_groups(6, 2, tp=4, first_job=100, gen_tokens=100, seed0=100))
     stats = ExecutionStats()
-    results = run_plan(plan, _settings(tmp_path), track=False, stats=stats)
+    results = execute_plan(plan, _settings(tmp_path), track=False, stats=stats)
     assert all(r.state is RunState.FINISHED for r in results), [r.message for r in results]
     spans = _group_spans(results)
     gpus = {r.tags["server_group"]: set(r.tags["gpu_ids"].split(",")) for r in results}
@@ -136,11 +137,11 @@ def test_tp4_servers_pack_two_per_node(sim, tmp_path):
 
 
 def test_accelerator_label_keeps_servers_off_other_architectures(sim, tmp_path):
-    from orchestrator.execute import run_plan
+    from orchestrator.execution.execute import execute_plan
 
     _, nodes = sim
     arch = _arch_of_node(nodes)
-    results = run_plan(_plan(_groups(4, 2, first_job=200, seed0=200)), _settings(tmp_path, accelerator="sm_120"),
+    results = execute_plan(_plan(_groups(4, 2, first_job=200, seed0=200)), _settings(tmp_path, accelerator="sm_120"),
                        track=False)
     assert all(r.state is RunState.FINISHED for r in results), [r.message for r in results]
     assert {arch[r.tags["node_id"]] for r in results} == {"sm_120"}
@@ -148,12 +149,12 @@ def test_accelerator_label_keeps_servers_off_other_architectures(sim, tmp_path):
 
 
 def test_accelerator_resource_fallback(sim, tmp_path):
-    from orchestrator.execute import run_plan
+    from orchestrator.execution.execute import execute_plan
 
     _, nodes = sim
     arch = _arch_of_node(nodes)
     settings = _settings(tmp_path, accelerator="sm_90", accelerator_match=AcceleratorMatch.RESOURCE)
-    results = run_plan(_plan(_groups(2, 1, first_job=250, seed0=250)), settings, track=False)
+    results = execute_plan(_plan(_groups(2, 1, first_job=250, seed0=250)), settings, track=False)
     assert all(r.state is RunState.FINISHED for r in results), [r.message for r in results]
     assert {arch[r.tags["node_id"]] for r in results} == {"sm_90"}
 
@@ -161,13 +162,13 @@ def test_accelerator_resource_fallback(sim, tmp_path):
 def test_preflight_names_the_missing_label_and_launches_nothing(sim, tmp_path):
     from ray.util import placement_group_table
 
-    from orchestrator.execute import run_plan
-    from orchestrator.preflight import PreflightError
+    from orchestrator.execution.execute import execute_plan
+    from orchestrator.execution.preflight import PreflightError
 
     before = len(placement_group_table())
     plan = _plan(_groups(2, 1, first_job=300, seed0=300))
     with pytest.raises(PreflightError) as e:
-        run_plan(plan, _settings(tmp_path, accelerator="sm_100"))
+        execute_plan(plan, _settings(tmp_path, accelerator="sm_100"))
     msg = str(e.value)
     assert "accelerator=sm_100: no node has that label" in msg, msg
     assert "2× sm_120 (8 GPU), 1× sm_90 (8 GPU)" in msg and all(g.group_id in msg for g in plan.groups)
@@ -176,12 +177,12 @@ def test_preflight_names_the_missing_label_and_launches_nothing(sim, tmp_path):
 
 
 def test_engine_start_failure_fails_that_group_and_the_sweep_goes_on(sim, tmp_path):
-    from orchestrator.execute import run_plan
+    from orchestrator.execution.execute import execute_plan
 
     good = _groups(1, 2, first_job=350, seed0=350)[0]
     bad_server = stub_server(tp_size=8, seed=351, extra_args=("--stub-startup-s", "not-a-number"))
     bad = tiny_group(bad_server, [tiny_run(bad_server, 352), tiny_run(bad_server, 353)])
-    results = run_plan(_plan([bad, good]), _settings(tmp_path), track=False)
+    results = execute_plan(_plan([bad, good]), _settings(tmp_path), track=False)
     states = {r.run.job_index: r for r in results}
     assert states[350].state is RunState.FINISHED and states[351].state is RunState.FINISHED
     for i in (352, 353):
@@ -193,10 +194,10 @@ def test_engine_start_failure_fails_that_group_and_the_sweep_goes_on(sim, tmp_pa
 
 
 def test_multi_node_server_starts_one_rank_per_node(sim, tmp_path):
-    from orchestrator.execute import run_plan
+    from orchestrator.execution.execute import execute_plan
 
     groups = _groups(1, 2, tp=16, nnodes=2, first_job=400, seed0=400)
-    results = run_plan(_plan(groups), _settings(tmp_path), track=False)
+    results = execute_plan(_plan(groups), _settings(tmp_path), track=False)
     assert all(r.state is RunState.FINISHED for r in results), [r.message for r in results]
     starts = stub_starts(tmp_path)  # each rank's start-up line in its engine log
     assert sorted(s.node_rank for s in starts) == [0, 1] and {s.nnodes for s in starts} == {2}
@@ -239,8 +240,8 @@ def _engine_node(pid: int) -> str | None:
 def test_node_lost_mid_sweep_requeues_and_every_run_finishes_once(sim, tmp_path):
     import threading
 
-    from orchestrator.execute import run_plan
-    from orchestrator.stats import ExecutionStats
+    from orchestrator.execution.execute import execute_plan
+    from orchestrator.execution.stats import ExecutionStats
 
     cluster, nodes = sim
     plan = _plan(_groups(3, 4, first_job=500, gen_tokens=80, token_s=0.01, seed0=500), sweep="loss")
@@ -257,7 +258,7 @@ def test_node_lost_mid_sweep_requeues_and_every_run_finishes_once(sim, tmp_path)
     t.start()
     stats = ExecutionStats()
     try:
-        results = run_plan(plan, _settings(tmp_path, sweep="loss"), stats=stats)
+        results = execute_plan(plan, _settings(tmp_path, sweep="loss"), stats=stats)
     finally:
         t.join(30)
         if removed:  # a fresh node with the same label keeps the cluster whole for later tests
@@ -323,14 +324,14 @@ def _interrupt_driver(address: str, work_dir: str) -> None:
     """The driver of the interrupt test: the launcher's execute_plan (preflight, resume, run_plan)."""
     import logging
 
-    from orchestrator.launcher_core import execute_plan
+    from orchestrator.session.sweep import run_sweep
 
     logging.basicConfig(level=logging.INFO)
     plan = _plan(_groups(_INT_GROUPS, _INT_RUNS, first_job=_INT_FIRST, gen_tokens=300, token_s=0.01, seed0=600),
                  sweep="interrupted")
     settings = dataclasses.replace(_settings(Path(work_dir), sweep="interrupted"),
                                    cluster=ClusterSettings(kind=ClusterKind.RAY, address=address))
-    results, skipped, _ = execute_plan(plan, settings)
+    results, skipped, _ = run_sweep(plan, settings)
     print(json.dumps({"skipped": skipped, "ran": len(results),
                       "finished": sum(r.state is RunState.FINISHED for r in results)}))
 
@@ -343,7 +344,7 @@ if __name__ == "__main__":
 
 
 def test_server_needs_and_fit_without_ray():
-    from orchestrator.preflight import NodeInfo, check_fit, server_needs
+    from orchestrator.execution.preflight import NodeInfo, check_fit, server_needs
 
     cluster = ClusterSettings(accelerator="sm_90", cpus_per_server=2)
     one, two = stub_server(tp_size=8), stub_server(tp_size=16, nnodes=2, seed=1)

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from orchestrator.local_ray import init_local_ray
-from orchestrator.plan import Plan
-from orchestrator.settings import ExecutionSettings, TrackingSettings
+from orchestrator.execution.local_ray import init_local_ray
+from orchestrator.config.plan import Plan
+from orchestrator.config.settings import ExecutionSettings, TrackingSettings
 from specsweep_vocab.spec import FailureReason, ProbeKind, RunState
 from tools.testing import pid_alive, tiny_group, tiny_run, tiny_server, wait_for_request
 from workers.runners import LOG_TAIL_ARTIFACT
@@ -44,14 +44,14 @@ def _plan(*groups) -> Plan:
 
 
 def test_results_stream_back_one_engine_per_server(local_ray, tmp_path):
-    from orchestrator.execute import run_plan
-    from orchestrator.stats import ExecutionStats
+    from orchestrator.execution.execute import execute_plan
+    from orchestrator.execution.stats import ExecutionStats
 
     oracle, ngram = tiny_server("oracle", num_steps=3), tiny_server("ngram")
     g1 = tiny_group(oracle, [tiny_run(oracle, 0, gen_tokens=9), tiny_run(oracle, 2, ProbeKind.NOVEL, gen_tokens=9)])
     g2 = tiny_group(ngram, [tiny_run(ngram, 1), tiny_run(ngram, 3, ProbeKind.NOVEL)])
     seen, stats = [], ExecutionStats()
-    results = run_plan(_plan(g1, g2), _settings(tmp_path), on_result=seen.append, track=False, stats=stats)
+    results = execute_plan(_plan(g1, g2), _settings(tmp_path), on_result=seen.append, track=False, stats=stats)
     assert [r.run.job_index for r in results] == [0, 1, 2, 3] and len(seen) == 4
     assert all(r.state is RunState.FINISHED for r in results), [r.message for r in results]
     assert stats.engine_starts == {oracle.key: 1, ngram.key: 1}
@@ -63,13 +63,13 @@ def test_results_stream_back_one_engine_per_server(local_ray, tmp_path):
 
 
 def test_start_failure_fails_only_that_group(local_ray, tmp_path):
-    from orchestrator.execute import run_plan
+    from orchestrator.execution.execute import execute_plan
 
     good = tiny_server("none")
     bad = dataclasses.replace(good, drafter=dataclasses.replace(tiny_server("oracle").drafter,
                                                                  draft_model_path="no-such-model"))
     plan = _plan(tiny_group(bad, [tiny_run(bad, 0), tiny_run(bad, 1)]), tiny_group(good, [tiny_run(good, 2)]))
-    results = run_plan(plan, _settings(tmp_path), track=False)
+    results = execute_plan(plan, _settings(tmp_path), track=False)
     assert [r.state for r in results] == [RunState.FAILED, RunState.FAILED, RunState.FINISHED]
     for r in results[:2]:
         assert r.reason is FailureReason.ENGINE_START_FAILED
@@ -77,8 +77,8 @@ def test_start_failure_fails_only_that_group(local_ray, tmp_path):
 
 
 def test_engine_killed_mid_probe_fails_that_run_and_restarts(local_ray, tmp_path):
-    from orchestrator.execute import run_plan
-    from orchestrator.stats import ExecutionStats
+    from orchestrator.execution.execute import execute_plan
+    from orchestrator.execution.stats import ExecutionStats
 
     server = tiny_server("none", context_length=8192)
     runs = [tiny_run(server, 10), tiny_run(server, 11, context_len=4000, gen_tokens=2000), tiny_run(server, 12)]
@@ -93,7 +93,7 @@ def test_engine_killed_mid_probe_fails_that_run_and_restarts(local_ray, tmp_path
     t = threading.Thread(target=killer, daemon=True)
     t.start()
     stats = ExecutionStats()
-    results = run_plan(_plan(tiny_group(server, runs)), _settings(tmp_path), track=False, stats=stats)
+    results = execute_plan(_plan(tiny_group(server, runs)), _settings(tmp_path), track=False, stats=stats)
     t.join(5)
     assert killed
     first, victim, last = results
@@ -104,7 +104,7 @@ def test_engine_killed_mid_probe_fails_that_run_and_restarts(local_ray, tmp_path
 
 
 def test_lost_worker_requeues_unfinished_runs(local_ray, tmp_path):
-    from orchestrator.execute import run_plan
+    from orchestrator.execution.execute import execute_plan
 
     server = tiny_server("none", context_length=8192, seed=1)
     runs = [tiny_run(server, 20, context_len=4000, gen_tokens=2000), tiny_run(server, 21)]
@@ -122,7 +122,7 @@ def test_lost_worker_requeues_unfinished_runs(local_ray, tmp_path):
     t.start()
     plan = _plan(tiny_group(server, runs))
     settings = _settings(tmp_path, cluster=dataclasses.replace(_settings(tmp_path).cluster, max_retries=1))
-    results = run_plan(plan, settings, track=False)
+    results = execute_plan(plan, settings, track=False)
     t.join(5)
     assert victims
     deadline = time.monotonic() + 10
@@ -136,15 +136,15 @@ def test_lost_worker_requeues_unfinished_runs(local_ray, tmp_path):
 def test_results_are_recorded_in_mlflow(local_ray, tmp_path):
     from mlflow import MlflowClient
 
-    from orchestrator.execute import run_plan
-    from orchestrator.stats import ExecutionStats
-    from orchestrator.tracking import Tracker
+    from orchestrator.execution.execute import execute_plan
+    from orchestrator.execution.stats import ExecutionStats
+    from orchestrator.results.tracking import Tracker
 
     server = tiny_server("oracle", num_steps=2)
     plan = _plan(tiny_group(server, [tiny_run(server, 0), tiny_run(server, 1, ProbeKind.NOVEL)]))
     settings = _settings(tmp_path)
     stats = ExecutionStats()
-    run_plan(plan, settings, stats=stats)
+    execute_plan(plan, settings, stats=stats)
     client = MlflowClient(settings.tracking_uri)
     exp = client.get_experiment_by_name("t")
     runs = client.search_runs([exp.experiment_id])
@@ -168,9 +168,9 @@ def test_results_wait_for_a_slow_mlflow_set_up_and_are_handled_in_order(local_ra
     driver handles the actor's calls in the order they ran (start before stop: no server left counted up)."""
     from mlflow import MlflowClient
 
-    from orchestrator import recording
-    from orchestrator.execute import run_plan
-    from orchestrator.stats import ExecutionStats
+    from orchestrator.execution import recording
+    from orchestrator.execution.execute import execute_plan
+    from orchestrator.execution.stats import ExecutionStats
 
     real = recording.open_tracker
 
@@ -184,7 +184,7 @@ def test_results_wait_for_a_slow_mlflow_set_up_and_are_handled_in_order(local_ra
     plan = _plan(tiny_group(server, [tiny_run(server, 0), tiny_run(server, 1)]))
     stats, settings = ExecutionStats(), _settings(tmp_path)
     seen = []
-    results = run_plan(plan, settings, stats=stats, on_result=seen.append)
+    results = execute_plan(plan, settings, stats=stats, on_result=seen.append)
     assert [r.state for r in results] == [RunState.FINISHED, RunState.FINISHED]
     assert stats.engine_stop_s[server.key] > 0  # the stop's info, not the start's, was handled last
     client = MlflowClient(settings.tracking_uri)
@@ -194,14 +194,14 @@ def test_results_wait_for_a_slow_mlflow_set_up_and_are_handled_in_order(local_ra
 
 
 def test_server_needing_more_gpus_than_the_cluster_has_fails_preflight(local_ray, tmp_path):
-    from orchestrator.execute import run_plan
-    from orchestrator.preflight import PreflightError
+    from orchestrator.execution.execute import execute_plan
+    from orchestrator.execution.preflight import PreflightError
 
     server = tiny_server("none")
     settings = _settings(tmp_path, cluster=dataclasses.replace(_settings(tmp_path).cluster, gpus_per_server=4))
     t0 = time.monotonic()
     with pytest.raises(PreflightError) as e:
-        run_plan(_plan(tiny_group(server, [tiny_run(server, 0)])), settings)
+        execute_plan(_plan(tiny_group(server, [tiny_run(server, 0)])), settings)
     assert server.key in str(e.value) and "4 GPU" in str(e.value) and "no GPU" in str(e.value)
     assert time.monotonic() - t0 < 30
     assert not (tmp_path / "logs").exists()  # no engine-log folder for a plan that never started

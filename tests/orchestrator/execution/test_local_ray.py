@@ -97,8 +97,8 @@ def _listening(procs) -> set[tuple[str, str, int]]:
 
 
 def test_the_sweeps_ray_is_its_own_and_listens_on_loopback_only(foreign_ray):
-    from orchestrator.ray_session import connect_ray, shutdown_ray
-    from orchestrator.settings import ClusterSettings
+    from orchestrator.execution.ray_session import connect_ray, shutdown_ray
+    from orchestrator.config.settings import ClusterSettings
 
     if ray.is_initialized():
         ray.shutdown()
@@ -125,7 +125,7 @@ def test_the_sweeps_ray_is_its_own_and_listens_on_loopback_only(foreign_ray):
 def test_the_schedule_daemons_ray_and_its_jobs_are_its_own(foreign_ray):
     from ray.job_submission import JobSubmissionClient
 
-    from orchestrator.schedule import job_server
+    from orchestrator.schedules.ray_jobs import job_server
 
     if ray.is_initialized():
         ray.shutdown()

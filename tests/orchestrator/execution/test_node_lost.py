@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from orchestrator.plan import Plan
-from orchestrator.settings import ClusterKind, ClusterSettings, ExecutionSettings, TrackingSettings
+from orchestrator.config.plan import Plan
+from orchestrator.config.settings import ClusterKind, ClusterSettings, ExecutionSettings, TrackingSettings
 from specsweep_vocab.spec import FailureReason, RunState
 from tools.testing import pid_alive, ray_cluster, stub_server, tiny_group, tiny_run, wait_for_request
 from workers.runners import LOG_TAIL_ARTIFACT
@@ -31,7 +31,7 @@ def two_node_cluster():
 def test_a_lost_node_s_run_carries_node_engine_pid_and_log_tail(two_node_cluster, tmp_path):
     from mlflow import MlflowClient
 
-    from orchestrator.execute import run_plan
+    from orchestrator.execution.execute import execute_plan
 
     cluster, node = two_node_cluster
     server = stub_server(tp_size=1, token_s=0.02, seed=7)
@@ -49,7 +49,7 @@ def test_a_lost_node_s_run_carries_node_engine_pid_and_log_tail(two_node_cluster
 
     remover = threading.Thread(target=remove_node_mid_run, daemon=True)
     remover.start()
-    [result] = run_plan(plan, settings)
+    [result] = execute_plan(plan, settings)
     remover.join(10)
     assert engine_pids, "the run never started"
     assert result.state is RunState.FAILED and result.reason is FailureReason.NODE_LOST, result.message

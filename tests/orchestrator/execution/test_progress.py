@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from orchestrator.launcher_core import expand_grid, plan_jobs
-from orchestrator.progress import ENGINE_COLUMNS, KERNEL_COLUMNS, SweepProgress
+from orchestrator.config.jobs import expand_grid, plan_jobs
+from orchestrator.execution.progress import ENGINE_COLUMNS, KERNEL_COLUMNS, SweepProgress
 from specsweep_vocab.spec import FailureReason, RunResult, RunState
 from tools.testing import tiny_run, tiny_server
 

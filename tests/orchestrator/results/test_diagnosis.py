@@ -8,8 +8,8 @@ import itertools
 
 import pytest
 
-from orchestrator.settings import Thresholds
-from orchestrator.diagnosis import Cause, Rule, RunRow, Verdict, diagnose, render_markdown
+from orchestrator.config.settings import Thresholds
+from orchestrator.results.diagnosis import Cause, Rule, RunRow, Verdict, diagnose, render_markdown
 
 CONTEXTS = (1024, 4096, 16384, 65536)
 PEAK_GBS = 4250.0

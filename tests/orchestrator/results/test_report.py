@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.report import ReportError, main, resolve_parent, write_report
+from orchestrator.results.report import ReportError, resolve_parent, write_report
+from orchestrator.report import main
 
 
 @pytest.fixture
@@ -109,14 +110,15 @@ def test_resumed_sweep_report_covers_every_finished_point(tmp_path):
     (and not the first's point outside its grid); the stub sweep records into `<sweep_name>-stub`."""
     from mlflow.tracking import MlflowClient
 
-    from orchestrator.launcher_core import execute_plan, expand_grid, plan_jobs
+    from orchestrator.session.sweep import run_sweep
+    from orchestrator.config.jobs import expand_grid, plan_jobs
 
     fixed = ("engine=stub", "engine.stub.token_s=0.001", "engine.stub.startup_s=0", "drafter=oracle",
              "sweep_name=resume", "gen_tokens=8", "progress=false", "cluster.num_cpus=2")
 
     def sweep(contexts):
         plan, settings = plan_jobs(expand_grid({"context_len": contexts}, *fixed), cwd=str(tmp_path))
-        results, skipped, _ = execute_plan(plan, settings)
+        results, skipped, _ = run_sweep(plan, settings)
         return plan, results, skipped
 
     _, first, _ = sweep([256, 512])

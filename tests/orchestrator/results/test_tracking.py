@@ -6,10 +6,10 @@ import time
 
 import pytest
 
-from orchestrator.plan import Plan
+from orchestrator.config.plan import Plan
 from specsweep_vocab.spec import FailureReason, ProbeKind, RunResult, RunState
-from orchestrator.schema import flatten
-from orchestrator.tracking import Tracker, param_value
+from orchestrator.config.schema import flatten
+from orchestrator.results.tracking import Tracker, param_value
 from tools.testing import tiny_group, tiny_run, tiny_server
 
 mlflow = pytest.importorskip("mlflow")

@@ -12,20 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.schedule import (
-    UTC,
-    FiringStatus,
-    RayJobBackend,
-    Schedule,
-    ScheduleError,
-    Scheduler,
-    StateStore,
-    daemon_lock,
-    default_schedule_dir,
-    load_schedules,
-    parse_schedule,
-    wait_for_job_server,
-)
+from orchestrator.schedules.definition import (UTC, Schedule, ScheduleError, default_schedule_dir, load_schedules,
+                                               parse_schedule)
+from orchestrator.schedules.state import FiringStatus, StateStore, daemon_lock
+from orchestrator.schedules.ray_jobs import RayJobBackend, wait_for_job_server
+from orchestrator.schedules.scheduler import Scheduler
 from workers.engine import free_port
 
 T0 = dt.datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
@@ -47,7 +38,7 @@ def test_shipped_schedules_load():
 def test_schedules_live_outside_hydras_config_root():
     import importlib.resources
 
-    from orchestrator.schema import config_groups
+    from orchestrator.config.schema import config_groups
 
     conf = Path(str(importlib.resources.files("conf")))
     assert default_schedule_dir() == Path(str(importlib.resources.files("orchestrator"))) / "schedules"
@@ -157,9 +148,9 @@ def test_one_daemon_per_state_file(tmp_path):
 def job_server_url():
     ray = pytest.importorskip("ray")
     os.environ["RAY_AUTH_MODE"] = "disabled"
-    from orchestrator.local_ray import init_local_ray
+    from orchestrator.execution.local_ray import init_local_ray
 
-    temp_dir = tempfile.mkdtemp(prefix="specsweep-ray-")  # its jobs are handed this Ray (orchestrator.local_ray)
+    temp_dir = tempfile.mkdtemp(prefix="specsweep-ray-")  # its jobs are handed this Ray (orchestrator.execution.local_ray)
     ctx = init_local_ray(num_cpus=2, object_store_memory=80 * 2**20, include_dashboard=True,
                          dashboard_host="127.0.0.1", dashboard_port=free_port(), log_to_driver=False,
                          job_temp_dir=temp_dir)

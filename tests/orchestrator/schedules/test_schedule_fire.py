@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.schedule import FiringStatus, StateStore
+from orchestrator.schedules.state import FiringStatus, StateStore
 
 
 def write(directory: Path, name: str, text: str) -> None:

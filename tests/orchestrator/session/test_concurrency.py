@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from tools.testing import proc_argv, stub_starts
-from orchestrator.tracking import DRIVER_LOST, StoreLock, Tracker, lock_path_for
+from orchestrator.results.tracking import DRIVER_LOST, Tracker
+from orchestrator.results.store_lock import StoreLock, lock_path_for
 
 mlflow = pytest.importorskip("mlflow")
 
@@ -104,7 +105,7 @@ def _parents(runs):
 
 _HOLD_LOCK = """
 import sys, time
-from orchestrator.tracking import StoreLock
+from orchestrator.results.tracking import StoreLock
 with StoreLock.for_uri(sys.argv[1]).hold():
     print("held", flush=True)
     time.sleep(600)
