@@ -3,7 +3,7 @@
 `python -m tools.bench_orchestrator [--runs 8 64] [--ray fresh running] [--repeat 3] [--breakdown]`
 (`make bench-orchestrator`).
 
-Each sample is one `run_plan` call as a sweep makes it, in a fresh Python process as `make run` is one (the
+Each sample is one `execute_plan` call as a sweep makes it, in a fresh Python process as `make run` is one (the
 driver's own imports, MLflow's and matplotlib's, count every time): a fresh embedded Ray (started and shut down),
 a fresh MLflow SQLite store in a temp dir (parent + one child per run, the report), one reference-engine server
 running N trivial probes. Engine time = engine start-up (to the first /health 200) + Σ per-run time inside

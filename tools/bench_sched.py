@@ -113,7 +113,7 @@ def format_table(m: dict[str, float], tp: int) -> str:
         ("makespan (s)", f"{m['makespan_s']:.1f}"),
         ("makespan ÷ lower bound", f"{m['ratio']:.3f} (target ≤ 1.2)"),
         ("engine starts / distinct ServerSpecs", f"{m['engine_starts']:.0f} / {m['servers']:.0f}"),
-        ("run_plan wall (s, MLflow included)", f"{m['wall_s']:.1f}"),
+        ("execute_plan wall (s, MLflow included)", f"{m['wall_s']:.1f}"),
     ]
     width = max(len(k) for k, _ in rows)
     lines = [f"| {'quantity'.ljust(width)} | value |", f"|{'-' * (width + 2)}|-------|"]

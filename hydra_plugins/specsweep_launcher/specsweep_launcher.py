@@ -37,11 +37,10 @@ class SpecsweepLauncher(Launcher):
         self.task_function = task_function
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from orchestrator.session import launcher as launcher_core
+        from orchestrator.session import launcher
 
         assert self.config is not None and self.hydra_context is not None
-        return launcher_core.launch(launcher=self, job_overrides=job_overrides,
-                                    initial_job_idx=initial_job_idx)
+        return launcher.launch(launcher=self, job_overrides=job_overrides, initial_job_idx=initial_job_idx)
 
     def __repr__(self) -> Any:
         return f"SpecsweepLauncher(dry_run={self.dry_run})"

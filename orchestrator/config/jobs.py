@@ -1,7 +1,7 @@
 """Hydra jobs to validated `RunConfig`s, and a plan of them from Python without the Hydra app.
 
     convert_and_validate(jobs, *, sweep, cwd) -> list[RunConfig]   composed configs typed and checked, all at once
-    check_overrides(overrides) -> list[Problem]     what `python -m orchestrator OVERRIDES` would refuse, nothing started
+    check_overrides(overrides) -> list[Problem]     what `python -m orchestrator OVERRIDES` would refuse
     expand_grid(axes, *fixed) -> list[list[str]]    one override list per grid point (the basic sweeper's order)
     plan_jobs(job_overrides) -> (Plan, ExecutionSettings)   compose, validate and plan (tests, benchmarks)
     build_settings(rc, cwd) -> ExecutionSettings    execution's part of a config

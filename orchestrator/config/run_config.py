@@ -1,7 +1,7 @@
 """`RunConfig`: one grid point, fully typed: what validation, planning and the launcher pass around.
 
-It sits below both `orchestrator.config.schema` (which builds it from Hydra's DictConfig) and `orchestrator.config.validate` (whose
-rules read it), so that neither imports the other's module for it.
+It sits below both `orchestrator.config.schema` (which builds it from Hydra's DictConfig) and
+`orchestrator.config.validate` (whose rules read it), so that neither imports the other's module for it.
 """
 
 from __future__ import annotations

@@ -76,7 +76,8 @@ def structured_conf(spec: type, name: str, *, replace: Mapping[str, Sequence[tup
         entries += replace[f.name] if f.name in replace else [(f.name, *_conf_field(hints[f.name], f))]
         entries += after.get(f.name, ())
     conf = dataclasses.make_dataclass(name, entries)
-    conf.__doc__ = f"`{spec.__qualname__}` as Hydra composes it (generated: see orchestrator.config.schema.structured_conf)."
+    conf.__doc__ = (f"`{spec.__qualname__}` as Hydra composes it "
+                    "(generated: see orchestrator.config.schema.structured_conf).")
     _CONFS[spec] = conf
     return conf
 

@@ -1,4 +1,4 @@
-"""The driver loop of one `run_plan` call: server slots on Ray, every actor call its own ObjectRef, `ray.wait`.
+"""The driver loop of one `execute_plan` call: server slots on Ray, every actor call its own ObjectRef, `ray.wait`.
 
     Driver(settings, log_dir, progress, emit, note_attempt, stats, preflight, shield)
         .submit(groups)       queue the groups, longest expected work first, and launch up to
@@ -43,7 +43,7 @@ from specsweep_vocab.spec import FailureReason, RunResult, RunSpec, RunState, Se
 from workers.engine import read_log_tail
 from workers.runners import LOG_TAIL_ARTIFACT, EngineInfo, engine_log_path
 
-if TYPE_CHECKING:  # rich: imported by run_plan, on the driver only
+if TYPE_CHECKING:  # rich: imported by execute_plan, on the driver only
     from orchestrator.execution.progress import SweepProgress
 
 logger = logging.getLogger(__name__)

@@ -1,30 +1,31 @@
 """Execution on Ray: one server (a placement group and its actors) per ServerGroup; results stream back as they
 finish.
 
-    run_plan(plan: Plan, settings: ExecutionSettings, on_result: Callable[[RunResult], None] | None = None,
-             *, track: bool = True, stats: ExecutionStats | None = None, multirun_yaml: str | None = None,
-             tracker: Tracker | None = None, session: RaySession | None = None) -> list[RunResult]
+    execute_plan(plan: Plan, settings: ExecutionSettings, on_result: Callable[[RunResult], None] | None = None,
+                 *, track: bool = True, stats: ExecutionStats | None = None, multirun_yaml: str | None = None,
+                 tracker: Tracker | None = None, session: RaySession | None = None) -> list[RunResult]
 
 Exactly one RunResult per RunSpec of `plan`, in job order. `on_result` is called on the driver for each result as
-it arrives. With `track` (the default) the results are also recorded in MLflow (`orchestrator.results.tracking.Tracker`):
-a parent run for this invocation and a child run per result, the parent closed FINISHED (KILLED on interrupt).
-`stats`, when given, is filled in (engine starts, start-up seconds, wall time, the phase marks, the parent run id)
-for benchmarks and the report.
+it arrives. With `track` (the default) the results are also recorded in MLflow (`orchestrator.results.tracking`'s
+`Tracker`): a parent run for this invocation and a child run per result, the parent closed FINISHED (KILLED on
+interrupt). `stats`, when given, is filled in (engine starts, start-up seconds, wall time, the phase marks, the
+parent run id) for benchmarks and the report.
 
-The parts, one module each:
+The parts, one module each in this package (orchestrator/execution/):
 
-    orchestrator.execution.ray_session   connect Ray (or reuse it) and the Ray preflight, once; shut down what was started
-    orchestrator.execution.actors        `ServerWorker` (rank 0) and `NodeWorker` (rank > 0), thin Ray actors around
-                               `workers.runners`'s runners
-    orchestrator.execution.driver        the slots, the queue (longest first, `cluster.max_concurrent_servers` at once), the
-                               `ray.wait` loop, node loss and re-queueing, killing everything on an interrupt
-    orchestrator.execution.recording     results to the progress line, `on_result` and MLflow; the background thread
-                               (imports, MLflow set-up, report); the closing of the MLflow runs
-    orchestrator.execution.signals       Ctrl-C and SIGTERM as KeyboardInterrupt, held back while a result is recorded
-    orchestrator.execution.stats         ExecutionStats, SlotRecord, the parent run's metrics
+    ray_session.py   connect Ray (or reuse it) and the Ray preflight, once; shut down what was started
+    actors.py        `ServerWorker` (rank 0) and `NodeWorker` (rank > 0), thin Ray actors around `workers.runners`'s
+                     runners
+    driver.py        the slots, the queue (longest first, `cluster.max_concurrent_servers` at once), the `ray.wait`
+                     loop, node loss and re-queueing, killing everything on an interrupt
+    recording.py     results to the progress line, `on_result` and MLflow; the background thread (imports, MLflow
+                     set-up, report); the closing of the MLflow runs
+    signals.py       Ctrl-C and SIGTERM as KeyboardInterrupt, held back while a result is recorded
+    stats.py         ExecutionStats, SlotRecord, the parent run's metrics
 
-`session`: a `ray_session` the caller opened (the launcher: it connected Ray and ran the preflight before its
-resume lookup); without one, `run_plan` opens its own and closes it before the report is awaited.
+`session`: a `ray_session` the caller opened (the sweep session, `orchestrator.session.sweep`: it connected Ray and
+ran the preflight before its resume lookup); without one, `execute_plan` opens its own and closes it before the
+report is awaited.
 
 Preflight (`orchestrator.execution.preflight`): once Ray is up and before MLflow or any engine, every group must be
 placeable on the empty cluster (GPUs per node, node count, accelerator label); else `PreflightError` names each
@@ -32,8 +33,8 @@ group that never fits and what the cluster has, and nothing is recorded.
 
 Ctrl-C / SIGTERM on the driver: every actor is killed (its engine dies with it: parent-death signal), unfinished
 and queued runs become KILLED (`interrupted`) and are recorded, then KeyboardInterrupt propagates (for SIGTERM its
-subclass `orchestrator.execution.signals.Terminated`, on which `python -m orchestrator` exits 143); the same command again
-resumes (FINISHED runs are skipped). A second Ctrl-C while stopping skips the report but never the closing of the
+subclass `orchestrator.execution.signals.Terminated`, on which `python -m orchestrator` exits 143); the same command
+again resumes (FINISHED runs are skipped). A second Ctrl-C while stopping skips the report but never the closing of the
 parent run and of claims without a result.
 """
 
@@ -64,14 +65,14 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def run_plan(plan: Plan, settings: ExecutionSettings, on_result: Callable[[RunResult], None] | None = None, *,
-             track: bool = True, stats: ExecutionStats | None = None, multirun_yaml: str | None = None,
-             tracker: Tracker | None = None, session: RaySession | None = None) -> list[RunResult]:
+def execute_plan(plan: Plan, settings: ExecutionSettings, on_result: Callable[[RunResult], None] | None = None, *,
+                 track: bool = True, stats: ExecutionStats | None = None, multirun_yaml: str | None = None,
+                 tracker: Tracker | None = None, session: RaySession | None = None) -> list[RunResult]:
     """Run every RunSpec of `plan`; see the module docstring.
 
     `multirun_yaml`: the text of Hydra's `<sweep dir>/multirun.yaml`, stored on the parent run.
-    `tracker`: an `orchestrator.results.tracking.Tracker` whose parent run is already begun (the launcher's, holding this
-    plan's claims); results are recorded there and no set-up thread runs. Claims still without a result at the end
+    `tracker`: an `orchestrator.results.tracking.Tracker` whose parent run is already begun (the session's, holding
+    this plan's claims); results are recorded there and no set-up thread runs. Claims still without a result at the end
     are closed (KILLED when interrupted, else FAILED), and the parent is closed even on a second Ctrl-C.
 
     Timeline (what overlaps what): Ray starts (or is reused) → preflight → every actor is submitted → MLflow is

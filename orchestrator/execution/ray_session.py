@@ -2,15 +2,16 @@
 started it.
 
     ray_session(cluster, groups, stats=None) -> RaySession   (a context manager)
-        connect (or reuse) Ray, then the preflight (`orchestrator.execution.preflight.run_preflight`: PreflightError before
-        MLflow or any engine); on exit shuts Ray down if this call started it. The launcher opens one and hands it
-        to `run_plan`; `run_plan` called on its own opens its own.
+        connect (or reuse) Ray, then the preflight (`orchestrator.execution.preflight.run_preflight`: PreflightError
+        before MLflow or any engine); on exit shuts Ray down if this call started it. The sweep session opens one
+        and hands it to `execute_plan`; `execute_plan` called on its own opens its own.
     connect_ray(cluster, gpus_needed=0) -> bool   True when this call started Ray (and must shut it down)
     shutdown_ray()                                `ray.shutdown()` without its 1 s stall on the autoscaler monitor
     bundle_nodes(pg) -> [node_id, ...]            where a placement group's bundles landed
 
 An existing connection is used as is; otherwise `cluster.kind=local` starts an embedded Ray of its own, listening
-on 127.0.0.1 only (`orchestrator.execution.local_ray`; logical GPUs when the machine has none but a server asks for some),
+on 127.0.0.1 only (`orchestrator.execution.local_ray`; logical GPUs when the machine has none but a server asks for
+some),
 `cluster.kind=ray` connects to `cluster.address`, and a driver running as a Ray Job joins that job's cluster.
 """
 

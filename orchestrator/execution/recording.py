@@ -1,4 +1,4 @@
-"""Where `run_plan`'s results go on the driver, and MLflow's part of a sweep, in one background thread.
+"""Where `execute_plan`'s results go on the driver, and MLflow's part of a sweep, in one background thread.
 
     Recorder(plan, settings, stats, progress, on_result, *, track, tracker, multirun_yaml, ray_up)
         .emit(result)            a run's final result: kept by job index, counted on the progress line, given to

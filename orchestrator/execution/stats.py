@@ -1,7 +1,7 @@
-"""What one `run_plan` call did and how long each phase took, for benchmarks (`tools.bench_orchestrator --breakdown`),
-tests and the parent run's metrics. Plain data: no Ray, no MLflow.
+"""What one `execute_plan` call did and how long each phase took, for benchmarks
+(`tools.bench_orchestrator --breakdown`), tests and the parent run's metrics. Plain data: no Ray, no MLflow.
 
-    ExecutionStats      filled in by `run_plan`: engine starts, start-up and stop seconds per group, the phase
+    ExecutionStats      filled in by `execute_plan`: engine starts, start-up and stop seconds per group, the phase
                         marks (seconds from the call), the parent run id, a SlotRecord per server slot
     SlotRecord          when and where one server slot (placement group + actors) ran
     parent_metrics(results, stats) -> {name: value}   the parent run's metrics (runs by state, engine starts, ...)

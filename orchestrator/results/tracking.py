@@ -41,8 +41,8 @@ invocation), `runs_resumed` (skipped: FINISHED earlier); artifacts = `config.yam
 `multirun.yaml` (given, or found in Hydra's sweep dir). Child:
 `mlflow.parentRunId`, run name = RunSpec.name, params = RunSpec.params, tags = run_hash, job_index,
 server_group, engine, engine_version, host, git sha, attempt, engine_start, failure_reason; metrics in
-`log_batch` calls, the `commit_len` series (and any `metrics.log_patterns` series) with step = index; artifacts = RunResult.artifacts
-(continuation text, per-step CSV, engine log tail on failure).
+`log_batch` calls, the `commit_len` series (and any `metrics.log_patterns` series) with step = index; artifacts =
+RunResult.artifacts (continuation text, per-step CSV, engine log tail on failure).
 
 With a `sqlite:` store, artifacts go to `mlartifacts/` next to the database file (never `./mlruns`).
 """

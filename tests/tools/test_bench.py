@@ -1,4 +1,4 @@
-"""`tools.bench_orchestrator`: one fresh-Ray row end to end (Ray started and stopped inside `run_plan`, nothing left
+"""`tools.bench_orchestrator`: one fresh-Ray row end to end (Ray started and stopped inside `execute_plan`, nothing left
 behind, the phases add up to the wall time), `shutdown_ray` on a Ray this process started, the median table."""
 
 from __future__ import annotations

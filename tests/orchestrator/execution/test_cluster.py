@@ -29,7 +29,7 @@ from tools.testing import (pid_alive, proc_env, ray_cluster, stub_server, stub_s
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 NODE_MB = 80
 ARCHS = ("sm_120", "sm_120", "sm_90")
 
@@ -321,7 +321,7 @@ _INT_FIRST, _INT_GROUPS, _INT_RUNS = 600, 3, 3
 
 
 def _interrupt_driver(address: str, work_dir: str) -> None:
-    """The driver of the interrupt test: the launcher's execute_plan (preflight, resume, run_plan)."""
+    """The driver of the interrupt test: the session's run_sweep (preflight, resume, claims, execute_plan)."""
     import logging
 
     from orchestrator.session.sweep import run_sweep

@@ -1,4 +1,4 @@
-"""run_plan on a real local Ray with the real reference engine: streaming results, one engine start per
+"""execute_plan on a real local Ray with the real reference engine: streaming results, one engine start per
 server, start failure, an engine killed mid-probe, a worker (actor) killed mid-run, MLflow recording."""
 
 from __future__ import annotations

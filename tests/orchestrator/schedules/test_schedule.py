@@ -103,7 +103,7 @@ def test_schedule_list_refuses_a_bad_override_before_starting_anything(tmp_path)
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     write(tmp_path, "nightly", "cron: '0 2 * * *'\noverrides: ['+sweep=smoke', 'page_size=0']\n")
     probe = ("import atexit, sys; from orchestrator.schedule import main; "
              "atexit.register(lambda: print('ray imported:', 'ray' in sys.modules)); sys.exit(main(sys.argv[1:]))")
@@ -261,7 +261,7 @@ def test_downtime_beyond_grace_logs_skipped_firings(tmp_path, job_server_url, ca
     clock, backend, daemon = started_daemon(tmp_path, job_server_url, schedule)
     run_window(daemon, clock, T0 + dt.timedelta(minutes=3))  # fires 12:01..12:03
     clock.now = T0 + dt.timedelta(minutes=9)  # down from 12:03 to 12:09
-    with caplog.at_level(logging.WARNING, logger="orchestrator.schedule"):
+    with caplog.at_level(logging.WARNING, logger="orchestrator.schedules.scheduler"):
         daemon.tick()
     skipped = {T0 + dt.timedelta(minutes=m) for m in (4, 5, 6)}  # missed by 300, 240, 180 s > 120 s
     late_ok = [T0 + dt.timedelta(minutes=m) for m in (7, 8, 9)]  # missed by <= 120 s: run once
@@ -282,7 +282,7 @@ def test_no_overlap_with_a_running_firing(tmp_path, job_server_url, caplog):
     first = schedule.submission_id(T0 + dt.timedelta(minutes=1))
     assert backend.is_running(first)
     clock.advance(60)
-    with caplog.at_level(logging.WARNING, logger="orchestrator.schedule"):
+    with caplog.at_level(logging.WARNING, logger="orchestrator.schedules.scheduler"):
         daemon.tick()  # 12:02 while 12:01 still runs: skipped
     second = daemon.state.get(schedule.submission_id(T0 + dt.timedelta(minutes=2)))
     assert second.status is FiringStatus.SKIPPED_OVERLAP and first in second.detail

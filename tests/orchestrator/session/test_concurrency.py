@@ -23,7 +23,7 @@ from orchestrator.results.store_lock import StoreLock, lock_path_for
 
 mlflow = pytest.importorskip("mlflow")
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SWEEP_RUNS = 8  # +sweep=smoke: 2 contexts x 2 probes x 2 drafters on 2 servers
 
 

@@ -16,12 +16,12 @@ from hydra.core.utils import JobStatus
 from hydra.plugins.launcher import Launcher
 
 from hydra_plugins.specsweep_launcher.specsweep_launcher import SpecsweepLauncher
-from orchestrator.session import sweep as sweep_module
-from orchestrator.session import launcher
-from orchestrator.config import jobs as jobs_module
-from orchestrator.session import outcomes
-from orchestrator.session.outcomes import NotRun
+from orchestrator.config.jobs import expand_grid, plan_jobs
 from orchestrator.config.schema import register_configs
+from orchestrator.config.validate import ConfigError
+from orchestrator.session import sweep as sweep_module
+from orchestrator.session.launcher import InvalidConfig
+from orchestrator.session.outcomes import NotRun, outcomes
 from specsweep_vocab.spec import FailureReason, RunResult, RunState
 
 
@@ -34,14 +34,14 @@ def fake_execution(monkeypatch):
     """Every third run FAILED; records what execution received."""
     seen = {}
 
-    def execute_plan(plan, settings):
+    def run_sweep(plan, settings):
         seen["plan"], seen["settings"] = plan, settings
         results = [RunResult(run=r, state=RunState.FAILED if r.job_index % 3 == 0 else RunState.FINISHED,
                              reason=FailureReason.ENGINE_DIED if r.job_index % 3 == 0 else None,
                              metrics={"commit_len_mean": 5.0}) for r in plan.runs]
         return sweep_module.SweepResult(results[::-1], 0, plan)  # results stream back in any order
 
-    monkeypatch.setattr(sweep_module, "run_sweep", execute_plan)
+    monkeypatch.setattr(sweep_module, "run_sweep", run_sweep)
     return seen
 
 
@@ -77,7 +77,7 @@ def test_dropped_points_are_not_run(hydra_sweep_runner, fake_execution, tmp_path
 
 
 def test_invalid_points_fail_before_execution(hydra_sweep_runner, fake_execution, tmp_path):
-    with pytest.raises(launcher.InvalidConfig) as e:
+    with pytest.raises(InvalidConfig) as e:
         sweep(hydra_sweep_runner, tmp_path, "+sweep=smoke", "page_size=0,16", "gen_tokens=0")
     assert "plan" not in fake_execution
     text = str(e.value)
@@ -86,7 +86,7 @@ def test_invalid_points_fail_before_execution(hydra_sweep_runner, fake_execution
 
 
 def test_sweep_level_keys_cannot_vary(hydra_sweep_runner, fake_execution, tmp_path):
-    with pytest.raises(launcher.InvalidConfig, match="sweep_name.*one value for the whole sweep"):
+    with pytest.raises(InvalidConfig, match="sweep_name.*one value for the whole sweep"):
         sweep(hydra_sweep_runner, tmp_path, "+sweep=smoke", "sweep_name=a,b")
 
 
@@ -97,22 +97,22 @@ def test_dry_run_starts_nothing(hydra_sweep_runner, monkeypatch, tmp_path):
 
 
 def test_plan_jobs_from_python(tmp_path):
-    jobs = jobs_module.expand_grid({"context_len": [256, 1024], "drafter": ["ngram", "oracle"]},
+    jobs = expand_grid({"context_len": [256, 1024], "drafter": ["ngram", "oracle"]},
                                      "sweep_name=bench", "gen_tokens=4")
     assert jobs[1] == ["context_len=256", "drafter=oracle", "sweep_name=bench", "gen_tokens=4"]
-    plan, settings = jobs_module.plan_jobs(jobs, cwd=str(tmp_path))
+    plan, settings = plan_jobs(jobs, cwd=str(tmp_path))
     assert plan.num_runs == 4 and len(plan.groups) == 2 and settings.experiment_name == "bench"
     assert settings.tracking_uri == f"sqlite:///{tmp_path}/mlflow.db"
-    with pytest.raises(launcher.ConfigError, match="page_size"):
-        jobs_module.plan_jobs([["page_size=0"]])
+    with pytest.raises(ConfigError, match="page_size"):
+        plan_jobs([["page_size=0"]])
 
 
-def test_execute_plan_resume_skips_finished(monkeypatch, tmp_path):
+def test_run_sweep_resume_skips_finished(monkeypatch, tmp_path):
     """The edge with MLflow and Ray swapped out: FINISHED hashes never reach execution."""
     import orchestrator.execution.execute
     import orchestrator.results.tracking
 
-    plan, settings = jobs_module.plan_jobs(jobs_module.expand_grid({"drafter": ["ngram", "oracle"]}),
+    plan, settings = plan_jobs(expand_grid({"drafter": ["ngram", "oracle"]}),
                                              cwd=str(tmp_path))
     finished = {plan.groups[0].runs[0].run_hash}
     monkeypatch.setattr(orchestrator.results.tracking.Tracker, "finished_run_hashes", lambda self: finished)
@@ -122,15 +122,15 @@ def test_execute_plan_resume_skips_finished(monkeypatch, tmp_path):
     results, skipped, ran_plan = sweep_module.run_sweep(plan, settings)
     assert skipped == 1 and len(results) == 1 and ran_plan.num_runs == 1 and ran == [ran_plan]
     assert ran_plan.resumed == tuple(finished) and set(ran_plan.run_hashes) == {r.run_hash for r in plan.runs}
-    out = outcomes.outcomes(plan.runs, plan, ran_plan, results)
+    out = outcomes(plan.runs, plan, ran_plan, results)
     assert isinstance(out[0], NotRun) and "resume" in out[0].reason and out[1].state is RunState.FINISHED
     results, skipped, _ = sweep_module.run_sweep(plan, replace(settings, resume=False))
     assert skipped == 0 and len(results) == 2
 
 
 @pytest.mark.slow
-def test_execute_plan_connects_ray_and_runs_the_preflight_once(monkeypatch, tmp_path):
-    """The launcher's Ray session (connect, preflight) is the one `run_plan` runs on: neither happens twice."""
+def test_run_sweep_connects_ray_and_runs_the_preflight_once(monkeypatch, tmp_path):
+    """The launcher's Ray session (connect, preflight) is the one `execute_plan` runs on: neither happens twice."""
     from orchestrator.execution import ray_session
 
     calls = {"connect": 0, "preflight": 0}
@@ -146,7 +146,7 @@ def test_execute_plan_connects_ray_and_runs_the_preflight_once(monkeypatch, tmp_
 
     monkeypatch.setattr(ray_session, "connect_ray", connect)
     monkeypatch.setattr(ray_session, "run_preflight", preflight)
-    plan, settings = jobs_module.plan_jobs(jobs_module.expand_grid(
+    plan, settings = plan_jobs(expand_grid(
         {"context_len": [256, 512]}, "engine=stub", "engine.stub.token_s=0.001", "engine.stub.startup_s=0",
         "sweep_name=once", "gen_tokens=8", "progress=false", "cluster.num_cpus=2"), cwd=str(tmp_path))
     results, skipped, _ = sweep_module.run_sweep(plan, settings)
@@ -157,13 +157,13 @@ def test_execute_plan_connects_ray_and_runs_the_preflight_once(monkeypatch, tmp_
 def test_stub_engine_sweeps_get_their_own_experiment_and_never_mix_with_real_engines(tmp_path):
     from orchestrator.results.tracking import experiment_for
 
-    plan, settings = jobs_module.plan_jobs([["engine=stub", "sweep_name=probe"]], cwd=str(tmp_path))
+    plan, settings = plan_jobs([["engine=stub", "sweep_name=probe"]], cwd=str(tmp_path))
     assert experiment_for(settings, plan) == "probe-stub"
-    plan, settings = jobs_module.plan_jobs([["sweep_name=probe"]], cwd=str(tmp_path))
+    plan, settings = plan_jobs([["sweep_name=probe"]], cwd=str(tmp_path))
     assert experiment_for(settings, plan) == "probe"
-    plan, settings = jobs_module.plan_jobs([["engine=stub", "sweep_name=probe", "tracking.experiment_name=mine"]],
+    plan, settings = plan_jobs([["engine=stub", "sweep_name=probe", "tracking.experiment_name=mine"]],
                                              cwd=str(tmp_path))
     assert experiment_for(settings, plan) == "mine-stub"
-    with pytest.raises(launcher.ConfigError) as e:
-        jobs_module.plan_jobs(jobs_module.expand_grid({"engine": ["stub", "reference"]}), cwd=str(tmp_path))
+    with pytest.raises(ConfigError) as e:
+        plan_jobs(expand_grid({"engine": ["stub", "reference"]}), cwd=str(tmp_path))
     assert "engine.kind=['reference', 'stub']" in str(e.value) and "<sweep_name>-stub" in str(e.value)
