@@ -203,7 +203,7 @@ def test_config_and_results_import_nothing_from_workers():
 def test_only_the_command_lines_import_the_session_and_the_schedules():
     bad = {(m, i) for m, names in GRAPH.items() for i in names
            if _top(i) == "orchestrator" and _layer(i) in ("session", "schedules")
-           and _layer(m) != _layer(i) and m not in CLIS and _top(m) not in ("hydra_plugins", "tools")}
+           and _layer(m) != _layer(i) and m not in CLIS and _top(m) != "hydra_plugins"}
     assert not bad
 
 
