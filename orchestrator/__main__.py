@@ -6,7 +6,7 @@ every override key is checked against the schema: a typo'd key exits 1 naming th
 (Hydra would suggest `+key=...`, which the schema then refuses anyway).
 
 Ctrl-C exits as Python does on KeyboardInterrupt (by SIGINT: 130 in a shell); SIGTERM exits 143. Both first stop
-every engine and close the runs (orchestrator.execute).
+every engine and close the runs (orchestrator.execution.execute).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Sequence
 import hydra
 from omegaconf import DictConfig
 
-from orchestrator.schema import override_key_problems, register_configs
-from orchestrator.validate import ConfigError
+from orchestrator.config.schema import override_key_problems, register_configs
+from orchestrator.config.validate import ConfigError
 
 register_configs()
 
@@ -27,10 +27,10 @@ register_configs()
 def app(cfg: DictConfig) -> object:
     from hydra.core.hydra_config import HydraConfig
 
-    from orchestrator.launcher_core import launch_single
+    from orchestrator.session.launcher import run_single
 
     hc = HydraConfig.get()
-    return launch_single(cfg, tuple(hc.overrides.task), dry_run=bool(hc.launcher.get("dry_run", False)))
+    return run_single(cfg, tuple(hc.overrides.task), dry_run=bool(hc.launcher.get("dry_run", False)))
 
 
 def argv_overrides(argv: Sequence[str]) -> list[str]:
@@ -51,7 +51,7 @@ def main() -> None:
     try:
         app()
     except KeyboardInterrupt as interrupt:
-        from orchestrator.signals import Terminated  # already imported: only a sweep raises it
+        from orchestrator.execution.signals import Terminated  # already imported: only a sweep raises it
 
         if isinstance(interrupt, Terminated):  # SIGTERM, cleaned up like Ctrl-C: exit 143, not as SIGINT
             sys.exit(Terminated.exit_code)

@@ -144,5 +144,5 @@ def secret_values(engines: Iterable[Any]) -> set[str]:
 
 
 def plan_secrets(plan: Any) -> set[str]:
-    """Every literal secret the servers of an `orchestrator.plan.Plan` are started with."""
+    """Every literal secret the servers of an `orchestrator.config.plan.Plan` are started with."""
     return secret_values(x for g in plan.groups for x in (g.server.engine, g.server.drafter))

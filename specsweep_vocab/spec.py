@@ -1,6 +1,6 @@
 """The typed contract between planning (orchestrator/, pure) and execution (workers/: Ray actors, engines).
 
-Hydra's DictConfig is converted once, at the entry (orchestrator/schema.py), into these frozen dataclasses;
+Hydra's DictConfig is converted once, at the entry (orchestrator/config/schema.py), into these frozen dataclasses;
 nothing below the entry sees a DictConfig. Their fields and defaults are the config's own: the Hydra structured
 configs are generated from them. Planning builds `ServerGroup`s of `RunSpec`s; execution turns each `RunSpec`
 into exactly one `RunResult`.
@@ -130,7 +130,7 @@ class ModelSpec:
     attention_kind: AttentionKind = AttentionKind.GQA
     dtype: str = "float32"  # KV/weights dtype the engine runs in
     load_format: str = "dummy"  # "dummy" (seeded random weights) or "auto"
-    # Weight size, for the plan-time check that the weights fit the GPUs (orchestrator/validate_startup.py); they
+    # Weight size, for the plan-time check that the weights fit the GPUs (orchestrator/config/validate_startup.py); they
     # describe the checkpoint at `path`, so they are no part of a run's identity. num_params: parameters of the
     # checkpoint (its model card; None: a lower bound from the attention shape); weight_dtype: how its weights are
     # stored where that is not `dtype` (DeepSeek-V3: float8_e4m3fn, its config.json quantization_config).

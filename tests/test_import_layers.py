@@ -1,6 +1,20 @@
-"""Imports run one way (#16, #33): specsweep_vocab at the bottom, workers/ and orchestrator/ above it and apart, and
-inside orchestrator/ the planning modules below execution, the CLIs at the top; the reference engine
-(workers/reference/) below the rest of workers/; and no module takes part in an import cycle.
+"""Imports run one way (#16, #33), and no module takes part in an import cycle.
+
+- specsweep_vocab is the bottom: the standard library and itself only.
+- workers/ and orchestrator/ sit above it and apart: workers/ never imports orchestrator/; the reference engine
+  (workers/reference/) imports nothing else from workers/.
+- Inside orchestrator/, one package per concern, each importing only the packages below it:
+
+      config      settings, schema, rules, Hydra jobs, the plan   imports no other orchestrator package
+      results     MLflow layout, report, diagnosis                config
+      execution   a plan executed on Ray                          config, results (and workers/)
+      session     the sweep as the launcher runs it               config, results, execution
+      schedules   cron schedules and their daemon                 config, results, execution (and workers/)
+
+  session and schedules sit side by side: neither imports the other. Only the command lines (orchestrator's
+  `__main__`, `schedule`, `report`, the package's own `__init__`) and the Hydra plugin (hydra_plugins/) import
+  session or schedules, and nothing imports a command line. config and results import nothing from workers/.
+- Product code imports nothing from tools/ (the test helpers and benchmarks).
 
 Read from the source with ast: every import counts, lazy ones inside functions and `if TYPE_CHECKING:` ones
 included (a cycle hidden behind a lazy import is still a cycle a reader has to hold in their head). Relative
@@ -15,12 +29,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"specsweep_vocab": ROOT / "specsweep_vocab", "orchestrator": ROOT / "orchestrator",
             "workers": ROOT / "workers", "specsweep_kernels": ROOT / "kernels" / "specsweep_kernels",
-            "hydra_plugins": ROOT / "hydra_plugins", "benchmarks": ROOT / "benchmarks"}
+            "hydra_plugins": ROOT / "hydra_plugins", "tools": ROOT / "tools"}
 OURS = (*PACKAGES, "conf")
-PLANNING = {"orchestrator.settings", "orchestrator.run_config", "orchestrator.schema", "orchestrator.validate",
-            "orchestrator.plan", "orchestrator.diagnosis", "orchestrator.validate_startup",
-            "orchestrator.weights_scope"}
-CLIS = {"orchestrator.__main__", "orchestrator.schedule"}
+# orchestrator's packages, bottom first, and the orchestrator packages each may import besides itself
+LAYERS = {"config": set(), "results": {"config"}, "execution": {"config", "results"},
+          "session": {"config", "results", "execution"}, "schedules": {"config", "results", "execution"}}
+PLANNING = "orchestrator.config"
+# the command lines: `python -m orchestrator`, `python -m orchestrator.schedule`, `python -m orchestrator.report`
+CLIS = {"orchestrator", *(f"orchestrator.{cli}" for cli in ("__main__", "schedule", "report"))}
 
 
 def _modules() -> dict[str, Path]:
@@ -137,9 +153,9 @@ def test_the_reference_engine_imports_nothing_else_from_workers():
     assert not bad
 
 
-def test_product_packages_import_nothing_from_the_benchmarks():
-    bad = {(m, i) for m, names in GRAPH.items() if _top(m) != "benchmarks" for i in names if _top(i) == "benchmarks"}
-    assert not bad
+def test_product_packages_import_nothing_from_tools():
+    bad = {(m, i) for m, names in GRAPH.items() if _top(m) != "tools" for i in names if _top(i) == "tools"}
+    assert _imports("tools") and not bad
 
 
 def test_kernels_import_nothing_from_orchestrator_or_workers():
@@ -148,16 +164,51 @@ def test_kernels_import_nothing_from_orchestrator_or_workers():
     assert not bad
 
 
-def test_planning_imports_only_planning_and_the_vocabulary():
+def _layer(name: str) -> str | None:
+    """The orchestrator package a module belongs to (`orchestrator.results.tracking` -> `results`); None for a
+    command line."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def test_every_orchestrator_module_is_a_command_line_or_in_a_package():
+    stray = {m for m in _imports("orchestrator") if _layer(m) is None and m not in CLIS}
+    assert not stray
+
+
+def test_orchestrator_packages_import_only_the_packages_below_them():
     graph = _imports("orchestrator")
-    assert PLANNING <= graph.keys()
-    bad = {(m, i) for m in PLANNING for i in graph[m]
-           if _top(i) in OURS and _top(i) != "specsweep_vocab" and i not in PLANNING}
+    assert {_layer(m) for m in graph} >= set(LAYERS)
+    bad = {(m, i) for m, names in graph.items() if _layer(m) is not None for i in names
+           if _top(i) == "orchestrator" and _layer(i) != _layer(m) and _layer(i) not in LAYERS[_layer(m)]}
+    assert not bad
+
+
+def test_config_imports_only_itself_and_the_vocabulary():
+    graph = _imports("orchestrator")
+    config = {m for m in graph if m == PLANNING or m.startswith(PLANNING + ".")}
+    assert {"orchestrator.config.settings", "orchestrator.config.schema", "orchestrator.config.validate",
+            "orchestrator.config.plan"} <= config
+    bad = {(m, i) for m in config for i in graph[m]
+           if _top(i) in OURS and _top(i) != "specsweep_vocab" and not i.startswith(PLANNING)}
+    assert not bad
+
+
+def test_config_and_results_import_nothing_from_workers():
+    bad = {(m, i) for m, names in _imports("orchestrator").items() if _layer(m) in ("config", "results")
+           for i in names if _top(i) == "workers"}
+    assert not bad
+
+
+def test_only_the_command_lines_import_the_session_and_the_schedules():
+    bad = {(m, i) for m, names in GRAPH.items() for i in names
+           if _top(i) == "orchestrator" and _layer(i) in ("session", "schedules")
+           and _layer(m) != _layer(i) and m not in CLIS and _top(m) != "hydra_plugins"}
     assert not bad
 
 
 def test_settings_is_the_bottom_of_orchestrator_and_the_clis_its_top():
     graph = _imports("orchestrator")
-    assert not {i for i in graph["orchestrator.settings"] if _top(i) in OURS}
-    bad = {(m, i) for m, names in graph.items() for i in names if i in CLIS and m not in CLIS}
+    assert not {i for i in graph["orchestrator.config.settings"] if _top(i) in OURS}
+    bad = {(m, i) for m, names in GRAPH.items() for i in names if i in CLIS and m not in CLIS}
     assert not bad

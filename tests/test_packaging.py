@@ -91,7 +91,7 @@ def test_specsweep_schedule_lists_the_shipped_schedules(tmp_path):
 
 
 def test_specsweep_report_help(tmp_path):
-    # its work against a real MLflow store: tests/orchestrator/test_report.py
+    # its work against a real MLflow store: tests/orchestrator/results/test_report.py
     proc = run_entry_point("specsweep-report", "--help", cwd=tmp_path)
     assert proc.returncode == 0 and proc.stdout.startswith("usage: specsweep-report"), proc.stderr
     assert "sweep name (its latest parent run) or a parent run id" in proc.stdout

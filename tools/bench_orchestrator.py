@@ -3,7 +3,7 @@
 `python -m tools.bench_orchestrator [--runs 8 64] [--ray fresh running] [--repeat 3] [--breakdown]`
 (`make bench-orchestrator`).
 
-Each sample is one `run_plan` call as a sweep makes it, in a fresh Python process as `make run` is one (the
+Each sample is one `execute_plan` call as a sweep makes it, in a fresh Python process as `make run` is one (the
 driver's own imports, MLflow's and matplotlib's, count every time): a fresh embedded Ray (started and shut down),
 a fresh MLflow SQLite store in a temp dir (parent + one child per run, the report), one reference-engine server
 running N trivial probes. Engine time = engine start-up (to the first /health 200) + Σ per-run time inside
@@ -34,11 +34,11 @@ import ray
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.execute import run_plan
-from orchestrator.local_ray import init_local_ray
-from orchestrator.plan import Plan
-from orchestrator.settings import ClusterSettings, ExecutionSettings, TrackingSettings
-from orchestrator.stats import ExecutionStats
+from orchestrator.execution.execute import execute_plan
+from orchestrator.execution.local_ray import init_local_ray
+from orchestrator.config.plan import Plan
+from orchestrator.config.settings import ClusterSettings, ExecutionSettings, TrackingSettings
+from orchestrator.execution.stats import ExecutionStats
 from tools.testing import tiny_group, tiny_run, tiny_server
 from specsweep_vocab.spec import ProbeKind, RunState
 
@@ -60,7 +60,7 @@ def bench_once(runs: int, context_len: int, gen_tokens: int, num_cpus: int, ray_
                            log_to_driver=False)
         try:
             t0 = time.perf_counter()
-            results = run_plan(plan, settings, stats=stats)
+            results = execute_plan(plan, settings, stats=stats)
             wall = time.perf_counter() - t0
         finally:
             if ray_mode == "running":

@@ -25,8 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from orchestrator.plan import Plan
-from orchestrator.settings import ClusterKind, ClusterSettings, ExecutionSettings, TrackingSettings
+from orchestrator.config.plan import Plan
+from orchestrator.config.settings import ClusterKind, ClusterSettings, ExecutionSettings, TrackingSettings
 from specsweep_vocab.spec import RunState
 from tools.testing import stub_server, tiny_group, tiny_run
 
@@ -62,8 +62,8 @@ def run(groups: int, runs_per_group: int, tp: int, seed: int, max_concurrent: in
     import ray
     from ray.cluster_utils import Cluster
 
-    from orchestrator.execute import run_plan
-    from orchestrator.stats import ExecutionStats
+    from orchestrator.execution.execute import execute_plan
+    from orchestrator.execution.stats import ExecutionStats
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     plan = build_plan(groups, runs_per_group, tp, seed)
@@ -84,7 +84,7 @@ def run(groups: int, runs_per_group: int, tp: int, seed: int, max_concurrent: in
                 cluster=ClusterSettings(kind=ClusterKind.RAY, accelerator="sm_120",
                                         max_concurrent_servers=max_concurrent))
             stats = ExecutionStats()
-            results = run_plan(plan, settings, stats=stats)
+            results = execute_plan(plan, settings, stats=stats)
     finally:
         ray.shutdown()
         cluster.shutdown()
@@ -113,7 +113,7 @@ def format_table(m: dict[str, float], tp: int) -> str:
         ("makespan (s)", f"{m['makespan_s']:.1f}"),
         ("makespan ÷ lower bound", f"{m['ratio']:.3f} (target ≤ 1.2)"),
         ("engine starts / distinct ServerSpecs", f"{m['engine_starts']:.0f} / {m['servers']:.0f}"),
-        ("run_plan wall (s, MLflow included)", f"{m['wall_s']:.1f}"),
+        ("execute_plan wall (s, MLflow included)", f"{m['wall_s']:.1f}"),
     ]
     width = max(len(k) for k, _ in rows)
     lines = [f"| {'quantity'.ljust(width)} | value |", f"|{'-' * (width + 2)}|-------|"]

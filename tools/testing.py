@@ -34,7 +34,7 @@ from typing import Any, Collection, Iterator
 
 import requests
 
-from orchestrator.plan import launch_engine
+from orchestrator.config.plan import with_stub_flags
 from specsweep_vocab.spec import (Algorithm, AttentionSpec, DrafterSpec, EngineKind, EngineSpec, ModelSpec, ProbeKind,
                                   ProbeSpec, RunSpec, ServerGroup, ServerSpec, StubOptions, stable_hash)
 from workers.sglang_metrics import parse_prometheus
@@ -99,7 +99,7 @@ def stub_server(*, tp_size: int = 1, nnodes: int = 1, token_s: float = 0.005, pr
     """A ServerSpec for the stub engine (workers/stub_engine.py): `device=cuda`, so it takes tp_size / nnodes GPUs
     per node from Ray like a real GPU server. Distinct seeds make distinct servers."""
     timing = StubOptions(token_s=token_s, prefill_s=prefill_s, startup_s=startup_s)
-    engine = launch_engine(EngineSpec(kind=EngineKind.STUB, version="0.1.0", device="cuda", startup_timeout_s=60.0,
+    engine = with_stub_flags(EngineSpec(kind=EngineKind.STUB, version="0.1.0", device="cuda", startup_timeout_s=60.0,
                                       request_timeout_s=120.0, extra_args=tuple(extra_args), stub=timing))
     return ServerSpec(engine=engine, model=TINY, drafter=tiny_drafter(drafter), attention=AttentionSpec("torch", "torch"),
                       page_size=16, context_length=32768, seed=seed, tp_size=tp_size, nnodes=nnodes)

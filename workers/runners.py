@@ -1,5 +1,5 @@
 """The runners: one server group on one node, its RunSpecs run in order. Plain Python (no Ray): the Ray actors
-(`orchestrator.actors`) are thin shells around them, and tests drive them directly.
+(`orchestrator.execution.actors`) are thin shells around them, and tests drive them directly.
 
     runner: JobRunner = make_runner(server, log_dir, restarts=1, node_tags={"node_id": ..., "gpu_ids": ...})
     runner.start(node_rank=None) -> EngineInfo   # never raises: a start failure is remembered

@@ -1,7 +1,7 @@
 """Hydra discovers this launcher by scanning the `hydra_plugins` namespace package.
 
 The class is a shell: `launch()` hands every job of the multirun at once to
-`orchestrator.launcher_core`, which validates, plans and executes them as one sweep.
+`orchestrator.session.launcher`, which validates, plans and executes them as one sweep.
 """
 
 from dataclasses import dataclass
@@ -37,11 +37,10 @@ class SpecsweepLauncher(Launcher):
         self.task_function = task_function
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from orchestrator import launcher_core
+        from orchestrator.session import launcher
 
         assert self.config is not None and self.hydra_context is not None
-        return launcher_core.launch(launcher=self, job_overrides=job_overrides,
-                                    initial_job_idx=initial_job_idx)
+        return launcher.launch(launcher=self, job_overrides=job_overrides, initial_job_idx=initial_job_idx)
 
     def __repr__(self) -> Any:
         return f"SpecsweepLauncher(dry_run={self.dry_run})"

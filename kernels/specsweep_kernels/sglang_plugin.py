@@ -21,7 +21,7 @@ What runs our kernel: `forward_extend` in TARGET_VERIFY mode (T draft tokens per
 prefix, `spec_info.custom_mask` -> tree mask; None = a linear chain, causal) and `forward_decode` (T = 1). Everything
 else (prefill / plain extend, draft-extend, MLA, sliding window, sinks, logit soft-cap, fp8 KV scales, decode
 context parallelism, head dims the kernel does not take, T > 64) goes to `TritonAttnBackend` unchanged. Because
-MLA layers would silently run Triton, `orchestrator.validate` refuses specsweep_verify with an MLA model on SGLang,
+MLA layers would silently run Triton, `orchestrator.config.validate` refuses specsweep_verify with an MLA model on SGLang,
 and refuses split backends where SGLang would verify on the other backend (docs/sglang.md).
 Sizing: the workspace and the largest T the kernel takes come from `verify_width()`, the verify width SGLang
 resolved (the parent Triton backend's own per-request width), never from the raw `server_args` field, which

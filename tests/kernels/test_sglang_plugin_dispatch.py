@@ -138,9 +138,9 @@ WIDTH_CASES = {  # id: (overrides, the verify width the conf asks for)
 def _width_argv(overrides: tuple[str, ...], model_dir: str) -> list[str]:
     from hydra import compose, initialize_config_module
 
-    from orchestrator.plan import build_server
-    from orchestrator.schema import register_configs, to_run_config
-    from orchestrator.validate import validate_run
+    from orchestrator.config.plan import build_server
+    from orchestrator.config.schema import register_configs, to_run_config
+    from orchestrator.config.validate import validate_run
     from workers.sglang import build_sglang_argv
 
     register_configs()

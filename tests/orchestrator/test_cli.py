@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.preflight import local_gpus
+from orchestrator.execution.preflight import local_gpus
 
 ROOT = Path(__file__).resolve().parents[2]
 # this checkout first, whichever one the venv has installed in editable mode
@@ -27,7 +27,7 @@ PYTHONPATH = os.pathsep.join([str(ROOT), str(ROOT / "kernels"), *filter(None, [o
 PROBE = """
 import atexit, json, runpy, sys
 atexit.register(lambda: open("imported.json", "w").write(json.dumps(
-    {m: m in sys.modules for m in ("ray", "mlflow", "orchestrator.execute", "orchestrator.tracking")})))
+    {m: m in sys.modules for m in ("ray", "mlflow", "orchestrator.execution.execute", "orchestrator.results.tracking")})))
 sys.argv = ["orchestrator"] + sys.argv[1:]
 runpy.run_module("orchestrator", run_name="__main__", alter_sys=True)
 """

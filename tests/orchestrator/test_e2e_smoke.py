@@ -121,7 +121,7 @@ def test_smoke_parent_carries_report_and_diagnosis(smoke_sweep):
             "report/accept_length_histogram.png"} <= report
     diagnosis = Path(client.download_artifacts(parent_id, "diagnosis.md", str(cwd / "dl"))).read_text()
     assert diagnosis.startswith("# Diagnosis: smoke") and f"{SMOKE_RUNS} run(s) examined" in diagnosis
-    # tiny's weights are random: rules (a) and (b) leave its runs out and say so (orchestrator/weights_scope.py)
+    # tiny's weights are random: rules (a) and (b) leave its runs out and say so (orchestrator/config/weights_scope.py)
     assert "## pipeline bug" not in diagnosis and "## drafter quality" not in diagnosis
     assert f"{SMOKE_RUNS} run(s) ran on dummy weights ({SMOKE_RUNS} with model.load_format=dummy)" in diagnosis
     table = Path(client.download_artifacts(parent_id, "report/summary.csv", str(cwd / "dl"))).read_text()

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.plan import Plan
+from orchestrator.config.plan import Plan
 from specsweep_vocab.redact import MASK, redact_argv, redact_config, redact_override, redact_params, redact_text
 from specsweep_vocab.spec import FailureReason, RunResult, RunState
 from tools.testing import engines_under, proc_argv, proc_env, stub_server, stub_starts, tiny_group, tiny_run
-from orchestrator.tracking import Tracker
+from orchestrator.results.tracking import Tracker
 
 mlflow = pytest.importorskip("mlflow")
 
@@ -46,7 +46,7 @@ def test_redaction_rules():
 
 
 def test_config_errors_show_no_secret():
-    from orchestrator.validate import ConfigError, Problem
+    from orchestrator.config.validate import ConfigError, Problem
 
     overrides = (f"engine.env.HF_TOKEN={ENV_SECRET}", f"engine.extra_args=[--api-key,{KEY_SECRET}]", "page_size=0")
     message = str(ConfigError([Problem("page_size", 0, "an integer >= 1", overrides),

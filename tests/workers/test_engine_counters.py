@@ -18,8 +18,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from orchestrator.diagnosis import Cause, Rule, RunRow, diagnose
-from orchestrator.plan import build_run
+from orchestrator.results.diagnosis import Cause, Rule, RunRow, diagnose
+from orchestrator.config.plan import build_run
 from specsweep_vocab.spec import RunState
 from workers.derived import derived_metrics
 from workers.engine_counters import (FORWARD_SECONDS, VERIFY_CATEGORY, parse_scrape, server_limits,

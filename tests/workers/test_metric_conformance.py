@@ -30,8 +30,8 @@ from types import SimpleNamespace as NS
 import pytest
 import torch
 
-from orchestrator.diagnosis import RunRow, find_oracle_shortfall
-from orchestrator.settings import Thresholds
+from orchestrator.results.diagnosis import RunRow, find_oracle_shortfall
+from orchestrator.config.settings import Thresholds
 from workers.probe import Generation, accept_at_depth, measure, measure_all
 from workers.reference.args import parse_args
 from workers.reference.engine import Engine, SamplingParams

@@ -17,8 +17,8 @@ import pytest
 from hydra import compose, initialize_config_module
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-from orchestrator.plan import build_run
-from orchestrator.schema import register_configs, to_run_config
+from orchestrator.config.plan import build_run
+from orchestrator.config.schema import register_configs, to_run_config
 from specsweep_vocab import plugin_counters as pc
 from specsweep_vocab.spec import RunState
 from workers.runners import GroupRunner

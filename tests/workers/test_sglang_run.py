@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from orchestrator.plan import build_run
+from orchestrator.config.plan import build_run
 from specsweep_vocab.spec import RunState
 from workers.probe import run_probe
 from workers.runners import GroupRunner, read_server_args

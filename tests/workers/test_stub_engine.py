@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from orchestrator.launcher_core import plan_jobs
+from orchestrator.config.jobs import plan_jobs
 from specsweep_vocab.spec import STUB_FLAGS, StubOptions
 from tools.testing import engines_under, pid_alive, proc_env, stub_server, stub_starts
 from workers.engine import EngineProcess, build_engine_argv

@@ -1,0 +1,136 @@
+"""Hydra jobs to validated `RunConfig`s, and a plan of them from Python without the Hydra app.
+
+    convert_and_validate(jobs, *, sweep, cwd) -> list[RunConfig]   composed configs typed and checked, all at once
+    check_overrides(overrides) -> list[Problem]     what `python -m orchestrator OVERRIDES` would refuse
+    expand_grid(axes, *fixed) -> list[list[str]]    one override list per grid point (the basic sweeper's order)
+    plan_jobs(job_overrides) -> (Plan, ExecutionSettings)   compose, validate and plan (tests, benchmarks)
+    build_settings(rc, cwd) -> ExecutionSettings    execution's part of a config
+
+Validation is all or nothing: one `ConfigError` lists every problem of every point, before any Ray or MLflow work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+from typing import Any, Sequence, cast
+
+from omegaconf import DictConfig, OmegaConf
+
+from orchestrator.config.plan import Plan, plan_sweep
+from orchestrator.config.schema import RunConfig, override_key_problems, register_configs, to_run_config
+from orchestrator.config.settings import ExecutionSettings
+from orchestrator.config.validate import ConfigError, Problem, every_point_over_context, validate_run
+from specsweep_vocab.spec import EngineKind
+
+# Keys that describe the sweep, not a point: one value per sweep.
+SWEEP_LEVEL = ("sweep_name", "cluster", "tracking", "resume", "progress", "report")
+
+
+def convert_and_validate(jobs: Sequence[tuple[DictConfig, Sequence[str]]], *, sweep: bool,
+                         cwd: str) -> list[RunConfig]:
+    """Every job's config typed and checked; raises one ConfigError listing every problem."""
+    configs: list[RunConfig] = []
+    problems: list[Problem] = []
+    for cfg, overrides in jobs:
+        try:
+            rc = to_run_config(cfg, tuple(overrides), cwd=cwd)
+        except ConfigError as e:
+            problems += e.problems
+            continue
+        problems += validate_run(rc, check_max_context=not sweep)
+        configs.append(rc)
+    problems += sweep_level_problems(configs)
+    if sweep and not problems and (p := every_point_over_context(configs)):
+        problems.append(p)
+    if problems:
+        raise ConfigError(problems)
+    return configs
+
+
+def sweep_level_problems(configs: Sequence[RunConfig]) -> list[Problem]:
+    out = []
+    for key in SWEEP_LEVEL:
+        values = {repr(getattr(rc, key)) for rc in configs}
+        if len(values) > 1:
+            out.append(Problem(key, sorted(values), "one value for the whole sweep (it is not a grid axis)"))
+    kinds = {rc.engine.kind for rc in configs}
+    if EngineKind.STUB in kinds and len(kinds) > 1:
+        out.append(Problem("engine.kind", sorted(k.value for k in kinds),
+                           "the stub engine alone or real engines alone in one sweep (stub runs are simulated and "
+                           "recorded in their own experiment, `<sweep_name>-stub`)"))
+    return out
+
+
+def build_settings(rc: RunConfig, cwd: str) -> ExecutionSettings:
+    """Execution's part of the config: every ExecutionSettings field is a RunConfig field of the same name,
+    but the working directory."""
+    shared = {f.name: getattr(rc, f.name) for f in dataclasses.fields(ExecutionSettings) if f.name != "work_dir"}
+    return ExecutionSettings(**shared, work_dir=cwd)
+
+
+def check_overrides(overrides: Sequence[str], *, cwd: str | None = None) -> list[Problem]:
+    """Every problem `python -m orchestrator OVERRIDES` would refuse to start with (unknown keys, each grid point's
+    values, a sweep with nothing to run), found without starting anything: the schedules check each schedule
+    with it. The grid is expanded as Hydra's basic sweeper does."""
+    from hydra import compose, initialize_config_module
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from hydra.types import RunMode
+
+    if problems := override_key_problems(overrides):
+        return problems
+    register_configs()
+    try:
+        parser = OverridesParser.create()
+        # parse_overrides sets input_line on every override it returns
+        fixed = [cast(str, o.input_line) for o in parser.parse_overrides(list(overrides)) if not o.is_sweep_override()]
+        with initialize_config_module("conf", version_base="1.3"):
+            base = compose("config", overrides=fixed, return_hydra_config=True)
+            sweep = base.hydra.mode == RunMode.MULTIRUN
+            job_overrides: Sequence[Sequence[str]] = [list(overrides)]
+            if sweep:
+                params = [f"{k}={v}" for k, v in base.hydra.sweeper.params.items()] + list(overrides)
+                (job_overrides,) = BasicSweeper.split_arguments(parser.parse_overrides(params), None)
+            jobs = [(compose("config", overrides=list(o)), o) for o in job_overrides]
+    except HydraException as e:
+        return [Problem("overrides", list(overrides), f"overrides Hydra can compose ({str(e).splitlines()[0]})")]
+    try:
+        convert_and_validate(jobs, sweep=sweep, cwd=cwd or os.getcwd())
+    except ConfigError as e:
+        return list(e.problems)
+    return []
+
+
+def expand_grid(axes: dict[str, Sequence[Any]], *fixed: str) -> list[list[str]]:
+    """{"context_len": [256, 1024], "drafter": ["ngram", "oracle"]} → one override list per job, in the
+    basic sweeper's order (first key outermost), each ending with `fixed`."""
+    keys = list(axes)
+    return [[f"{k}={v}" for k, v in zip(keys, values)] + list(fixed)
+            for values in itertools.product(*(axes[k] for k in keys))]
+
+
+def plan_jobs(job_overrides: Sequence[Sequence[str]], *, sweep: bool = True,
+              cwd: str | None = None) -> tuple[Plan, ExecutionSettings]:
+    """Compose, validate and plan from Python (tests, benchmarks) without the Hydra app:
+    `plan, settings = plan_jobs(expand_grid({...}, "sweep_name=bench")); execute_plan(plan, settings)`.
+    Raises ConfigError like the launcher. Needs no Hydra instance to be initialized."""
+    from hydra import compose, initialize_config_module
+
+    register_configs()
+    cwd = cwd or os.getcwd()
+    with initialize_config_module("conf", version_base="1.3"):
+        jobs = [(compose("config", overrides=list(o)), o) for o in job_overrides]
+    configs = convert_and_validate(jobs, sweep=sweep, cwd=cwd)
+    plan = plan_sweep(configs[0].sweep_name, configs, drop_over_max=sweep, base_config=task_container(jobs[0][0]))
+    return plan, build_settings(configs[0], cwd)
+
+
+def task_container(cfg: DictConfig) -> dict[str, Any]:
+    """A composed config as a plain dict, resolved, without Hydra's own `hydra` node (the parent run's params)."""
+    c = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(c, dict)
+    c.pop("hydra", None)
+    return c  # type: ignore[return-value]

@@ -1,0 +1,333 @@
+"""The config schema (structured configs in Hydra's ConfigStore) and the one conversion
+DictConfig → `RunConfig` (frozen dataclasses) done at the entry.
+
+Each config key is declared once, as a field of the dataclass it becomes (`specsweep_vocab.spec` for what a
+run is, `orchestrator.config.settings` for where it runs and is recorded, `RunConfig` for the top level): the `*Conf`
+structured configs are generated from those (`structured_conf`), and `to_run_config` fills them field by field.
+The `*Conf` dataclasses give Hydra the keys and types: an unknown key or a wrong type is Hydra's own error at
+composition. Kinds are plain strings there (OmegaConf matches enums by member name, `REFERENCE`, not by value);
+`to_run_config` turns them into the enums, reporting each bad value as a `Problem` with what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import os
+import types
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from orchestrator.config.run_config import RunConfig
+from orchestrator.config.settings import ClusterSettings, Thresholds, TrackingSettings
+from orchestrator.config.validate import (LEAF, OPEN, ConfigError, Problem, config_key_problems, probe_file_problem,
+                                          unknown_key_problem)
+from specsweep_vocab.spec import (AttentionSpec, DrafterSpec, EngineKind, EngineSpec, JobKind, KERNEL_LAYOUTS,
+                                  KernelSpec, ModelSpec, ProbeKind, ProbeSpec, SGLangOptions, StubOptions)
+
+DTYPES = ("float32", "float16", "bfloat16")
+DEVICES = ("cpu", "cuda")
+# String fields whose value is one of a fixed set (the enums' fields are checked by their enum).
+CHOICES: dict[str, tuple[str, ...]] = {"engine.device": DEVICES, "model.dtype": DTYPES}
+
+
+# --- The typed run config ----------------------------------------------------------------------
+
+
+# --- Schema: what Hydra composes against, generated from the dataclasses above ------------------
+
+
+def _unwrap(hint: Any) -> tuple[Any, bool]:
+    """(the type, whether None is allowed) of a field's type hint: `int | None` -> (int, True)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return hint, False
+
+
+def _is_enum(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, enum.Enum)
+
+
+def _is_pairs(tp: Any) -> bool:
+    """`tuple[tuple[str, str], ...]`: a mapping kept hashable (engine.env)."""
+    return typing.get_origin(tp) is tuple and typing.get_origin(typing.get_args(tp)[0]) is tuple
+
+
+_CONFS: dict[type, type] = {}  # spec dataclass -> its structured config
+
+
+def structured_conf(spec: type, name: str, *, replace: Mapping[str, Sequence[tuple[str, Any, Any]]] = {},
+                    after: Mapping[str, Sequence[tuple[str, Any, Any]]] = {}) -> type:
+    """The structured config of the dataclass `spec`: its fields, in its order, with its defaults, in the types
+    OmegaConf composes: an enum as its value string, a tuple as a list, pairs as a dict, a nested dataclass
+    (optional or not) as its section, a field without a default as MISSING. `replace` swaps a field for other
+    (name, type, Field) entries (none: left out of the config), `after` adds entries after a field."""
+    hints = typing.get_type_hints(spec)
+    entries: list[tuple[str, Any, Any]] = []
+    for f in dataclasses.fields(spec):
+        entries += replace[f.name] if f.name in replace else [(f.name, *_conf_field(hints[f.name], f))]
+        entries += after.get(f.name, ())
+    conf = dataclasses.make_dataclass(name, entries)
+    conf.__doc__ = (f"`{spec.__qualname__}` as Hydra composes it "
+                    "(generated: see orchestrator.config.schema.structured_conf).")
+    _CONFS[spec] = conf
+    return conf
+
+
+def _conf_field(hint: Any, f: dataclasses.Field) -> tuple[Any, Any]:
+    tp, optional = _unwrap(hint)
+    default = f.default if f.default is not dataclasses.MISSING else \
+        f.default_factory() if f.default_factory is not dataclasses.MISSING else MISSING
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):  # a section: always present, its own defaults
+        conf = _CONFS[tp]
+        if default is MISSING:
+            return conf, field(default=MISSING)
+        assert default is None or default == tp(), f"{f.name}: a section's default is its dataclass's defaults"
+        return conf, field(default_factory=conf)
+    if _is_enum(tp):
+        return str, field(default=MISSING if default is MISSING else default.value)
+    if _is_pairs(tp):
+        return dict[str, str], field(default_factory=lambda: dict(default))
+    if typing.get_origin(tp) is tuple:
+        return list[typing.get_args(tp)[0]], field(default_factory=lambda: list(default))  # type: ignore[misc]
+    return (Optional[tp] if optional else tp), field(default=default)
+
+
+SGLangConf = structured_conf(SGLangOptions, "SGLangConf")  # engine.sglang (engine.kind=sglang only)
+StubConf = structured_conf(StubOptions, "StubConf")  # engine.stub (engine.kind=stub only)
+EngineConf = structured_conf(EngineSpec, "EngineConf")
+ModelConf = structured_conf(ModelSpec, "ModelConf")
+DrafterConf = structured_conf(DrafterSpec, "DrafterConf")
+AttentionConf = structured_conf(AttentionSpec, "AttentionConf")
+# content_sha256 is computed, the others are top-level keys (context_len, gen_tokens, seed) or fixed (temperature 0)
+ProbeConf = structured_conf(ProbeSpec, "ProbeConf", replace={k: () for k in ("context_len", "gen_tokens",
+                                                                             "content_sha256", "seed", "temperature")})
+ClusterConf = structured_conf(ClusterSettings, "ClusterConf")
+TrackingConf = structured_conf(TrackingSettings, "TrackingConf")
+# `report`: the diagnosis thresholds, overridable like any key, e.g. `report.collapse_drop=0.3`.
+ReportConf = structured_conf(Thresholds, "ReportConf")
+
+
+@dataclass
+class KernelConf:
+    """`kernel`: one verify-kernel shape (used when `job=kernel`; page size is the top-level `page_size`). What the
+    user asks for: `_kernel_spec` resolves it into a KernelSpec (the layout's heads and dims unless set here)."""
+
+    layout: str = "gqa"  # a KERNEL_LAYOUTS name: gqa | mla | gqa-small
+    prefix: int = 4096  # prefix (KV) tokens
+    tokens: int = 8  # T: tree tokens verified per step
+    dtype: str = "bfloat16"  # cuda: any; cpu (Triton interpreter): float32 | float16
+    num_q_heads: Optional[int] = None  # null: the layout's
+    num_kv_heads: Optional[int] = None
+    head_dim: Optional[int] = None
+    v_head_dim: Optional[int] = None
+
+
+@dataclass
+class MetricsConf:
+    """`metrics`: what a run records besides the probe's own figures."""
+
+    # Python regexes with named groups, applied to the engine log lines a run produced: every named group
+    # becomes a per-step series (MLflow metric of that name, step = match index). Empty: none.
+    log_patterns: list[str] = field(default_factory=list)
+
+
+SpecsweepConf = structured_conf(RunConfig, "SpecsweepConf", replace={
+    "kernel": [("kernel", KernelConf, field(default_factory=KernelConf))],
+    "log_patterns": [("metrics", MetricsConf, field(default_factory=MetricsConf))],
+    "params": (), "overrides": ()},
+    after={"sweep_name": [("context_len", int, field(default=1024)),  # prompt tokens of the probe
+                          ("gen_tokens", int, field(default=64))]})  # tokens generated per run
+
+
+def register_configs() -> None:
+    """Put the schema in Hydra's ConfigStore (`conf/config.yaml` lists `specsweep_schema` first)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="specsweep_schema", node=SpecsweepConf)
+
+
+# --- DictConfig -> RunConfig ---------------------------------------------------------------------
+
+
+class _Problems:
+    """Collects conversion problems so one pass reports every bad value."""
+
+    def __init__(self, overrides: tuple[str, ...]):
+        self.overrides = overrides
+        self.items: list[Problem] = []
+
+    def enum(self, key: str, value: Any, kind: type[enum.Enum]) -> Any:
+        try:
+            return kind(value)
+        except ValueError:
+            allowed = "one of " + ", ".join(m.value for m in kind)
+            self.items.append(Problem(key, value, allowed, self.overrides))
+            return None
+
+    def choice(self, key: str, value: Any, allowed: tuple[str, ...]) -> Any:
+        if value not in allowed:
+            self.items.append(Problem(key, value, "one of " + ", ".join(allowed), self.overrides))
+        return value
+
+
+def _from_conf(spec: type, key: str, values: Mapping[str, Any], p: _Problems, **given: Any) -> Any:
+    """`spec` from its composed section `values`, field by field (the inverse of `structured_conf`): an enum
+    checked against its members and a CHOICES key against its set (each bad value a Problem), a list as a
+    tuple, a dict as sorted pairs. `given` fields are the caller's (computed, or from elsewhere in the config)."""
+    hints = typing.get_type_hints(spec)
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(spec):
+        name = f"{key}.{f.name}" if key else f.name
+        if f.name in given:
+            kwargs[f.name] = given[f.name]
+        elif f.name in values:
+            tp, v = _unwrap(hints[f.name])[0], values[f.name]
+            if _is_enum(tp):
+                v = p.enum(name, v, tp)
+            elif name in CHOICES:
+                v = p.choice(name, v, CHOICES[name])
+            elif _is_pairs(tp):
+                v = tuple(sorted(v.items()))
+            elif typing.get_origin(tp) is tuple:
+                v = tuple(v)
+            kwargs[f.name] = v
+    return spec(**kwargs)
+
+
+def flatten(node: Mapping[str, Any], leaf: Callable[[Any], str] = str, prefix: str = "") -> dict[str, str]:
+    """A nested config as dotted keys, each value through `leaf`: {"model.name": "tiny", "engine.env": "{}", ...}
+    (an empty section is one key)."""
+    out: dict[str, str] = {}
+    for k, v in node.items():
+        if isinstance(v, Mapping) and v:
+            out.update(flatten(v, leaf, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = leaf(v)
+    return out
+
+
+def absolute_tracking_uri(uri: str, cwd: str) -> str:
+    """`sqlite:///mlflow.db` → `sqlite:////<cwd>/mlflow.db`: Ray workers have other working dirs."""
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri[len(prefix):].startswith("/"):
+        return prefix + str(Path(cwd, uri[len(prefix):]).resolve())
+    return uri
+
+
+def schema_tree(schema: type = SpecsweepConf) -> dict[str, Any]:
+    """The schema's keys: name -> subtree (a section), LEAF (a value) or OPEN (a dict: any sub-key is legal)."""
+    out: dict[str, Any] = {}
+    for name, hint in typing.get_type_hints(schema).items():
+        tp = _unwrap(hint)[0]
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+            out[name] = schema_tree(tp)
+        else:
+            out[name] = OPEN if tp is dict or typing.get_origin(tp) is dict or tp is Any else LEAF
+    return out
+
+
+def config_groups() -> tuple[str, ...]:
+    """Hydra config groups under conf/ (engine, model, ..., sweep): `group=option` selects a file."""
+    import importlib.resources
+
+    root = importlib.resources.files("conf")
+    return tuple(sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("_")))
+
+
+def override_key_problems(overrides: Sequence[str]) -> list[Problem]:
+    """Command-line overrides whose key the schema does not have, each with the closest valid keys, before
+    Hydra composes (its own message suggests `+key=...`, which then fails or is silently ignored).
+    Left to Hydra: hydra.* keys, config-group selections, deletions, keys under a dict (engine.env.X) and
+    anything its parser rejects."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except HydraException:
+        return []
+    tree, groups, out = schema_tree(), config_groups(), []
+    for o in parsed:
+        key = o.key_or_group
+        if o.is_delete() or o.package is not None or key.split(".")[0].split("/")[0] == "hydra" or "/" in key:
+            continue  # Hydra's own keys, nested group selections (hydra/job_logging=disabled)
+        if "." not in key and key in groups:
+            continue
+        value = o.input_line.split("=", 1)[1] if o.input_line and "=" in o.input_line else None
+        if key == "schedule":  # not a config group: schedules are not run configs (orchestrator/schedules/)
+            run_groups = ", ".join(g for g in groups if g != "hydra")
+            out.append(Problem(key, value, f"a config group ({run_groups}); schedule is none: a schedule is run by "
+                               "`specsweep-schedule fire|run` (files in orchestrator/schedules/)", tuple(overrides)))
+            continue
+        if (p := unknown_key_problem(key, value, tree, tuple(overrides))) is not None:
+            out.append(p)
+    return out
+
+
+def to_run_config(cfg: DictConfig, overrides: tuple[str, ...] = (), cwd: str | None = None) -> RunConfig:
+    """Convert one composed job config. Raises `ConfigError` listing every bad value it finds."""
+    cwd = cwd or os.getcwd()
+    p = _Problems(tuple(overrides))
+    c: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
+    c.pop("hydra", None)
+    p.items += config_key_problems(c, schema_tree(), p.overrides)
+    if p.items:
+        raise ConfigError(p.items)
+    e, pr = c["engine"], c["probe"]
+    engine = _from_conf(EngineSpec, "engine", e, p,
+                        sglang=SGLangOptions(**e["sglang"]) if e["kind"] == EngineKind.SGLANG.value else None,
+                        stub=StubOptions(**e["stub"]) if e["kind"] == EngineKind.STUB.value else None)
+    model = _from_conf(ModelSpec, "model", c["model"], p)
+    drafter = _from_conf(DrafterSpec, "drafter", c["drafter"], p)
+    attention = _from_conf(AttentionSpec, "attention", c["attention"], p)
+    probe_kind = p.enum("probe.kind", pr["kind"], ProbeKind)
+    probe_path, digest = None, None
+    if probe_kind is ProbeKind.FILE:
+        if not pr["path"]:
+            p.items.append(Problem("probe.path", pr["path"], "a text or JSONL file path", p.overrides))
+        else:
+            probe_path = str(Path(cwd, pr["path"]).resolve())
+            if Path(probe_path).is_file():
+                raw = Path(probe_path).read_bytes()
+                digest = hashlib.sha256(raw).hexdigest()
+                if problem := probe_file_problem(pr["path"], probe_path, raw, p.overrides):
+                    p.items.append(problem)
+            else:
+                p.items.append(Problem("probe.path", pr["path"], "an existing file", p.overrides))
+    probe = _from_conf(ProbeSpec, "probe", pr, p, kind=probe_kind, context_len=c["context_len"],
+                       gen_tokens=c["gen_tokens"], path=probe_path, content_sha256=digest, seed=c["seed"])
+    cluster = _from_conf(ClusterSettings, "cluster", c["cluster"], p, runtime_env=c["cluster"]["runtime_env"] or None)
+    tracking = _from_conf(TrackingSettings, "tracking", c["tracking"], p,
+                          uri=absolute_tracking_uri(c["tracking"]["uri"], cwd))
+    job = p.enum("job", c["job"], JobKind)
+    kernel = _kernel_spec(c, p) if job is JobKind.KERNEL else None
+    if p.items:
+        raise ConfigError(p.items)
+    return _from_conf(RunConfig, "", c, p, engine=engine, model=model, drafter=drafter, attention=attention,
+                      probe=probe, cluster=cluster, tracking=tracking, report=_from_conf(Thresholds, "report",
+                                                                                         c["report"], p),
+                      job=job, kernel=kernel, log_patterns=tuple(c["metrics"]["log_patterns"]),
+                      params=tuple(sorted(flatten(c).items())), overrides=tuple(overrides))
+
+
+def _kernel_spec(c: dict[str, Any], p: _Problems) -> KernelSpec | None:
+    k = c["kernel"]
+    layout = p.choice("kernel.layout", k["layout"], tuple(KERNEL_LAYOUTS))
+    dtype = p.choice("kernel.dtype", k["dtype"], DTYPES)
+    if layout not in KERNEL_LAYOUTS:
+        return None
+    q, kv, hd, vd, mla = KERNEL_LAYOUTS[layout]
+    pick = lambda key, preset: preset if k[key] is None else k[key]  # noqa: E731
+    return KernelSpec(layout=layout, num_q_heads=pick("num_q_heads", q), num_kv_heads=pick("num_kv_heads", kv),
+                      head_dim=pick("head_dim", hd), v_head_dim=pick("v_head_dim", vd), mla=mla,
+                      prefix=k["prefix"], tokens=k["tokens"], page_size=c["page_size"], dtype=dtype,
+                      device=c["engine"]["device"], seed=c["seed"])

@@ -1,0 +1,162 @@
+"""A schedule: one YAML file of `orchestrator/schedules/` (or `--schedule-dir`), parsed and checked, and its
+firing times.
+
+    load_schedules(directory=None) -> list[Schedule]   every file checked, the sweep's own rules included; one
+                                                       ScheduleError lists every problem of every file
+    Schedule.firings_between(after, until), .next_firing(now), .submission_id(scheduled), .entrypoint()
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.resources
+import shlex
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import croniter
+
+UTC = dt.timezone.utc
+ALLOWED_KEYS = ("name", "cron", "timezone", "overrides", "enabled", "misfire_grace", "allow_overlap")
+
+
+class ScheduleError(ValueError):
+    """A schedule file that cannot be used; the message names the schedule, key, value and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    name: str
+    cron: str
+    timezone: str
+    overrides: tuple[str, ...]
+    enabled: bool = True
+    misfire_grace_s: float = 3600.0
+    allow_overlap: bool = False
+
+    @property
+    def sweep(self) -> str | None:
+        for o in self.overrides:
+            key, _, value = o.lstrip("+~").partition("=")
+            if key == "sweep":
+                return value
+        return None
+
+    def firings_between(self, after: dt.datetime, until: dt.datetime) -> Iterator[dt.datetime]:
+        """Scheduled times t (UTC) with after < t <= until."""
+        tz = ZoneInfo(self.timezone)
+        it = croniter(self.cron, after.astimezone(tz))
+        while True:
+            t = it.get_next(dt.datetime).astimezone(UTC)
+            if t > until:
+                return
+            yield t
+
+    def next_firing(self, now: dt.datetime) -> dt.datetime:
+        return croniter(self.cron, now.astimezone(ZoneInfo(self.timezone))).get_next(dt.datetime).astimezone(UTC)
+
+    def submission_id(self, scheduled: dt.datetime) -> str:
+        return f"{self.name}-{scheduled.astimezone(UTC):%Y%m%dT%H%M%SZ}"
+
+    def entrypoint(self) -> str:
+        """The sweep command (built as argv, joined for Ray's string entrypoint)."""
+        return shlex.join([sys.executable, "-m", "orchestrator", *self.overrides])
+
+
+def default_schedule_dir() -> Path:
+    """orchestrator/schedules/, this package: its YAML files are package data, not under `conf/` (Hydra would offer
+    them as a config group)."""
+    return Path(str(importlib.resources.files("orchestrator.schedules")))
+
+
+def known_sweeps() -> list[str]:
+    sweep_dir = Path(str(importlib.resources.files("conf"))) / "sweep"
+    return sorted(p.stem for p in sweep_dir.glob("*.yaml"))
+
+
+def parse_schedule(raw: object, *, source: str, sweeps: Sequence[str]) -> Schedule:
+    """Validate one schedule mapping; every problem is reported at once."""
+    if not isinstance(raw, dict):
+        raise ScheduleError(f"{source}: expected a mapping of {', '.join(ALLOWED_KEYS)}, got {type(raw).__name__}")
+    name = str(raw.get("name") or Path(source).stem)
+    problems: list[str] = []
+
+    def bad(key: str, value: object, allowed: str) -> None:
+        problems.append(f"schedule '{name}' ({source}): {key}={value!r} is invalid; allowed: {allowed}")
+
+    for key in sorted(set(raw) - set(ALLOWED_KEYS)):
+        bad(key, raw[key], "keys " + ", ".join(ALLOWED_KEYS))
+    cron = raw.get("cron")
+    if not isinstance(cron, str) or len(cron.split()) != 5 or not croniter.is_valid(cron):
+        bad("cron", cron, "a 5-field cron expression such as '0 2 * * *'")
+    tz = raw.get("timezone", "UTC")
+    try:
+        ZoneInfo(str(tz))
+    except (ZoneInfoNotFoundError, ValueError):
+        bad("timezone", tz, "an IANA time-zone name such as 'UTC' or 'Europe/Berlin'")
+    overrides = raw.get("overrides", [])
+    if not isinstance(overrides, (list, tuple)) or not all(isinstance(o, str) for o in overrides):
+        bad("overrides", overrides, "a list of Hydra override strings, e.g. ['+sweep=longctx']")
+        overrides = []
+    grace = raw.get("misfire_grace", 3600)
+    if isinstance(grace, bool) or not isinstance(grace, (int, float)) or grace < 0:
+        bad("misfire_grace", grace, "seconds >= 0")
+    for key in ("enabled", "allow_overlap"):
+        if key in raw and not isinstance(raw[key], bool):
+            bad(key, raw[key], "true or false")
+    schedule = Schedule(
+        name=name, cron=str(cron), timezone=str(tz), overrides=tuple(overrides),
+        enabled=bool(raw.get("enabled", True)),
+        misfire_grace_s=float(grace) if isinstance(grace, (int, float)) else 0.0,
+        allow_overlap=bool(raw.get("allow_overlap", False)),
+    )
+    if not overrides or schedule.sweep is None:
+        if isinstance(raw.get("overrides", []), (list, tuple)):
+            bad("overrides", list(overrides), "a list containing '+sweep=<name>' with <name> one of " + ", ".join(sweeps))
+    elif schedule.sweep not in sweeps:
+        bad("sweep", schedule.sweep, "one of " + ", ".join(sweeps))
+    if problems:
+        raise ScheduleError("\n".join(problems))
+    return schedule
+
+
+def sweep_problems(schedule: Schedule, *, source: str) -> list[str]:
+    """The schedule's overrides checked with the sweep's own rules (`python -m orchestrator` would refuse
+    them before starting anything); a problem shared by several grid points is listed once."""
+    from orchestrator.config.jobs import check_overrides
+
+    counts: dict[tuple[str, str, str], int] = {}
+    for p in check_overrides(schedule.overrides):
+        key = (p.key, repr(p.value), p.allowed)
+        counts[key] = counts.get(key, 0) + 1
+    return [f"schedule '{schedule.name}' ({source}): {key}={value} is invalid; allowed: {allowed}"
+            + (f" (in {n} grid points)" if n > 1 else "") for (key, value, allowed), n in counts.items()]
+
+
+def load_schedules(directory: Path | None = None) -> list[Schedule]:
+    """Every schedule of `directory`, each checked as its sweep would be; raises one ScheduleError listing
+    every problem of every file."""
+    import yaml
+
+    directory = directory or default_schedule_dir()
+    sweeps = known_sweeps()
+    schedules, problems = [], []
+    for path in sorted(Path(directory).glob("*.yaml")):
+        try:
+            schedule = parse_schedule(yaml.safe_load(path.read_text()), source=str(path), sweeps=sweeps)
+            if bad := sweep_problems(schedule, source=str(path)):
+                raise ScheduleError("\n".join(bad))
+            schedules.append(schedule)
+        except ScheduleError as e:
+            problems.append(str(e))
+        except yaml.YAMLError as e:
+            problems.append(f"{path}: not valid YAML: {e}")
+    names = [s.name for s in schedules]
+    for n in sorted({n for n in names if names.count(n) > 1}):
+        problems.append(f"schedule '{n}': name used by more than one file in {directory}; allowed: unique names")
+    if problems:
+        raise ScheduleError("\n".join(problems))
+    return schedules

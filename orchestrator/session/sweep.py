@@ -1,0 +1,160 @@
+"""One planned sweep, run: the checks before anything starts, then Ray, the claims on the MLflow store and the
+execution.
+
+    preflight_before_start(plan, settings, *, dry_run)   before Ray or MLflow: what the config alone rules out,
+                                                         this machine's GPUs (cluster=local), the tracking store
+    run_sweep(plan, settings) -> SweepResult              Ray and its preflight; under the store's lock: lost drivers
+                                                         closed, resume, claims; then `execute_plan`
+
+Exit codes: `ClusterCannotFit` and `TrackingUnreachable` are Hydra's compact errors (one line, exit 1, nothing
+started or recorded).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import threading
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Sequence
+
+from hydra.errors import CompactHydraException
+
+from orchestrator.config.plan import Plan, plan_resume
+from orchestrator.config.settings import ClusterKind, ExecutionSettings
+from specsweep_vocab.spec import FailureReason, RunResult, RunSpec, RunState
+
+if TYPE_CHECKING:
+    from orchestrator.results.tracking import Tracker
+
+log = logging.getLogger(__name__)
+
+
+class ClusterCannotFit(CompactHydraException):
+    """The preflight found servers the Ray cluster can never place: exit 1, nothing launched or recorded."""
+
+
+class TrackingUnreachable(CompactHydraException):
+    """tracking.uri does not answer: exit 1 before Ray, MLflow or any engine starts."""
+
+
+def _on_this_machine(settings: ExecutionSettings) -> bool:
+    """cluster=local starts its own Ray here, unless the driver is a Ray Job (RAY_ADDRESS) or Ray is already up."""
+    ray = sys.modules.get("ray")
+    return (settings.cluster.kind is ClusterKind.LOCAL and os.environ.get("RAY_ADDRESS", "local") == "local"
+            and not (ray is not None and ray.is_initialized()))
+
+
+def preflight_before_start(plan: Plan, settings: ExecutionSettings, *, dry_run: bool) -> None:
+    """Before Ray or MLflow start: what the config alone rules out (cluster.gpus_per_node), with cluster=local
+    the GPUs really on this machine, and (not in a dry run) whether tracking.uri answers within 10 s."""
+    from orchestrator.execution.preflight import PreflightError, check_declared, probe_tracking, run_local_preflight
+    from specsweep_vocab.redact import redact_text
+
+    try:
+        if problems := check_declared(plan.groups, settings.cluster):
+            raise PreflightError(problems, f"cluster.gpus_per_node={settings.cluster.gpus_per_node} (declared)")
+        if _on_this_machine(settings):
+            run_local_preflight(plan.groups, settings.cluster)
+    except PreflightError as e:
+        raise ClusterCannotFit(str(e)) from None
+    if not dry_run and (why := probe_tracking(settings.tracking_uri)):
+        raise TrackingUnreachable(f"tracking.uri={redact_text(settings.tracking_uri)!r} cannot be reached: "
+                                  f"{redact_text(why)}; "
+                                  "nothing was started")
+
+
+@dataclass
+class SweepResult:
+    """What `run_sweep` did: the results, how many FINISHED runs resume skipped, the plan that ran, and the
+    runs left to another live driver that held them (job index -> which driver)."""
+
+    results: list[RunResult]
+    skipped: int
+    ran: Plan
+    held: dict[int, str] = field(default_factory=dict)
+
+    def __iter__(self):  # results, skipped, ran = run_sweep(...)
+        return iter((self.results, self.skipped, self.ran))
+
+
+def run_sweep(plan: Plan, settings: ExecutionSettings) -> SweepResult:
+    """Ray and the cluster preflight (ClusterCannotFit before MLflow is touched), then, under the store's lock
+    (orchestrator.results.store_lock): close RUNNING runs of drivers that are gone (`driver_lost`), skip run_hashes
+    FINISHED (with `resume`) or claimed by another live driver, begin the parent and claim the rest; then the runs,
+    on the same Ray session (`execute_plan` neither connects nor runs the preflight again).
+
+    MLflow's import (≈ 1.7 s) runs in a thread while Ray starts; it writes nothing (the store is only opened
+    after the preflight)."""
+    from orchestrator.execution.execute import execute_plan
+    from orchestrator.execution.preflight import PreflightError
+    from orchestrator.execution.ray_session import ray_session
+    from orchestrator.execution.recording import warm_mlflow
+
+    threading.Thread(target=warm_mlflow, args=(settings.tracking_uri,), name="mlflow-import", daemon=True).start()
+    try:
+        with ray_session(settings.cluster, plan.groups) as session:
+            from orchestrator.results.tracking import Tracker, experiment_for
+
+            experiment = experiment_for(settings, plan)
+            tracker = Tracker.from_settings(settings, plan)
+            todo, skipped, held = _claim(plan, settings, tracker, experiment)
+            if not todo.groups:
+                log.info("nothing to run")
+                return SweepResult([], skipped, todo, held)
+            try:
+                results = execute_plan(todo, settings, tracker=tracker, session=session)
+            except BaseException as e:  # execute_plan closes what it was given; this covers a failure before it began
+                _abandon(tracker, e)
+                raise
+            log.info("results: MLflow experiment %r in %s; browse with `mlflow ui --backend-store-uri %s` "
+                     "(or `make ui`), report with `python -m orchestrator.report %s`", experiment,
+                     tracker.redact(settings.tracking_uri), tracker.redact(settings.tracking_uri), experiment)
+            log_held(plan.runs, held)
+            return SweepResult(results, skipped, todo, held)
+    except PreflightError as e:
+        raise ClusterCannotFit(str(e)) from None
+
+
+def _claim(plan: Plan, settings: ExecutionSettings, tracker: Tracker,
+           experiment: str) -> tuple[Plan, int, dict[int, str]]:
+    """Under the store's lock: close lost drivers' runs, leave out FINISHED (with `resume`) and held points, begin
+    the parent and claim the rest. Returns the plan to run, how many FINISHED runs it skips, and the runs another
+    live driver holds (job index -> which driver)."""
+    with tracker.store_lock():
+        tracker.reap_lost_drivers()
+        todo, skipped = plan_resume(plan, tracker.finished_run_hashes()) if settings.resume else (plan, 0)
+        if skipped:
+            log.info("resume: skipping %d run(s) already FINISHED in experiment %r (resume=false re-runs them)",
+                     skipped, experiment)
+        claims = tracker.live_claims()
+        todo = replace(plan_resume(todo, claims)[0], resumed=todo.resumed)  # held: not FINISHED yet
+        ran = {r.job_index for r in todo.runs}
+        held = {r.job_index: claims[r.run_hash] for r in plan.runs if r.job_index not in ran and r.run_hash in claims}
+        log_held(plan.runs, held)
+        try:
+            if todo.groups:
+                tracker.begin_parent(todo, work_dir=settings.work_dir)
+                tracker.claim(todo.runs)
+        except BaseException as e:  # e.g. Ctrl-C while claiming: nothing of this driver stays RUNNING
+            _abandon(tracker, e)
+            raise
+    return todo, skipped, held
+
+
+def _abandon(tracker: Tracker, error: BaseException) -> None:
+    state = RunState.KILLED if isinstance(error, KeyboardInterrupt) else RunState.FAILED
+    with contextlib.suppress(Exception):
+        tracker.release_claims(state, FailureReason.INTERRUPTED if state is RunState.KILLED
+                               else FailureReason.WORKER_ERROR, f"the driver stopped: {type(error).__name__}")
+        tracker.end_parent(state)
+
+
+def log_held(runs: Sequence[RunSpec], held: dict[int, str]) -> None:
+    """The runs this driver left to other drivers: one line, then each run and who holds it."""
+    if not held:
+        return
+    log.info("skipped %d run(s) another driver is running (it records them): %s", len(held),
+             "; ".join(f"#{r.job_index} {r.name} [{held[r.job_index]}]" for r in runs if r.job_index in held))

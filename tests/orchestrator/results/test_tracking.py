@@ -1,0 +1,93 @@
+"""Tracker against a real MLflow SQLite store in a temp dir: layout, statuses, batching, resume hashes."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from orchestrator.config.plan import Plan
+from specsweep_vocab.spec import FailureReason, ProbeKind, RunResult, RunState
+from orchestrator.config.schema import flatten
+from orchestrator.results.tracking import Tracker, param_value
+from tools.testing import tiny_group, tiny_run, tiny_server
+
+mlflow = pytest.importorskip("mlflow")
+
+
+@pytest.fixture
+def store(tmp_path):
+    return f"sqlite:///{tmp_path}/mlflow.db"
+
+
+def _plan(runs, base=None):
+    server = runs[0].server
+    return Plan(sweep_name="exp", groups=(tiny_group(server, runs),), base_config=base or {"a": {"b": 1}},
+                overrides=("context_len=1,2",))
+
+
+def _result(spec, state=RunState.FINISHED, **kw):
+    now = time.time()
+    return RunResult(run=spec, state=state, started_at=now - 1, ended_at=now, **kw)
+
+
+def test_parent_and_children_layout(store, tmp_path):
+    server = tiny_server("oracle")
+    a, b, c = (tiny_run(server, i, ProbeKind.NOVEL if i else ProbeKind.PREDICTABLE) for i in range(3))
+    tracker = Tracker(store, "exp")
+    base = {"model": {"name": "tiny", "layers": 4}, "gen_tokens": 8, **{f"k{i}": i for i in range(150)}}
+    with tracker.start_parent(_plan([a, b, c], base), work_dir=tmp_path) as parent_id:
+        ok = tracker.log_result(_result(a, metrics={"commit_len_mean": 5.0, "prompt_tokens": 64.0},
+                                        series={"commit_len": [5.0, 5.0, 4.0]},
+                                        artifacts={"continuation.txt": "xyz", "steps.csv": "step\n0\n"},
+                                        tags={"engine_start": "1", "attempt": "1"}))
+        failed = tracker.log_result(_result(b, RunState.FAILED, reason=FailureReason.ENGINE_DIED, message="died",
+                                            artifacts={"engine_log_tail.txt": "Traceback: boom"}))
+        killed = tracker.log_result(_result(c, RunState.KILLED, reason=FailureReason.INTERRUPTED))
+    client = mlflow.MlflowClient(store)
+    parent = client.get_run(parent_id)
+    assert parent.info.status == "FINISHED" and parent.data.tags["specsweep.role"] == "parent"
+    assert parent.data.params["model.name"] == "tiny" and parent.data.params["k149"] == "149"  # > 100: batched
+    assert parent.data.params["overrides"] == "context_len=1,2"
+    assert {f.path for f in client.list_artifacts(parent_id)} >= {"config.yaml", "overrides.txt"}
+    assert parent.info.artifact_uri.startswith(str(tmp_path / "mlartifacts"))
+
+    run = client.get_run(ok)
+    assert run.info.status == "FINISHED" and run.info.run_name == a.name
+    assert run.data.tags["mlflow.parentRunId"] == parent_id and run.data.tags["run_hash"] == a.run_hash
+    assert run.data.tags["server_group"] == server.key and run.data.tags["engine"] == "reference"
+    assert run.data.params["probe"] == "predictable" and run.data.metrics["commit_len_mean"] == 5.0
+    history = client.get_metric_history(ok, "commit_len")
+    assert [(m.step, m.value) for m in sorted(history, key=lambda m: m.step)] == [(0, 5.0), (1, 5.0), (2, 4.0)]
+    assert {f.path for f in client.list_artifacts(ok)} == {"continuation.txt", "steps.csv"}
+
+    run = client.get_run(failed)
+    assert run.info.status == "FAILED" and run.data.tags["failure_reason"] == "engine_died"
+    path = client.download_artifacts(failed, "engine_log_tail.txt", str(tmp_path))
+    assert open(path).read() == "Traceback: boom"
+    assert client.get_run(killed).info.status == "KILLED"
+
+    assert Tracker(store, "exp").finished_run_hashes() == {a.run_hash}
+
+
+def test_interrupted_parent_is_killed(store):
+    server = tiny_server("none")
+    tracker = Tracker(store, "exp")
+    with pytest.raises(KeyboardInterrupt):
+        with tracker.start_parent(_plan([tiny_run(server, 0)])) as parent_id:
+            raise KeyboardInterrupt
+    assert mlflow.MlflowClient(store).get_run(parent_id).info.status == "KILLED"
+
+
+def test_resume_hashes_are_per_experiment(store):
+    server = tiny_server("none")
+    spec = tiny_run(server, 0)
+    t1 = Tracker(store, "one")
+    t1.log_result(_result(spec))
+    assert t1.finished_run_hashes() == {spec.run_hash}
+    assert Tracker(store, "two").finished_run_hashes() == set()
+
+
+def test_parent_params_are_the_base_config_flattened_to_json_values():
+    assert flatten({"a": {"b": 1, "c": [1, 2]}, "d": "x", "e": None, "f": {}}, leaf=param_value) == {
+        "a.b": "1", "a.c": "[1, 2]", "d": "x", "e": "null", "f": "{}"}
