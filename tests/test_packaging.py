@@ -14,7 +14,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.slow
 def test_wheel_ships_specsweep_kernels_not_kernels(tmp_path):
     # build from a copy: setuptools writes build/ and *.egg-info into the source tree
     src = tmp_path / "src"

@@ -14,7 +14,7 @@ Public API:
         .generate(prompt, gen_tokens, temperature=0.0, stream=True) -> Generation
         .server_info() -> dict               GET /server_info
     measure(gen: Generation, expect_spec: bool) -> Measurement
-        metrics (DESIGN.md names), series {"commit_len": [...]}, artifacts {"continuation.txt", "steps.csv"}. The
+        metrics (docs/sglang.md names), series {"commit_len": [...]}, artifacts {"continuation.txt", "steps.csv"}. The
         speculative headline figures (commit_len_mean, emitted_per_verify, engine_accept_length, accept_rate, the
         histogram and accept_at_depth) come from SGLang's meta_info fields on every engine, through one function
         (workers.sglang_metrics.spec_metrics_from_meta_info); the reference engine's extra `spec_steps` give only
@@ -433,7 +433,7 @@ def _depth_metrics(out: Measurement, max_depth: int | None) -> None:
 
 def measure(gen: Generation, expect_spec: bool, *, version: str | None = None,
             max_depth: int | None = None) -> Measurement:
-    """DESIGN.md metrics from one /generate. `expect_spec`: the server speculates, so spec fields must be there."""
+    """The run's metrics (docs/sglang.md) from one /generate. `expect_spec`: the server speculates, so spec fields must be there."""
     meta = gen.meta_info
     prompt_tokens = _number(meta, "prompt_tokens")
     completion = _number(meta, "completion_tokens")

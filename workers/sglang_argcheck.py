@@ -11,7 +11,7 @@ unknown flag, bad choice, bad type), `resolve` (`ServerArgs.resolve_once()` + `c
 
 Why a separate process: importing `sglang` patches `transformers` and reads hardware at import; none of that
 may leak into the process that runs the rest of the tests or the orchestrator. On a CPU machine the argv must
-carry `--device cuda` and model paths must be directories with a `config.json` (shared/docs/sglang-facts.md §5);
+carry `--device cuda` and model paths must be directories with a `config.json` (`sglang/srt/server_args.py:668` prepare_server_args);
 the resolved values are then those of a GPU-less host (a syntax and cross-field check, not an H200's choices).
 
 `torchvision` is only imported by SGLang's multimodal configs; a CPU venv whose torch has no matching

@@ -21,7 +21,7 @@ Public API:
     LogPatterns(patterns).feed(line) / .series     named-group regexes over server log lines -> per-step series
     follow_log(path, offset) -> (lines, new_offset)  new complete lines of a growing log file
 
-Names per version: `specsweep_vocab.sglang_facts.SGLANG_VERSIONS` (shared/docs/sglang-facts.md §0 and §2); docs/sglang.md has the table and the tests behind it.
+Names per version: `specsweep_vocab.sglang_facts.SGLANG_VERSIONS`; docs/sglang.md has the table and the tests behind it.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@
     verify_width(parent) -> int     the TARGET_VERIFY tokens per request SGLang resolved (what the backend is sized for)
     DispatchCounts(sink)            each layer call of verify / decode counted: on the kernel, or a fallback + reason
 
-How SGLang finds it (shared/docs/sglang-facts.md §3):
+How SGLang finds it (the `sglang.srt.plugins` entry-point group, `sglang/srt/plugins/__init__.py:29,57`):
 - SGLang >= 0.5.16: the `sglang.srt.plugins` entry point `specsweep_verify` in pyproject.toml; SGLang's
   `load_plugins()` runs `register()` in the launcher, every scheduler, the detokenizer and the DP controller.
 - SGLang 0.5.10 (no plugin framework): `python -m workers.sglang_launch ...` registers at module top level, so

@@ -2,7 +2,7 @@
 
 Every rule returns `Problem(key, value, allowed)`; a sweep collects the problems of all its points
 and raises one `ConfigError` listing each. Engine rules follow what the engines themselves reject
-(SGLang 0.5.23, `shared/docs/sglang-facts.md` §1; the reference engine's flag subset).
+(SGLang 0.5.23's choices, `sglang/srt/arg_groups/choices.py:69`; the reference engine's flag subset).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = pytest.mark.timeout(600)
 
 OVERRIDES = ("probe.concurrency=1,4", "drafter=ngram,oracle", "gen_tokens=16", "context_len=128")
 

@@ -14,7 +14,6 @@ import pytest
 
 from tools.testing import engines_under, pid_alive, wait_for_request
 
-pytestmark = pytest.mark.slow
 
 SMOKE_RUNS = 8  # 2 contexts x 2 probes x 2 drafters (conf/sweep/smoke.yaml)
 # metrics.log_patterns over lines the reference engine really logs (uvicorn's access log), e.g.
@@ -53,6 +52,7 @@ def smoke_sweep(tmp_path_factory):
     return cwd, _sweep(cwd, LOG_PATTERNS_OVERRIDE)
 
 
+@pytest.mark.smoke  # the fast tier's one real Ray sweep: records into MLflow, then resumes
 def test_smoke_sweep_records_every_point_then_resumes(smoke_sweep):
     tmp_path, out = smoke_sweep
     assert out.returncode == 0, out.stderr[-3000:]

@@ -62,7 +62,6 @@ def test_bad_kernel_shape_is_refused(tmp_path):
     assert ("kernel.layout", "nope") in keys and ("kernel.num_kv_heads", 3) in keys
 
 
-@pytest.mark.slow
 def test_kernel_sweep_through_the_orchestrator(tmp_path):
     out = subprocess.run([sys.executable, "-m", "orchestrator", "+sweep=verify_kernel", *CPU_GRID], cwd=tmp_path,
                          env=_env(), capture_output=True, text=True, timeout=240)

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
 
 CONTEXTS = (1024, 8160)
 MAX_COMMIT = 5  # num_steps 4 + the bonus token

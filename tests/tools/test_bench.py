@@ -11,7 +11,6 @@ import pytest
 
 from tools.testing import pid_alive
 
-pytestmark = pytest.mark.slow
 
 ray = pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")

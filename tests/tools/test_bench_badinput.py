@@ -3,7 +3,6 @@ MLflow and an engine is seen as started (so a "yes" in the table is measured, no
 
 from __future__ import annotations
 
-import pytest
 
 from tools.bench_badinput import Case, format_cli_table, run_case
 
@@ -16,7 +15,6 @@ def test_refused_input_row():
     assert row.startswith("| typo'd key | `python -m orchestrator contxt_len=2048` | 1 |") and row.endswith("| yes |")
 
 
-@pytest.mark.slow
 def test_a_real_run_is_seen_as_started():
     o = run_case(Case("a real stub run", ("engine=stub", "drafter=ngram", "context_len=16", "gen_tokens=2",
                                           "progress=false")))

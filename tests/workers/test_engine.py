@@ -18,7 +18,6 @@ from tools.testing import tiny_server
 from workers.engine import EngineProcess, adapter_for, build_engine_argv
 from workers.errors import EngineDied, EngineStartFailed, EngineTimeout
 
-pytestmark = pytest.mark.slow
 
 
 def _pid_alive(pid: int) -> bool:

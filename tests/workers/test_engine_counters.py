@@ -258,7 +258,6 @@ def test_the_floor_counts_the_weights_once_per_batched_forward():
     assert batched["floor_step_ms"] == pytest.approx(1000 * (8e9 / 3 + kv) / 4e12)  # the engine's own batch count
 
 
-@pytest.mark.slow
 def test_group_runner_on_the_reference_engine_uses_the_same_counters(tmp_path):
     """The real reference engine through the real GroupRunner: verify_step_ms is the counters' (Δ verify forward
     seconds / Δ verify calls), i.e. the mean of this run's step times at concurrency 1, not the steps' median."""

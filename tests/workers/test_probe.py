@@ -176,7 +176,6 @@ def oracle_engine(tmp_path_factory):
         yield engine
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("kind", [ProbeKind.PREDICTABLE, ProbeKind.NOVEL])
 def test_run_probe_against_the_reference_engine(oracle_engine, kind):
     probe = ProbeSpec(kind=kind, context_len=300, gen_tokens=21)
@@ -189,7 +188,6 @@ def test_run_probe_against_the_reference_engine(oracle_engine, kind):
     assert not m.notes
 
 
-@pytest.mark.slow
 def test_run_probe_sends_concurrency_requests_at_once(oracle_engine):
     probe = ProbeSpec(kind=ProbeKind.PREDICTABLE, context_len=120, gen_tokens=24, concurrency=4)
     m = run_probe(oracle_engine.base_url, probe, REF, expect_spec=True, timeout_s=60)
@@ -205,7 +203,6 @@ def test_run_probe_sends_concurrency_requests_at_once(oracle_engine):
     assert one.metrics["throughput_tok_s"] == pytest.approx(24 / one.metrics["wall_s"])
 
 
-@pytest.mark.slow
 def test_non_streaming_generate_and_bad_request(oracle_engine):
     client = ProbeClient(oracle_engine.base_url, timeout_s=60)
     prompt = build_prompt(ProbeSpec(kind=ProbeKind.PREDICTABLE, context_len=50, gen_tokens=5), REF)

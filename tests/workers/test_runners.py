@@ -13,7 +13,6 @@ import workers.runners as sw
 from specsweep_vocab.spec import FailureReason, RunState
 from tools.testing import tiny_run, tiny_server
 
-pytestmark = pytest.mark.slow
 
 
 def _kill(runner):

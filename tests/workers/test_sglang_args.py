@@ -11,7 +11,7 @@ variant of each drafter, x page sizes 1/16/64 (x drafters needing a draft path w
 - 0.5.10 (`pip install --no-deps --target .venv/sglang-0.5.10 sglang==0.5.10`), the points we accept:
   `prepare_server_args`, which in 0.5.10 runs the whole `__post_init__` validation.
 SGLang runs in a child process (workers/sglang_argcheck.py) with `--device cuda` (our argv carries it) and
-model directories holding a hand-written config.json (shared/docs/sglang-facts.md §5).
+model directories holding a hand-written config.json (SGLang's `prepare_server_args`, `sglang/srt/server_args.py:668`, needs no GPU).
 
 BAD lists combinations our validation must reject before SGLang sees them; where SGLang itself rejects them on
 a CPU host too, the test checks that it does (so the rule is not ours alone).

@@ -1,4 +1,4 @@
-"""SGLang metrics by version, on fixtures built from the documented formats (shared/docs/sglang-facts.md §2)."""
+"""SGLang metrics by version, on fixtures built from the documented formats (SGLang's `/generate` meta_info and `/metrics`, `sglang/srt/entrypoints/http_server.py`)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ changes SGLang made to what the config asked, the per-depth acceptance, the /met
 /server_info's windowed accept length is not recorded), and probe.concurrency as parallel requests.
 
 An SGLang server cannot run here (no GPU). The stand-in below serves SGLang 0.5.23's HTTP subset in its documented
-formats (shared/docs/sglang-facts.md §2): its /server_info fields are what SGLang's `ServerArgs.resolved_dict()`
+formats (`sglang/srt/entrypoints/http_server.py:854-863`): its /server_info fields are what SGLang's `ServerArgs.resolved_dict()`
 returned for the run's own argv (workers/sglang_argcheck.py, a real parse + resolve), its /metrics is Prometheus
 text with SGLang's metric names, and it resets avg_spec_accept_length in /flush_cache as SGLang does.
 """

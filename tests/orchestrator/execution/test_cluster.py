@@ -27,7 +27,6 @@ from specsweep_vocab.spec import FailureReason, RunState
 from tools.testing import (pid_alive, proc_env, ray_cluster, stub_server, stub_starts, tiny_group, tiny_run,
                                   wait_for_request)
 
-pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[3]
 NODE_MB = 80

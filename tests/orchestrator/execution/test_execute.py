@@ -18,7 +18,6 @@ from specsweep_vocab.spec import FailureReason, ProbeKind, RunState
 from tools.testing import pid_alive, tiny_group, tiny_run, tiny_server, wait_for_request
 from workers.runners import LOG_TAIL_ARTIFACT
 
-pytestmark = pytest.mark.slow
 
 ray = pytest.importorskip("ray")
 

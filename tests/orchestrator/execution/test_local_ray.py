@@ -17,7 +17,6 @@ import pytest
 
 from workers.engine import free_port
 
-pytestmark = pytest.mark.slow
 
 ray = pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")

@@ -16,7 +16,6 @@ from specsweep_vocab.spec import FailureReason, RunState
 from tools.testing import pid_alive, ray_cluster, stub_server, tiny_group, tiny_run, wait_for_request
 from workers.runners import LOG_TAIL_ARTIFACT
 
-pytestmark = pytest.mark.slow
 
 ray = pytest.importorskip("ray")
 

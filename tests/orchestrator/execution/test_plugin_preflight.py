@@ -41,7 +41,6 @@ def test_which_nodes_are_checked():
     assert "entry_points(group='sglang.srt.plugins')" in CHECK_SCRIPT
 
 
-@pytest.mark.slow
 def test_the_node_whose_sglang_interpreter_lacks_the_plugin_is_named(tmp_path):
     pytest.importorskip("ray")
     shadow = tmp_path / "shadow" / "specsweep_kernels"

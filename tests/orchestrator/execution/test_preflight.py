@@ -6,7 +6,6 @@ import dataclasses
 import socket
 import time
 
-import pytest
 
 from orchestrator.execution.preflight import check_declared, check_local, probe_tracking
 from orchestrator.config.settings import ClusterKind, ClusterSettings
@@ -64,7 +63,6 @@ def test_probe_tracking_sqlite(tmp_path):
     assert "does not exist" in probe_tracking(f"sqlite:///{tmp_path}/nope/mlflow.db")
 
 
-@pytest.mark.slow
 def test_probe_tracking_answers_for_a_real_mlflow_server(tmp_path, mlflow_ui):
     with mlflow_ui(f"sqlite:///{tmp_path}/mlflow.db", tmp_path / "artifacts") as url:
         assert probe_tracking(url) is None

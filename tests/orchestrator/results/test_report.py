@@ -103,7 +103,6 @@ def test_cli(store, caplog):
     assert main(["missing-sweep", "--tracking-uri", uri]) == 2
 
 
-@pytest.mark.slow
 def test_resumed_sweep_report_covers_every_finished_point(tmp_path):
     """A real sweep (launcher edge, local Ray, stub engines, MLflow SQLite in tmp_path) run twice with overlapping
     grids: the second parent's report covers its own new point and the point FINISHED by the first invocation

@@ -220,7 +220,6 @@ def run_window(scheduler: Scheduler, clock: FakeClock, until: dt.datetime, step_
         scheduler.tick()
 
 
-@pytest.mark.slow
 def test_ten_minute_window_submits_exactly_ten_even_across_a_kill(tmp_path, job_server_url):
     schedule = minute_schedule("every-minute", allow_overlap=True, misfire_grace_s=300)
     clock = FakeClock(T0)
@@ -255,7 +254,6 @@ def test_ten_minute_window_submits_exactly_ten_even_across_a_kill(tmp_path, job_
     assert all(f.status is FiringStatus.SUBMITTED for f in history)
 
 
-@pytest.mark.slow
 def test_downtime_beyond_grace_logs_skipped_firings(tmp_path, job_server_url, caplog):
     schedule = minute_schedule("graceful", allow_overlap=True, misfire_grace_s=120)
     clock, backend, daemon = started_daemon(tmp_path, job_server_url, schedule)
@@ -273,7 +271,6 @@ def test_downtime_beyond_grace_logs_skipped_firings(tmp_path, job_server_url, ca
         assert any("skipped firing " + t.isoformat() in r.getMessage() for r in caplog.records)
 
 
-@pytest.mark.slow
 def test_no_overlap_with_a_running_firing(tmp_path, job_server_url, caplog):
     schedule = minute_schedule("no-overlap", allow_overlap=False, misfire_grace_s=300)
     clock, backend, daemon = started_daemon(tmp_path, job_server_url, schedule)

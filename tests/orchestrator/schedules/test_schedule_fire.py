@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
 
 from orchestrator.schedules.state import FiringStatus, StateStore
 
@@ -18,7 +17,6 @@ def write(directory: Path, name: str, text: str) -> None:
     (directory / f"{name}.yaml").write_text(text)
 
 
-@pytest.mark.slow
 def test_fire_runs_the_smoke_sweep_as_a_ray_job_and_tags_its_parent(tmp_path):
     """For real: `schedule fire` in a fresh directory starts a local Ray with its job server, submits the
     smoke sweep as a Ray Job, waits for it, and the sweep's MLflow parent run carries the schedule tags."""

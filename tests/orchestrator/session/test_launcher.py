@@ -128,7 +128,6 @@ def test_run_sweep_resume_skips_finished(monkeypatch, tmp_path):
     assert skipped == 0 and len(results) == 2
 
 
-@pytest.mark.slow
 def test_run_sweep_connects_ray_and_runs_the_preflight_once(monkeypatch, tmp_path):
     """The launcher's Ray session (connect, preflight) is the one `execute_plan` runs on: neither happens twice."""
     from orchestrator.execution import ray_session

@@ -200,7 +200,6 @@ def ngram_engine(tmp_path_factory):
         yield engine.base_url
 
 
-@pytest.mark.slow
 def test_concurrent_http_requests_get_their_sequential_tokens(ngram_engine):
     import concurrent.futures
 
@@ -224,7 +223,6 @@ def test_concurrent_http_requests_get_their_sequential_tokens(ngram_engine):
     assert "sglang:num_running_reqs" in metrics and "sglang:num_queue_reqs" in metrics
 
 
-@pytest.mark.slow
 def test_more_non_streamed_requests_than_starlettes_default_threads_run_together(ngram_engine):
     """44 non-streamed requests at once (a KV pool for all of them): each waits in a server thread; all must reach
     the engine's batch (Starlette's default pool of 40 threads would hold 4 back)."""

@@ -74,6 +74,7 @@ def test_tokenizer_ids_equal_transformers(hf_gguf):
     assert ours.encode("<|im_end|>") == [2]
 
 
+@pytest.mark.smoke  # the fast tier's real-model check: SmolLM2's logits against transformers'
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_logits_equal_transformers(hf_gguf, make_runner, page_size):
     """fp32 logits of a real prompt (prefill in chunks, then greedy decode steps) within 1e-4 of transformers'."""
@@ -121,7 +122,6 @@ def test_conversion_cache_round_trips(tmp_path, monkeypatch, gguf_file):
         prepare_gguf.cache_clear()
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_speculation_reproduces_greedy_on_the_real_model():
     """Temperature 0 on SmolLM2: NGRAM, the oracle and the layer-skip self-draft (chain and tree) emit exactly the

@@ -235,7 +235,6 @@ def test_smollm2_chat_template_is_the_gguf_one_and_renders_as_transformers():
     assert tok.eos_token == "<|im_end|>"
 
 
-@pytest.mark.slow  # SGLang's import in the child: 7-15 s
 def test_bodies_and_chunks_are_what_sglangs_own_serialisers_make(client):
     """Each answer, parsed by SGLang's class and serialised as SGLang serialises it, comes back unchanged; the
     speculative details equal SGLang's `spec_tokens_details_from_meta_info` of the same meta_info."""
@@ -284,7 +283,6 @@ for backend in backends:
 """
 
 
-@pytest.mark.slow
 def test_sglang_bench_serving_completes_every_request(tmp_path):
     """SGLang's bench_serving, unchanged (no --tokenizer, readiness check on), in its native, completions and chat
     modes against a real engine process: every request succeeds with the 16 tokens it asked for."""

@@ -14,7 +14,7 @@ import requests
 
 from workers.engine import free_port
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = pytest.mark.timeout(240)
 
 NUM_STEPS = 3
 FLAGS = ["--model-path", "tiny", "--load-format", "dummy", "--page-size", "16", "--attention-backend", "torch",
