@@ -4,7 +4,7 @@
     python -m tools.test_tiers /tmp/all.xml [--slow-over 2.0] [--note "2-core VM, load 0.1"]
 
 `tests/conftest.py` reads the table at collection: a test whose measured seconds exceed `slow_over_s`, or that sits
-in one of the `slow_modules` (a module whose module-scoped fixture is the cost: a Ray cluster, an engine, an MLflow
+in one of the `slow_modules` (a module whose module-scoped fixture is the cost, as its first test shows: a Ray cluster, an engine, an MLflow
 server, so that any one of its tests pays it), is marked `slow`; a test marked `smoke` stays in the fast tier
 whatever it costs. `make test` runs `not slow`, `make test-slow` the rest, `make test-all` both. A test the table does
 not know is fast until the next measurement. The table also prints the fast tier's measured total.
@@ -38,12 +38,15 @@ def measure(xml_path: Path) -> dict[str, float]:
 
 
 def slow_modules(costs: dict[str, float], slow_over: float) -> list[str]:
-    """Modules whose first test carries most of the module's time and is over the line: a module-scoped fixture."""
+    """Modules with a module-scoped fixture whose first test (in run order) is over the line and carries most of
+    the module's time: that first test is paying the fixture, which any of its tests would pay alone."""
     by_module: dict[str, list[float]] = collections.defaultdict(list)
-    for nodeid, seconds in costs.items():
+    for nodeid, seconds in costs.items():  # run order (the XML's)
         by_module[nodeid.split("::")[0]].append(seconds)
+    root = TABLE.parents[1]
     return sorted(m for m, times in by_module.items()
-                  if times[0] > slow_over and times[0] >= FIXTURE_SHARE * sum(times) and len(times) > 1)
+                  if len(times) > 1 and times[0] > slow_over and times[0] >= FIXTURE_SHARE * sum(times)
+                  and (root / m).is_file() and 'scope="module"' in (root / m).read_text())
 
 
 def main(argv: list[str] | None = None) -> int:

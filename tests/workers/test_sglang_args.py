@@ -315,6 +315,7 @@ def _bad_point(overrides: tuple[str, ...], version: str):
     return rc
 
 
+@pytest.mark.smoke  # the fast tier's sample of the SGLang argv checks
 @pytest.mark.parametrize("overrides,version,key,sglang_rejects", BAD,
                          ids=[f"{v}:{' '.join(o[2:])}" for o, v, _, _ in BAD])
 def test_bad_combinations_are_rejected_by_our_validation(overrides, version, key, sglang_rejects):
@@ -373,6 +374,7 @@ def _argv(version: str, *overrides: str) -> list[str]:
     return build_sglang_argv(build_server(rc), 4321)
 
 
+@pytest.mark.smoke  # the fast tier's sample of the SGLang argv checks
 def test_version_flags_cuda_graph():
     new = _argv("0.5.23", "drafter=none", "attention=triton", "engine.sglang.cuda_graph_max_bs=16")
     old = _argv("0.5.10", "drafter=none", "attention=triton", "engine.sglang.cuda_graph_max_bs=16")
@@ -384,6 +386,7 @@ def test_version_flags_cuda_graph():
     assert "--disable-cuda-graph" in off_old
 
 
+@pytest.mark.smoke  # the fast tier's sample of the SGLang argv checks
 def test_version_flags_speculation():
     ngram = _argv("0.5.23", "drafter=ngram", "attention=triton")
     flags = _flags(ngram)
@@ -399,6 +402,7 @@ def test_version_flags_speculation():
             flags["--speculative-num-draft-tokens"]) == ("3", "1", "4")
 
 
+@pytest.mark.smoke  # the fast tier's sample of the SGLang argv checks
 def test_common_flags_and_env():
     argv = _argv("0.5.23", "drafter=none", "attention=triton", "engine.sglang.mem_fraction_static=0.8",
                  "model.load_format=dummy", "server_context_len=65536")
