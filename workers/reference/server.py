@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.concurrency import run_in_threadpool
 
 from .engine import Cancelled, Engine, RequestError, SamplingParams
-from .openai_api import add_openai_routes
+from .openai_api import add_openai_routes, engine_events
 from .request_params import cancel_on_disconnect as _cancel_on_disconnect
 from .request_params import fill_max_new_tokens as _fill_max_new_tokens
 from .request_params import is_int as _is_int
@@ -225,29 +225,10 @@ def create_app(state: ServerState) -> FastAPI:
 async def _stream(engine: Engine, input_ids: list[int], params: SamplingParams):
     """SGLang SSE: `data: {json}\\n\\n` per step (cumulative text and output_ids), then `data: [DONE]`.
     A client that goes away closes this generator (Starlette), which cancels the generation."""
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue = asyncio.Queue()
-    cancel = threading.Event()
     t0 = time.perf_counter()
-
-    def on_tokens(ids):
-        loop.call_soon_threadsafe(queue.put_nowait, ("step", list(ids)))
-
-    def work():
-        try:
-            out = engine.generate(input_ids, params, on_tokens, cancel)
-            loop.call_soon_threadsafe(queue.put_nowait, ("done", out))
-        except Cancelled as exc:
-            logger.info("streamed generation cancelled: %s", exc)
-            loop.call_soon_threadsafe(queue.put_nowait, ("error", str(exc)))
-        except Exception as exc:  # reported in-band: the status line is already sent
-            logger.exception("streamed generation failed")
-            loop.call_soon_threadsafe(queue.put_nowait, ("error", f"{type(exc).__name__}: {exc}"))
-
-    threading.Thread(target=work, daemon=True).start()
+    events = engine_events(engine, input_ids, params)  # the generation's thread; cancelled when this closes
     try:
-        while True:
-            kind, payload = await queue.get()
+        async for kind, payload in events:
             if kind == "step":
                 chunk = {"text": engine.decode(payload), "output_ids": payload,
                          "meta_info": {"prompt_tokens": len(input_ids), "completion_tokens": len(payload),
@@ -262,7 +243,7 @@ async def _stream(engine: Engine, input_ids: list[int], params: SamplingParams):
                 break
         yield "data: [DONE]\n\n"
     finally:
-        cancel.set()  # finished: no effect; the client went away: the generation stops at its next step
+        await events.aclose()  # finished: no effect; the client went away: the generation stops at its next step
 
 
 def run_server(args) -> None:
