@@ -201,7 +201,7 @@ STUB_FLAGS = ("--stub-token-s", "--stub-prefill-s", "--stub-startup-s", "--stub-
 @dataclass(frozen=True)
 class StubOptions:
     """The stub engine's timing (`engine.stub`, engine.kind=stub only). The stub is started with `engine.extra_args`
-    (workers/engine.py StubAdapter), so planning prepends `argv()`; the flag names are workers/stub/server.py's."""
+    (workers/stub/adapter.py StubAdapter), so planning prepends `argv()`; the flag names are workers/stub/server.py's."""
 
     token_s: float = 0.005  # seconds per generated token (decode)
     prefill_s: float = 0.0  # seconds per prompt token
