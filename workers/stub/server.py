@@ -35,9 +35,9 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from specsweep_vocab.spec import StubOptions
+from specsweep_vocab.spec import ProbeSpec, StubOptions
 
-SENTENCE = b"The cat sat on the mat. "
+SENTENCE = ProbeSpec.sentence.encode()  # the predictable probe's default text, as bytes
 CHARS_PER_TOKEN = 4  # text prompts (no input_ids): a rough token count, as the probe assumes
 
 logger = logging.getLogger("stub_engine")
