@@ -8,6 +8,8 @@ Two kinds of metric (docs/schedule.md, "Regressions"):
 - **noisy**: throughput and verify time. Judged against the baseline's spread: the median and the MAD of the
   baseline runs (each run's mean over its repeats). A change is flagged when it is at least `min_rel_change` of the
   median AND, with 3 or more baseline runs, more than `max_z` robust standard deviations (1.4826 MAD) from it.
+  With fewer baseline runs there is no spread to judge by: with repeats, the baseline's median must lie outside this
+  run's 95 % interval; without, the change must be at least GROSS_FACTOR x `min_rel_change`.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ NOISY_METRICS = {"decode_tok_s": +1, "throughput_tok_s": +1, "verify_step_ms": -
 METRICS = {**EXACT_METRICS, **NOISY_METRICS}
 MAD_TO_SIGMA = 1.4826  # MAD of a normal sample x this = its standard deviation
 MIN_RUNS_FOR_SPREAD = 3  # with fewer baseline runs the MAD means nothing: min_rel_change alone decides
+# with too few baseline runs for a spread and no repeats, only a change this many times min_rel_change is flagged
+GROSS_FACTOR = 5.0
 EXACT_TOLERANCE = 1e-9  # relative: float formatting through MLflow, never a measured difference
 
 REGRESSION, IMPROVEMENT, UNCHANGED, NO_BASELINE = "regression", "improvement", "unchanged", "no baseline"
@@ -116,9 +120,16 @@ def judge(metric: str, baseline: Sequence[float], current: Sequence[float], sett
         flagged = big and abs(delta) > settings.max_z * sigma
         why = (f"median {med:.4g} of {len(baseline)} runs, robust sd {sigma:.3g}: z={delta / sigma:+.1f} "
                f"(limit {settings.max_z:g}), change {rel:+.1%} (min {settings.min_rel_change:.0%}){note}")
+    elif len(current) > 1:  # no spread in the baseline: this run's own repeats give one
+        ci = interval(current)
+        flagged = big and abs(delta) > ci.half_width
+        why = (f"median {med:.4g} of {len(baseline)} run(s) (too few for a spread); this run {ci}: change "
+               f"{rel:+.1%} (min {settings.min_rel_change:.0%}), baseline {'outside' if flagged else 'inside'} "
+               f"its 95 % interval{note}")
     else:
-        flagged = big and delta != 0
-        why = (f"median {med:.4g} of {len(baseline)} run(s), no usable spread: change {rel:+.1%} "
-               f"(min {settings.min_rel_change:.0%}){note}")
+        flagged = abs(rel) >= GROSS_FACTOR * settings.min_rel_change
+        why = (f"median {med:.4g} of {len(baseline)} run(s), too few for a spread and no repeats: change "
+               f"{rel:+.1%}, flagged from {GROSS_FACTOR * settings.min_rel_change:.0%} "
+               f"({GROSS_FACTOR:g} x min_rel_change){note}")
     status = _direction(metric, delta) if flagged else UNCHANGED
     return Verdict(metric, "noisy", status, x, med, len(baseline), rel, z, why)
