@@ -12,7 +12,10 @@ novel = 8 points.
 1. False alarms: `--sweeps` identical sweeps in a row; every point and metric judged against the history so far.
 2. Detection: one more sweep whose ngram server's stub runs with a slower token time than its RunSpec says (a change
    that is not part of the grid point): flagged must be exactly the 4 ngram points.
-3. Smallest throughput drop detected on exactly the affected points, at N = 1, 3 and 5 repeats per point (N probes
+3. The reference engine on the real model (SmolLM2-135M, `--reference N`): N identical sweeps of ngram | oracle x
+   predictable | novel at one context, then one with `SPECSWEEP_BENCH_NGRAM_MAX_STEPS=1` in the engine's
+   environment (workers/reference/speculative.py: a worse n-gram matcher that no flag or grid point shows).
+4. Smallest throughput drop detected on exactly the affected points, at N = 1, 3 and 5 repeats per point (N probes
    of the same kind with different seeds; the values go to the `<metric>.repeats` tag, as `probe.repeats` records
    them), against 5 baseline sweeps.
 """
@@ -101,6 +104,45 @@ def sweep(tracker: Tracker, groups: tuple[ServerGroup, ...], work: Path, *, repe
     return parent, changes.comparison
 
 
+def reference_sweep(tracker: Tracker, plan: Plan, work: Path, env: dict[str, str] | None = None
+                    ) -> Comparison | None:
+    parent = tracker.begin_parent(plan, work_dir=work)
+    for g in plan.groups:
+        with EngineProcess.for_server(g.server, work / f"ref-{g.server.key}.log", env=env or {}) as engine:
+            url = f"http://127.0.0.1:{engine.port}"
+            for spec in g.runs:
+                t0 = time.time()
+                m = run_probe(url, spec.probe, EngineKind.REFERENCE, expect_spec=True,
+                              timeout_s=g.server.engine.request_timeout_s, model_path=g.server.model.path)
+                tracker.log_result(RunResult(run=spec, state=RunState.FINISHED, metrics=m.metrics, started_at=t0,
+                                             ended_at=time.time()))
+    changes = changes_section(tracker.client, parent, work)
+    tracker.end_parent(RunState.FINISHED)
+    return changes.comparison
+
+
+def reference_rows(uri: str, work: Path, sweeps: int) -> list[tuple[str, str, str]]:
+    from orchestrator.config.jobs import expand_grid, plan_jobs
+    from workers.reference.speculative import ENV_WORSE_NGRAM
+
+    plan, _ = plan_jobs(expand_grid({"drafter": ["ngram", "oracle"], "probe": ["predictable", "novel"]},
+                                    "context_len=512", "gen_tokens=32", "sweep_name=bench-ref"), cwd=str(work))
+    tracker = Tracker(uri, "bench-ref")
+    alarms, judged = [], 0
+    for i in range(sweeps):
+        c = reference_sweep(tracker, plan, work)
+        alarms += [(i + 1, *f) for f in sorted(flagged(c))]
+        judged += sum(1 for p in (c.points if c else ()) for v in p.verdicts if v.n_baseline > 0)
+    c = reference_sweep(tracker, plan, work, env={ENV_WORSE_NGRAM: "1"})
+    hit = sorted(flagged(c, ("commit_len_mean",)))
+    notes = "; ".join(c.patterns + c.notes) if c else ""
+    return [("false alarms: reference engine, SmolLM2-135M, identical sweeps", f"{sweeps} sweeps x 4 points",
+             f"{len(alarms)} flagged of {judged} verdicts" + (f": {alarms[:4]}" if alarms else "")),
+            ("detection: reference ngram matcher capped at 1 token (env, not in the point)",
+             "expected: commit_len_mean on the ngram points whose commit was above 2",
+             f"commit_len_mean flagged on {[n for n, _ in hit]}; {notes}")]
+
+
 def flagged(c: Comparison | None, metrics=None) -> set[tuple[str, str]]:
     """(point name, metric) flagged (either direction)."""
     if c is None:
@@ -112,7 +154,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sweeps", type=int, default=10)
     ap.add_argument("--gen-tokens", type=int, default=32)
-    ap.add_argument("--repeats", default="1,3,5")
+    ap.add_argument("--repeats", default="1,3,5", help="repeats to find the smallest drop at ('': skip)")
+    ap.add_argument("--reference", type=int, default=0, help="identical reference-engine sweeps (0: skip)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     groups = grid(args.gen_tokens)
@@ -138,7 +181,11 @@ def main() -> int:
                      f"flagged {len(hit & ngram)}/4 ngram points, {len(hit - ngram)} other points, "
                      f"{len(exact)} exact-metric flags; regression tag: {c.tag() if c else '?'}"))
         log.warning("false alarms and detection took %.0f s", time.perf_counter() - t0)
-        for n in (int(x) for x in args.repeats.split(",")):
+        if args.reference:
+            t1 = time.perf_counter()
+            rows += reference_rows(uri, work, args.reference)
+            log.warning("reference engine took %.0f s", time.perf_counter() - t1)
+        for n in (int(x) for x in args.repeats.split(",") if x):
             t1 = time.perf_counter()
             tr = Tracker(uri, f"bench-repeats-{n}")
             for _ in range(5):
