@@ -111,6 +111,8 @@ def parse_schedule(raw: object, *, source: str, sweeps: Sequence[str]) -> Schedu
     if "on_regression" in raw and (why := argv_problem(on_regression)) is not None:
         bad("on_regression", on_regression, why)
         on_regression = []
+    elif on_regression and "resume=false" not in overrides:  # a resumed sweep re-measures nothing to compare
+        bad("overrides", list(overrides), "with on_regression, a list containing 'resume=false'")
     for key in ("enabled", "allow_overlap"):
         if key in raw and not isinstance(raw[key], bool):
             bad(key, raw[key], "true or false")

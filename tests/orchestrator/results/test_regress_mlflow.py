@@ -156,6 +156,9 @@ def test_on_regression_must_be_an_argv_list_in_the_schedule_file():
         parse_schedule({"cron": "0 2 * * *", "overrides": ["+sweep=smoke"], "on_regression": "mail -s x me"},
                        source="n.yaml", sweeps=["smoke"])
     assert "on_regression='mail -s x me'" in str(e.value) and "never a shell string" in str(e.value)
-    s = parse_schedule({"cron": "0 2 * * *", "overrides": ["+sweep=smoke"], "on_regression": ["notify", "x"]},
+    with pytest.raises(ScheduleError, match="containing 'resume=false'"):  # else it re-measures nothing
+        parse_schedule({"cron": "0 2 * * *", "overrides": ["+sweep=smoke"], "on_regression": ["notify", "x"]},
                        source="n.yaml", sweeps=["smoke"])
+    s = parse_schedule({"cron": "0 2 * * *", "overrides": ["+sweep=smoke", "resume=false"],
+                        "on_regression": ["notify", "x"]}, source="n.yaml", sweeps=["smoke"])
     assert s.on_regression == ("notify", "x")

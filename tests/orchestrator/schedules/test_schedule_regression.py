@@ -30,7 +30,7 @@ APPEND = "import sys; open(sys.argv[1], 'a').write(sys.argv[2] + '\\n')"
 def test_cron_firing_runs_the_comparison_and_on_regression_once(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the embedded Ray's jobs run here (Hydra's multirun folder, logs)
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    overrides = ("+sweep=smoke", "context_len=256", "probe=novel", "drafter=oracle",
+    overrides = ("+sweep=smoke", "context_len=256", "probe=novel", "drafter=oracle", "resume=false",
                  f"tracking.uri=sqlite:///{tmp_path}/mlflow.db")
     # history: one earlier FINISHED run of the same point, far faster than any CPU run can be
     plan, settings = plan_jobs([list(overrides)], cwd=str(tmp_path))
@@ -64,7 +64,7 @@ def test_cron_firing_runs_the_comparison_and_on_regression_once(tmp_path, monkey
             time.sleep(2)
         logs = client.get_job_logs(jobs[0])
         assert client.get_job_status(jobs[0]).value == "SUCCEEDED", logs[-3000:]
-    assert REGRESSION_MARK in logs and regression_exit(logs) == EXIT_REGRESSION
+    assert REGRESSION_MARK in logs and regression_exit(logs) == EXIT_REGRESSION, logs[-4000:]
     (path,) = called.read_text().splitlines()  # exactly once
     assert path.endswith("diagnosis.md") and open(path).read().startswith("# Changes since the last 1 FINISHED")
     from mlflow import MlflowClient
