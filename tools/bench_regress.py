@@ -4,7 +4,7 @@ flag a real change on exactly the points it touches?
     python -m tools.bench_regress [--sweeps 10] [--gen-tokens 32]
 
 Each "sweep" here is a parent run with one child per grid point in a fresh SQLite MLflow store, recorded by the real
-`Tracker` from real probes (`workers.probe.run_probe`) of real stub-engine processes (workers/stub_engine.py; its noise
+`Tracker` from real probes (`workers.probe.run_probe`) of real stub-engine processes (workers/stub/server.py; its noise
 is the machine's: sleep granularity, HTTP, the other processes), then judged by the report's own
 `changes_section`. The grid: drafter ngram | oracle (one stub server each) x context 64 | 256 x probe predictable |
 novel = 8 points.
@@ -74,7 +74,7 @@ def _stub_argv(group: ServerGroup, slow: float):
     token_s = TOKEN_S * slow  # the change under test: not in the RunSpec, so not in run_hash or point_key
 
     def argv(port: int) -> list[str]:
-        return [sys.executable, "-m", "workers.stub_engine", "--port", str(port), "--stub-token-s", repr(token_s),
+        return [sys.executable, "-m", "workers.stub.server", "--port", str(port), "--stub-token-s", repr(token_s),
                 "--stub-startup-s", "0.1", "--speculative-algorithm", s.drafter.algorithm.value.upper(),
                 "--speculative-num-steps", str(s.drafter.num_steps)]
     return argv
