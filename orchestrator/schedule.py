@@ -3,6 +3,7 @@
     specsweep-schedule list              # schedules and their next firing times
     specsweep-schedule run               # the daemon
     specsweep-schedule fire NAME         # submit one firing now
+    specsweep-schedule fire NAME --fail-on-regression   # CI: wait; exit 3 when the sweep found a regression
     specsweep-schedule history [NAME]    # what was submitted or skipped, and why
 
 (`specsweep-schedule` is the console script; `python -m orchestrator.schedule` is the same.)
@@ -19,6 +20,7 @@ ray_jobs, scheduler).
     enabled: true
     misfire_grace: 3600            # seconds: a firing missed by less than this still runs, once
     allow_overlap: false           # false: skip a firing while the previous one still runs
+    on_regression: [notify-send, "sweep regressed"]   # argv (never a shell string), run with the report's path
 
 Guarantees:
 - Each firing has a stable `submission_id = <name>-<scheduled time, UTC>`; Ray refuses a duplicate id,
@@ -44,12 +46,14 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from orchestrator.results.regress.alert import REGRESSION_MARK
 from orchestrator.schedules.definition import ScheduleError, load_schedules
 from orchestrator.schedules.ray_jobs import RayJobBackend, job_server
 from orchestrator.schedules.scheduler import Scheduler, utcnow
 from orchestrator.schedules.state import DEFAULT_STATE, FiringStatus, StateStore, daemon_lock
 
 log = logging.getLogger(__name__)
+EXIT_REGRESSION = 3  # `fire --fail-on-regression`: the job succeeded and its sweep found a regression
 
 
 def _print_table(rows: list[list[str]], header: list[str]) -> None:
@@ -77,6 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     fire_p.add_argument("name")
     fire_p.add_argument("--wait", action="store_true",
                         help="wait until the job ends; exit non-zero if it failed (always, with the embedded Ray)")
+    fire_p.add_argument("--fail-on-regression", action="store_true",
+                        help=f"wait, and exit {EXIT_REGRESSION} when the sweep's report found a regression (CI)")
     hist_p = sub.add_parser("history", help="firings submitted or skipped")
     hist_p.add_argument("name", nargs="?")
     args = parser.parse_args(argv)
@@ -115,7 +121,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if firing.status is not FiringStatus.SUBMITTED:
                     return 1
                 # An embedded Ray ends with this process, so a local firing always waits for its job.
-                return _wait(backend, firing.submission_id) if args.wait or not args.address else 0
+                if args.wait or args.fail_on_regression or not args.address:
+                    return _wait(backend, firing.submission_id, fail_on_regression=args.fail_on_regression)
+                return 0
             stop = threading.Event()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, lambda *_: stop.set())
@@ -123,7 +131,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _wait(backend: RayJobBackend, submission_id: str) -> int:
+def regression_exit(job_log: str) -> int:
+    """EXIT_REGRESSION when the sweep's log has the regression marker (orchestrator/results/regress/alert.py)."""
+    marks = [line for line in job_log.splitlines() if REGRESSION_MARK in line]
+    for line in marks:
+        log.error("%s", line[line.index(REGRESSION_MARK):])
+    return EXIT_REGRESSION if marks else 0
+
+
+def _wait(backend: RayJobBackend, submission_id: str, *, fail_on_regression: bool = False) -> int:
     from ray.job_submission import JobStatus
 
     while True:
@@ -134,7 +150,7 @@ def _wait(backend: RayJobBackend, submission_id: str) -> int:
                 logs = backend.client.get_job_logs(submission_id)
                 log.error("job %s log tail:\n%s", submission_id, "\n".join(logs.splitlines()[-60:]))
                 return 1
-            return 0
+            return regression_exit(backend.client.get_job_logs(submission_id)) if fail_on_regression else 0
         time.sleep(2)
 
 

@@ -51,7 +51,7 @@ class Plan:
 
 # Override keys the standard name already shows, or that never change a result.
 _NAMED_KEYS = {"context_len", "probe", "drafter", "page_size", "attention", "sweep"}
-_UNNAMED_PREFIXES = ("hydra", "tracking", "cluster", "resume", "progress", "sweep_name", "metrics")
+_UNNAMED_PREFIXES = ("hydra", "tracking", "cluster", "resume", "progress", "sweep_name", "metrics", "regress")
 
 
 def format_tokens(n: int) -> str:

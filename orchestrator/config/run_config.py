@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from orchestrator.config.settings import ClusterSettings, ExecutionSettings, Thresholds, TrackingSettings
+from orchestrator.config.settings import (ClusterSettings, ExecutionSettings, RegressSettings, Thresholds,
+                                          TrackingSettings)
 from specsweep_vocab.spec import (AttentionSpec, DrafterSpec, EngineSpec, JobKind, KernelSpec, ModelSpec,
                                   ProbeSpec)
 
@@ -28,6 +29,7 @@ class RunConfig:
     cluster: ClusterSettings = field(default_factory=ClusterSettings)
     tracking: TrackingSettings = field(default_factory=TrackingSettings)
     report: Thresholds = field(default_factory=Thresholds)
+    regress: RegressSettings = field(default_factory=RegressSettings)  # comparison with the sweep's history
     kernel: KernelSpec | None = None  # job=kernel: the shape the `kernel` section (KernelConf) resolves to
     log_patterns: tuple[str, ...] = ()  # `metrics.log_patterns` (checked by validate.log_pattern_problems)
     job: JobKind = JobKind.ENGINE  # engine (an engine + probe per point) | kernel (one verify-kernel shape per point)

@@ -25,7 +25,7 @@ from typing import Any, Optional, Sequence
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from orchestrator.config.run_config import RunConfig
-from orchestrator.config.settings import ClusterSettings, Thresholds, TrackingSettings
+from orchestrator.config.settings import ClusterSettings, RegressSettings, Thresholds, TrackingSettings
 from orchestrator.config.validate import (LEAF, OPEN, ConfigError, Problem, config_key_problems, probe_file_problem,
                                           unknown_key_problem)
 from specsweep_vocab.builtin_models import BUILTIN_MODELS
@@ -115,6 +115,8 @@ ClusterConf = structured_conf(ClusterSettings, "ClusterConf")
 TrackingConf = structured_conf(TrackingSettings, "TrackingConf")
 # `report`: the diagnosis thresholds, overridable like any key, e.g. `report.collapse_drop=0.3`.
 ReportConf = structured_conf(Thresholds, "ReportConf")
+# `regress`: the comparison with the sweep's history, e.g. `regress.baseline=git_sha:3f2c1ab`.
+RegressConf = structured_conf(RegressSettings, "RegressConf")
 
 
 @dataclass
@@ -327,6 +329,7 @@ def to_run_config(cfg: DictConfig, overrides: tuple[str, ...] = (), cwd: str | N
     return _from_conf(RunConfig, "", c, p, engine=engine, model=model, drafter=drafter, attention=attention,
                       probe=probe, cluster=cluster, tracking=tracking, report=_from_conf(Thresholds, "report",
                                                                                          c["report"], p),
+                      regress=_from_conf(RegressSettings, "regress", c["regress"], p),
                       job=job, kernel=kernel, log_patterns=tuple(c["metrics"]["log_patterns"]),
                       params=tuple(sorted(flatten(c).items())), overrides=tuple(overrides))
 

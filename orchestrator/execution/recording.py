@@ -239,13 +239,16 @@ def _timed_report(tracker: Tracker, plan: Plan, settings: ExecutionSettings, sta
 
 def _write_report(tracker: Tracker, plan: Plan, settings: ExecutionSettings) -> Report | None:
     """Table, plots and diagnosis.md on the parent run; a report failure never fails the sweep."""
+    from orchestrator.results.regress.alert import alert_on_regression
     from orchestrator.results.report import write_report
 
     try:
         if tracker.parent_run_id is None:
             raise RuntimeError("the tracker has no parent run")
-        return write_report(tracker.client, tracker.parent_run_id, settings.report, sweep=plan.sweep_name,
-                            print_summary=False, run_hashes=plan.run_hashes)
+        report = write_report(tracker.client, tracker.parent_run_id, settings.report, sweep=plan.sweep_name,
+                              print_summary=False, run_hashes=plan.run_hashes)
+        alert_on_regression(tracker.client, tracker.parent_run_id)  # marker line; the schedule's on_regression
+        return report
     except Exception:
         logger.exception("could not write the sweep report to parent run %s", tracker.parent_run_id)
         return None

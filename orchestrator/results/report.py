@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from orchestrator.config.settings import Thresholds
 from orchestrator.results.diagnosis import Diagnosis, Finding, RunRow, diagnose
 from orchestrator.results.diagnosis_md import render_markdown
+from orchestrator.results.regress.section import changes_section
 from orchestrator.config.weights_scope import dummy_weights_reason
 from specsweep_vocab.sglang_facts import SGLANG_PLUGIN_BACKENDS
 
@@ -369,10 +370,12 @@ def write_report(client, parent_run_id: str, thresholds: Thresholds = Thresholds
     rows = table_rows(engine_children)
     with tempfile.TemporaryDirectory(prefix="specsweep-report-") as tmp:
         out = Path(tmp)
+        changes = changes_section(client, parent_run_id, out)  # "Changes since <baseline>": orchestrator/results/regress
+        diagnosis_md = changes.markdown + ("\n" if changes.markdown else "") + diagnosis_md
         (out / "summary.csv").write_text(render_csv(rows))
         (out / "summary.md").write_text(render_md_table(rows))
         (out / "summary.html").write_text(render_html(rows, sweep, diagnosis_md))
-        plots = build_plots(out, client, engine_children)
+        plots = [*changes.plots, *build_plots(out, client, engine_children)]
         if krows:
             buf = io.StringIO()
             csv.writer(buf).writerows([list(KERNEL_COLUMNS), *krows])

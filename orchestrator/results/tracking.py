@@ -39,7 +39,8 @@ git sha, host, sweep, the schedule that fired it (`orchestrator.results.provenan
 invocation), `runs_resumed` (skipped: FINISHED earlier); artifacts = `config.yaml`, `overrides.txt`,
 `run_hashes.txt` (every point of the sweep, one run_hash a line, resumed ones included: what the report covers),
 `multirun.yaml` (given, or found in Hydra's sweep dir). Child:
-`mlflow.parentRunId`, run name = RunSpec.name, params = RunSpec.params, tags = run_hash, job_index,
+`mlflow.parentRunId`, run name = RunSpec.name, params = RunSpec.params, tags = run_hash, point_key (the
+point's identity across engine versions and nodes: specsweep_vocab.point_key), job_index,
 server_group, engine, engine_version, host, git sha, attempt, engine_start, failure_reason; metrics in
 `log_batch` calls, the `commit_len` series (and any `metrics.log_patterns` series) with step = index; artifacts =
 RunResult.artifacts (continuation text, per-step CSV, engine log tail on failure).
@@ -63,6 +64,7 @@ from orchestrator.config.settings import ExecutionSettings
 from orchestrator.results.drivers import HEARTBEAT_S, DriverId
 from orchestrator.results.provenance import git_sha, hydra_multirun_yaml, redact_multirun_yaml, schedule_tags
 from orchestrator.results.store_lock import StoreLock
+from specsweep_vocab.point_key import point_key
 from specsweep_vocab.redact import plan_secrets, redact_config, redact_text, uri_secrets
 from specsweep_vocab.spec import EngineKind, FailureReason, RunResult, RunSpec, RunState
 
@@ -312,8 +314,8 @@ class Tracker:
     # -- children
 
     def _child_tags(self, spec: RunSpec) -> dict[str, str]:
-        tags = {ROLE_TAG: "child", "run_hash": spec.run_hash, "job_index": str(spec.job_index),
-                "server_group": spec.server.key, "engine": spec.server.engine.kind.value,
+        tags = {ROLE_TAG: "child", "run_hash": spec.run_hash, "point_key": point_key(spec.server, spec.probe),
+                "job_index": str(spec.job_index), "server_group": spec.server.key, "engine": spec.server.engine.kind.value,
                 "engine_version": spec.server.engine.version, "host": self.host, "git_sha": self.git_sha}
         if self.parent_run_id:
             tags[PARENT_TAG] = self.parent_run_id

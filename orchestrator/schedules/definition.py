@@ -19,8 +19,10 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 
+from orchestrator.results.regress.alert import argv_problem
+
 UTC = dt.timezone.utc
-ALLOWED_KEYS = ("name", "cron", "timezone", "overrides", "enabled", "misfire_grace", "allow_overlap")
+ALLOWED_KEYS = ("name", "cron", "timezone", "overrides", "enabled", "misfire_grace", "allow_overlap", "on_regression")
 
 
 class ScheduleError(ValueError):
@@ -36,6 +38,7 @@ class Schedule:
     enabled: bool = True
     misfire_grace_s: float = 3600.0
     allow_overlap: bool = False
+    on_regression: tuple[str, ...] = ()  # argv run with the report's path when the sweep finds a regression
 
     @property
     def sweep(self) -> str | None:
@@ -104,6 +107,12 @@ def parse_schedule(raw: object, *, source: str, sweeps: Sequence[str]) -> Schedu
     grace = raw.get("misfire_grace", 3600)
     if isinstance(grace, bool) or not isinstance(grace, (int, float)) or grace < 0:
         bad("misfire_grace", grace, "seconds >= 0")
+    on_regression = raw.get("on_regression", [])
+    if "on_regression" in raw and (why := argv_problem(on_regression)) is not None:
+        bad("on_regression", on_regression, why)
+        on_regression = []
+    elif on_regression and "resume=false" not in overrides:  # a resumed sweep re-measures nothing to compare
+        bad("overrides", list(overrides), "with on_regression, a list containing 'resume=false'")
     for key in ("enabled", "allow_overlap"):
         if key in raw and not isinstance(raw[key], bool):
             bad(key, raw[key], "true or false")
@@ -111,7 +120,7 @@ def parse_schedule(raw: object, *, source: str, sweeps: Sequence[str]) -> Schedu
         name=name, cron=str(cron), timezone=str(tz), overrides=tuple(overrides),
         enabled=bool(raw.get("enabled", True)),
         misfire_grace_s=float(grace) if isinstance(grace, (int, float)) else 0.0,
-        allow_overlap=bool(raw.get("allow_overlap", False)),
+        allow_overlap=bool(raw.get("allow_overlap", False)), on_regression=tuple(on_regression),
     )
     if not overrides or schedule.sweep is None:
         if isinstance(raw.get("overrides", []), (list, tuple)):

@@ -8,11 +8,13 @@ environment (the sweep's parent run is tagged with them: `orchestrator.results.p
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import threading
 from collections.abc import Callable, Sequence
 
 from orchestrator.results.provenance import ENV_SCHEDULE, ENV_SCHEDULED_TIME
+from orchestrator.results.regress.alert import ENV_ON_REGRESSION
 from orchestrator.schedules.definition import UTC, Schedule
 from orchestrator.schedules.ray_jobs import JobBackend
 from orchestrator.schedules.state import Firing, FiringStatus, StateStore
@@ -90,6 +92,8 @@ class Scheduler:
         sid = schedule.submission_id(scheduled)
         self.state.record(sid, schedule.name, scheduled, FiringStatus.SUBMITTING, "", now)
         env = {ENV_SCHEDULE: schedule.name, ENV_SCHEDULED_TIME: scheduled.astimezone(UTC).isoformat()}
+        if schedule.on_regression:  # the sweep runs it once, after its report (orchestrator/results/regress/alert.py)
+            env[ENV_ON_REGRESSION] = json.dumps(list(schedule.on_regression))
         try:
             created = self.backend.submit(sid, schedule.entrypoint(), env,
                                           {"schedule": schedule.name, "scheduled_time": env[ENV_SCHEDULED_TIME]})

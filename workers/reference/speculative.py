@@ -13,6 +13,7 @@ request keeps its own paged sequence, tree and acceptance.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 
@@ -22,6 +23,10 @@ from torch import Tensor
 
 from .kv_cache import PagedSequence
 from .runner import ModelRunner
+
+# tools/bench_regress.py only: proposals capped at this many tokens, a matcher build that is worse without any flag,
+# config or grid point saying so (what the regression check must catch and attribute to the point's history).
+ENV_WORSE_NGRAM = "SPECSWEEP_BENCH_NGRAM_MAX_STEPS"
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +136,8 @@ class NgramDrafter(Drafter):
 
     def __init__(self, num_steps: int, topk: int, num_draft_tokens: int, min_window: int, max_window: int):
         self.num_steps, self.topk, self.max_nodes = num_steps, topk, num_draft_tokens
+        if worse := os.environ.get(ENV_WORSE_NGRAM):  # a worse matcher the grid point cannot see (bench only)
+            self.num_steps = min(num_steps, int(worse))
         self.min_window, self.max_window = min_window, max_window
 
     def _matches(self, ctx: np.ndarray) -> list[int]:

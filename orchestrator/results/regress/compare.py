@@ -1,0 +1,98 @@
+"""Compare one parent run's points with their baseline: verdicts per point and metric, attribution, patterns.
+Pure over a loaded `History` (orchestrator/results/regress/history.py): no MLflow here.
+
+    compare(history, current_id, baseline, settings) -> Comparison
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from orchestrator.config.settings import RegressSettings
+from orchestrator.results.regress.attribution import (GridPoint, differences, drafter_or_pipeline, grid_pattern,
+                                                      node_of)
+from orchestrator.results.regress.history import Baseline, History, PointRun, means
+from orchestrator.results.regress.verdict import METRICS, REGRESSION, Interval, Verdict, interval, judge
+
+
+@dataclass(frozen=True)
+class PointResult:
+    run: PointRun
+    point: GridPoint
+    verdicts: tuple[Verdict, ...]
+    intervals: dict[str, Interval]  # this run's mean and 95 % interval per metric (repeats)
+    differences: tuple[str, ...]  # attribution tags that differ from the baseline runs
+
+    @property
+    def flagged(self) -> tuple[Verdict, ...]:
+        return tuple(v for v in self.verdicts if v.flagged)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    baseline: Baseline
+    points: tuple[PointResult, ...]
+    patterns: tuple[str, ...]  # one line per (metric, direction) with flagged points
+    notes: tuple[str, ...]  # diagnosis-rule conclusions
+
+    @property
+    def regressions(self) -> list[tuple[PointResult, Verdict]]:
+        return [(p, v) for p in self.points for v in p.verdicts if v.status == REGRESSION]
+
+    @property
+    def flagged_metrics(self) -> list[str]:
+        return sorted({v.metric for p in self.points for v in p.flagged})
+
+    def tag(self) -> str:
+        """The parent's `regression` tag: "none", or "<metric> on <n> point(s); ..." for each regressed metric."""
+        counts: dict[str, int] = {}
+        for _, v in self.regressions:
+            counts[v.metric] = counts.get(v.metric, 0) + 1
+        return "; ".join(f"{m} on {n} point(s)" for m, n in sorted(counts.items())) or "none"
+
+
+def _int(params: dict[str, str], key: str) -> int:
+    try:
+        return int(float(params.get(key, "0")))
+    except ValueError:
+        return 0
+
+
+def grid_point(run: PointRun) -> GridPoint:
+    p = run.params
+    return GridPoint(key=run.point_key, context_len=_int(p, "context_len"),
+                     probe=p.get("probe.kind", "?"), drafter=p.get("drafter.name", "?"),
+                     attention=p.get("attention.name", "?"), page_size=_int(p, "page_size"), node=node_of(run.tags),
+                     is_oracle=p.get("drafter.is_oracle", "False").lower() == "true")
+
+
+def judge_point(run: PointRun, baseline_runs: Sequence[PointRun], settings: RegressSettings) -> PointResult:
+    verdicts, intervals = [], {}
+    for metric in METRICS:
+        current = run.values(metric)
+        if not current:
+            continue
+        intervals[metric] = interval(current)
+        verdicts.append(judge(metric, means(baseline_runs, metric), current, settings))
+    diffs = tuple(differences(run.tags, [b.tags for b in baseline_runs])) if baseline_runs else ()
+    return PointResult(run, grid_point(run), tuple(verdicts), intervals, diffs)
+
+
+def compare(history: History, current_id: str, baseline: Baseline, settings: RegressSettings) -> Comparison:
+    current = history.by_id(current_id)
+    runs = current.children if current else ()
+    points = tuple(judge_point(r, baseline.runs_of(r.point_key), settings) for r in runs)
+    grid = [p.point for p in points]
+    patterns, notes = [], []
+    for metric in METRICS:
+        for status in ("regression", "improvement"):
+            hit = {p.point.key for p in points for v in p.verdicts if v.metric == metric and v.status == status}
+            if hit:
+                verb = "worsened" if status == REGRESSION else "improved"
+                patterns.append(f"{metric} {verb} {grid_pattern(grid, hit)}")
+        fell = {p.point.key for p in points for v in p.verdicts if v.metric == metric and v.flagged
+                and v.current < v.baseline}
+        if (note := drafter_or_pipeline(metric, fell, grid)) is not None:
+            notes.append(note)
+    return Comparison(baseline, points, tuple(patterns), tuple(notes))
