@@ -12,7 +12,7 @@ On top, the command lines only: `__main__.py` (`specsweep`, `python -m orchestra
 calls `session.launcher`.
 
 Verbs, one level each: Hydra *launches* the jobs (`session.launcher.launch`, Hydra's `Launcher.launch`); the session
-*runs* a sweep or a single run (`session.sweep.run_sweep`, `session.launcher.run_single`); the execution layer
+*runs* a sweep or a single run (`session.sweep.sweep_plan`, `session.launcher.run_single`); the execution layer
 *executes* a plan on Ray (`execution.execute.execute_plan`); a *run* is one grid point (RunSpec, RunResult, an MLflow
 child run).
 """

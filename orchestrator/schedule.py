@@ -127,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             stop = threading.Event()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, lambda *_: stop.set())
-            scheduler.run(stop, poll_s=args.poll)
+            scheduler.serve(stop, poll_s=args.poll)
     return 0
 
 

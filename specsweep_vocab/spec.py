@@ -18,6 +18,9 @@ from typing import Any
 
 # Fields marked NOT_IDENTITY (names, paths) never enter run_hash / ServerSpec.key.
 NOT_IDENTITY = {"identity": False}
+# A field renamed after run hashes were recorded keeps its old name in `stable_hash` (`{HASHED_AS: old}`), so
+# resume still finds the runs recorded before the rename.
+HASHED_AS = "hashed_as"
 # Fields added after run hashes were recorded: left at None they stay out of run_hash, so old hashes hold.
 IDENTITY_IF_SET = {"omit_if_none": True}
 # Fields added after run hashes were recorded, with a default that means "as before": left at the default they
@@ -235,7 +238,9 @@ class ServerSpec:
     drafter: DrafterSpec
     attention: AttentionSpec
     page_size: int
-    context_length: int  # the server's --context-length (covers every run of its group)
+    # the server's context window (its --context-length; config key server_context_len, or the model's
+    # max_context_len), covering every run of its group
+    server_context_len: int = field(metadata={HASHED_AS: "context_length"})
     seed: int = 0
     tp_size: int = 1
     nnodes: int = 1
@@ -309,7 +314,7 @@ class RunResult:
 
 def _canonical(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj):
-        return {f.name: _canonical(getattr(obj, f.name)) for f in dataclasses.fields(obj)
+        return {f.metadata.get(HASHED_AS, f.name): _canonical(getattr(obj, f.name)) for f in dataclasses.fields(obj)
                 if f.metadata.get("identity", True)
                 and not (f.metadata.get("omit_if_none") and getattr(obj, f.name) is None)
                 and not (f.metadata.get("omit_if_default") and getattr(obj, f.name) == f.default)}

@@ -23,6 +23,7 @@ import torch
 from workers.reference.args import parse_args
 from tools.bench_engine import ALGORITHMS, cpu_name, markdown_table
 from workers.reference.engine import Engine, Output, SamplingParams
+from specsweep_vocab.builtin_models import BUILTIN_MODELS
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ TEXT = "The cat sat on the mat. A quick brown fox jumps over the lazy dog. "
 def make_engine(drafter: str, ctx: int, new_tokens: int, concurrency: int, page: int, model: str,
                 self_layers: int) -> Engine:
     per_request = ctx + new_tokens + 64
-    weights = ["--load-format", "dummy"] if model in ("tiny", "tiny-draft") else []
+    weights = ["--load-format", "dummy"] if model in BUILTIN_MODELS else []
     oracle = [model if a == "tiny" else a for a in DRAFTERS[drafter]]  # the oracle drafts with the target itself
     if drafter == "self":
         oracle += ["--speculative-draft-num-layers", str(self_layers)]

@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 
 
 def bench_once(runs: int, context_len: int, gen_tokens: int, num_cpus: int, ray_mode: str) -> dict[str, float | str]:
-    server = tiny_server("none", context_length=max(64, context_len + gen_tokens))
+    server = tiny_server("none", server_context_len=max(64, context_len + gen_tokens))
     specs = [tiny_run(server, i, ProbeKind.PREDICTABLE, context_len=context_len, gen_tokens=gen_tokens)
              for i in range(runs)]
     plan = Plan(sweep_name="bench", groups=(tiny_group(server, specs),), base_config={"runs": runs})

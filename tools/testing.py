@@ -2,10 +2,11 @@
 
 Imported by tests/ and the benchmarks (tools/bench_*.py) only, never by product code.
 
-    tiny_server(drafter="oracle"|"ngram"|"none", num_steps=4, page_size=16, context_length=4096) -> ServerSpec
+    tiny_server(drafter="oracle"|"ngram"|"none", num_steps=4, page_size=PAGE_SIZE, server_context_len=4096) -> ServerSpec
     tiny_run(server, job_index, kind=ProbeKind.PREDICTABLE, context_len=64, gen_tokens=8) -> RunSpec
     tiny_group(server, runs) -> ServerGroup
-    stub_server(tp_size=8, nnodes=1, token_s=0.005, prefill_s=0.0, seed=0) -> ServerSpec   (engine.kind=stub)
+    stub_server(tp_size=1, nnodes=1, token_s=, prefill_s=, startup_s=, seed=0) -> ServerSpec   (engine.kind=stub;
+        the timing defaults are StubOptions')
     pid_alive(pid) -> bool
     proc_argv(pid) -> [str], proc_env(pid) -> {name: value}       a live process's command line and environment
     engines_under(root_pid) -> {pid: base_url}     reference / stub engines (rank 0) started below a process
@@ -35,7 +36,9 @@ from typing import Any, Collection, Iterator
 import requests
 
 from orchestrator.config.plan import with_stub_flags
-from specsweep_vocab.spec import (Algorithm, AttentionSpec, DrafterSpec, EngineKind, EngineSpec, ModelSpec, ProbeKind,
+from orchestrator.config.run_config import RunConfig
+from specsweep_vocab.builtin_models import TINY
+from specsweep_vocab.spec import (Algorithm, AttentionSpec, DrafterSpec, EngineKind, EngineSpec, ProbeKind,
                                   ProbeSpec, RunSpec, ServerGroup, ServerSpec, StubOptions, stable_hash)
 from workers.sglang.metrics import parse_prometheus
 
@@ -56,13 +59,13 @@ def scaled(seconds: float) -> float:
     return seconds * load_scale()
 
 
-TINY = ModelSpec(name="tiny", path="tiny", max_context_len=32768, num_layers=4, hidden_size=256, num_q_heads=8,
-                 num_kv_heads=2, head_dim=32, v_head_dim=32)
+# Defaults read from their one declaration, never restated: the built-in model's geometry and the config's page size.
+PAGE_SIZE = RunConfig.page_size
 
 
 def tiny_drafter(kind: str = "oracle", num_steps: int = 4) -> DrafterSpec:
     if kind == "oracle":
-        return DrafterSpec(name="oracle", algorithm=Algorithm.STANDALONE, draft_model_path="tiny",
+        return DrafterSpec(name="oracle", algorithm=Algorithm.STANDALONE, draft_model_path=TINY.path,
                            num_steps=num_steps, topk=1, num_draft_tokens=num_steps + 1, is_oracle=True)
     if kind == "ngram":
         return DrafterSpec(name="ngram", algorithm=Algorithm.NGRAM, num_steps=num_steps, topk=1,
@@ -70,13 +73,13 @@ def tiny_drafter(kind: str = "oracle", num_steps: int = 4) -> DrafterSpec:
     return DrafterSpec(name="none", algorithm=Algorithm.NONE)
 
 
-def tiny_server(drafter: str = "oracle", *, num_steps: int = 4, page_size: int = 16, context_length: int = 4096,
+def tiny_server(drafter: str = "oracle", *, num_steps: int = 4, page_size: int = PAGE_SIZE, server_context_len: int = 4096,
                 startup_timeout_s: float = 120.0, request_timeout_s: float = 120.0, seed: int = 0) -> ServerSpec:
     return ServerSpec(engine=EngineSpec(kind=EngineKind.REFERENCE, version="0.1.0", startup_timeout_s=startup_timeout_s,
                                         request_timeout_s=request_timeout_s),
                       model=TINY, drafter=tiny_drafter(drafter, num_steps),
                       attention=AttentionSpec(name="torch", backend="torch"), page_size=page_size,
-                      context_length=context_length, seed=seed)
+                      server_context_len=server_context_len, seed=seed)
 
 
 def tiny_run(server: ServerSpec, job_index: int, kind: ProbeKind = ProbeKind.PREDICTABLE, *, context_len: int = 64,
@@ -93,8 +96,9 @@ def tiny_group(server: ServerSpec, runs: list[RunSpec] | tuple[RunSpec, ...]) ->
     return ServerGroup(server=server, runs=tuple(runs))
 
 
-def stub_server(*, tp_size: int = 1, nnodes: int = 1, token_s: float = 0.005, prefill_s: float = 0.0,
-                startup_s: float = 0.2, drafter: str = "oracle", seed: int = 0,
+def stub_server(*, tp_size: int = 1, nnodes: int = 1, token_s: float = StubOptions.token_s,
+                prefill_s: float = StubOptions.prefill_s, startup_s: float = StubOptions.startup_s,
+                drafter: str = "oracle", seed: int = 0,
                 extra_args: tuple[str, ...] = ()) -> ServerSpec:
     """A ServerSpec for the stub engine (workers/stub/server.py): `device=cuda`, so it takes tp_size / nnodes GPUs
     per node from Ray like a real GPU server. Distinct seeds make distinct servers."""
@@ -102,7 +106,7 @@ def stub_server(*, tp_size: int = 1, nnodes: int = 1, token_s: float = 0.005, pr
     engine = with_stub_flags(EngineSpec(kind=EngineKind.STUB, version="0.1.0", device="cuda", startup_timeout_s=60.0,
                                       request_timeout_s=120.0, extra_args=tuple(extra_args), stub=timing))
     return ServerSpec(engine=engine, model=TINY, drafter=tiny_drafter(drafter), attention=AttentionSpec("torch", "torch"),
-                      page_size=16, context_length=32768, seed=seed, tp_size=tp_size, nnodes=nnodes)
+                      page_size=PAGE_SIZE, server_context_len=TINY.max_context_len, seed=seed, tp_size=tp_size, nnodes=nnodes)
 
 
 def pid_alive(pid: int) -> bool:

@@ -70,7 +70,7 @@ def common_flags(server: ServerSpec, port: int) -> list[str]:
     """Flags the reference and stub engines share, with SGLang's names."""
     m, d, a = server.model, server.drafter, server.attention
     argv = ["--model-path", m.path, "--load-format", m.load_format, "--page-size", str(server.page_size),
-            "--attention-backend", a.backend, "--context-length", str(server.context_length), "--dtype", m.dtype]
+            "--attention-backend", a.backend, "--context-length", str(server.server_context_len), "--dtype", m.dtype]
     for flag, value in (("--decode-attention-backend", a.decode_backend),
                         ("--prefill-attention-backend", a.prefill_backend),
                         ("--speculative-draft-attention-backend", a.draft_backend)):

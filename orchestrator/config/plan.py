@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from specsweep_vocab.redact import redact_config, redact_override, redact_params
 from specsweep_vocab.spec import EngineKind, EngineSpec, JobKind, RunSpec, ServerGroup, ServerSpec, stable_hash
-from orchestrator.config.validate import check_context
+from orchestrator.config.validate import check_context, server_context_len
 from specsweep_vocab.sglang_facts import resolved_backends
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ def with_stub_flags(engine: EngineSpec) -> EngineSpec:
 def build_server(rc: RunConfig) -> ServerSpec:
     """The engine a run needs. No context_len in it: one server covers every context of a sweep."""
     return ServerSpec(engine=with_stub_flags(rc.engine), model=rc.model, drafter=rc.drafter, attention=rc.attention,
-                      page_size=rc.page_size, context_length=rc.server_context_len or rc.model.max_context_len,
+                      page_size=rc.page_size, server_context_len=server_context_len(rc),
                       seed=rc.seed, tp_size=rc.tp_size, nnodes=rc.nnodes)
 
 
@@ -90,7 +90,7 @@ def build_kernel_server(rc: RunConfig) -> ServerSpec:
     """Kernel jobs: one group per engine/device setting (no engine runs; the group's actor holds the GPU, so
     its shapes run one at a time and never share it)."""
     return ServerSpec(engine=rc.engine, model=rc.model, drafter=rc.drafter, attention=rc.attention, page_size=0,
-                      context_length=0, seed=0, tp_size=1, nnodes=1, job=JobKind.KERNEL)
+                      server_context_len=0, seed=0, tp_size=1, nnodes=1, job=JobKind.KERNEL)
 
 
 def build_run(rc: RunConfig, job_index: int) -> RunSpec:
@@ -120,7 +120,7 @@ def group_runs(runs: Iterable[RunSpec]) -> tuple[ServerGroup, ...]:
 def _drop_summary(dropped: Sequence[tuple[RunSpec, str]], total: int) -> str:
     per_model: dict[tuple[str, int], set[int]] = {}
     for run, _ in dropped:
-        per_model.setdefault((run.server.model.name, run.server.context_length), set()).add(run.probe.context_len)
+        per_model.setdefault((run.server.model.name, run.server.server_context_len), set()).add(run.probe.context_len)
     what = "; ".join(f"model {name} server context {mx}: context_len "
                      + ", ".join(str(c) for c in sorted(ctxs)) for (name, mx), ctxs in per_model.items())
     return (f"dropped {len(dropped)} of {total} grid points whose context_len + gen_tokens (+ SGLang's EAGLE "

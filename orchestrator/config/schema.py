@@ -28,6 +28,7 @@ from orchestrator.config.run_config import RunConfig
 from orchestrator.config.settings import ClusterSettings, RegressSettings, Thresholds, TrackingSettings
 from orchestrator.config.validate import (LEAF, OPEN, ConfigError, Problem, config_key_problems, probe_file_problem,
                                           unknown_key_problem)
+from specsweep_vocab.builtin_models import BUILTIN_MODELS
 from specsweep_vocab.spec import (AttentionSpec, DrafterSpec, EngineKind, EngineSpec, JobKind, KERNEL_LAYOUTS,
                                   KernelSpec, ModelSpec, ProbeKind, ProbeSpec, SGLangOptions, StubOptions)
 
@@ -151,10 +152,15 @@ SpecsweepConf = structured_conf(RunConfig, "SpecsweepConf", replace={
 
 
 def register_configs() -> None:
-    """Put the schema in Hydra's ConfigStore (`conf/config.yaml` lists `specsweep_schema` first)."""
+    """Put the schema in Hydra's ConfigStore (`conf/config.yaml` lists `specsweep_schema` first), and the reference
+    engine's built-in models as the `model` group's options `tiny` and `tiny-draft` (declared once, in
+    specsweep_vocab/builtin_models.py; the other options are conf/model/*.yaml)."""
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(name="specsweep_schema", node=SpecsweepConf)
+    store = ConfigStore.instance()
+    store.store(name="specsweep_schema", node=SpecsweepConf)
+    for name, model in BUILTIN_MODELS.items():
+        store.store(group="model", name=name, node=ModelConf(**_conf_values(model)))
 
 
 # --- DictConfig -> RunConfig ---------------------------------------------------------------------
@@ -203,6 +209,12 @@ def _from_conf(spec: type, key: str, values: Mapping[str, Any], p: _Problems, **
                 v = tuple(v)
             kwargs[f.name] = v
     return spec(**kwargs)
+
+
+def _conf_values(spec: Any) -> dict[str, Any]:
+    """A spec's fields as its structured config holds them (`_from_conf` the other way): an enum as its value."""
+    return {f.name: v.value if isinstance(v := getattr(spec, f.name), enum.Enum) else v
+            for f in dataclasses.fields(spec)}
 
 
 def flatten(node: Mapping[str, Any], leaf: Callable[[Any], str] = str, prefix: str = "") -> dict[str, str]:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from orchestrator.config.validate_startup import startup_problems
 from specsweep_vocab.redact import MASK, is_secret_path, redact_override, redact_text
+from specsweep_vocab.builtin_models import BUILTIN_MODELS
 from specsweep_vocab.sglang_limits import context_need, sglang_generated
 from specsweep_vocab.spec import STUB_FLAGS, Algorithm, AttentionKind, EngineKind, JobKind, ProbeKind, StubOptions
 from specsweep_vocab.sglang_facts import (SGLANG_BACKEND_PAGE_SIZES, SGLANG_DRAFT_BACKENDS,
@@ -489,7 +490,7 @@ def _reference_concurrency_problems(rc: RunConfig) -> list[Problem]:
 
 # Built into workers/reference (smollm2-135m: a name the reference engine resolves to a packaged GGUF file), SGLang
 # cannot load them; with their vocabularies: a draft model must share the target's (the engine refuses it at start).
-REFERENCE_MODEL_VOCABS = {"tiny": "byte vocabulary", "tiny-draft": "byte vocabulary",
+REFERENCE_MODEL_VOCABS = {**dict.fromkeys(BUILTIN_MODELS, "byte vocabulary"),
                           "smollm2-135m": "SmolLM2's BPE vocabulary"}
 REFERENCE_MODEL_PATHS = tuple(REFERENCE_MODEL_VOCABS)
 

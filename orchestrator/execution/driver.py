@@ -1,7 +1,7 @@
 """The driver loop of one `execute_plan` call: server slots on Ray, every actor call its own ObjectRef, `ray.wait`.
 
     Driver(settings, log_dir, progress, emit, note_attempt, stats, preflight, shield)
-        .submit(groups)       queue the groups, longest expected work first, and launch up to
+        .submit(groups)       queue the groups, longest expected work first, and start up to
                               `cluster.max_concurrent_servers` of them
         .loop()               handle every ObjectRef as it finishes until every run has its result
         .stop_all_on_error()  a context manager: on any exception (Ctrl-C included) kill every actor and emit the
@@ -98,7 +98,7 @@ class Driver:
     # -- queueing
 
     def submit(self, groups: Sequence[ServerGroup]) -> None:
-        """Queue the groups and launch as many as `cluster.max_concurrent_servers` allows."""
+        """Queue the groups and start as many as `cluster.max_concurrent_servers` allows."""
         self.enqueue(groups)
         self.schedule()
 
@@ -110,14 +110,14 @@ class Driver:
         return sum(not s.closed for s in self.slots)
 
     def schedule(self) -> None:
-        """Launch queued groups up to max_concurrent_servers; Ray holds the ones the cluster cannot fit yet
+        """Start queued groups up to max_concurrent_servers; Ray holds the ones the cluster cannot fit yet
         (their placement groups stay pending) and places them, in creation order, as others finish."""
         cap = self.cluster.max_concurrent_servers
         while self.queue and (cap is None or self.active() < cap):
             group, runs, attempt = self.queue.pop(0)
-            self.launch(group, runs, attempt)
+            self.start(group, runs, attempt)
 
-    def launch(self, group: ServerGroup, runs: tuple[RunSpec, ...], attempt: int) -> None:
+    def start(self, group: ServerGroup, runs: tuple[RunSpec, ...], attempt: int) -> None:
         needs = self.preflight.needs(group.server, self.cluster)
         pg = placement_group(needs.bundles(), strategy=needs.strategy, bundle_label_selector=needs.label_selector())
         part = ServerGroup(group.server, runs)

@@ -15,9 +15,9 @@ Pure (no Ray):
     check_local(groups, gpus_found, source) -> [problem, ...]   cluster=local: servers that need more GPUs than
                                                           this machine has (Ray's logical GPUs do not count)
 
-Edges, all before Ray and MLflow start: `run_local_preflight(groups, cluster)` counts this machine's GPUs
+Edges, all before Ray and MLflow start: `check_local_placement(groups, cluster)` counts this machine's GPUs
 (`local_gpus()`) and raises `PreflightError`; `probe_tracking(uri)` says why a tracking store does not answer
-(≤ 10 s). After Ray is up, `run_preflight(groups, cluster) -> Preflight` reads `ray.nodes()` and raises
+(≤ 10 s). After Ray is up, `check_placement(groups, cluster) -> Preflight` reads `ray.nodes()` and raises
 `PreflightError` naming every group that can never fit and what the cluster has, before MLflow and any engine.
 """
 
@@ -259,7 +259,7 @@ def local_gpus() -> tuple[int, str]:
     return found, "/proc/driver/nvidia/gpus" + (", CUDA_VISIBLE_DEVICES" if visible is not None else "")
 
 
-def run_local_preflight(groups: Sequence[ServerGroup], cluster: ClusterSettings) -> None:
+def check_local_placement(groups: Sequence[ServerGroup], cluster: ClusterSettings) -> None:
     """cluster=local, before Ray starts: raise PreflightError naming every server this machine cannot run."""
     if not any(g.server.nnodes > 1 or needs_real_gpus(g.server) for g in groups):
         return
@@ -335,7 +335,7 @@ def alive_nodes() -> list[NodeInfo]:
     return [NodeInfo.from_ray(n) for n in ray.nodes() if n.get("Alive")]
 
 
-def run_preflight(groups: Sequence[ServerGroup], cluster: ClusterSettings) -> Preflight:
+def check_placement(groups: Sequence[ServerGroup], cluster: ClusterSettings) -> Preflight:
     """On a connected Ray: raise PreflightError unless every group could be placed on an empty cluster."""
     nodes = alive_nodes()
     match, problems = check_fit(groups, cluster, nodes)

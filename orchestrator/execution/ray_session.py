@@ -2,7 +2,7 @@
 started it.
 
     ray_session(cluster, groups, stats=None) -> RaySession   (a context manager)
-        connect (or reuse) Ray, then the preflight (`orchestrator.execution.preflight.run_preflight`: PreflightError before
+        connect (or reuse) Ray, then the preflight (`orchestrator.execution.preflight.check_placement`: PreflightError before
         MLflow or any engine) and, for specsweep_verify servers, the plugin preflight on each node that could host
         one (`orchestrator.execution.plugin_preflight`); on exit shuts Ray down if this call started it. The launcher opens one and hands it
         to `run_plan`; `run_plan` called on its own opens its own.
@@ -30,7 +30,7 @@ from ray.util.placement_group import PlacementGroup, placement_group_table
 
 from orchestrator.execution.local_ray import init_local_ray
 from orchestrator.execution.plugin_preflight import check_plugin_nodes
-from orchestrator.execution.preflight import Preflight, gpus_per_node, run_preflight
+from orchestrator.execution.preflight import Preflight, gpus_per_node, check_placement
 from orchestrator.config.settings import ClusterKind, ClusterSettings
 from orchestrator.execution.stats import ExecutionStats
 from specsweep_vocab.spec import ServerGroup
@@ -57,7 +57,7 @@ def ray_session(cluster: ClusterSettings, groups: Sequence[ServerGroup],
     stats.ray_init_s = time.perf_counter() - t
     stats.mark("ray_up")
     try:
-        preflight = run_preflight(groups, cluster)
+        preflight = check_placement(groups, cluster)
         check_plugin_nodes(groups, cluster, preflight)  # attention=specsweep_verify: SGLang's interpreter, per node
         yield RaySession(preflight, started)
     finally:

@@ -2,7 +2,7 @@
 running (`allow_overlap`), and their submission as Ray Jobs with the schedule's name and time in the job's
 environment (the sweep's parent run is tagged with them: `orchestrator.results.provenance`).
 
-    Scheduler(schedules, state, backend, clock=utcnow).tick()   one pass; .run(stop) loops; .fire(schedule) now
+    Scheduler(schedules, state, backend, clock=utcnow).tick()   one pass; .serve(stop) loops; .fire(schedule) now
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class Scheduler:
         assert firing is not None
         return firing
 
-    def run(self, stop: threading.Event, poll_s: float = 5.0) -> None:
+    def serve(self, stop: threading.Event, poll_s: float = 5.0) -> None:
         log.info("scheduler: %d enabled schedule(s); polling every %.0f s", len(self.schedules), poll_s)
         while not stop.is_set():
             self.tick()

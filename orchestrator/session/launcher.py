@@ -120,7 +120,7 @@ def _sweep_jobs(launcher: LauncherState, config: DictConfig, jobs: list[tuple[Di
         by_index = dry_run_outcomes(plan)
         log.info("dry run: nothing started")
     else:
-        done = sweep.run_sweep(plan, build_settings(configs[0], cwd))
+        done = sweep.sweep_plan(plan, build_settings(configs[0], cwd))
         by_index = outcomes(all_runs, plan, done.ran, done.results, done.held)
 
     returns = []
@@ -148,7 +148,7 @@ def run_single(cfg: DictConfig, overrides: Sequence[str], *, dry_run: bool = Fal
         outcome = dry_run_outcomes(plan)[plan.runs[0].job_index]
         log.info("dry run: nothing started")
         return outcome
-    done = sweep.run_sweep(plan, settings)
+    done = sweep.sweep_plan(plan, settings)
     result = outcomes(plan.runs, plan, done.ran, done.results, done.held)[0]
     if isinstance(result, RunResult) and result.state is not RunState.FINISHED:
         raise RunFailed(f"run {result.run.name!r} {result.state.value}: "

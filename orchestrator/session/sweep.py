@@ -3,7 +3,7 @@ execution.
 
     preflight_before_start(plan, settings, *, dry_run)   before Ray or MLflow: what the config alone rules out,
                                                          this machine's GPUs (cluster=local), the tracking store
-    run_sweep(plan, settings) -> SweepResult              Ray and its preflight; under the store's lock: lost drivers
+    sweep_plan(plan, settings) -> SweepResult              Ray and its preflight; under the store's lock: lost drivers
                                                          closed, resume, claims; then `execute_plan`
 
 Exit codes: `ClusterCannotFit` and `TrackingUnreachable` are Hydra's compact errors (one line, exit 1, nothing
@@ -50,14 +50,14 @@ def _on_this_machine(settings: ExecutionSettings) -> bool:
 def preflight_before_start(plan: Plan, settings: ExecutionSettings, *, dry_run: bool) -> None:
     """Before Ray or MLflow start: what the config alone rules out (cluster.gpus_per_node), with cluster=local
     the GPUs really on this machine, and (not in a dry run) whether tracking.uri answers within 10 s."""
-    from orchestrator.execution.preflight import PreflightError, check_declared, probe_tracking, run_local_preflight
+    from orchestrator.execution.preflight import PreflightError, check_declared, probe_tracking, check_local_placement
     from specsweep_vocab.redact import redact_text
 
     try:
         if problems := check_declared(plan.groups, settings.cluster):
             raise PreflightError(problems, f"cluster.gpus_per_node={settings.cluster.gpus_per_node} (declared)")
         if _on_this_machine(settings):
-            run_local_preflight(plan.groups, settings.cluster)
+            check_local_placement(plan.groups, settings.cluster)
     except PreflightError as e:
         raise ClusterCannotFit(str(e)) from None
     if not dry_run and (why := probe_tracking(settings.tracking_uri)):
@@ -68,7 +68,7 @@ def preflight_before_start(plan: Plan, settings: ExecutionSettings, *, dry_run: 
 
 @dataclass
 class SweepResult:
-    """What `run_sweep` did: the results, how many FINISHED runs resume skipped, the plan that ran, and the
+    """What `sweep_plan` did: the results, how many FINISHED runs resume skipped, the plan that ran, and the
     runs left to another live driver that held them (job index -> which driver)."""
 
     results: list[RunResult]
@@ -76,11 +76,11 @@ class SweepResult:
     ran: Plan
     held: dict[int, str] = field(default_factory=dict)
 
-    def __iter__(self):  # results, skipped, ran = run_sweep(...)
+    def __iter__(self):  # results, skipped, ran = sweep_plan(...)
         return iter((self.results, self.skipped, self.ran))
 
 
-def run_sweep(plan: Plan, settings: ExecutionSettings) -> SweepResult:
+def sweep_plan(plan: Plan, settings: ExecutionSettings) -> SweepResult:
     """Ray and the cluster preflight (ClusterCannotFit before MLflow is touched), then, under the store's lock
     (orchestrator.results.store_lock): close RUNNING runs of drivers that are gone (`driver_lost`), skip run_hashes
     FINISHED (with `resume`) or claimed by another live driver, begin the parent and claim the rest; then the runs,

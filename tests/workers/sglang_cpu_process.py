@@ -158,7 +158,7 @@ def _one_case(server_args, case: dict, reserve: int) -> dict:
     from sglang.srt.runtime_context import get_schedule, get_serving
 
     context, prompt, gen, page = server_args.context_length, case["prompt"], case["gen"], server_args.page_size
-    kv = case.get("kv_tokens") or 4 * context
+    kv = case.get("max_total_tokens") or 4 * context
     out: dict = {"id": case["id"], "reserve": reserve}
     tm = object.__new__(TokenizerManager)
     tm.context_len, tm.num_reserved_tokens, tm.validate_total_tokens = context, reserve, True

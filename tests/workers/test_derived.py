@@ -1,15 +1,17 @@
 """Derived metrics: KV bytes from the model shape, bandwidth, roofline only with a measured ceiling."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from specsweep_vocab.builtin_models import TINY as BUILTIN_TINY
 from specsweep_vocab.spec import ModelSpec
 from workers.derived import derived_metrics, model_weight_bytes
 
 QWEN8B = ModelSpec(name="qwen3-8b", path="Qwen/Qwen3-8B", max_context_len=131072, num_layers=36, hidden_size=4096,
                    num_q_heads=32, num_kv_heads=8, head_dim=128, v_head_dim=128, dtype="bfloat16")
-TINY = ModelSpec(name="tiny", path="tiny", max_context_len=2048, num_layers=4, hidden_size=256, num_q_heads=8,
-                 num_kv_heads=2, head_dim=32, v_head_dim=32, dtype="float32")
+TINY = dataclasses.replace(BUILTIN_TINY, max_context_len=2048)  # the built-in geometry (specsweep_vocab/builtin_models.py)
 
 
 def test_cpu_reports_kv_bytes_and_bandwidth_but_no_roofline():

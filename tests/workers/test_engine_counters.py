@@ -266,7 +266,7 @@ def test_group_runner_on_the_reference_engine_uses_the_same_counters(tmp_path):
 
     from tools.testing import tiny_run, tiny_server
 
-    server = tiny_server("ngram", context_length=2048)
+    server = tiny_server("ngram", server_context_len=2048)
     runner = GroupRunner(server, tmp_path)
     try:
         assert runner.start().alive

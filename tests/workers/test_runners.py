@@ -89,7 +89,7 @@ def test_gpu_engines_are_sampled(tmp_path, monkeypatch):
 
 def test_a_timed_out_run_does_not_spoil_the_next_runs_on_that_server(tmp_path):
     """The engine cancels the generation its client abandoned; the next runs flush and finish on the same engine."""
-    server = tiny_server("none", context_length=8192, request_timeout_s=2.0)
+    server = tiny_server("none", server_context_len=8192, request_timeout_s=2.0)
     runner = sw.GroupRunner(server, tmp_path)
     try:
         runner.start()

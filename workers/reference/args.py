@@ -70,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="max prompt + new tokens per request (default: the model's max_position_embeddings)")
     m.add_argument("--tokenizer-path", default=None, help="accepted; the model path's tokenizer is used")
     kv = p.add_argument_group("KV cache and attention")
+    # SGLang's own default, not a copy of the orchestrator's (it always passes --page-size): the field is None
+    # (sglang/srt/arg_groups/fields/schedule.py:143-145) and resolves to 1 on CUDA and CPU
+    # (sglang/srt/arg_groups/overrides.py:1341-1362, `_page_size_default`).
     kv.add_argument("--page-size", type=positive_int, default=1)
     kv.add_argument("--max-total-tokens", type=positive_int, default=None,
                     help="KV pool size in tokens (default: context length + draft headroom)")

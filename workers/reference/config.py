@@ -5,6 +5,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from specsweep_vocab.builtin_models import BUILTIN_MODELS
+from specsweep_vocab.spec import ModelSpec
+
 logger = logging.getLogger(__name__)
 
 BYTE_VOCAB = 256
@@ -56,12 +59,15 @@ def _byte_config(**kw) -> ModelConfig:
     return ModelConfig(**base)
 
 
-BUILTIN_CONFIGS: dict[str, ModelConfig] = {
-    "tiny": _byte_config(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8,
-                         num_key_value_heads=2, head_dim=32),
-    "tiny-draft": _byte_config(hidden_size=128, intermediate_size=384, num_hidden_layers=2,
-                               num_attention_heads=4, num_key_value_heads=1, head_dim=32),
-}
+def _builtin(m: ModelSpec) -> ModelConfig:
+    """A built-in model's config from its one declaration (specsweep_vocab/builtin_models.py); the MLP width,
+    which the orchestrator never needs, is the engine's: 3 x hidden_size."""
+    return _byte_config(hidden_size=m.hidden_size, intermediate_size=3 * m.hidden_size, num_hidden_layers=m.num_layers,
+                        num_attention_heads=m.num_q_heads, num_key_value_heads=m.num_kv_heads, head_dim=m.head_dim,
+                        max_position_embeddings=m.max_context_len)
+
+
+BUILTIN_CONFIGS: dict[str, ModelConfig] = {name: _builtin(m) for name, m in BUILTIN_MODELS.items()}
 
 
 def _rope_theta(raw: dict) -> float:

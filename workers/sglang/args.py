@@ -93,7 +93,7 @@ def build_sglang_argv(server: ServerSpec, port: int, *, python: str = sys.execut
     argv = [python, "-m", module,
             "--model-path", m.path, "--load-format", m.load_format, "--dtype", m.dtype,
             "--device", server.engine.device, "--tp-size", str(server.tp_size),
-            "--context-length", str(server.context_length), "--page-size", str(server.page_size),
+            "--context-length", str(server.server_context_len), "--page-size", str(server.page_size),
             "--attention-backend", a.backend]
     if server.nnodes > 1:
         argv += ["--nnodes", str(server.nnodes)]
@@ -111,7 +111,7 @@ def sglang_env(server: ServerSpec) -> dict[str, str]:
     # device time per forward into sglang:forward_execution_seconds_total (sglang/srt/environ.py:479,
     # managers/scheduler_components/metrics_reporter.py:325-341): the runs' verify_step_ms (workers.engine_counters)
     env: dict[str, str] = {DEVICE_TIMER_ENV: "1"}
-    if server.context_length > server.model.max_context_len:
+    if server.server_context_len > server.model.max_context_len:
         env[LONGER_CONTEXT_ENV] = "1"  # else SGLang refuses a context beyond the model config's
     return env
 
@@ -151,7 +151,7 @@ def _server_args(server: ServerSpec, *, predict: bool) -> dict[str, Any]:
     spec = d.algorithm is not Algorithm.NONE
     out: dict[str, Any] = {"attention_backend": a.backend, "prefill_backend": r.prefill, "decode_backend": r.decode,
                            "verify_backend": r.verify, "page_size": server.page_size,
-                           "context_length": server.context_length, "tp_size": server.tp_size,
+                           "context_length": server.server_context_len, "tp_size": server.tp_size,
                            "speculative_algorithm": d.algorithm.value if spec else None,
                            "max_running_requests": opts.max_running_requests}
     steps = topk = tokens = draft_backend = window = None

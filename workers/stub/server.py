@@ -35,7 +35,9 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-SENTENCE = b"The cat sat on the mat. "
+from specsweep_vocab.spec import ProbeSpec, StubOptions
+
+SENTENCE = ProbeSpec.sentence.encode()  # the predictable probe's default text, as bytes
 CHARS_PER_TOKEN = 4  # text prompts (no input_ids): a rough token count, as the probe assumes
 
 logger = logging.getLogger("stub_engine")
@@ -51,10 +53,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--nnodes", type=int, default=1)
     p.add_argument("--node-rank", type=int, default=0)
     p.add_argument("--dist-init-addr", default=None)
-    p.add_argument("--stub-startup-s", type=float, default=0.2, help="seconds before /health answers 200")
-    p.add_argument("--stub-prefill-s", type=float, default=0.0, help="seconds per prompt token")
-    p.add_argument("--stub-token-s", type=float, default=0.005, help="seconds per generated token")
-    p.add_argument("--stub-rendezvous-timeout-s", type=float, default=120.0)
+    p.add_argument("--stub-startup-s", type=float, default=StubOptions.startup_s, help="seconds before /health answers 200")
+    p.add_argument("--stub-prefill-s", type=float, default=StubOptions.prefill_s, help="seconds per prompt token")
+    p.add_argument("--stub-token-s", type=float, default=StubOptions.token_s, help="seconds per generated token")
+    p.add_argument("--stub-rendezvous-timeout-s", type=float, default=StubOptions.rendezvous_timeout_s)
     args, _ = p.parse_known_args(argv)  # the rest of SGLang's flags mean nothing to a stub
     return args
 

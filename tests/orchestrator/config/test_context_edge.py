@@ -39,8 +39,8 @@ def _cases(reserve: int, page: int) -> list[dict]:
         cases.append({"prompt": CONTEXT - 7 + d, "gen": 1})  # prompt <= context - 7 (or the reserve's bound)
         # a KV pool smaller than the context: gen <= pool - prompt rounded up to pages - one page - 1
         pool = 32 + -(-1000 // page) * page + page + 1
-        cases.append({"prompt": 1000, "gen": 32, "kv_tokens": pool + d})
-        cases.append({"prompt": pool - 6 + d, "gen": 1, "kv_tokens": pool})  # the pool's max_req_input_len
+        cases.append({"prompt": 1000, "gen": 32, "max_total_tokens": pool + d})
+        cases.append({"prompt": pool - 6 + d, "gen": 1, "max_total_tokens": pool})  # the pool's max_req_input_len
     return [{"id": f"{i}", **c} for i, c in enumerate(cases)]
 
 
@@ -70,10 +70,10 @@ def test_our_rule_is_sglangs_at_every_edge(sglang_verdicts):
         for case in cases:
             got = verdicts[case["id"]]
             assert got["reserve"] == reserve, name  # compute_num_reserved_tokens() on the published args
-            assert got["max_req_input_len"] == max_req_input_len(CONTEXT, case.get("kv_tokens")), case
+            assert got["max_req_input_len"] == max_req_input_len(CONTEXT, case.get("max_total_tokens")), case
             sglang = None if got["refused"] or got["aborted"] else got["max_new_tokens"]
             ours = sglang_generated(case["prompt"], case["gen"], CONTEXT, reserve=reserve,
-                                    kv_tokens=case.get("kv_tokens"), page_size=rc.page_size)
+                                    max_total_tokens=case.get("max_total_tokens"), page_size=rc.page_size)
             assert ours == sglang, (name, case, got)
     # every kind of outcome was met: served in full, cut short, refused by the tokenizer, aborted by the scheduler
     outcomes = {("refused" if v["refused"] else "aborted" if v["aborted"] else "cut" if v["max_new_tokens"] < c["gen"]
@@ -85,7 +85,7 @@ def test_check_context_refuses_exactly_what_sglang_would_not_serve_in_full(sglan
     configs, verdicts = sglang_verdicts
     checked = 0
     for rc, cases in configs.values():
-        for case in (c for c in cases if "kv_tokens" not in c):
+        for case in (c for c in cases if "max_total_tokens" not in c):
             got = verdicts[case["id"]]
             full = not got["refused"] and not got["aborted"] and got["max_new_tokens"] == case["gen"]
             point = dataclasses.replace(rc, probe=dataclasses.replace(rc.probe, context_len=case["prompt"],

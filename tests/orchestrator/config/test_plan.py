@@ -30,7 +30,7 @@ def test_groups_by_server_without_context():
     assert plan.num_runs == 16 and len(plan.groups) == 4  # drafter x page size
     for g in plan.groups:
         assert {r.server for r in g.runs} == {g.server}
-        assert g.server.context_length == 8192  # the default model's (smollm2-135m) max covers every context
+        assert g.server.server_context_len == 8192  # the default model's (smollm2-135m) max covers every context
         assert [r.job_index for r in g.runs] == sorted(r.job_index for r in g.runs)
     assert [g.runs[0].job_index for g in plan.groups] == [0, 1, 2, 3]  # by first job: deterministic
     assert [r.job_index for r in plan.runs] == list(range(16))
@@ -49,7 +49,7 @@ def test_run_hash_is_stable_and_ignores_names():
 
 
 def test_server_context_len_override():
-    assert build_run(run_config("server_context_len=8192"), 0).server.context_length == 8192
+    assert build_run(run_config("server_context_len=8192"), 0).server.server_context_len == 8192
 
 
 def test_human_name():

@@ -176,3 +176,38 @@ def test_each_section_is_its_dataclass():
     assert OmegaConf.is_missing(cfg, "drafter") and OmegaConf.structured(DrafterConf).algorithm == "NONE"
     assert cfg.cluster.max_retries == ClusterSettings().max_retries == 2 and cfg.job == "engine"
     assert OmegaConf.to_container(cfg.report) == dataclasses.asdict(Thresholds())
+
+
+def test_each_default_is_declared_once_as_a_field():
+    """conf/config.yaml picks groups only: every top-level default is a field's (RunConfig / SpecsweepConf), and
+    what Hydra composes and what the test helpers use are that one value. cluster/ options set only what differs."""
+    from pathlib import Path
+
+    import yaml
+
+    from orchestrator.config.run_config import RunConfig
+    from tools.testing import PAGE_SIZE
+
+    conf = Path(__file__).resolve().parents[3] / "conf"
+    assert set(yaml.safe_load((conf / "config.yaml").read_text())) == {"defaults", "hydra"}
+    assert compose_cfg().page_size == PAGE_SIZE == RunConfig.page_size
+    assert compose_cfg("+sweep=smoke").page_size == RunConfig.page_size
+    defaults = ClusterSettings()
+    for option in (conf / "cluster").glob("*.yaml"):
+        restated = {k: v for k, v in yaml.safe_load(option.read_text()).items()
+                    if k != "kind" and v == getattr(defaults, k)}
+        assert not restated, f"{option.name} restates ClusterSettings defaults {restated}"
+
+
+def test_builtin_models_are_declared_once():
+    """`model=tiny` / `model=tiny-draft` compose to the specs of specsweep_vocab/builtin_models.py (no YAML copy),
+    and the reference engine builds the same geometry from them."""
+    from specsweep_vocab.builtin_models import BUILTIN_MODELS
+    from workers.reference.config import BUILTIN_CONFIGS
+
+    for name, spec in BUILTIN_MODELS.items():
+        assert run_config(f"model={name}").model == spec
+        c = BUILTIN_CONFIGS[name]
+        assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+                c.max_position_embeddings) == (spec.num_layers, spec.hidden_size, spec.num_q_heads,
+                                               spec.num_kv_heads, spec.head_dim, spec.max_context_len)

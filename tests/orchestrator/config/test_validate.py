@@ -454,7 +454,7 @@ def test_startup_rules_refuse_before_anything_starts(monkeypatch):
     from orchestrator.session import sweep as sweep_module
 
     monkeypatch.setattr(sweep_module, "preflight_before_start", lambda *a, **k: pytest.fail("preflight reached"))
-    monkeypatch.setattr(sweep_module, "run_sweep", lambda *a, **k: pytest.fail("execution reached"))
+    monkeypatch.setattr(sweep_module, "sweep_plan", lambda *a, **k: pytest.fail("execution reached"))
     overrides = ["engine=sglang", "model=deepseek-v3", "attention=fa3", "drafter=none", "cluster.accelerator=sm_120"]
     register_configs()
     with initialize_config_module("conf", version_base="1.3"):

@@ -320,17 +320,17 @@ _INT_FIRST, _INT_GROUPS, _INT_RUNS = 600, 3, 3
 
 
 def _interrupt_driver(address: str, work_dir: str) -> None:
-    """The driver of the interrupt test: the session's run_sweep (preflight, resume, claims, execute_plan)."""
+    """The driver of the interrupt test: the session's sweep_plan (preflight, resume, claims, execute_plan)."""
     import logging
 
-    from orchestrator.session.sweep import run_sweep
+    from orchestrator.session.sweep import sweep_plan
 
     logging.basicConfig(level=logging.INFO)
     plan = _plan(_groups(_INT_GROUPS, _INT_RUNS, first_job=_INT_FIRST, gen_tokens=300, token_s=0.01, seed0=600),
                  sweep="interrupted")
     settings = dataclasses.replace(_settings(Path(work_dir), sweep="interrupted"),
                                    cluster=ClusterSettings(kind=ClusterKind.RAY, address=address))
-    results, skipped, _ = run_sweep(plan, settings)
+    results, skipped, _ = sweep_plan(plan, settings)
     print(json.dumps({"skipped": skipped, "ran": len(results),
                       "finished": sum(r.state is RunState.FINISHED for r in results)}))
 

@@ -79,7 +79,7 @@ def test_engine_killed_mid_probe_fails_that_run_and_restarts(local_ray, tmp_path
     from orchestrator.execution.execute import execute_plan
     from orchestrator.execution.stats import ExecutionStats
 
-    server = tiny_server("none", context_length=8192)
+    server = tiny_server("none", server_context_len=8192)
     runs = [tiny_run(server, 10), tiny_run(server, 11, context_len=4000, gen_tokens=2000), tiny_run(server, 12)]
     killed = []
 
@@ -105,7 +105,7 @@ def test_engine_killed_mid_probe_fails_that_run_and_restarts(local_ray, tmp_path
 def test_lost_worker_requeues_unfinished_runs(local_ray, tmp_path):
     from orchestrator.execution.execute import execute_plan
 
-    server = tiny_server("none", context_length=8192, seed=1)
+    server = tiny_server("none", server_context_len=8192, seed=1)
     runs = [tiny_run(server, 20, context_len=4000, gen_tokens=2000), tiny_run(server, 21)]
     victims = []
 

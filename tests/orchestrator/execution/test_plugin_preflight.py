@@ -49,9 +49,9 @@ def test_the_node_whose_sglang_interpreter_lacks_the_plugin_is_named(tmp_path):
     node = dict(num_cpus=1, num_gpus=1, object_store_memory=80 * 2**20, labels={"gpu-arch": ARCH})
     bad_env = {"PYTHONPATH": str(shadow.parent), "SGLANG_PLUGINS": "someone_elses"}
     with ray_cluster([node, dict(node, env_vars=bad_env)]) as (_, (good, bad)):
-        from orchestrator.execution.preflight import run_preflight
+        from orchestrator.execution.preflight import check_placement
 
-        pre = run_preflight([_group()], CLUSTER)
+        pre = check_placement([_group()], CLUSTER)
         assert len(plugin_nodes([_group()], CLUSTER, pre)) == 2
         check_plugin_nodes([_group("triton")], CLUSTER, pre)  # no plugin server: nothing to check, no error
         with pytest.raises(PluginUnavailable) as e:

@@ -109,7 +109,7 @@ def test_resumed_sweep_report_covers_every_finished_point(tmp_path):
     (and not the first's point outside its grid); the stub sweep records into `<sweep_name>-stub`."""
     from mlflow.tracking import MlflowClient
 
-    from orchestrator.session.sweep import run_sweep
+    from orchestrator.session.sweep import sweep_plan
     from orchestrator.config.jobs import expand_grid, plan_jobs
 
     fixed = ("engine=stub", "engine.stub.token_s=0.001", "engine.stub.startup_s=0", "drafter=oracle",
@@ -117,7 +117,7 @@ def test_resumed_sweep_report_covers_every_finished_point(tmp_path):
 
     def sweep(contexts):
         plan, settings = plan_jobs(expand_grid({"context_len": contexts}, *fixed), cwd=str(tmp_path))
-        results, skipped, _ = run_sweep(plan, settings)
+        results, skipped, _ = sweep_plan(plan, settings)
         return plan, results, skipped
 
     _, first, _ = sweep([256, 512])

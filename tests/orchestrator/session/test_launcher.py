@@ -34,14 +34,14 @@ def fake_execution(monkeypatch):
     """Every third run FAILED; records what execution received."""
     seen = {}
 
-    def run_sweep(plan, settings):
+    def sweep_plan(plan, settings):
         seen["plan"], seen["settings"] = plan, settings
         results = [RunResult(run=r, state=RunState.FAILED if r.job_index % 3 == 0 else RunState.FINISHED,
                              reason=FailureReason.ENGINE_DIED if r.job_index % 3 == 0 else None,
                              metrics={"commit_len_mean": 5.0}) for r in plan.runs]
         return sweep_module.SweepResult(results[::-1], 0, plan)  # results stream back in any order
 
-    monkeypatch.setattr(sweep_module, "run_sweep", run_sweep)
+    monkeypatch.setattr(sweep_module, "sweep_plan", sweep_plan)
     return seen
 
 
@@ -91,7 +91,7 @@ def test_sweep_level_keys_cannot_vary(hydra_sweep_runner, fake_execution, tmp_pa
 
 
 def test_dry_run_starts_nothing(hydra_sweep_runner, monkeypatch, tmp_path):
-    monkeypatch.setattr(sweep_module, "run_sweep", lambda *a: pytest.fail("dry run executed"))
+    monkeypatch.setattr(sweep_module, "sweep_plan", lambda *a: pytest.fail("dry run executed"))
     returns = sweep(hydra_sweep_runner, tmp_path, "+sweep=smoke", "hydra.launcher.dry_run=true")
     assert [r.return_value.reason for r in returns] == ["dry run"] * 8
 
@@ -119,12 +119,12 @@ def test_run_sweep_resume_skips_finished(monkeypatch, tmp_path):
     ran = []
     monkeypatch.setattr(orchestrator.execution.execute, "execute_plan", lambda p, s, tracker=None, session=None: ran.append(p) or
                         [RunResult(run=r, state=RunState.FINISHED) for r in p.runs])
-    results, skipped, ran_plan = sweep_module.run_sweep(plan, settings)
+    results, skipped, ran_plan = sweep_module.sweep_plan(plan, settings)
     assert skipped == 1 and len(results) == 1 and ran_plan.num_runs == 1 and ran == [ran_plan]
     assert ran_plan.resumed == tuple(finished) and set(ran_plan.run_hashes) == {r.run_hash for r in plan.runs}
     out = outcomes(plan.runs, plan, ran_plan, results)
     assert isinstance(out[0], NotRun) and "resume" in out[0].reason and out[1].state is RunState.FINISHED
-    results, skipped, _ = sweep_module.run_sweep(plan, replace(settings, resume=False))
+    results, skipped, _ = sweep_module.sweep_plan(plan, replace(settings, resume=False))
     assert skipped == 0 and len(results) == 2
 
 
@@ -133,7 +133,7 @@ def test_run_sweep_connects_ray_and_runs_the_preflight_once(monkeypatch, tmp_pat
     from orchestrator.execution import ray_session
 
     calls = {"connect": 0, "preflight": 0}
-    real_connect, real_preflight = ray_session.connect_ray, ray_session.run_preflight
+    real_connect, real_preflight = ray_session.connect_ray, ray_session.check_placement
 
     def connect(*args, **kw):
         calls["connect"] += 1
@@ -144,11 +144,11 @@ def test_run_sweep_connects_ray_and_runs_the_preflight_once(monkeypatch, tmp_pat
         return real_preflight(*args, **kw)
 
     monkeypatch.setattr(ray_session, "connect_ray", connect)
-    monkeypatch.setattr(ray_session, "run_preflight", preflight)
+    monkeypatch.setattr(ray_session, "check_placement", preflight)
     plan, settings = plan_jobs(expand_grid(
         {"context_len": [256, 512]}, "engine=stub", "engine.stub.token_s=0.001", "engine.stub.startup_s=0",
         "sweep_name=once", "gen_tokens=8", "progress=false", "cluster.num_cpus=2"), cwd=str(tmp_path))
-    results, skipped, _ = sweep_module.run_sweep(plan, settings)
+    results, skipped, _ = sweep_module.sweep_plan(plan, settings)
     assert [r.state for r in results] == [RunState.FINISHED, RunState.FINISHED] and skipped == 0
     assert calls == {"connect": 1, "preflight": 1}
 
