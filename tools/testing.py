@@ -14,8 +14,17 @@ Imported by tests/ and the benchmarks (tools/bench_*.py) only, never by product 
         an engine below root_pid while it runs a /generate after `finished` requests (its own /metrics)
     spec_flags(algorithm, steps=, draft=None, topk=None, tokens=None, layers=None) -> list[str]
         the reference engine's --speculative-* argv
+    ray_process(num_cpus=4, object_store_mb=128) -> RayProcess(address, pid)   a context manager: a one-node Ray
+        (ray.cluster_utils.Cluster head, no GPUs, no dashboard) held by a process of its own; drivers join it
+        with ray.init(address=...) or `cluster.kind=ray cluster.address=...`; its engines run below `pid`
     ray_cluster([node_args, ...], object_store_mb=80) -> (Cluster, [node, ...])   a context manager: a
         ray.cluster_utils.Cluster with a 1-CPU head and these nodes, this process connected; shut down after
+    compose_config(*overrides) -> DictConfig; compose_run(*overrides, cwd=ROOT) -> RunConfig
+        conf/ composed by Hydra (and converted by our schema), once per distinct overrides in a process: a copy
+        of the composed config, the same frozen RunConfig
+    FakeServer (subclass: get(path) / post(path, body) -> Reply) -> .base_url, .close()   an HTTP stand-in on
+        127.0.0.1 for a server that cannot run here (SGLang): a threaded http.server, answered by the subclass
+    runner_on(server, base_url, work_dir) -> GroupRunner   a GroupRunner whose running engine is that URL
     load_scale() -> float; scaled(seconds) -> float
         a deadline in a test is `scaled(s)`: s on an idle machine, s x (1-minute load / cores) on a loaded one
         (capped at MAX_LOAD_SCALE), so a busy machine makes a test slower, never wrong
@@ -24,13 +33,21 @@ Imported by tests/ and the benchmarks (tools/bench_*.py) only, never by product 
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
+import json
 import os
 import re
+import select
+import subprocess
+import sys
+import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Collection, Iterator
+from typing import Any, Collection, Iterator, cast
 
 import requests
 
@@ -40,6 +57,7 @@ from specsweep_vocab.spec import (Algorithm, AttentionSpec, DrafterSpec, EngineK
 from workers.sglang_metrics import parse_prometheus
 
 MAX_LOAD_SCALE = 8.0
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_scale() -> float:
@@ -246,3 +264,163 @@ def ray_cluster(node_args: list[dict[str, Any]], *, object_store_mb: int = 80) -
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+@functools.lru_cache(maxsize=None)
+def _composed(overrides: tuple[str, ...]) -> Any:
+    from hydra import compose, initialize_config_module
+
+    from orchestrator.config.schema import register_configs
+
+    register_configs()
+    with initialize_config_module("conf", version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def compose_config(*overrides: str) -> Any:
+    """conf/config.yaml with these overrides (Hydra's compose), composed once per distinct overrides; a copy."""
+    return copy.deepcopy(_composed(tuple(overrides)))
+
+
+@functools.lru_cache(maxsize=None)
+def compose_run(*overrides: str, cwd: str = str(ROOT)) -> Any:
+    """`to_run_config` of `compose_config(*overrides)`: the frozen RunConfig, built once per overrides and cwd.
+    A ConfigError is raised every time (exceptions are not cached)."""
+    from orchestrator.config.schema import to_run_config
+
+    return to_run_config(_composed(tuple(overrides)), tuple(overrides), cwd=cwd)
+
+
+Reply = tuple[int, "str | bytes | dict | list", str]  # (status, body: a dict/list is sent as JSON, content type)
+JSON = "application/json"
+PROMETHEUS = "text/plain; version=0.0.4"
+
+
+class FakeServer:
+    """An HTTP server on 127.0.0.1 (a free port) whose answers come from `get` / `post` of a subclass; a 404 for
+    anything they do not answer. Threaded, like the servers it stands in for; `close()` stops it."""
+
+    def __init__(self) -> None:
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def get(self, path: str) -> Reply | None:
+        return None
+
+    def post(self, path: str, body: bytes) -> Reply | None:
+        return None
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _send(self, reply: Reply | None) -> None:
+                code, body, ctype = reply or (404, {}, JSON)
+                data = json.dumps(body).encode() if isinstance(body, (dict, list)) else \
+                    body.encode() if isinstance(body, str) else body
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                self._send(fake.get(self.path))
+
+            def do_POST(self):
+                self._send(fake.post(self.path, self.rfile.read(int(self.headers.get("Content-Length") or 0))))
+
+        return Handler
+
+
+def runner_on(server: ServerSpec, base_url: str, work_dir: str | os.PathLike) -> Any:
+    """workers.runners.GroupRunner for `server`, its engine already running at `base_url` (a FakeServer): the
+    runner's run path without an engine process."""
+    from workers.runners import GroupRunner
+
+    class Engine:  # the running engine, as EngineProcess shows it to the runner
+        pid, alive = os.getpid(), True
+
+        def __init__(self) -> None:
+            self.base_url = base_url
+
+        def log_tail(self) -> str:
+            return ""
+
+        def poll(self) -> None:
+            return None
+
+        def stop(self) -> None:
+            pass
+
+    runner = GroupRunner(server, Path(work_dir))
+    runner.engine, runner.engine_starts = cast(Any, Engine()), 1
+    return runner
+
+
+@dataclass(frozen=True)
+class RayProcess:
+    address: str  # the GCS address drivers join
+    pid: int  # the holding process: every Ray process of this cluster, and the engines its actors start, run below it
+
+
+_RAY_HOLDER = """
+import sys
+from ray.cluster_utils import Cluster
+
+cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=int(sys.argv[1]), num_gpus=0,
+                  include_dashboard=False, object_store_memory=int(sys.argv[2]) * 2**20))
+print("RAY", cluster.address, flush=True)
+sys.stdin.read()  # until the owner closes stdin (or exits)
+cluster.shutdown()
+"""
+
+
+@contextlib.contextmanager
+def ray_process(*, num_cpus: int = 4, object_store_mb: int = 128, log: Path | None = None,
+                start_timeout_s: float = 120.0) -> Iterator[RayProcess]:
+    """A one-node Ray held by a child process (not by this one, so `ray.shutdown()` here never stops it and this
+    process's own children stay its own); stopped when the block ends: stdin closed, then `Cluster.shutdown()`
+    (KILL of the holder's process group after a scaled 60 s)."""
+    env = dict(os.environ, RAY_AUTH_MODE=os.environ.get("RAY_AUTH_MODE", "disabled"))
+    err = open(log, "w") if log else subprocess.DEVNULL
+    proc = subprocess.Popen([sys.executable, "-c", _RAY_HOLDER, str(num_cpus), str(object_store_mb)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=env,
+                            start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + scaled(start_timeout_s)
+        line = ""
+        while not line.startswith("RAY ") and time.monotonic() < deadline and proc.poll() is None:
+            if select.select([proc.stdout], [], [], 1.0)[0]:
+                line = proc.stdout.readline()
+        if not line.startswith("RAY "):
+            raise RuntimeError(f"the test Ray did not start within {scaled(start_timeout_s):.0f} s"
+                               + (f" (log: {log})" if log else ""))
+        yield RayProcess(address=line.split()[1], pid=proc.pid)
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            assert proc.stdin is not None
+            proc.stdin.close()
+        try:
+            proc.wait(scaled(60))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, 9)
+            proc.wait()
+        if log:
+            err.close()  # type: ignore[union-attr]
