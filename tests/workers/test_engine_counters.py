@@ -26,7 +26,7 @@ from workers.sglang import build_sglang_argv, sglang_env
 from workers.sglang_metrics import parse_prometheus
 
 from tests.workers.sglang_cpu_process import run_in_sglang_process
-from tools.testing import JSON, PROMETHEUS, FakeServer, runner_on
+from tools.fake_server import JSON, PROMETHEUS, FakeServer, runner_on
 from tests.workers.test_sglang_args import _compose, _require, _sglang_installed, _write_model
 
 TP = 2

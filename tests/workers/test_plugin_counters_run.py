@@ -15,7 +15,8 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from orchestrator.config.plan import build_run
 from specsweep_vocab import plugin_counters as pc
 from specsweep_vocab.spec import RunState
-from tools.testing import JSON, PROMETHEUS, FakeServer, compose_run, runner_on
+from tools.fake_server import JSON, PROMETHEUS, FakeServer, runner_on
+from tools.testing import compose_run
 
 LAYERS, STEPS = 36, 21
 

@@ -20,7 +20,7 @@ import pytest
 from orchestrator.config.plan import build_run
 from specsweep_vocab.spec import RunState
 from workers.probe import run_probe
-from tools.testing import JSON, PROMETHEUS, FakeServer, runner_on
+from tools.fake_server import JSON, PROMETHEUS, FakeServer, runner_on
 from workers.runners import read_server_args
 from workers.sglang import SERVER_INFO_FIELDS, build_sglang_argv, expected_server_args, reported_server_args
 
