@@ -12,6 +12,8 @@ variant of each drafter, x page sizes 1/16/64 (x drafters needing a draft path w
   `prepare_server_args`, which in 0.5.10 runs the whole `__post_init__` validation.
 SGLang runs in a child process (workers/sglang_argcheck.py) with `--device cuda` (our argv carries it) and
 model directories holding a hand-written config.json (SGLang's `prepare_server_args`, `sglang/srt/server_args.py:668`, needs no GPU).
+SGLang's answer for a point whose inputs are unchanged since the last run in this checkout comes from pytest's cache
+(tests/workers/sglang_argcache.py); a clean checkout asks SGLang about every point.
 
 BAD lists combinations our validation must reject before SGLang sees them; where SGLang itself rejects them on
 a CPU host too, the test checks that it does (so the rule is not ours alone).
