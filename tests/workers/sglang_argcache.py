@@ -1,7 +1,7 @@
 """SGLang's verdict on launch argv, remembered between runs in pytest's cache (`.pytest_cache/`, git-ignored).
 
     check_argv(cases, *, cache, label, models, sglang_path=None) -> ({id: result} plus "_header", ran)
-        cases: [(id, argv, env)]; each case goes to `python -m workers.sglang_argcheck` (SGLang's own parser and
+        cases: [(id, argv, env)]; each case goes to `python -m workers.sglang.argcheck` (SGLang's own parser and
         resolver, in a process of its own) unless the cache holds its result under the same inputs; `ran` is
         the number of cases SGLang was asked about this time.
 
@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ARGCHECK_MODULE = "workers.sglang_argcheck"
+ARGCHECK_MODULE = "workers.sglang.argcheck"
 ROOT = Path(__file__).resolve().parents[2]
 PLACEHOLDER = "{MODELS}"
 
@@ -64,7 +64,7 @@ def _source(module: str) -> bytes:
 
 def fingerprint(models: Path, sglang_path: Path | None) -> str:
     """What every case of one call shares."""
-    from workers.sglang import build_sglang_argv  # the argv builder, wherever it lives
+    from workers.sglang.args import build_sglang_argv  # the argv builder (its module found by import)
 
     sglang_dir = spec.origin if (spec := importlib.util.find_spec("sglang")) else None
     configs = [(str(p.relative_to(models)), p.read_bytes()) for p in sorted(models.rglob("config.json"))]
