@@ -1,4 +1,5 @@
-"""Project-wide test fixtures: a real MLflow server on loopback and a real headless Chromium."""
+"""Project-wide test fixtures: one local Ray for the tests that need any Ray, a real MLflow server on loopback and a
+real headless Chromium."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import torch  # noqa: E402
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from tools.testing import scaled  # noqa: E402
+from tools.testing import RayProcess, ray_process, scaled  # noqa: E402
 from workers.engine import free_port  # noqa: E402
 
 # --- tiers: `make test` runs `not slow`; what is slow comes from measured cost (tools/test_tiers.py) ---------------
@@ -54,6 +55,19 @@ def pytest_runtest_protocol(item, nextitem):
     if base:
         item.add_marker(pytest.mark.timeout(scaled(float(base))), append=False)
     yield
+
+@pytest.fixture(scope="session")
+def session_ray(tmp_path_factory) -> Iterator[RayProcess]:
+    """One local Ray for the whole session, for the tests that need "a Ray" rather than a particular one: a
+    one-node cluster (4 CPUs, no GPUs, 128 MB object store, no dashboard) held by a child process
+    (`tools.testing.ray_process`), started on first use and shut down at the end of the session. A test joins
+    it in-process with `ray.init(address=session_ray.address)` (and `ray.shutdown()` only disconnects), a
+    sweep subprocess with `cluster.kind=ray cluster.address=<address>`; the engines its actors start run below
+    `session_ray.pid`. Tests about how Ray is started or about a topology (the product's own `cluster=local`
+    start, ray_cluster's several nodes, a job server) start their own."""
+    with ray_process(num_cpus=4, object_store_mb=128, log=tmp_path_factory.mktemp("session-ray") / "holder.log") as r:
+        yield r
+
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",

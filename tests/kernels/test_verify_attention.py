@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from specsweep_kernels.problems import Layout, make_problem
+from tests.kernels.kernel_grid import grid, latin_square
 from specsweep_kernels.reference import verify_attention_reference
 from specsweep_kernels import verify_attention as va
 from specsweep_kernels.verify_attention import (VerifyConfig, allocate_workspace, kernel_is_interpreted, plan_verify,
@@ -68,9 +69,15 @@ def test_dependent_launch_only_where_compiled_for_sm90():
         assert va._pdl_supported(0) == (torch.cuda.get_device_capability(0)[0] >= 9)
 
 
-@pytest.mark.parametrize("layout", [GQA, MHA, MLA_SMALL], ids=["gqa4-2", "mha", "mla-small"])
-@pytest.mark.parametrize("page_size", [1, 16, 64])
-@pytest.mark.parametrize("num_tokens,tree", [(1, "chain"), (5, "random"), (8, "chain")])
+# 27 points on a GPU; on CPU a Latin square's 9, which run every pair of layout x page size x (T, tree) once: MLA and
+# GQA/MHA programs, token-paged and page-table addressing, T = 1 decode rows, tree masks and chains
+_MATCH = [((a, p, s), (lay, page, *st), f"{st[0]}-{st[1]}-{page}-{name}") for a, (name, lay) in enumerate(
+    {"gqa4-2": GQA, "mha": MHA, "mla-small": MLA_SMALL}.items()) for p, page in enumerate((1, 16, 64))
+    for s, st in enumerate(((1, "chain"), (5, "random"), (8, "chain")))]
+
+
+@pytest.mark.parametrize("layout,page_size,num_tokens,tree", grid(
+    [m[1] for m in _MATCH], [m[2] for m in _MATCH], lambda n: latin_square((3, 3, 3))(_MATCH[n][0])))
 def test_matches_reference(layout, page_size, num_tokens, tree):
     problem = make_problem(layout=layout, prefix_lens=[37, 130, 1], num_tokens=num_tokens, page_size=page_size,
                            dtype=torch.float16, device=DEVICE, tree=tree, seed=page_size * 100 + num_tokens)
@@ -112,8 +119,13 @@ def test_empty_prefix_and_more_splits_than_tiles():
     check(problem, num_splits=1)
 
 
-@pytest.mark.parametrize("num_splits", [1, 2, 5, 13])
-@pytest.mark.parametrize("indptr", [False, True], ids=["table", "indptr"])
+# 8 points on a GPU; on CPU 4: each split count once (1: whole requests; 2, 5, 13: segments crossing request
+# boundaries), alternating table and indptr addressing
+_SPLITS = [(n, indptr) for indptr in (False, True) for n in (1, 2, 5, 13)]
+
+
+@pytest.mark.parametrize("num_splits,indptr", grid(_SPLITS, [f"{'indptr' if i else 'table'}-{n}" for n, i in _SPLITS],
+                                                   lambda k: _SPLITS[k][1] == (_SPLITS[k][0] in (2, 13))))
 def test_ragged_batch_work_split(num_splits, indptr):
     """Prefix programs share the batch's tiles evenly: segments cross request boundaries, empty and one-token
     prefixes sit between long ones, and a program may cover several short requests."""

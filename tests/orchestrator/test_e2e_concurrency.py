@@ -1,5 +1,5 @@
 """End to end: a sweep over probe.concurrency = 1, 4 on the reference engine through the real entry point
-(`python -m orchestrator +sweep=concurrency`, a subprocess: Hydra launcher, local Ray, reference engines, MLflow on
+(`python -m orchestrator +sweep=concurrency`, a subprocess: Hydra launcher, the session's Ray, reference engines, MLflow on
 SQLite in a temp cwd); MLflow is read back. Four requests of a run really share the engine's batched steps."""
 
 from __future__ import annotations
@@ -16,11 +16,15 @@ OVERRIDES = ("probe.concurrency=1,4", "drafter=ngram,oracle", "gen_tokens=16", "
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
+def sweep(tmp_path_factory, session_ray):
     cwd = tmp_path_factory.mktemp("concurrency")
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
-    out = subprocess.run([sys.executable, "-m", "orchestrator", "+sweep=concurrency", *OVERRIDES], cwd=cwd, env=env,
-                         capture_output=True, text=True, timeout=540)
+    # the session's Ray (tests/conftest.py) instead of a Ray of its own; at most as many servers at once as this
+    # machine's CPUs, what the sweep's own Ray (cluster.num_cpus unset) would allow
+    ray = ("cluster.kind=ray", f"cluster.address={session_ray.address}",
+           f"cluster.max_concurrent_servers={os.cpu_count() or 1}")
+    out = subprocess.run([sys.executable, "-m", "orchestrator", "+sweep=concurrency", *OVERRIDES, *ray], cwd=cwd,
+                         env=env, capture_output=True, text=True, timeout=540)
     return cwd, out
 
 

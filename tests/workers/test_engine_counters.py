@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -29,6 +26,7 @@ from workers.sglang.args import build_sglang_argv, sglang_env
 from workers.sglang.metrics import parse_prometheus
 
 from tests.workers.sglang_cpu_process import run_in_sglang_process
+from tools.fake_server import JSON, PROMETHEUS, FakeServer, runner_on
 from tests.workers.test_sglang_args import _compose, _require, _sglang_installed, _write_model
 
 TP = 2
@@ -120,7 +118,7 @@ def make_reference_engine():
         engine.close()
 
 
-class SGLangStandIn:
+class SGLangStandIn(FakeServer):
     """Replays SGLang's own /metrics texts: text i until the i-th /generate has finished. /generate answers SGLang
     0.5.23's speculative meta_info for a 32-token request of STEPS verify steps; /server_info carries the limits."""
 
@@ -128,68 +126,29 @@ class SGLangStandIn:
 
     def __init__(self, texts: list[str]):
         self.texts, self.done = texts, 0
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        super().__init__()
 
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def get(self, path):
+        if path == "/metrics":
+            return 200, self.texts[min(self.done, len(self.texts) - 1)], PROMETHEUS
+        return 200, {"version": "0.5.23", "internal_states": [{}], **self.LIMITS}, JSON
 
-    def _handler(self):
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def _send(self, body: str, ctype: str = "application/json") -> None:
-                data = body.encode()
-                self.send_response(200)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self):
-                if self.path == "/metrics":
-                    self._send(fake.texts[min(fake.done, len(fake.texts) - 1)], "text/plain; version=0.0.4")
-                else:
-                    self._send(json.dumps({"version": "0.5.23", "internal_states": [{}], **fake.LIMITS}))
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-                if self.path == "/flush_cache":
-                    return self._send("Cache flushed.", "text/plain")
-                meta = {"prompt_tokens": len(body["text"]) // 4, "completion_tokens": GEN, "e2e_latency": 0.5,
-                        "finish_reason": {"type": "length", "length": GEN}, "spec_verify_ct": STEPS,
-                        "spec_num_correct_drafts": 24, "spec_num_proposed_drafts": 4 * STEPS,
-                        "spec_accept_rate": 0.75, "spec_accept_length": GEN / STEPS,
-                        "spec_correct_drafts_histogram": [0, 0, 0, 8]}
-                fake.done += 1
-                self._send(json.dumps({"text": "x" * GEN, "output_ids": list(range(GEN)), "meta_info": meta}))
-
-        return Handler
+    def post(self, path, body):
+        if path == "/flush_cache":
+            return 200, "Cache flushed.", "text/plain"
+        text = json.loads(body or b"{}")["text"]
+        meta = {"prompt_tokens": len(text) // 4, "completion_tokens": GEN, "e2e_latency": 0.5,
+                "finish_reason": {"type": "length", "length": GEN}, "spec_verify_ct": STEPS,
+                "spec_num_correct_drafts": 24, "spec_num_proposed_drafts": 4 * STEPS, "spec_accept_rate": 0.75,
+                "spec_accept_length": GEN / STEPS, "spec_correct_drafts_histogram": [0, 0, 0, 8]}
+        self.done += 1
+        return 200, {"text": "x" * GEN, "output_ids": list(range(GEN)), "meta_info": meta}, JSON
 
 
 def test_runner_records_verify_timing_on_sglang_and_rules_c_d_evaluate(sglang_point, tmp_path):
     run, texts = sglang_point
     fake = SGLangStandIn(texts)
-
-    class Engine:  # the running engine, as EngineProcess shows it to the runner
-        base_url, pid, alive = fake.base_url, os.getpid(), True
-
-        def log_tail(self):
-            return ""
-
-        def poll(self):
-            return None
-
-        def stop(self):
-            pass
-
-    runner = GroupRunner(run.server, tmp_path)
-    runner.engine, runner.engine_starts = Engine(), 1
+    runner = runner_on(run.server, fake.base_url, tmp_path)
     try:
         results = [runner.run(dataclasses.replace(run, job_index=i, probe=dataclasses.replace(run.probe,
                                                                                                 context_len=ctx)))

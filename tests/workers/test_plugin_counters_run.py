@@ -8,99 +8,58 @@ the test sets."""
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from hydra import compose, initialize_config_module
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from orchestrator.config.plan import build_run
-from orchestrator.config.schema import register_configs, to_run_config
 from specsweep_vocab import plugin_counters as pc
 from specsweep_vocab.spec import RunState
-from workers.runners import GroupRunner
+from tools.fake_server import JSON, PROMETHEUS, FakeServer, runner_on
+from tools.testing import compose_run
 
 LAYERS, STEPS = 36, 21
 
 
-class FakeSGLang:
+class FakeSGLang(FakeServer):
     def __init__(self, with_counter: bool = True):
         self.registry = CollectorRegistry()
         self.counter = Counter(pc.COUNTER, "plugin calls", labelnames=pc.LABELS, registry=self.registry) \
             if with_counter else None
         self.per_request: dict[tuple[str, str, str], int] = {("verify", "kernel", ""): LAYERS * STEPS}
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        super().__init__()
 
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def get(self, path):
+        if path == "/metrics":
+            return 200, generate_latest(self.registry), PROMETHEUS
+        return 200, {"attention_backend": "specsweep_verify", "speculative_algorithm": "NGRAM",  # /server_info
+                     "speculative_num_draft_tokens": 5, "internal_states": [{}]}, JSON
 
-    def _handler(self):
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def _send(self, body: bytes, ctype: str = "application/json") -> None:
-                self.send_response(200)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_GET(self):
-                if self.path == "/metrics":
-                    self._send(generate_latest(fake.registry), "text/plain; version=0.0.4")
-                else:  # /server_info
-                    self._send(json.dumps({"attention_backend": "specsweep_verify", "speculative_algorithm": "NGRAM",
-                                           "speculative_num_draft_tokens": 5, "internal_states": [{}]}).encode())
-
-            def do_POST(self):
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                if self.path == "/generate":
-                    if fake.counter is not None:
-                        for key, n in fake.per_request.items():
-                            fake.counter.labels(*key).inc(n)
-                    meta = {"id": "r", "finish_reason": {"type": "length", "length": 64}, "prompt_tokens": 256,
-                            "completion_tokens": 64, "cached_tokens": 0, "e2e_latency": 0.5, "spec_verify_ct": STEPS,
-                            "spec_accept_length": 64 / STEPS, "spec_num_correct_drafts": 42,
-                            "spec_num_proposed_drafts": 84, "spec_correct_drafts_histogram": [2, 4, 7, 8]}
-                    self._send(json.dumps({"text": "x" * 64, "output_ids": list(range(64)), "meta_info": meta}).encode())
-                else:  # /flush_cache
-                    self._send(b"Cache flushed.", "text/plain")
-
-        return Handler
+    def post(self, path, body):
+        if path != "/generate":  # /flush_cache
+            return 200, "Cache flushed.", "text/plain"
+        if self.counter is not None:
+            for key, n in self.per_request.items():
+                self.counter.labels(*key).inc(n)
+        meta = {"id": "r", "finish_reason": {"type": "length", "length": 64}, "prompt_tokens": 256,
+                "completion_tokens": 64, "cached_tokens": 0, "e2e_latency": 0.5, "spec_verify_ct": STEPS,
+                "spec_accept_length": 64 / STEPS, "spec_num_correct_drafts": 42, "spec_num_proposed_drafts": 84,
+                "spec_correct_drafts_histogram": [2, 4, 7, 8]}
+        return 200, {"text": "x" * 64, "output_ids": list(range(64)), "meta_info": meta}, JSON
 
 
 @pytest.fixture
 def plugin_run(tmp_path):
-    register_configs()
-    overrides = ["engine=sglang", "model=qwen3-8b", "drafter=ngram", "attention=specsweep_verify", "page_size=1",
-                 "context_len=256", "gen_tokens=64"]
-    with initialize_config_module("conf", version_base="1.3"):
-        rc = to_run_config(compose("config", overrides=overrides), tuple(overrides), cwd=str(tmp_path))
+    rc = compose_run("engine=sglang", "model=qwen3-8b", "drafter=ngram", "attention=specsweep_verify", "page_size=1",
+                     "context_len=256", "gen_tokens=64", cwd=str(tmp_path))
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
     return build_run(dataclasses.replace(rc, model=dataclasses.replace(rc.model, path=str(model))), 0)
 
 
-def _runner(run, fake, tmp_path) -> GroupRunner:
-    class Engine:  # the running engine, as EngineProcess exposes it to the runner
-        base_url, pid, alive = fake.base_url, os.getpid(), True
-
-        def log_tail(self):
-            return ""
-
-    runner = GroupRunner(run.server, tmp_path)
-    runner.engine, runner.engine_starts = Engine(), 1
-    return runner
+def _runner(run, fake, tmp_path):
+    return runner_on(run.server, fake.base_url, tmp_path)
 
 
 def test_kernel_calls_and_fallbacks_are_recorded_per_run(plugin_run, tmp_path):

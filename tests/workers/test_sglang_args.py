@@ -12,6 +12,8 @@ variant of each drafter, x page sizes 1/16/64 (x drafters needing a draft path w
   `prepare_server_args`, which in 0.5.10 runs the whole `__post_init__` validation.
 SGLang runs in a child process (workers/sglang/argcheck.py) with `--device cuda` (our argv carries it) and
 model directories holding a hand-written config.json (SGLang's `prepare_server_args`, `sglang/srt/server_args.py:668`, needs no GPU).
+SGLang's answer for a point whose inputs are unchanged since the last run in this checkout comes from pytest's cache
+(tests/workers/sglang_argcache.py); a clean checkout asks SGLang about every point.
 
 BAD lists combinations our validation must reject before SGLang sees them; where SGLang itself rejects them on
 a CPU host too, the test checks that it does (so the rule is not ours alone).
@@ -23,16 +25,13 @@ import dataclasses
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_module
-
 from orchestrator.config.plan import build_server
-from orchestrator.config.schema import register_configs, to_run_config
 from specsweep_vocab.spec import Algorithm, AttentionKind, ModelSpec
+from tests.workers.sglang_argcache import check_argv
+from tools.testing import compose_run
 from orchestrator.config.validate import REFERENCE_MODEL_PATHS, validate_run
 from orchestrator.config.validate_startup import min_tp_size
 from workers.sglang.args import (LONGER_CONTEXT_ENV, SERVER_ARG_KEYS, build_sglang_argv, expected_server_args,
@@ -84,10 +83,7 @@ def _write_model(directory: Path, m: ModelSpec) -> str:
 
 
 def _compose(overrides: list[str]):
-    register_configs()
-    with initialize_config_module("conf", version_base="1.3"):
-        cfg = compose("config", overrides=overrides)
-    return to_run_config(cfg, tuple(overrides), cwd=str(ROOT))
+    return compose_run(*overrides, cwd=str(ROOT))  # Hydra composes each distinct overrides once per process
 
 
 # attention variants beyond conf/attention: the kernel as the decode half of a split, with and without the mode
@@ -172,24 +168,24 @@ def _point(rc, name: str, version: str, tmp: Path, dirs: dict) -> Point:
     return Point(name, version, build_sglang_argv(server, 30000)[3:], sglang_env(server), problems, server)
 
 
-def _check(cases, *, sglang_path: Path | None = None) -> dict[str, dict]:
-    """cases: [(id, argv, env, version)] -> {id: argcheck result}, plus "_header"."""
-    cmd = [sys.executable, "-m", "workers.sglang.argcheck"]
-    if sglang_path:
-        cmd += ["--sglang-path", str(sglang_path)]
-    stdin = "".join(json.dumps({"id": cid, "argv": argv, "env": env}) + "\n" for cid, argv, env, _ in cases)
-    proc = subprocess.run(cmd, input=stdin, capture_output=True, text=True, cwd=ROOT, timeout=1800,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert proc.returncode == 0 and lines, f"argcheck failed:\n{proc.stderr[-3000:]}"
-    header, results = lines[0], {r["id"]: r for r in lines[1:]}
-    assert len(results) == len(cases), proc.stderr[-3000:]
-    return {"_header": header, **results}
+def _check(cases, *, cache, label: str, models: Path, sglang_path: Path | None = None) -> dict[str, dict]:
+    """cases: [(id, argv, env, version)] -> {id: argcheck result}, plus "_header". SGLang's answer for a case whose
+    inputs (argv, env, model config.json files, SGLang, the argcheck) are unchanged since the last run comes from
+    pytest's cache (tests/workers/sglang_argcache.py); a clean checkout runs them all."""
+    results, ran = check_argv([(cid, argv, env) for cid, argv, env, _ in cases], cache=cache, label=label,
+                              models=models, sglang_path=sglang_path)
+    print(f"\nargcheck {label}: SGLang ran {ran} of {len(cases)} cases (the rest unchanged since the cached run)")
+    return results
 
 
 @pytest.fixture(scope="module")
-def grid(tmp_path_factory):
-    return _grid(tmp_path_factory.mktemp("sglang-models"), versions=("0.5.10",))
+def grid_models(tmp_path_factory):
+    return tmp_path_factory.mktemp("sglang-models")
+
+
+@pytest.fixture(scope="module")
+def grid(grid_models):
+    return _grid(grid_models, versions=("0.5.10",))
 
 
 # ---------------------------------------------------------------- our verdict = SGLang 0.5.23's verdict
@@ -221,10 +217,11 @@ def _ours_only(problems) -> bool:
     return all(any(p.key == key and words in p.allowed for key, words in OURS_ONLY) for p in problems)
 
 
-def test_our_verdict_equals_sglang_0_5_23_on_every_conf_combination(tmp_path):
+def test_our_verdict_equals_sglang_0_5_23_on_every_conf_combination(tmp_path, pytestconfig):
     _require(_sglang_installed(), "sglang is not installed (pip install --no-deps sglang==0.5.23, see docs/sglang.md)")
     points = _grid(tmp_path, versions=("0.5.23",), null_paths=True)
-    results = _check([(p.name, p.argv, p.env, p.version) for p in points])
+    results = _check([(p.name, p.argv, p.env, p.version) for p in points], cache=pytestconfig.cache,
+                     label="grid-0.5.23", models=tmp_path)
     assert results.pop("_header")["sglang_version"] == "0.5.23"
     wrong: dict[str, str] = {}
     counts = {"accepted": 0, "sglang rejects": 0, "sglang rewrites": 0, "ours only": 0}
@@ -252,11 +249,12 @@ def test_our_verdict_equals_sglang_0_5_23_on_every_conf_combination(tmp_path):
     assert not wrong, json.dumps(wrong, indent=1)[:8000]
 
 
-def test_every_conf_combination_passes_sglang_0_5_10(grid):
+def test_every_conf_combination_passes_sglang_0_5_10(grid, grid_models, pytestconfig):
     _require(SGLANG_0_5_10.is_dir() and _sglang_installed(),
              f"SGLang 0.5.10 not unpacked at {SGLANG_0_5_10} (pip install --no-deps --target ... sglang==0.5.10)")
     cases = [(p.name, p.argv, p.env, p.version) for p in grid if p.version == "0.5.10" and not p.problems]
-    results = _check(cases, sglang_path=SGLANG_0_5_10)
+    results = _check(cases, sglang_path=SGLANG_0_5_10, cache=pytestconfig.cache, label="grid-0.5.10",
+                     models=grid_models)
     assert results.pop("_header")["sglang_version"] == "0.5.10"
     failed = {cid: r["error"] for cid, r in results.items() if not r["ok"]}
     print(f"\nSGLang 0.5.10 parsed+validated {len(cases) - len(failed)}/{len(cases)} argv")
@@ -328,7 +326,7 @@ def test_bad_combinations_are_rejected_by_our_validation(overrides, version, key
         assert p.allowed and str(p).startswith(f"{p.key}=")
 
 
-def test_sglang_itself_rejects_the_bad_points_marked_so(tmp_path):
+def test_sglang_itself_rejects_the_bad_points_marked_so(tmp_path, pytestconfig):
     """The rules that mirror an SGLang error: building the argv anyway, SGLang's parser/resolver refuses it."""
     _require(_sglang_installed(), "sglang is not installed")
     model = ModelSpec(name="q", path="", max_context_len=40960, num_layers=2, hidden_size=256, num_q_heads=8,
@@ -344,11 +342,12 @@ def test_sglang_itself_rejects_the_bad_points_marked_so(tmp_path):
                                                              and target))
         argv = build_sglang_argv(build_server(rc), 30000)[3:]
         cases[version].append((" ".join(overrides[2:]), argv, {}, version))
-    results = _check(cases["0.5.23"])
+    results = _check(cases["0.5.23"], cache=pytestconfig.cache, label="bad-0.5.23", models=tmp_path)
     results.pop("_header")
     accepted = [cid for cid, r in results.items() if r["ok"]]
     if SGLANG_0_5_10.is_dir():
-        old = _check(cases["0.5.10"], sglang_path=SGLANG_0_5_10)
+        old = _check(cases["0.5.10"], sglang_path=SGLANG_0_5_10, cache=pytestconfig.cache, label="bad-0.5.10",
+                     models=tmp_path)
         old.pop("_header")
         accepted += ["0.5.10 " + cid for cid, r in old.items() if r["ok"]]
     assert not accepted, f"SGLang accepted what our validation calls its error: {accepted}"
@@ -422,3 +421,50 @@ def test_plugin_backend_launches_through_the_wrapper_with_a_triton_draft():
     assert argv[1:3] == ["-m", "workers.sglang.launch"]
     assert argv[argv.index("--speculative-draft-attention-backend") + 1] == "triton"
     assert argv[argv.index("--attention-backend") + 1] == "specsweep_verify"
+
+
+# ---------------------------------------------------------------- the cache of SGLang's answers (sglang_argcache)
+
+
+class _DictCache:
+    """pytest's `config.cache` interface (get/set of JSON values), in memory."""
+
+    def __init__(self):
+        self.data: dict = {}
+
+    def get(self, key, default):
+        return json.loads(json.dumps(self.data.get(key, default)))
+
+    def set(self, key, value):
+        self.data[key] = json.loads(json.dumps(value))
+
+
+def test_argcheck_cache_reruns_only_changed_inputs(tmp_path):
+    """A second call with the same inputs asks SGLang nothing and answers the same; a changed argv re-runs only that
+    case; a changed model config.json (or SGLang, or the argcheck/builder source) changes the fingerprint."""
+    from tests.workers.sglang_argcache import fingerprint
+
+    _require(_sglang_installed(), "sglang is not installed")
+    first, second = tmp_path / "a", tmp_path / "b"
+    for models in (first, second):
+        rc = _compose(list(Q) + ["drafter=ngram", "attention=triton"])
+        target = _write_model(models / "q", rc.model)
+        server = build_server(dataclasses.replace(rc, model=dataclasses.replace(rc.model, path=target)))
+        models.joinpath("argv.json").write_text(json.dumps(build_sglang_argv(server, 30000)[3:]))
+    argv = json.loads(first.joinpath("argv.json").read_text())
+    cases = [("ok", argv, {}), ("bad", argv + ["--no-such-flag"], {})]
+    cache = _DictCache()
+    fresh, ran = check_argv(cases, cache=cache, label="t", models=first)
+    assert ran == 2 and fresh["ok"]["ok"] and not fresh["bad"]["ok"] and fresh["_header"]["sglang_version"]
+    # the same inputs in another temp dir (each run has its own): nothing asked, the same answers there
+    moved = [(cid, [a.replace(str(first), str(second)) for a in av], env) for cid, av, env in cases]
+    again, ran = check_argv(moved, cache=cache, label="t", models=second)
+    assert ran == 0 and again["_header"] == fresh["_header"]
+    assert json.dumps(again).replace(str(second), str(first)) == json.dumps(fresh)
+    changed, ran = check_argv([cases[0], ("bad", argv + ["--page-size", "x"], {})], cache=cache, label="t",
+                              models=first)
+    assert ran == 1 and changed["ok"] == fresh["ok"] and not changed["bad"]["ok"]
+    before = fingerprint(first, None)
+    config = first / "q" / "config.json"
+    config.write_text(config.read_text().replace('"vocab_size": 1024', '"vocab_size": 2048'))
+    assert fingerprint(first, None) != before  # every cached answer of this model set is dropped

@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
 from orchestrator.config.plan import build_run
 from specsweep_vocab.spec import RunState
 from workers.probe import run_probe
-from workers.runners import GroupRunner
+from tools.fake_server import JSON, PROMETHEUS, FakeServer, runner_on
 from workers.sglang.observe import read_server_args
 from workers.sglang.args import SERVER_INFO_FIELDS, build_sglang_argv, expected_server_args, reported_server_args
 
@@ -31,7 +30,7 @@ from tests.workers.test_sglang_args import _check, _compose, _require, _sglang_i
 HISTOGRAM = [2, 4, 7, 8]  # verify steps that accepted k = 0..3 drafts: 21 steps, 42 drafts
 
 
-class FakeSGLang:
+class FakeSGLang(FakeServer):
     """SGLang 0.5.23's /generate, /flush_cache, /server_info and /metrics, with the counters they imply."""
 
     def __init__(self, resolved: dict):
@@ -40,13 +39,7 @@ class FakeSGLang:
         self.generation_tokens, self.verify_calls = 1000.0, 400.0  # Prometheus counters since start
         self.accept_tokens, self.forward_ct = 50.0, 20.0  # MetricsReporter's, reset by /flush_cache
         self.requests = 0
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__()
 
     def meta(self, prompt_tokens: int) -> dict:
         return {"id": "r", "finish_reason": {"type": "length", "length": 64}, "prompt_tokens": prompt_tokens,
@@ -54,68 +47,46 @@ class FakeSGLang:
                 "spec_accept_rate": 42 / 84, "spec_accept_length": 64 / 21, "spec_num_correct_drafts": 42,
                 "spec_num_proposed_drafts": 84, "spec_correct_drafts_histogram": HISTOGRAM}
 
-    def _handler(self):
-        fake = self
+    def get(self, path):
+        if path == "/server_info":
+            with self.lock:
+                avg = self.accept_tokens / self.forward_ct if self.forward_ct else None
+            state = {"last_gen_throughput": 1.0, "memory_usage": {}}
+            if avg is not None:
+                state["avg_spec_accept_length"] = avg
+            return 200, {**self.resolved, "launch_command": "x", "version": "0.5.23", "internal_states": [state]}, JSON
+        if path == "/metrics":
+            with self.lock:
+                return 200, ("# HELP sglang:generation_tokens_total Number of generation tokens processed.\n"
+                             "# TYPE sglang:generation_tokens_total counter\n"
+                             f'sglang:generation_tokens_total{{model_name="m"}} {self.generation_tokens}\n'
+                             "# HELP sglang:spec_verify_calls_total Number of speculative verify calls.\n"
+                             "# TYPE sglang:spec_verify_calls_total counter\n"
+                             f'sglang:spec_verify_calls_total{{model_name="m"}} {self.verify_calls}\n'
+                             "# TYPE sglang:spec_accept_length gauge\n"
+                             'sglang:spec_accept_length{model_name="m"} 2.9\n'), PROMETHEUS
+        return None
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def _send(self, code: int, body: str, ctype: str = "application/json") -> None:
-                data = body.encode()
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self):
-                if self.path == "/server_info":
-                    with fake.lock:
-                        avg = fake.accept_tokens / fake.forward_ct if fake.forward_ct else None
-                    state = {"last_gen_throughput": 1.0, "memory_usage": {}}
-                    if avg is not None:
-                        state["avg_spec_accept_length"] = avg
-                    self._send(200, json.dumps({**fake.resolved, "launch_command": "x", "version": "0.5.23",
-                                                "internal_states": [state]}))
-                elif self.path == "/metrics":
-                    with fake.lock:
-                        text = ("# HELP sglang:generation_tokens_total Number of generation tokens processed.\n"
-                                "# TYPE sglang:generation_tokens_total counter\n"
-                                f'sglang:generation_tokens_total{{model_name="m"}} {fake.generation_tokens}\n'
-                                "# HELP sglang:spec_verify_calls_total Number of speculative verify calls.\n"
-                                "# TYPE sglang:spec_verify_calls_total counter\n"
-                                f'sglang:spec_verify_calls_total{{model_name="m"}} {fake.verify_calls}\n'
-                                "# TYPE sglang:spec_accept_length gauge\n"
-                                'sglang:spec_accept_length{model_name="m"} 2.9\n')
-                    self._send(200, text, "text/plain; version=0.0.4")
-                else:
-                    self._send(404, "{}")
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-                if self.path == "/flush_cache":
-                    with fake.lock:
-                        fake.accept_tokens = fake.forward_ct = 0.0
-                    self._send(200, "Cache flushed.", "text/plain")
-                elif self.path == "/generate":
-                    prompt = body.get("input_ids") or body.get("text") or ""
-                    with fake.lock:
-                        fake.requests += 1
-                        fake.generation_tokens += 64
-                        fake.verify_calls += 21
-                        fake.accept_tokens += 64
-                        fake.forward_ct += 21
-                    self._send(200, json.dumps({"text": "x" * 64, "output_ids": list(range(64)),
-                                                "meta_info": fake.meta(len(prompt))}))
-                else:
-                    self._send(404, "{}")
-
-        return Handler
+    def post(self, path, body):
+        if path == "/flush_cache":
+            with self.lock:
+                self.accept_tokens = self.forward_ct = 0.0
+            return 200, "Cache flushed.", "text/plain"
+        if path == "/generate":
+            request = json.loads(body or b"{}")
+            prompt = request.get("input_ids") or request.get("text") or ""
+            with self.lock:
+                self.requests += 1
+                self.generation_tokens += 64
+                self.verify_calls += 21
+                self.accept_tokens += 64
+                self.forward_ct += 21
+            return 200, {"text": "x" * 64, "output_ids": list(range(64)), "meta_info": self.meta(len(prompt))}, JSON
+        return None
 
 
 @pytest.fixture(scope="module")
-def ngram_point(tmp_path_factory):
+def ngram_point(tmp_path_factory, pytestconfig):
     """qwen3-8b x drafter=ngram (num_steps 4, 5 draft tokens) on SGLang 0.5.23, and SGLang's own resolution."""
     _require(_sglang_installed(), "sglang is not installed (pip install --no-deps sglang==0.5.23, see docs/sglang.md)")
     rc = _compose(["engine=sglang", "model=qwen3-8b", "drafter=ngram", "attention=triton", "page_size=1",
@@ -123,7 +94,8 @@ def ngram_point(tmp_path_factory):
     target = _write_model(tmp_path_factory.mktemp("m") / "qwen", rc.model)
     rc = dataclasses.replace(rc, model=dataclasses.replace(rc.model, path=target))
     run = build_run(rc, 0)
-    results = _check([("ngram", build_sglang_argv(run.server, 30000)[3:], {}, "0.5.23")])
+    results = _check([("ngram", build_sglang_argv(run.server, 30000)[3:], {}, "0.5.23")], cache=pytestconfig.cache,
+                     label="ngram-point", models=Path(target).parent)
     assert results["ngram"]["ok"], results["ngram"]["error"]
     return run, results["ngram"]["resolved"]
 
@@ -168,20 +140,7 @@ def test_group_runner_records_server_args_and_cross_checks(fake, ngram_point, tm
     """The run path of GroupRunner against the stand-in (an SGLang process cannot start here)."""
     run, _ = ngram_point
 
-    class Engine:  # the running engine, as EngineProcess exposes it to the runner
-        base_url, pid, alive = fake.base_url, os.getpid(), True
-
-        def log_tail(self):
-            return ""
-
-        def poll(self):
-            return None
-
-        def stop(self):
-            pass
-
-    runner = GroupRunner(run.server, tmp_path)
-    runner.engine, runner.engine_starts = Engine(), 1
+    runner = runner_on(run.server, fake.base_url, tmp_path)
     results = [runner.run(run), runner.run(dataclasses.replace(run, job_index=1))]
     for r in results:
         assert r.state is RunState.FINISHED, r.message

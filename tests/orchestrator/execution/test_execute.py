@@ -11,7 +11,6 @@ import time
 
 import pytest
 
-from orchestrator.execution.local_ray import init_local_ray
 from orchestrator.config.plan import Plan
 from orchestrator.config.settings import ExecutionSettings, TrackingSettings
 from specsweep_vocab.spec import FailureReason, ProbeKind, RunState
@@ -23,14 +22,13 @@ ray = pytest.importorskip("ray")
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+def local_ray(session_ray):
+    """This process as a driver of the session's Ray (tests/conftest.py); yields the pid its engines run below."""
     if ray.is_initialized():  # left over from another module, with other settings
         ray.shutdown()
-    init_local_ray(num_cpus=2, object_store_memory=80 * 2**20, include_dashboard=False, log_to_driver=False,
-                   configure_logging=False)
-    yield
-    ray.shutdown()
+    ray.init(address=session_ray.address, log_to_driver=False, configure_logging=False)
+    yield session_ray.pid
+    ray.shutdown()  # disconnects; the session's Ray stays up
 
 
 def _settings(tmp_path, **kw) -> ExecutionSettings:
@@ -84,7 +82,7 @@ def test_engine_killed_mid_probe_fails_that_run_and_restarts(local_ray, tmp_path
     killed = []
 
     def killer():
-        pid = wait_for_request(os.getpid(), finished=1)  # run 11: the engine's second
+        pid = wait_for_request(local_ray, finished=1)  # run 11: the engine's second
         time.sleep(0.3)
         os.kill(pid, signal.SIGKILL)
         killed.append(pid)
@@ -110,7 +108,7 @@ def test_lost_worker_requeues_unfinished_runs(local_ray, tmp_path):
     victims = []
 
     def kill_actor():
-        engine_pid = wait_for_request(os.getpid(), finished=0)  # run 20: the engine's first
+        engine_pid = wait_for_request(local_ray, finished=0)  # run 20: the engine's first
         with open(f"/proc/{engine_pid}/stat") as f:
             actor_pid = int(f.read().split(")")[-1].split()[1])
         time.sleep(0.2)

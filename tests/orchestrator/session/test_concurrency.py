@@ -155,17 +155,11 @@ def test_store_lock_is_reentrant_and_exclusive_between_threads(tmp_path):
 
 
 @pytest.fixture
-def shared_ray(tmp_path):
-    """One Ray for the concurrent drivers (`cluster.kind=ray`): three embedded Rays starting at once on a busy
-    2-core machine can miss Ray's own start-up timeout, which is not what this test is about."""
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=4, num_gpus=0, include_dashboard=False,
-                                                                object_store_memory=128 * 2**20))
-    try:
-        yield cluster.address
-    finally:
-        cluster.shutdown()
+def shared_ray(session_ray):
+    """One Ray for the concurrent drivers (`cluster.kind=ray`), the session's (tests/conftest.py): three embedded
+    Rays starting at once on a busy 2-core machine can miss Ray's own start-up timeout, which is not what this
+    test is about."""
+    return session_ray.address
 
 
 def test_concurrent_identical_sweeps_run_each_point_once(tmp_path, engines, shared_ray):

