@@ -7,14 +7,15 @@ and raises one `ConfigError` listing each. Engine rules follow what the engines 
 
 from __future__ import annotations
 
-import difflib
 import json
 import re
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
+# the problem type and the key checks live in orchestrator.config.problems and .keys; importable from here too
+from orchestrator.config.keys import LEAF as LEAF, OPEN as OPEN, config_key_problems as config_key_problems
+from orchestrator.config.keys import did_you_mean as did_you_mean, unknown_key_problem as unknown_key_problem
+from orchestrator.config.problems import ConfigError as ConfigError, Problem
 from orchestrator.config.validate_startup import startup_problems
-from specsweep_vocab.redact import MASK, is_secret_path, redact_override, redact_text
 from specsweep_vocab.sglang_limits import context_need, sglang_generated
 from specsweep_vocab.spec import STUB_FLAGS, Algorithm, AttentionKind, EngineKind, JobKind, ProbeKind, StubOptions
 from specsweep_vocab.sglang_facts import (SGLANG_BACKEND_PAGE_SIZES, SGLANG_DRAFT_BACKENDS,
@@ -24,37 +25,6 @@ from specsweep_vocab.sglang_facts import (SGLANG_BACKEND_PAGE_SIZES, SGLANG_DRAF
 
 if TYPE_CHECKING:
     from orchestrator.config.run_config import RunConfig
-
-
-@dataclass(frozen=True)
-class Problem:
-    key: str  # dotted config key, e.g. "page_size", "attention.backend"
-    value: Any
-    allowed: str  # what would be accepted, in words
-    overrides: tuple[str, ...] = ()  # the job's Hydra overrides (which grid point)
-
-    def __str__(self) -> str:
-        value = MASK if is_secret_path(self.key) else redact_text(repr(self.value))
-        return f"{self.key}={value}: allowed {self.allowed}"
-
-
-class ConfigError(ValueError):
-    """Every problem of a config or a sweep, grouped by grid point."""
-
-    def __init__(self, problems: Iterable[Problem]):
-        self.problems = tuple(problems)
-        super().__init__(self._message())
-
-    def _message(self) -> str:
-        points: dict[tuple[str, ...], list[Problem]] = {}
-        for p in self.problems:
-            points.setdefault(p.overrides, []).append(p)
-        lines = [f"invalid config: {len(self.problems)} problem(s) in {len(points)} grid point(s)"]
-        for overrides, problems in points.items():
-            where = " ".join(redact_override(o) for o in overrides) if overrides else "(no overrides)"
-            lines.append(f"  [{where}]")
-            lines.extend(f"    {p}" for p in problems)
-        return "\n".join(lines)
 
 
 # Reference engine: what workers/reference accepts.
@@ -77,73 +47,6 @@ def reserved_tokens(rc: RunConfig) -> int:
 def server_context_len(rc: RunConfig) -> int:
     """The server's --context-length: server_context_len, else the model's max_context_len."""
     return rc.server_context_len or rc.model.max_context_len
-
-
-# ================================================================ keys
-# The schema as a key tree (orchestrator.config.schema.schema_tree): name -> subtree, LEAF for a value, OPEN for a
-# dict-typed key (engine.env, cluster.runtime_env) under which any key is legal.
-LEAF, OPEN = None, "*"
-
-
-def did_you_mean(name: str, candidates: Iterable[str]) -> list[str]:
-    return difflib.get_close_matches(name, list(candidates), n=3, cutoff=0.6)
-
-
-def _leaf_paths(tree: Mapping[str, Any], prefix: str = "") -> list[str]:
-    out = []
-    for k, sub in tree.items():
-        out += _leaf_paths(sub, f"{prefix}{k}.") if isinstance(sub, Mapping) else [prefix + k]
-    return out
-
-
-def unknown_key_problem(key: str, value: Any, tree: Mapping[str, Any],
-                        overrides: tuple[str, ...] = ()) -> Problem | None:
-    """None when the dotted `key` exists in the schema (or lies under a dict-typed key); else a Problem
-    listing the keys allowed at that level and the closest valid keys."""
-    node: Any = tree
-    parts = key.split(".")
-    for i, part in enumerate(parts):  # noqa: B007 (i is read after the break)
-        if node == OPEN:
-            return None
-        if not isinstance(node, Mapping) or part not in node:
-            break
-        node = node[part]
-    else:
-        return None
-    parent = ".".join(parts[:i])
-    siblings = list(node) if isinstance(node, Mapping) else []
-    leaves = [p for p in _leaf_paths(tree) if p != key]
-    close = [p for p in leaves if p.rsplit(".", 1)[-1] == parts[-1]]  # the right name at another level
-    close += [f"{parent}.{k}" if parent else k for k in siblings
-              if k in did_you_mean(part, siblings) or (len(part) >= 3 and k.startswith(part))]
-    if not close:
-        names = did_you_mean(parts[-1], {p.rsplit(".", 1)[-1] for p in leaves})
-        close = [p for p in leaves if p.rsplit(".", 1)[-1] in names]
-    close = list(dict.fromkeys(close))[:3]
-    hint = f"; did you mean {' or '.join(close)}?" if close else ""
-    if not parent:
-        return Problem(key, value, f"a top-level key or a config group{hint} (top-level keys: {', '.join(siblings)})",
-                       overrides)
-    if siblings:
-        return Problem(key, value, f"a key of {parent}{hint} ({parent} has: {', '.join(siblings)})", overrides)
-    return Problem(key, value, f"nothing under {parent} (it is a value){hint}", overrides)
-
-
-def config_key_problems(config: Mapping[str, Any], tree: Mapping[str, Any],
-                        overrides: tuple[str, ...] = ()) -> list[Problem]:
-    """Every key of a composed config (plain dicts) that the schema does not have, e.g. one added with
-    `+engine.stub.tokn_s=1`, checked whichever engine is selected."""
-    out: list[Problem] = []
-
-    def walk(node: Mapping[str, Any], sub: Mapping[str, Any], prefix: str) -> None:
-        for key, value in node.items():
-            if key not in sub:
-                out.append(unknown_key_problem(prefix + key, value, tree, overrides))  # type: ignore[arg-type]
-            elif isinstance(sub[key], Mapping) and isinstance(value, Mapping):
-                walk(value, sub[key], f"{prefix}{key}.")
-
-    walk(config, tree, "")
-    return out
 
 
 # ================================================================ probe files
