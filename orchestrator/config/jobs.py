@@ -18,6 +18,7 @@ from typing import Any, Sequence, cast
 
 from omegaconf import DictConfig, OmegaConf
 
+from orchestrator.config.engine_args import engine_arg_problems
 from orchestrator.config.plan import Plan, plan_sweep
 from orchestrator.config.schema import RunConfig, override_key_problems, register_configs, to_run_config
 from orchestrator.config.settings import ExecutionSettings
@@ -41,11 +42,12 @@ def convert_and_validate(jobs: Sequence[tuple[DictConfig, Sequence[str]]], *, sw
             continue
         problems += validate_run(rc, check_max_context=not sweep)
         configs.append(rc)
+    problems += engine_arg_problems(configs)
     problems += sweep_level_problems(configs)
     if sweep and not problems and (p := every_point_over_context(configs)):
         problems.append(p)
-    if problems:
-        raise ConfigError(problems)
+    if problems:  # one rule and the generic checks may name the same key and value: once
+        raise ConfigError({(p.key, repr(p.value), p.overrides): p for p in problems}.values())
     return configs
 
 
