@@ -36,6 +36,9 @@ from specsweep_vocab.spec import (DTYPES, AttentionSpec, DrafterSpec, EngineKind
 
 
 
+PROBE_BYTES_PER_TOKEN = 64  # generous: a BPE token is about 4 bytes of text, JSONL adds its framing
+PROBE_FILE_MIN_BYTES = 2 ** 20
+
 # --- The typed run config ----------------------------------------------------------------------
 
 
@@ -299,13 +302,22 @@ def to_run_config(cfg: DictConfig, overrides: tuple[str, ...] = (), cwd: str | N
             p.items.append(Problem("probe.path", pr["path"], "a text or JSONL file path", p.overrides))
         else:
             probe_path = str(Path(cwd, pr["path"]).resolve())
-            if Path(probe_path).is_file():
-                raw = Path(probe_path).read_bytes()
-                digest = hashlib.sha256(raw).hexdigest()
-                if problem := probe_file_problem(pr["path"], probe_path, raw, p.overrides):
-                    p.items.append(problem)
+            # no more than the longest context this model takes could use: read only that much
+            limit = max(PROBE_FILE_MIN_BYTES, PROBE_BYTES_PER_TOKEN * int(c["model"]["max_context_len"]))
+            if not Path(probe_path).is_file():  # a folder, a FIFO, a device: never opened
+                p.items.append(Problem("probe.path", pr["path"], "an existing regular file", p.overrides))
+            elif not os.access(probe_path, os.R_OK):
+                p.items.append(Problem("probe.path", pr["path"], "a readable file", p.overrides))
             else:
-                p.items.append(Problem("probe.path", pr["path"], "an existing file", p.overrides))
+                with open(probe_path, "rb") as f:
+                    raw = f.read(limit + 1)
+                digest = hashlib.sha256(raw).hexdigest()
+                if len(raw) > limit:
+                    p.items.append(Problem("probe.path", pr["path"], f"a file of at most {limit} bytes "
+                                           f"({PROBE_BYTES_PER_TOKEN} bytes per token of model.max_context_len "
+                                           f"{c['model']['max_context_len']}): more could never be sent", p.overrides))
+                elif problem := probe_file_problem(pr["path"], probe_path, raw, p.overrides):
+                    p.items.append(problem)
     probe = _from_conf(ProbeSpec, "probe", pr, p, kind=probe_kind, context_len=c["context_len"],
                        gen_tokens=c["gen_tokens"], path=probe_path, content_sha256=digest, seed=c["seed"])
     cluster = _from_conf(ClusterSettings, "cluster", c["cluster"], p, runtime_env=c["cluster"]["runtime_env"] or None)

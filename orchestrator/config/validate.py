@@ -7,7 +7,6 @@ and raises one `ConfigError` listing each. Engine rules follow what the engines 
 
 from __future__ import annotations
 
-import json
 import re
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from orchestrator.config.keys import LEAF as LEAF, OPEN as OPEN, config_key_problems as config_key_problems
 from orchestrator.config.keys import did_you_mean as did_you_mean, unknown_key_problem as unknown_key_problem
 from orchestrator.config.problems import ConfigError as ConfigError, Problem
+from orchestrator.config.probe_file import probe_file_problem as probe_file_problem
 from orchestrator.config.validate_startup import startup_problems
 from specsweep_vocab.sglang_limits import context_need, sglang_generated
 from specsweep_vocab.spec import STUB_FLAGS, Algorithm, AttentionKind, EngineKind, JobKind, ProbeKind, StubOptions
@@ -47,40 +47,6 @@ def reserved_tokens(rc: RunConfig) -> int:
 def server_context_len(rc: RunConfig) -> int:
     """The server's --context-length: server_context_len, else the model's max_context_len."""
     return rc.server_context_len or rc.model.max_context_len
-
-
-# ================================================================ probe files
-
-
-def probe_file_problem(key_value: str, name: str, raw: bytes, overrides: tuple[str, ...] = ()) -> Problem | None:
-    """A probe file must hold text: UTF-8, not blank; JSONL (.jsonl/.ndjson) lines are objects with a string
-    "text" (what workers.probe.file_text reads)."""
-
-    def bad(why: str) -> Problem:
-        return Problem("probe.path", key_value, f"a UTF-8 text or JSONL file with text ({why})", overrides)
-
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        return bad(f"it is not UTF-8: {e.reason} at byte {e.start}")
-    if name.endswith((".jsonl", ".ndjson")):
-        texts = []
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                return bad(f"line {n} is not JSON: {e.msg}")
-            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                return bad(f'line {n} has no string "text" field')
-            texts.append(record["text"])
-        text = "".join(texts)
-        if not text.strip():
-            return bad('no line has a non-blank "text"')
-    elif not text.strip():
-        return bad("it is empty" if not text else "it holds only whitespace")
-    return None
 
 
 def check_context(rc: RunConfig) -> Problem | None:
