@@ -103,10 +103,21 @@ SCHEDULE_CASES = (
     Case("(control) schedule list", SCHED, module="orchestrator.schedule", files={"sched/ok.yaml": SMOKE_SCHEDULE},
          runs=True),
 )
+GRID_CASES = (
+    Case("(control) duplicate points run once, with a warning",
+         ("+sweep=smoke", "page_size=16,16", "hydra.launcher.dry_run=true"), runs=True),
+)
+MODEL_CASES = (
+    Case("model fact overridden: max_context_len=16384 on the 8k SmolLM2", ("model.max_context_len=16384",)),
+    Case("context past what the model was trained for", ("context_len=16000",)),
+    Case("model path: a truncated GGUF", ("model.path=cut.gguf",), files={"cut.gguf": "GGUF\x03\x00"}),
+    Case("model path: a folder of garbage", ("model.path=junk",), files={"junk/w.bin": "garbage"}),
+)
 # #32 sections 2 and 3 (faults, secrets, the reference engine's HTTP): their cases go here.
 FAULT_CASES: tuple[Case, ...] = ()
 
-CASES = BASE_CASES + DOMAIN_CASES + NAME_CASES + FLAG_CASES + RESOURCE_CASES + SCHEDULE_CASES + FAULT_CASES
+CASES = (BASE_CASES + DOMAIN_CASES + NAME_CASES + FLAG_CASES + RESOURCE_CASES + SCHEDULE_CASES + GRID_CASES
+         + MODEL_CASES + FAULT_CASES)
 
 
 
