@@ -70,8 +70,8 @@ def _server_problems(server: ServerSpec, stub_extra: int) -> list[tuple[str, obj
     user_engine = server.engine.extra_args[stub_extra:]
     for key, args in (("engine.extra_args", user_engine), ("drafter.extra_args", server.drafter.extra_args)):
         for flag in sorted(set(_flags(args)) & owned):
-            out.append((key, flag, f"no flag the orchestrator sets itself ({flag} comes from the config: "
-                        f"its own key, or the server's --host/--port); owned here: {', '.join(sorted(owned))}"))
+            out.append((key, flag, f"no flag the orchestrator sets itself (it builds {flag} from the config; "
+                        f"owned for this server: {', '.join(sorted(owned))})"))
     if server.engine.kind is EngineKind.REFERENCE and not out \
             and (server.engine.extra_args or server.drafter.extra_args):
         argv = build_engine_argv(server, PORT)
