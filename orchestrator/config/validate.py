@@ -7,16 +7,17 @@ and raises one `ConfigError` listing each. Engine rules follow what the engines 
 
 from __future__ import annotations
 
-import re
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 # the problem type and the key checks live in orchestrator.config.problems and .keys; importable from here too
 from orchestrator.config.keys import LEAF as LEAF, OPEN as OPEN, config_key_problems as config_key_problems
 from orchestrator.config.keys import did_you_mean as did_you_mean, unknown_key_problem as unknown_key_problem
 from orchestrator.config.problems import ConfigError as ConfigError, Problem
 from orchestrator.config.probe_file import probe_file_problem as probe_file_problem
+from orchestrator.config.log_pattern_rules import LOG_PATTERN_ALLOWED as LOG_PATTERN_ALLOWED, log_pattern_problems
+from orchestrator.config.context import (check_context, every_point_over_context as every_point_over_context,
+                                         reserved_tokens as reserved_tokens, server_context_len)
 from orchestrator.config.validate_startup import startup_problems
-from specsweep_vocab.sglang_limits import context_need, sglang_generated
 from specsweep_vocab.spec import STUB_FLAGS, Algorithm, AttentionKind, EngineKind, JobKind, ProbeKind, StubOptions
 from specsweep_vocab.sglang_facts import (SGLANG_BACKEND_PAGE_SIZES, SGLANG_DRAFT_BACKENDS,
                                           SGLANG_EAGLE_DRAFT_WORKER_BACKENDS, SGLANG_PLUGIN_BACKENDS,
@@ -33,55 +34,6 @@ REFERENCE_ALGORITHMS = (Algorithm.NONE, Algorithm.NGRAM, Algorithm.STANDALONE)
 EAGLE_FAMILY = (Algorithm.EAGLE, Algorithm.EAGLE3, Algorithm.STANDALONE)
 NEEDS_DRAFT_PATH = (Algorithm.STANDALONE, Algorithm.EAGLE3, Algorithm.DFLASH)
 SPECULATIVE_ATTENTION_MODES = ("prefill", "decode")  # SGLang --speculative-attention-mode choices
-
-
-def reserved_tokens(rc: RunConfig) -> int:
-    """Context slots SGLang reserves per request on top of the prompt: EAGLE/EAGLE3 store their draft tokens in
-    the output slots, max(topk * num_steps, num_draft_tokens) (`compute_num_reserved_tokens`, 0.5.10-0.5.23)."""
-    d = rc.drafter
-    if rc.engine.kind is EngineKind.SGLANG and d.algorithm in (Algorithm.EAGLE, Algorithm.EAGLE3):
-        return max(d.topk * d.num_steps, d.num_draft_tokens)
-    return 0
-
-
-def server_context_len(rc: RunConfig) -> int:
-    """The server's --context-length: server_context_len, else the model's max_context_len."""
-    return rc.server_context_len or rc.model.max_context_len
-
-
-def check_context(rc: RunConfig) -> Problem | None:
-    """The probe's prompt and all its gen_tokens must fit the server's context (a sweep drops such points instead).
-    The reference engine takes prompt + max_new_tokens <= context (workers/reference/engine.py `check`). SGLang
-    (0.5.23, `specsweep_vocab.sglang_limits`, checked against its own code): prompt + max_new_tokens + max(reserve, 2)
-    <= context and prompt <= context - 7, the reserve being EAGLE/EAGLE3's draft slots; nearer the edge it refuses
-    the request (HTTP 400), aborts it, or generates fewer tokens than asked."""
-    limit, reserved = server_context_len(rc), reserved_tokens(rc)
-    prompt, gen = rc.probe.context_len, rc.probe.gen_tokens
-    sglang = rc.engine.kind is EngineKind.SGLANG
-    if (sglang_generated(prompt, gen, limit, reserve=reserved) == gen) if sglang else prompt + gen <= limit:
-        return None
-    where = (f"server_context_len {limit}" if rc.server_context_len
-             else f"model {rc.model.name}'s max_context_len {limit}")
-    if not sglang:
-        return Problem("context_len", prompt, f"context_len + gen_tokens ({gen}) <= {where}", rc.overrides)
-    total, alone = context_need(reserved)
-    why = (f"the {reserved} tokens SGLang reserves for {rc.drafter.algorithm.value} drafts "
-           "(max(topk*num_steps, num_draft_tokens))" if reserved >= total else
-           "SGLang's scheduler keeps max_new_tokens <= context - prompt - 2")
-    return Problem("context_len", prompt, f"context_len + gen_tokens ({gen}) + {total} ({why}) <= {where}, and "
-                   f"context_len <= {limit - alone} (SGLang aborts prompts of context - 6 tokens or more)",
-                   rc.overrides)
-
-
-def every_point_over_context(configs: Sequence[RunConfig]) -> Problem | None:
-    """A sweep drops points above the model's context; when that leaves nothing to run it is an error."""
-    over = [p for rc in configs if rc.job is JobKind.ENGINE and (p := check_context(rc))]
-    if not configs or len(over) < len(configs):
-        return None
-    values = sorted({p.value for p in over})
-    return Problem("context_len", values if len(values) > 1 else values[0],
-                   f"at least one grid point with {over[0].allowed} (all {len(configs)} point(s) exceed it: "
-                   "nothing would run)")
 
 
 def validate_run(rc: RunConfig, *, check_max_context: bool = True) -> list[Problem]:
@@ -144,30 +96,6 @@ def _driver_problems(rc: RunConfig) -> list[Problem]:
         bad("cluster.address", None, "a Ray address (e.g. auto or ray://head:10001) when cluster.kind=ray")
     if not rc.tracking.uri:
         bad("tracking.uri", rc.tracking.uri, "an MLflow tracking URI")
-    return out
-
-
-LOG_PATTERN_ALLOWED = ("a Python regular expression with at least one named group, "
-                       "e.g. 'commit=(?P<commit_len>\\d+)'")
-
-
-def log_pattern_problems(rc: RunConfig) -> list[Problem]:
-    """`metrics.log_patterns`: each must compile and name at least one group (a group is a series name);
-    kernel jobs have no engine log to read."""
-    out: list[Problem] = []
-    for i, pattern in enumerate(rc.log_patterns):
-        key = f"metrics.log_patterns[{i}]"
-        try:
-            compiled = re.compile(pattern)
-        except re.error as e:
-            out.append(Problem(key, pattern, f"{LOG_PATTERN_ALLOWED} (it does not compile: {e})", rc.overrides))
-            continue
-        if not compiled.groupindex:
-            out.append(Problem(key, pattern, f"{LOG_PATTERN_ALLOWED} (it has no named group (?P<name>...): "
-                               "group names become the metric names)", rc.overrides))
-    if rc.log_patterns and rc.job is JobKind.KERNEL:
-        out.append(Problem("metrics.log_patterns", list(rc.log_patterns),
-                           "[] with job=kernel (a kernel run has no engine log)", rc.overrides))
     return out
 
 
