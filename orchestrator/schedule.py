@@ -47,7 +47,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator.results.regress.alert import REGRESSION_MARK
-from orchestrator.schedules.definition import ScheduleError, load_schedules
+from orchestrator.schedules.definition import ScheduleError, load_schedules, read_schedules
 from orchestrator.schedules.ray_jobs import RayJobBackend, job_server
 from orchestrator.schedules.scheduler import Scheduler, utcnow
 from orchestrator.schedules.state import DEFAULT_STATE, FiringStatus, StateStore, daemon_lock
@@ -89,7 +89,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     try:
-        schedules = load_schedules(args.schedule_dir)
+        if args.command == "run":  # the daemon: a bad file is reported and the others keep firing
+            schedules, problems = read_schedules(args.schedule_dir)
+            for problem in problems:
+                log.error("skipped: %s", problem)
+            if not schedules:
+                log.error("no usable schedule in %s", args.schedule_dir or "the default folder")
+                return 2
+        else:
+            schedules = load_schedules(args.schedule_dir)
     except ScheduleError as e:
         log.error("%s", e)
         return 2

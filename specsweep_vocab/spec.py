@@ -15,6 +15,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from specsweep_vocab.domain import (ARGV, DELAY_S, IDENT, NAME, PATH, SECONDS, TOKENS, Choice,
+                                     Int, Num, Text, domain)
+
 
 # Fields marked NOT_IDENTITY (names, paths) never enter run_hash / ServerSpec.key.
 NOT_IDENTITY = {"identity": False}
@@ -119,26 +122,32 @@ class FailureReason(str, enum.Enum):
     WORKER_ERROR = "worker_error"  # an unexpected exception inside the worker (a bug, not the engine)
 
 
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+DTYPES = tuple(DTYPE_BYTES)
+DEVICES = ("cpu", "cuda")
+
+
 @dataclass(frozen=True)
 class ModelSpec:
-    name: str = field(metadata=NOT_IDENTITY)  # config-group name, e.g. "tiny", "qwen3-8b"
-    path: str  # built-in name ("tiny") or a checkpoint directory / HF id
-    max_context_len: int  # tokens
-    num_layers: int
-    hidden_size: int
-    num_q_heads: int
-    num_kv_heads: int  # 1 for MLA (one latent head)
-    head_dim: int  # K head dim (MLA: 576 = 512 latent + 64 rope)
-    v_head_dim: int  # V head dim (MLA: 512)
+    name: str = field(metadata=domain(NAME, NOT_IDENTITY))  # config-group name, e.g. "tiny", "qwen3-8b"
+    path: str = field(metadata=domain(PATH))  # built-in name ("tiny") or a checkpoint directory / HF id
+    max_context_len: int = field(metadata=domain(TOKENS))  # tokens
+    num_layers: int = field(metadata=domain(Int(1, 4096)))
+    hidden_size: int = field(metadata=domain(Int(1, 2 ** 20)))
+    num_q_heads: int = field(metadata=domain(Int(1, 4096)))
+    num_kv_heads: int = field(metadata=domain(Int(1, 4096)))  # 1 for MLA (one latent head)
+    head_dim: int = field(metadata=domain(Int(1, 4096)))  # K head dim (MLA: 576 = 512 latent + 64 rope)
+    v_head_dim: int = field(metadata=domain(Int(1, 4096)))  # V head dim (MLA: 512)
     attention_kind: AttentionKind = AttentionKind.GQA
-    dtype: str = "float32"  # KV/weights dtype the engine runs in
-    load_format: str = "dummy"  # "dummy" (seeded random weights) or "auto"
+    dtype: str = field(default="float32", metadata=domain(Choice(*DTYPES)))  # KV/weights dtype the engine runs in
+    # "dummy" (seeded random weights) or "auto"; SGLang knows more (gguf, safetensors, ...)
+    load_format: str = field(default="dummy", metadata=domain(IDENT))
     # Weight size, for the plan-time check that the weights fit the GPUs (orchestrator/config/validate_startup.py); they
     # describe the checkpoint at `path`, so they are no part of a run's identity. num_params: parameters of the
     # checkpoint (its model card; None: a lower bound from the attention shape); weight_dtype: how its weights are
     # stored where that is not `dtype` (DeepSeek-V3: float8_e4m3fn, its config.json quantization_config).
-    num_params: int | None = field(default=None, metadata=NOT_IDENTITY)
-    weight_dtype: str | None = field(default=None, metadata=NOT_IDENTITY)
+    num_params: int | None = field(default=None, metadata=domain(Int(1, 10 ** 14), NOT_IDENTITY))
+    weight_dtype: str | None = field(default=None, metadata=domain(IDENT, NOT_IDENTITY))
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -148,7 +157,6 @@ class ModelSpec:
                                   mla=self.attention_kind is AttentionKind.MLA, num_layers=self.num_layers)
 
 
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 def kv_bytes_per_token(*, num_kv_heads: int, k_head_dim: int, v_head_dim: int, elt: int, mla: bool = False,
@@ -160,41 +168,50 @@ def kv_bytes_per_token(*, num_kv_heads: int, k_head_dim: int, v_head_dim: int, e
 
 @dataclass(frozen=True)
 class DrafterSpec:
-    name: str = field(metadata=NOT_IDENTITY)  # config-group name: none, ngram, oracle, ...
+    name: str = field(metadata=domain(NAME, NOT_IDENTITY))  # config-group name: none, ngram, oracle, ...
     algorithm: Algorithm = Algorithm.NONE
-    draft_model_path: str | None = None  # the oracle sets this to the target's own path
-    num_steps: int = 0  # tree depth
-    topk: int = 1  # tree breadth
-    num_draft_tokens: int = 0  # max tree nodes
+    # the oracle sets this to the target's own path
+    draft_model_path: str | None = field(default=None, metadata=domain(PATH))
+    num_steps: int = field(default=0, metadata=domain(Int(0, 256)))  # tree depth
+    topk: int = field(default=1, metadata=domain(Int(0, 256)))  # tree breadth
+    num_draft_tokens: int = field(default=0, metadata=domain(Int(0, 4096)))  # max tree nodes
     is_oracle: bool = False  # the target drafts for itself: commit must be num_steps + 1
-    extra_args: tuple[str, ...] = ()  # additional engine argv, e.g. DFLASH block size
-    draft_window_size: int | None = field(default=None, metadata=IDENTITY_IF_SET)  # DFLASH draft window (tokens)
+    # additional engine argv, e.g. DFLASH block size
+    extra_args: tuple[str, ...] = field(default=(), metadata=domain(ARGV))
+    # DFLASH draft window (tokens)
+    draft_window_size: int | None = field(default=None, metadata=domain(TOKENS, IDENTITY_IF_SET))
     # reference engine: the draft model's first N layers + its norm and LM head (self-speculation when the draft
     # is the target); --speculative-draft-num-layers
-    draft_num_layers: int | None = field(default=None, metadata=IDENTITY_IF_SET)
+    draft_num_layers: int | None = field(default=None, metadata=domain(Int(1, 4096), IDENTITY_IF_SET))
 
 
 @dataclass(frozen=True)
 class AttentionSpec:
-    name: str = field(metadata=NOT_IDENTITY)  # config-group name
-    backend: str  # --attention-backend
-    decode_backend: str | None = None
-    prefill_backend: str | None = None
-    draft_backend: str | None = None  # --speculative-draft-attention-backend
+    name: str = field(metadata=domain(NAME, NOT_IDENTITY))  # config-group name
+    backend: str = field(metadata=domain(IDENT))  # --attention-backend
+    decode_backend: str | None = field(default=None, metadata=domain(IDENT))
+    prefill_backend: str | None = field(default=None, metadata=domain(IDENT))
+    # --speculative-draft-attention-backend
+    draft_backend: str | None = field(default=None, metadata=domain(IDENT))
     # SGLang --speculative-attention-mode: which of prefill/decode backend runs TARGET_VERIFY (None: SGLang's
     # default, prefill). specsweep_vocab.sglang_facts.resolved_backends says which backend verifies.
-    speculative_attention_mode: str | None = field(default=None, metadata=IDENTITY_IF_SET)
+    speculative_attention_mode: str | None = field(default=None, metadata=domain(Choice("prefill", "decode"),
+                                                                                IDENTITY_IF_SET))
 
 
 @dataclass(frozen=True)
 class SGLangOptions:
     """SGLang-only launch settings (`engine.sglang`); workers/sglang/args.py turns them into the version's flags."""
 
-    mem_fraction_static: float | None = None  # None: SGLang's own choice
-    cuda_graph_max_bs: int | None = None  # --cuda-graph-max-bs-decode (>= 0.5.20) / --cuda-graph-max-bs (0.5.10)
+    # None: SGLang's own choice
+    mem_fraction_static: float | None = field(default=None, metadata=domain(Num(0, 0.999, lo_open=True)))
+    # --cuda-graph-max-bs-decode (>= 0.5.20) / --cuda-graph-max-bs (0.5.10)
+    cuda_graph_max_bs: int | None = field(default=None, metadata=domain(Int(1, 4096)))
     disable_cuda_graph: bool = False
-    max_running_requests: int | None = None  # None: SGLang sets 48 with speculation
-    log_level: str | None = None
+    # None: SGLang sets 48 with speculation
+    max_running_requests: int | None = field(default=None, metadata=domain(Int(1, 65536)))
+    log_level: str | None = field(default=None, metadata=domain(Choice("debug", "info", "warning", "error",
+                                                                        "critical")))
 
 
 # The stub engine's timing flags (workers/stub/server.py parse_args), in StubOptions field order.
@@ -206,10 +223,11 @@ class StubOptions:
     """The stub engine's timing (`engine.stub`, engine.kind=stub only). The stub is started with `engine.extra_args`
     (workers/stub/adapter.py StubAdapter), so planning prepends `argv()`; the flag names are workers/stub/server.py's."""
 
-    token_s: float = 0.005  # seconds per generated token (decode)
-    prefill_s: float = 0.0  # seconds per prompt token
-    startup_s: float = 0.2  # seconds before /health answers 200
-    rendezvous_timeout_s: float = 120.0  # multi-node: how long rank 0 waits for the other ranks (and they for it)
+    token_s: float = field(default=0.005, metadata=domain(DELAY_S))  # seconds per generated token (decode)
+    prefill_s: float = field(default=0.0, metadata=domain(DELAY_S))  # seconds per prompt token
+    startup_s: float = field(default=0.2, metadata=domain(DELAY_S))  # seconds before /health answers 200
+    # multi-node: how long rank 0 waits for the other ranks (and they for it)
+    rendezvous_timeout_s: float = field(default=120.0, metadata=domain(SECONDS))
 
     def argv(self) -> tuple[str, ...]:
         values = (self.token_s, self.prefill_s, self.startup_s, self.rendezvous_timeout_s)
@@ -219,11 +237,12 @@ class StubOptions:
 @dataclass(frozen=True)
 class EngineSpec:
     kind: EngineKind
-    version: str  # engine version the flag set targets ("0.5.23" for SGLang; ours for the reference)
-    device: str = "cpu"  # reference engine: cpu | cuda
-    startup_timeout_s: float = 300.0
-    request_timeout_s: float = 600.0
-    extra_args: tuple[str, ...] = ()
+    # engine version the flag set targets ("0.5.23" for SGLang; ours for the reference)
+    version: str = field(metadata=domain(IDENT))
+    device: str = field(default="cpu", metadata=domain(Choice(*DEVICES)))  # reference engine: cpu | cuda
+    startup_timeout_s: float = field(default=300.0, metadata=domain(SECONDS))
+    request_timeout_s: float = field(default=600.0, metadata=domain(SECONDS))
+    extra_args: tuple[str, ...] = field(default=(), metadata=domain(ARGV))
     env: tuple[tuple[str, str], ...] = ()
     sglang: SGLangOptions | None = field(default=None, metadata=IDENTITY_IF_SET)  # kind=sglang only
     stub: StubOptions | None = field(default=None, metadata=IDENTITY_IF_SET)  # kind=stub only
@@ -262,12 +281,15 @@ class ProbeSpec:
     kind: ProbeKind
     context_len: int  # prompt tokens to build
     gen_tokens: int  # tokens to generate (temperature 0, ignore_eos)
-    sentence: str = "The cat sat on the mat. "  # predictable
-    path: str | None = field(default=None, metadata=NOT_IDENTITY)  # file probe: text or JSONL
+    sentence: str = field(default="The cat sat on the mat. ",  # predictable
+                          metadata=domain(Text(10000, empty=True, what="a sentence")))
+    # file probe: text or JSONL
+    path: str | None = field(default=None, metadata=domain(Text(4096, empty=True, what="a path"), NOT_IDENTITY))
     content_sha256: str | None = None  # file probe: identity is the file's content, not its path
     seed: int = 0  # novel text
     temperature: float = 0.0
-    concurrency: int = field(default=1, metadata=IDENTITY_IF_NOT_DEFAULT)  # requests in flight at once
+    # requests in flight at once (one client thread each)
+    concurrency: int = field(default=1, metadata=domain(Int(1, 1024), IDENTITY_IF_NOT_DEFAULT))
 
 
 @dataclass(frozen=True)

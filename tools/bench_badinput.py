@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import http.server
 import os
 import platform
 import re
@@ -30,62 +31,19 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from tools.badinput_cases import CASES, SGLANG as SGLANG, Case
 from workers.engine import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = "SPECSWEEP_BADINPUT_CASE"
-SGLANG = ("engine=sglang", "model=qwen3-8b", "attention=triton")
 MIN_LIFE_S = 0.3  # a process seen for this long counts as started (Ray's and engines' live for seconds)
 NOISE = ("Error executing job with overrides", "Set the environment variable HYDRA_FULL_ERROR")
-
-
-@dataclass(frozen=True)
-class Case:
-    label: str  # what the user got wrong
-    args: tuple[str, ...]
-    module: str = "orchestrator"
-    files: dict[str, str] = field(default_factory=dict)  # written into the case's working dir first
-    listen: bool = False  # a TCP listener that never answers; "{port}" in args is its port
-    closed_port: bool = False  # "{port}" is a port nothing listens on
-
-
-CASES = (
-    Case("value out of range (single run)", ("page_size=0",)),
-    Case("value out of range in 8 grid points", ("+sweep=smoke", "page_size=0,16")),
-    Case("typo'd key", ("+sweep=smoke", "contxt_len=2048")),
-    Case("typo'd engine.stub key", ("engine=stub", "engine.stub.tokn_s=0.01")),
-    Case("typo'd key with `+`, another engine selected", ("+engine.sglang.mem_frac=0.5",)),
-    Case("unknown config group option", ("+sweep=smoke", "attention=bogus")),
-    Case("drafter the engine lacks", ("drafter=eagle3",)),
-    Case("draft model path missing", ("drafter=draft_model",)),
-    Case("draft model with another vocabulary", ("drafter=draft_model", "drafter.draft_model_path=tiny-draft")),
-    Case("log pattern without a named group", ("+sweep=smoke", r"metrics.log_patterns=['commit=\d+']")),
-    Case("probe file missing", ("probe=file", "probe.path=missing.txt")),
-    Case("probe file empty", ("probe=file", "probe.path=empty.txt"), files={"empty.txt": ""}),
-    Case("probe JSONL without text", ("probe=file", "probe.path=p.jsonl"), files={"p.jsonl": '{"prompt": "x"}\n'}),
-    Case("single run above the model's context", ("context_len=65536",)),
-    Case("sweep with every point above the context", ("+sweep=smoke", "context_len=40000,50000")),
-    Case("tp_size=16 on this machine (cluster=local)", (*SGLANG, "tp_size=16")),
-    Case("reference engine on cuda, cluster=local", ("engine.device=cuda",)),
-    Case("multi-node server, cluster=local", ("engine=stub", "tp_size=2", "nnodes=2")),
-    Case("dry run, tp_size=16 > cluster=ray's gpus_per_node", ("+sweep=smoke", *SGLANG, "cluster=ray", "tp_size=16",
-                                                              "hydra.launcher.dry_run=true")),
-    Case("tracking server refusing connections", ("tracking=server", "tracking.uri=http://127.0.0.1:{port}"),
-         closed_port=True),
-    Case("tracking server that never answers", ("tracking=server", "tracking.uri=http://127.0.0.1:{port}"),
-         listen=True),
-    Case("tracking host that does not resolve", ("tracking=server", "tracking.uri=http://mlflow.invalid:5000")),
-    Case("tracking=server without tracking.uri", ("tracking=server",)),
-    Case("SQLite store in a missing folder", ("tracking.uri=sqlite:///no/such/dir/mlflow.db",)),
-    Case("schedule with page_size=0", ("--schedule-dir", "sched", "list"), module="orchestrator.schedule",
-         files={"sched/nightly.yaml": "cron: '0 2 * * *'\noverrides: ['+sweep=smoke', 'page_size=0']\n"}),
-    Case("(control) single-run dry run", ("hydra.launcher.dry_run=true",)),
-)
 
 
 @dataclass
@@ -134,7 +92,7 @@ def _first_line(stderr: str, stdout: str) -> str:
 def run_case(case: Case, timeout: float = 300) -> Outcome:
     work = Path(tempfile.mkdtemp(prefix="bb-", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
     token = work.name
-    listener = None
+    listener = server404 = None
     try:
         for name, text in case.files.items():
             Path(work, name).parent.mkdir(parents=True, exist_ok=True)
@@ -147,6 +105,9 @@ def run_case(case: Case, timeout: float = 300) -> Outcome:
             port = listener.getsockname()[1]
         elif case.closed_port:
             port = free_port()
+        elif case.serve404:
+            server404 = _serve_404()
+            port = server404.server_address[1]
         args = [a.replace("{port}", str(port)) for a in case.args]
         env = dict(os.environ, RAY_TMPDIR=str(work / "r"), RAY_AUTH_MODE="disabled", COLUMNS="200",
                    PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "kernels")]), **{MARKER: token})
@@ -182,7 +143,25 @@ def run_case(case: Case, timeout: float = 300) -> Outcome:
     finally:
         if listener is not None:
             listener.close()
+        if server404 is not None:
+            server404.shutdown()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _serve_404() -> http.server.ThreadingHTTPServer:
+    """A web server that is not MLflow: every path answers 404."""
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
 
 
 # ---------------------------------------------------------------- the reference engine's request checks
@@ -330,8 +309,21 @@ def main(argv: list[str] | None = None) -> int:
         rows, good = run_engine_requests()
         print()
         print(format_engine_table(rows, good))
-    bad = [o for o in outcomes if o.started or (o.rc == 0) != o.case.label.startswith("(control)")]
+    print()
+    print(summary(outcomes))
+    bad = [o for o in outcomes if (o.started and not o.case.runs) or (o.rc == 0) != o.case.runs
+           or "Traceback" in o.output_tail]
     return 1 if bad else 0
+
+
+def summary(outcomes: list[Outcome]) -> str:
+    """The share refused before anything started, with one message and no traceback; the inputs meant to run."""
+    refused = [o for o in outcomes if not o.case.runs]
+    clean = [o for o in refused if o.rc != 0 and not o.started and "Traceback" not in o.output_tail]
+    ran = [o for o in outcomes if o.case.runs]
+    return (f"Refused before anything started, no traceback: {len(clean)} of {len(refused)} "
+            f"({100 * len(clean) / max(1, len(refused)):.0f}%); inputs meant to run: "
+            f"{sum(o.rc == 0 for o in ran)} of {len(ran)} exited 0.")
 
 
 if __name__ == "__main__":

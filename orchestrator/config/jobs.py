@@ -18,11 +18,13 @@ from typing import Any, Sequence, cast
 
 from omegaconf import DictConfig, OmegaConf
 
+from orchestrator.config.engine_args import engine_arg_problems
+from orchestrator.config.model_facts import model_fact_problems
 from orchestrator.config.plan import Plan, plan_sweep
 from orchestrator.config.schema import RunConfig, override_key_problems, register_configs, to_run_config
 from orchestrator.config.settings import ExecutionSettings
 from orchestrator.config.validate import ConfigError, Problem, every_point_over_context, validate_run
-from specsweep_vocab.spec import EngineKind
+from specsweep_vocab.spec import EngineKind, JobKind
 
 # Keys that describe the sweep, not a point: one value per sweep.
 SWEEP_LEVEL = ("sweep_name", "cluster", "tracking", "resume", "progress", "report")
@@ -39,13 +41,15 @@ def convert_and_validate(jobs: Sequence[tuple[DictConfig, Sequence[str]]], *, sw
         except ConfigError as e:
             problems += e.problems
             continue
-        problems += validate_run(rc, check_max_context=not sweep)
+        facts = model_fact_problems(rc) if rc.job is JobKind.ENGINE else []
+        problems += facts or validate_run(rc, check_max_context=not sweep)  # the context rule needs true facts
         configs.append(rc)
+    problems += engine_arg_problems(configs)
     problems += sweep_level_problems(configs)
     if sweep and not problems and (p := every_point_over_context(configs)):
         problems.append(p)
-    if problems:
-        raise ConfigError(problems)
+    if problems:  # one rule and the generic checks may name the same key and value: once
+        raise ConfigError({(p.key, repr(p.value), p.overrides): p for p in problems}.values())
     return configs
 
 

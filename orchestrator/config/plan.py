@@ -132,16 +132,26 @@ def plan_sweep(sweep_name: str, configs: Sequence[RunConfig], *, drop_over_max: 
                first_job_index: int = 0) -> Plan:
     """Configs must be validated. `drop_over_max`: leave out points above the model's context (a sweep)
     with one log line; a single run validates that instead."""
-    runs, dropped = [], []
+    runs: list[RunSpec] = []
+    over: list[tuple[RunSpec, str]] = []
+    duplicate: list[tuple[RunSpec, str]] = []
+    first: dict[str, RunSpec] = {}  # run_hash -> the job that runs it
     for i, rc in enumerate(configs):
         run = build_run(rc, first_job_index + i)
         problem = check_context(rc) if drop_over_max and rc.job is JobKind.ENGINE else None
         if problem:
-            dropped.append((run, f"{problem.key}={problem.value}: needs {problem.allowed}"))
+            over.append((run, f"{problem.key}={problem.value}: needs {problem.allowed}"))
+        elif run.run_hash in first:  # the same point twice (an axis listing a value twice): measured once
+            duplicate.append((run, f"the same point as job {first[run.run_hash].job_index}: planned once"))
         else:
+            first[run.run_hash] = run
             runs.append(run)
-    if dropped:
-        log.info(_drop_summary(dropped, len(configs)))
+    if over:
+        log.info(_drop_summary(over, len(configs)))
+    if duplicate:
+        log.warning("%d duplicate grid point(s) planned once (jobs %s repeat earlier jobs' run_hash)",
+                    len(duplicate), ", ".join(str(r.job_index) for r, _ in duplicate[:10]))
+    dropped = over + duplicate
     return Plan(sweep_name=sweep_name, groups=group_runs(runs), dropped=tuple(dropped),
                 base_config=redact_config(base_config) if base_config else base_config,
                 overrides=tuple(redact_override(o) for o in overrides))

@@ -10,8 +10,14 @@ from dataclasses import dataclass, field
 
 from orchestrator.config.settings import (ClusterSettings, ExecutionSettings, RegressSettings, Thresholds,
                                           TrackingSettings)
+from specsweep_vocab.domain import NAME, TOKENS, Int, Items, Text, domain
 from specsweep_vocab.spec import (AttentionSpec, DrafterSpec, EngineSpec, JobKind, KernelSpec, ModelSpec,
                                   ProbeSpec)
+
+
+LOG_PATTERNS = Items(Text(1000, what="a regular expression"), 64)
+CONTEXT_LEN = TOKENS  # the probe's prompt tokens (top-level `context_len`)
+GEN_TOKENS = Int(1, 2 ** 20)  # tokens generated per run (top-level `gen_tokens`)
 
 
 @dataclass(frozen=True)
@@ -31,15 +37,18 @@ class RunConfig:
     report: Thresholds = field(default_factory=Thresholds)
     regress: RegressSettings = field(default_factory=RegressSettings)  # comparison with the sweep's history
     kernel: KernelSpec | None = None  # job=kernel: the shape the `kernel` section (KernelConf) resolves to
-    log_patterns: tuple[str, ...] = ()  # `metrics.log_patterns` (checked by validate.log_pattern_problems)
+    # `metrics.log_patterns` (checked by validate.log_pattern_problems)
+    log_patterns: tuple[str, ...] = field(default=(), metadata=domain(LOG_PATTERNS))
     job: JobKind = JobKind.ENGINE  # engine (an engine + probe per point) | kernel (one verify-kernel shape per point)
-    sweep_name: str = "default"
-    page_size: int = 16
-    seed: int = 0
+    sweep_name: str = field(default="default", metadata=domain(NAME))  # a folder and the MLflow experiment
+    page_size: int = field(default=16, metadata=domain(Int(1, 4096)))  # KV page (tokens)
+    seed: int = field(default=0, metadata=domain(Int(0, 2 ** 32 - 1)))  # numpy's and SGLang's seed range
     resume: bool = ExecutionSettings.resume  # the defaults that execution also holds are ExecutionSettings's
-    server_context_len: int | None = None  # None = the model's max_context_len
-    tp_size: int = 1
-    nnodes: int = 1  # nodes one server spans (SGLang --nnodes); tp_size is split evenly across them
+    # None = the model's max_context_len
+    server_context_len: int | None = field(default=None, metadata=domain(TOKENS))
+    tp_size: int = field(default=1, metadata=domain(Int(1, 1024)))
+    # nodes one server spans (SGLang --nnodes); tp_size is split evenly across them
+    nnodes: int = field(default=1, metadata=domain(Int(1, 1024)))
     progress: bool = ExecutionSettings.progress
     params: tuple[tuple[str, str], ...] = ()  # flattened resolved config
     overrides: tuple[str, ...] = ()  # this job's Hydra overrides

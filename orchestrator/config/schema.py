@@ -24,19 +24,21 @@ from typing import Any, Optional, Sequence
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from orchestrator.config.run_config import RunConfig
+from orchestrator.config.domains import domain_problems
+from orchestrator.config.run_config import CONTEXT_LEN, GEN_TOKENS, LOG_PATTERNS, RunConfig
 from orchestrator.config.settings import ClusterSettings, RegressSettings, Thresholds, TrackingSettings
 from orchestrator.config.validate import (LEAF, OPEN, ConfigError, Problem, config_key_problems, probe_file_problem,
                                           unknown_key_problem)
 from specsweep_vocab.builtin_models import BUILTIN_MODELS
-from specsweep_vocab.spec import (AttentionSpec, DrafterSpec, EngineKind, EngineSpec, JobKind, KERNEL_LAYOUTS,
-                                  KernelSpec, ModelSpec, ProbeKind, ProbeSpec, SGLangOptions, StubOptions)
+from specsweep_vocab.domain import Choice, Int, domain
+from specsweep_vocab.spec import (DTYPES, AttentionSpec, DrafterSpec, EngineKind, EngineSpec, JobKind,
+                                  KERNEL_LAYOUTS, KernelSpec, ModelSpec, ProbeKind, ProbeSpec, SGLangOptions,
+                                  StubOptions)
 
-DTYPES = ("float32", "float16", "bfloat16")
-DEVICES = ("cpu", "cuda")
-# String fields whose value is one of a fixed set (the enums' fields are checked by their enum).
-CHOICES: dict[str, tuple[str, ...]] = {"engine.device": DEVICES, "model.dtype": DTYPES}
 
+
+PROBE_BYTES_PER_TOKEN = 64  # generous: a BPE token is about 4 bytes of text, JSONL adds its framing
+PROBE_FILE_MIN_BYTES = 2 ** 20
 
 # --- The typed run config ----------------------------------------------------------------------
 
@@ -93,13 +95,16 @@ def _conf_field(hint: Any, f: dataclasses.Field) -> tuple[Any, Any]:
             return conf, field(default=MISSING)
         assert default is None or default == tp(), f"{f.name}: a section's default is its dataclass's defaults"
         return conf, field(default_factory=conf)
-    if _is_enum(tp):
-        return str, field(default=MISSING if default is MISSING else default.value)
+    meta = f.metadata
+    if _is_enum(tp):  # its members are its domain
+        return str, field(default=MISSING if default is MISSING else default.value,
+                          metadata=domain(Choice(*(m.value for m in tp)), meta))
     if _is_pairs(tp):
-        return dict[str, str], field(default_factory=lambda: dict(default))
+        return dict[str, str], field(default_factory=lambda: dict(default), metadata=meta)
     if typing.get_origin(tp) is tuple:
-        return list[typing.get_args(tp)[0]], field(default_factory=lambda: list(default))  # type: ignore[misc]
-    return (Optional[tp] if optional else tp), field(default=default)
+        return list[typing.get_args(tp)[0]], field(default_factory=lambda: list(default),  # type: ignore[misc]
+                                                   metadata=meta)
+    return (Optional[tp] if optional else tp), field(default=default, metadata=meta)
 
 
 SGLangConf = structured_conf(SGLangOptions, "SGLangConf")  # engine.sglang (engine.kind=sglang only)
@@ -124,14 +129,16 @@ class KernelConf:
     """`kernel`: one verify-kernel shape (used when `job=kernel`; page size is the top-level `page_size`). What the
     user asks for: `_kernel_spec` resolves it into a KernelSpec (the layout's heads and dims unless set here)."""
 
-    layout: str = "gqa"  # a KERNEL_LAYOUTS name: gqa | mla | gqa-small
-    prefix: int = 4096  # prefix (KV) tokens
-    tokens: int = 8  # T: tree tokens verified per step
-    dtype: str = "bfloat16"  # cuda: any; cpu (Triton interpreter): float32 | float16
-    num_q_heads: Optional[int] = None  # null: the layout's
-    num_kv_heads: Optional[int] = None
-    head_dim: Optional[int] = None
-    v_head_dim: Optional[int] = None
+    # a KERNEL_LAYOUTS name: gqa | mla | gqa-small
+    layout: str = field(default="gqa", metadata=domain(Choice(*KERNEL_LAYOUTS)))
+    prefix: int = field(default=4096, metadata=domain(CONTEXT_LEN))  # prefix (KV) tokens
+    tokens: int = field(default=8, metadata=domain(Int(1, 4096)))  # T: tree tokens verified per step
+    # cuda: any; cpu (Triton interpreter): float32 | float16
+    dtype: str = field(default="bfloat16", metadata=domain(Choice(*DTYPES)))
+    num_q_heads: Optional[int] = field(default=None, metadata=domain(Int(1, 4096)))  # null: the layout's
+    num_kv_heads: Optional[int] = field(default=None, metadata=domain(Int(1, 4096)))
+    head_dim: Optional[int] = field(default=None, metadata=domain(Int(1, 4096)))
+    v_head_dim: Optional[int] = field(default=None, metadata=domain(Int(1, 4096)))
 
 
 @dataclass
@@ -140,15 +147,15 @@ class MetricsConf:
 
     # Python regexes with named groups, applied to the engine log lines a run produced: every named group
     # becomes a per-step series (MLflow metric of that name, step = match index). Empty: none.
-    log_patterns: list[str] = field(default_factory=list)
+    log_patterns: list[str] = field(default_factory=list, metadata=domain(LOG_PATTERNS))
 
 
 SpecsweepConf = structured_conf(RunConfig, "SpecsweepConf", replace={
     "kernel": [("kernel", KernelConf, field(default_factory=KernelConf))],
     "log_patterns": [("metrics", MetricsConf, field(default_factory=MetricsConf))],
     "params": (), "overrides": ()},
-    after={"sweep_name": [("context_len", int, field(default=1024)),  # prompt tokens of the probe
-                          ("gen_tokens", int, field(default=64))]})  # tokens generated per run
+    after={"sweep_name": [("context_len", int, field(default=1024, metadata=domain(CONTEXT_LEN))),  # prompt tokens
+                          ("gen_tokens", int, field(default=64, metadata=domain(GEN_TOKENS)))]})  # generated per run
 
 
 def register_configs() -> None:
@@ -189,8 +196,7 @@ class _Problems:
 
 def _from_conf(spec: type, key: str, values: Mapping[str, Any], p: _Problems, **given: Any) -> Any:
     """`spec` from its composed section `values`, field by field (the inverse of `structured_conf`): an enum
-    checked against its members and a CHOICES key against its set (each bad value a Problem), a list as a
-    tuple, a dict as sorted pairs. `given` fields are the caller's (computed, or from elsewhere in the config)."""
+    checked against its members (each bad value a Problem), a list as a tuple, a dict as sorted pairs. `given` fields are the caller's (computed, or from elsewhere in the config)."""
     hints = typing.get_type_hints(spec)
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(spec):
@@ -201,8 +207,6 @@ def _from_conf(spec: type, key: str, values: Mapping[str, Any], p: _Problems, **
             tp, v = _unwrap(hints[f.name])[0], values[f.name]
             if _is_enum(tp):
                 v = p.enum(name, v, tp)
-            elif name in CHOICES:
-                v = p.choice(name, v, CHOICES[name])
             elif _is_pairs(tp):
                 v = tuple(sorted(v.items()))
             elif typing.get_origin(tp) is tuple:
@@ -294,6 +298,8 @@ def to_run_config(cfg: DictConfig, overrides: tuple[str, ...] = (), cwd: str | N
     c: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
     c.pop("hydra", None)
     p.items += config_key_problems(c, schema_tree(), p.overrides)
+    if not p.items:  # every leaf in its declared domain (orchestrator/config/domains.py)
+        p.items += domain_problems(c, SpecsweepConf, p.overrides)
     if p.items:
         raise ConfigError(p.items)
     e, pr = c["engine"], c["probe"]
@@ -310,13 +316,22 @@ def to_run_config(cfg: DictConfig, overrides: tuple[str, ...] = (), cwd: str | N
             p.items.append(Problem("probe.path", pr["path"], "a text or JSONL file path", p.overrides))
         else:
             probe_path = str(Path(cwd, pr["path"]).resolve())
-            if Path(probe_path).is_file():
-                raw = Path(probe_path).read_bytes()
-                digest = hashlib.sha256(raw).hexdigest()
-                if problem := probe_file_problem(pr["path"], probe_path, raw, p.overrides):
-                    p.items.append(problem)
+            # no more than the longest context this model takes could use: read only that much
+            limit = max(PROBE_FILE_MIN_BYTES, PROBE_BYTES_PER_TOKEN * int(c["model"]["max_context_len"]))
+            if not Path(probe_path).is_file():  # a folder, a FIFO, a device: never opened
+                p.items.append(Problem("probe.path", pr["path"], "an existing regular file", p.overrides))
+            elif not os.access(probe_path, os.R_OK):
+                p.items.append(Problem("probe.path", pr["path"], "a readable file", p.overrides))
             else:
-                p.items.append(Problem("probe.path", pr["path"], "an existing file", p.overrides))
+                with open(probe_path, "rb") as f:
+                    raw = f.read(limit + 1)
+                digest = hashlib.sha256(raw).hexdigest()
+                if len(raw) > limit:
+                    p.items.append(Problem("probe.path", pr["path"], f"a file of at most {limit} bytes "
+                                           f"({PROBE_BYTES_PER_TOKEN} bytes per token of model.max_context_len "
+                                           f"{c['model']['max_context_len']}): more could never be sent", p.overrides))
+                elif problem := probe_file_problem(pr["path"], probe_path, raw, p.overrides):
+                    p.items.append(problem)
     probe = _from_conf(ProbeSpec, "probe", pr, p, kind=probe_kind, context_len=c["context_len"],
                        gen_tokens=c["gen_tokens"], path=probe_path, content_sha256=digest, seed=c["seed"])
     cluster = _from_conf(ClusterSettings, "cluster", c["cluster"], p, runtime_env=c["cluster"]["runtime_env"] or None)

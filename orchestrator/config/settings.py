@@ -10,21 +10,29 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from specsweep_vocab.domain import FRACTION, IDENT, NAME, TOKENS, Int, Num, Text, domain
+
 
 @dataclass(frozen=True)
 class Thresholds:
     """The diagnosis rules' thresholds (orchestrator/results/diagnosis.py), config section `report`."""
 
-    oracle_tolerance: float = 1e-6  # commit_len_mean may fall this far below num_steps + 1
-    collapse_drop: float = 0.5  # fraction lost from the shortest context
-    novel_gap: float = 0.5  # fraction novel text commits below predictable text at the same context
-    superlinear_exponent: float = 1.3  # verify_step_ms ~ context^k with k above this
-    min_context_ratio: float = 4.0  # the super-linearity test needs contexts this far apart
-    min_bw_frac: float = 0.10  # kv_bw_gbs / device peak GB/s
-    bw_min_context: int = 16384  # short prefixes are overhead-dominated: judge bandwidth from here up
-    max_gpu_util: float = 50.0  # percent
-    high_step_ms: float = 5.0  # "step time is high" for rule (d) when no roofline is known
-    max_roofline_frac_host: float = 0.5  # ... or roofline_frac under this
+    # commit_len_mean may fall this far below num_steps + 1
+    oracle_tolerance: float = field(default=1e-6, metadata=domain(Num(0, 1)))
+    collapse_drop: float = field(default=0.5, metadata=domain(FRACTION))  # fraction lost from the shortest context
+    # fraction novel text commits below predictable text at the same context
+    novel_gap: float = field(default=0.5, metadata=domain(FRACTION))
+    # verify_step_ms ~ context^k with k above this
+    superlinear_exponent: float = field(default=1.3, metadata=domain(Num(0, 10, lo_open=True)))
+    # the super-linearity test needs contexts this far apart
+    min_context_ratio: float = field(default=4.0, metadata=domain(Num(1, 1e6, lo_open=True)))
+    min_bw_frac: float = field(default=0.10, metadata=domain(FRACTION))  # kv_bw_gbs / device peak GB/s
+    # short prefixes are overhead-dominated: judge bandwidth from here up
+    bw_min_context: int = field(default=16384, metadata=domain(TOKENS))
+    max_gpu_util: float = field(default=50.0, metadata=domain(Num(0, 100)))  # percent
+    # "step time is high" for rule (d) when no roofline is known
+    high_step_ms: float = field(default=5.0, metadata=domain(Num(0, 1e6, lo_open=True)))
+    max_roofline_frac_host: float = field(default=0.5, metadata=domain(FRACTION))  # ... or roofline_frac under this
 
 
 @dataclass(frozen=True)
@@ -71,24 +79,36 @@ class AcceleratorMatch(str, enum.Enum):
 @dataclass(frozen=True)
 class ClusterSettings:
     kind: ClusterKind = ClusterKind.LOCAL
-    address: str | None = None  # kind=ray: "auto" or "ray://head:10001"
-    num_cpus: int | None = None  # kind=local: ray.init(num_cpus=...); None = Ray's default
-    num_gpus: int | None = None  # kind=local: logical GPUs to advertise; None = Ray's detection
-    object_store_memory_mb: int | None = None  # kind=local; None = Ray's default
+    # kind=ray: "auto" or "ray://head:10001"
+    address: str | None = field(default=None, metadata=domain(Text(1024, r"auto|[A-Za-z0-9+.-]+://\S+|[\w.-]+:\d+",
+                                                                     what="auto, ray://host:port or host:port")))
+    # kind=local: ray.init(num_cpus=...); None = Ray's default
+    num_cpus: int | None = field(default=None, metadata=domain(Int(1, 65536)))
+    # kind=local: logical GPUs to advertise; None = Ray's detection
+    num_gpus: int | None = field(default=None, metadata=domain(Int(0, 65536)))
+    # kind=local; None = Ray's default (Ray's minimum is 75 MiB)
+    object_store_memory_mb: int | None = field(default=None, metadata=domain(Int(75, 2 ** 24)))
     include_dashboard: bool = False
-    namespace: str = "specsweep"
+    namespace: str = field(default="specsweep", metadata=domain(NAME))
     runtime_env: dict[str, Any] | None = field(default=None, hash=False)  # ray.init(runtime_env=...)
-    gpus_per_server: int = 0  # GPUs a server asks for on each of its nodes (0: tp_size / nnodes on GPU engines)
-    gpus_per_node: int | None = None  # GPUs of one node; None: whatever the cluster's nodes have
-    cpus_per_server: float = 1.0  # Ray CPUs in each node bundle of a server (k in {GPU: g, CPU: k})
-    accelerator: str | None = None  # GPU architecture every server must land on, e.g. "sm_120"
-    accelerator_label: str = "gpu-arch"  # node label key that carries the architecture
+    # GPUs a server asks for on each of its nodes (0: tp_size / nnodes on GPU engines)
+    gpus_per_server: int = field(default=0, metadata=domain(Int(0, 1024)))
+    # GPUs of one node; None: whatever the cluster's nodes have
+    gpus_per_node: int | None = field(default=None, metadata=domain(Int(1, 1024)))
+    # Ray CPUs in each node bundle of a server (k in {GPU: g, CPU: k})
+    cpus_per_server: float = field(default=1.0, metadata=domain(Num(0, 4096, lo_open=True)))
+    # GPU architecture every server must land on, e.g. "sm_120"
+    accelerator: str | None = field(default=None, metadata=domain(Text(16, r"sm_\d+[a-z]?", what="sm_<N>")))
+    # node label key that carries the architecture
+    accelerator_label: str = field(default="gpu-arch", metadata=domain(IDENT))
     accelerator_match: AcceleratorMatch = AcceleratorMatch.AUTO
     # memory of one GPU (GiB) for the plan-time weights check; None: the largest GPU of `accelerator`
     # (orchestrator/config/validate_startup.py GPU_MEMORY_GIB), or of any architecture when that is unset too
-    gpu_memory_gib: float | None = None
-    max_concurrent_servers: int | None = None  # cap on servers at once; None: as many as the cluster fits
-    max_retries: int = 2  # per run: re-queues after its node was lost while it ran
+    gpu_memory_gib: float | None = field(default=None, metadata=domain(Num(0, 65536, lo_open=True)))
+    # cap on servers at once; None: as many as the cluster fits
+    max_concurrent_servers: int | None = field(default=None, metadata=domain(Int(1, 65536)))
+    # per run: re-queues after its node was lost while it ran
+    max_retries: int = field(default=2, metadata=domain(Int(0, 100)))
 
     @property
     def accelerator_resource(self) -> str | None:
@@ -98,8 +118,10 @@ class ClusterSettings:
 
 @dataclass(frozen=True)
 class TrackingSettings:
-    uri: str = "sqlite:///mlflow.db"  # resolved at the entry: relative sqlite paths made absolute
-    experiment_name: str | None = None  # None → the sweep name
+    # resolved at the entry: relative sqlite paths made absolute
+    uri: str = field(default="sqlite:///mlflow.db", metadata=domain(Text(4096, r"[A-Za-z][A-Za-z0-9+.-]*:\S*",
+                                                                         what="an MLflow tracking URI scheme:...")))
+    experiment_name: str | None = field(default=None, metadata=domain(NAME))  # None → the sweep name
 
 
 @dataclass(frozen=True)

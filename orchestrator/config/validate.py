@@ -7,16 +7,18 @@ and raises one `ConfigError` listing each. Engine rules follow what the engines 
 
 from __future__ import annotations
 
-import difflib
-import json
-import re
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
+# the problem type and the key checks live in orchestrator.config.problems and .keys; importable from here too
+from orchestrator.config.keys import LEAF as LEAF, OPEN as OPEN, config_key_problems as config_key_problems
+from orchestrator.config.keys import did_you_mean as did_you_mean, unknown_key_problem as unknown_key_problem
+from orchestrator.config.problems import ConfigError as ConfigError, Problem
+from orchestrator.config.probe_file import probe_file_problem as probe_file_problem
+from orchestrator.config.log_pattern_rules import LOG_PATTERN_ALLOWED as LOG_PATTERN_ALLOWED, log_pattern_problems
+from orchestrator.config.context import (check_context, every_point_over_context as every_point_over_context,
+                                         reserved_tokens as reserved_tokens, server_context_len)
 from orchestrator.config.validate_startup import startup_problems
-from specsweep_vocab.redact import MASK, is_secret_path, redact_override, redact_text
 from specsweep_vocab.builtin_models import BUILTIN_MODELS
-from specsweep_vocab.sglang_limits import context_need, sglang_generated
 from specsweep_vocab.spec import STUB_FLAGS, Algorithm, AttentionKind, EngineKind, JobKind, ProbeKind, StubOptions
 from specsweep_vocab.sglang_facts import (SGLANG_BACKEND_PAGE_SIZES, SGLANG_DRAFT_BACKENDS,
                                           SGLANG_EAGLE_DRAFT_WORKER_BACKENDS, SGLANG_PLUGIN_BACKENDS,
@@ -27,193 +29,12 @@ if TYPE_CHECKING:
     from orchestrator.config.run_config import RunConfig
 
 
-@dataclass(frozen=True)
-class Problem:
-    key: str  # dotted config key, e.g. "page_size", "attention.backend"
-    value: Any
-    allowed: str  # what would be accepted, in words
-    overrides: tuple[str, ...] = ()  # the job's Hydra overrides (which grid point)
-
-    def __str__(self) -> str:
-        value = MASK if is_secret_path(self.key) else redact_text(repr(self.value))
-        return f"{self.key}={value}: allowed {self.allowed}"
-
-
-class ConfigError(ValueError):
-    """Every problem of a config or a sweep, grouped by grid point."""
-
-    def __init__(self, problems: Iterable[Problem]):
-        self.problems = tuple(problems)
-        super().__init__(self._message())
-
-    def _message(self) -> str:
-        points: dict[tuple[str, ...], list[Problem]] = {}
-        for p in self.problems:
-            points.setdefault(p.overrides, []).append(p)
-        lines = [f"invalid config: {len(self.problems)} problem(s) in {len(points)} grid point(s)"]
-        for overrides, problems in points.items():
-            where = " ".join(redact_override(o) for o in overrides) if overrides else "(no overrides)"
-            lines.append(f"  [{where}]")
-            lines.extend(f"    {p}" for p in problems)
-        return "\n".join(lines)
-
-
 # Reference engine: what workers/reference accepts.
 REFERENCE_BACKENDS = ("torch", "specsweep_verify")
 REFERENCE_ALGORITHMS = (Algorithm.NONE, Algorithm.NGRAM, Algorithm.STANDALONE)
 EAGLE_FAMILY = (Algorithm.EAGLE, Algorithm.EAGLE3, Algorithm.STANDALONE)
 NEEDS_DRAFT_PATH = (Algorithm.STANDALONE, Algorithm.EAGLE3, Algorithm.DFLASH)
 SPECULATIVE_ATTENTION_MODES = ("prefill", "decode")  # SGLang --speculative-attention-mode choices
-
-
-def reserved_tokens(rc: RunConfig) -> int:
-    """Context slots SGLang reserves per request on top of the prompt: EAGLE/EAGLE3 store their draft tokens in
-    the output slots, max(topk * num_steps, num_draft_tokens) (`compute_num_reserved_tokens`, 0.5.10-0.5.23)."""
-    d = rc.drafter
-    if rc.engine.kind is EngineKind.SGLANG and d.algorithm in (Algorithm.EAGLE, Algorithm.EAGLE3):
-        return max(d.topk * d.num_steps, d.num_draft_tokens)
-    return 0
-
-
-def server_context_len(rc: RunConfig) -> int:
-    """The server's --context-length: server_context_len, else the model's max_context_len."""
-    return rc.server_context_len or rc.model.max_context_len
-
-
-# ================================================================ keys
-# The schema as a key tree (orchestrator.config.schema.schema_tree): name -> subtree, LEAF for a value, OPEN for a
-# dict-typed key (engine.env, cluster.runtime_env) under which any key is legal.
-LEAF, OPEN = None, "*"
-
-
-def did_you_mean(name: str, candidates: Iterable[str]) -> list[str]:
-    return difflib.get_close_matches(name, list(candidates), n=3, cutoff=0.6)
-
-
-def _leaf_paths(tree: Mapping[str, Any], prefix: str = "") -> list[str]:
-    out = []
-    for k, sub in tree.items():
-        out += _leaf_paths(sub, f"{prefix}{k}.") if isinstance(sub, Mapping) else [prefix + k]
-    return out
-
-
-def unknown_key_problem(key: str, value: Any, tree: Mapping[str, Any],
-                        overrides: tuple[str, ...] = ()) -> Problem | None:
-    """None when the dotted `key` exists in the schema (or lies under a dict-typed key); else a Problem
-    listing the keys allowed at that level and the closest valid keys."""
-    node: Any = tree
-    parts = key.split(".")
-    for i, part in enumerate(parts):  # noqa: B007 (i is read after the break)
-        if node == OPEN:
-            return None
-        if not isinstance(node, Mapping) or part not in node:
-            break
-        node = node[part]
-    else:
-        return None
-    parent = ".".join(parts[:i])
-    siblings = list(node) if isinstance(node, Mapping) else []
-    leaves = [p for p in _leaf_paths(tree) if p != key]
-    close = [p for p in leaves if p.rsplit(".", 1)[-1] == parts[-1]]  # the right name at another level
-    close += [f"{parent}.{k}" if parent else k for k in siblings
-              if k in did_you_mean(part, siblings) or (len(part) >= 3 and k.startswith(part))]
-    if not close:
-        names = did_you_mean(parts[-1], {p.rsplit(".", 1)[-1] for p in leaves})
-        close = [p for p in leaves if p.rsplit(".", 1)[-1] in names]
-    close = list(dict.fromkeys(close))[:3]
-    hint = f"; did you mean {' or '.join(close)}?" if close else ""
-    if not parent:
-        return Problem(key, value, f"a top-level key or a config group{hint} (top-level keys: {', '.join(siblings)})",
-                       overrides)
-    if siblings:
-        return Problem(key, value, f"a key of {parent}{hint} ({parent} has: {', '.join(siblings)})", overrides)
-    return Problem(key, value, f"nothing under {parent} (it is a value){hint}", overrides)
-
-
-def config_key_problems(config: Mapping[str, Any], tree: Mapping[str, Any],
-                        overrides: tuple[str, ...] = ()) -> list[Problem]:
-    """Every key of a composed config (plain dicts) that the schema does not have, e.g. one added with
-    `+engine.stub.tokn_s=1`, checked whichever engine is selected."""
-    out: list[Problem] = []
-
-    def walk(node: Mapping[str, Any], sub: Mapping[str, Any], prefix: str) -> None:
-        for key, value in node.items():
-            if key not in sub:
-                out.append(unknown_key_problem(prefix + key, value, tree, overrides))  # type: ignore[arg-type]
-            elif isinstance(sub[key], Mapping) and isinstance(value, Mapping):
-                walk(value, sub[key], f"{prefix}{key}.")
-
-    walk(config, tree, "")
-    return out
-
-
-# ================================================================ probe files
-
-
-def probe_file_problem(key_value: str, name: str, raw: bytes, overrides: tuple[str, ...] = ()) -> Problem | None:
-    """A probe file must hold text: UTF-8, not blank; JSONL (.jsonl/.ndjson) lines are objects with a string
-    "text" (what workers.probe.file_text reads)."""
-
-    def bad(why: str) -> Problem:
-        return Problem("probe.path", key_value, f"a UTF-8 text or JSONL file with text ({why})", overrides)
-
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        return bad(f"it is not UTF-8: {e.reason} at byte {e.start}")
-    if name.endswith((".jsonl", ".ndjson")):
-        texts = []
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                return bad(f"line {n} is not JSON: {e.msg}")
-            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                return bad(f'line {n} has no string "text" field')
-            texts.append(record["text"])
-        text = "".join(texts)
-        if not text.strip():
-            return bad('no line has a non-blank "text"')
-    elif not text.strip():
-        return bad("it is empty" if not text else "it holds only whitespace")
-    return None
-
-
-def check_context(rc: RunConfig) -> Problem | None:
-    """The probe's prompt and all its gen_tokens must fit the server's context (a sweep drops such points instead).
-    The reference engine takes prompt + max_new_tokens <= context (workers/reference/engine.py `check`). SGLang
-    (0.5.23, `specsweep_vocab.sglang_limits`, checked against its own code): prompt + max_new_tokens + max(reserve, 2)
-    <= context and prompt <= context - 7, the reserve being EAGLE/EAGLE3's draft slots; nearer the edge it refuses
-    the request (HTTP 400), aborts it, or generates fewer tokens than asked."""
-    limit, reserved = server_context_len(rc), reserved_tokens(rc)
-    prompt, gen = rc.probe.context_len, rc.probe.gen_tokens
-    sglang = rc.engine.kind is EngineKind.SGLANG
-    if (sglang_generated(prompt, gen, limit, reserve=reserved) == gen) if sglang else prompt + gen <= limit:
-        return None
-    where = (f"server_context_len {limit}" if rc.server_context_len
-             else f"model {rc.model.name}'s max_context_len {limit}")
-    if not sglang:
-        return Problem("context_len", prompt, f"context_len + gen_tokens ({gen}) <= {where}", rc.overrides)
-    total, alone = context_need(reserved)
-    why = (f"the {reserved} tokens SGLang reserves for {rc.drafter.algorithm.value} drafts "
-           "(max(topk*num_steps, num_draft_tokens))" if reserved >= total else
-           "SGLang's scheduler keeps max_new_tokens <= context - prompt - 2")
-    return Problem("context_len", prompt, f"context_len + gen_tokens ({gen}) + {total} ({why}) <= {where}, and "
-                   f"context_len <= {limit - alone} (SGLang aborts prompts of context - 6 tokens or more)",
-                   rc.overrides)
-
-
-def every_point_over_context(configs: Sequence[RunConfig]) -> Problem | None:
-    """A sweep drops points above the model's context; when that leaves nothing to run it is an error."""
-    over = [p for rc in configs if rc.job is JobKind.ENGINE and (p := check_context(rc))]
-    if not configs or len(over) < len(configs):
-        return None
-    values = sorted({p.value for p in over})
-    return Problem("context_len", values if len(values) > 1 else values[0],
-                   f"at least one grid point with {over[0].allowed} (all {len(configs)} point(s) exceed it: "
-                   "nothing would run)")
 
 
 def validate_run(rc: RunConfig, *, check_max_context: bool = True) -> list[Problem]:
@@ -277,30 +98,6 @@ def _driver_problems(rc: RunConfig) -> list[Problem]:
         bad("cluster.address", None, "a Ray address (e.g. auto or ray://head:10001) when cluster.kind=ray")
     if not rc.tracking.uri:
         bad("tracking.uri", rc.tracking.uri, "an MLflow tracking URI")
-    return out
-
-
-LOG_PATTERN_ALLOWED = ("a Python regular expression with at least one named group, "
-                       "e.g. 'commit=(?P<commit_len>\\d+)'")
-
-
-def log_pattern_problems(rc: RunConfig) -> list[Problem]:
-    """`metrics.log_patterns`: each must compile and name at least one group (a group is a series name);
-    kernel jobs have no engine log to read."""
-    out: list[Problem] = []
-    for i, pattern in enumerate(rc.log_patterns):
-        key = f"metrics.log_patterns[{i}]"
-        try:
-            compiled = re.compile(pattern)
-        except re.error as e:
-            out.append(Problem(key, pattern, f"{LOG_PATTERN_ALLOWED} (it does not compile: {e})", rc.overrides))
-            continue
-        if not compiled.groupindex:
-            out.append(Problem(key, pattern, f"{LOG_PATTERN_ALLOWED} (it has no named group (?P<name>...): "
-                               "group names become the metric names)", rc.overrides))
-    if rc.log_patterns and rc.job is JobKind.KERNEL:
-        out.append(Problem("metrics.log_patterns", list(rc.log_patterns),
-                           "[] with job=kernel (a kernel run has no engine log)", rc.overrides))
     return out
 
 

@@ -274,14 +274,52 @@ _DB_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
 
 
 def _probe_http(url: urllib.parse.SplitResult, timeout: float) -> str | None:
+    """The server's /health, then a read through MLflow's REST API: a web server that is not MLflow answers 404."""
     conn_cls = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
     conn = conn_cls(url.hostname or "", url.port, timeout=timeout)
+    base = url.path.rstrip("/")
     try:
-        conn.request("GET", url.path.rstrip("/") + "/health")
-        status = conn.getresponse().status
+        for path in ("/health", "/api/2.0/mlflow/experiments/search?max_results=1"):
+            conn.request("GET", base + path)
+            response = conn.getresponse()
+            response.read()
+            if response.status != 200:
+                return f"GET {path.split('?')[0]} answered HTTP {response.status} (not an MLflow tracking server?)"
     finally:
         conn.close()
-    return f"GET /health answered HTTP {status}" if status >= 500 else None
+    return None
+
+
+def _probe_sqlite(path: Path, timeout: float) -> str | None:
+    """An existing file is opened and read and a write transaction taken (and rolled back): a text file posing as
+    SQLite, a folder or a read-only store is refused here, not by MLflow after Ray started."""
+    import sqlite3
+
+    if path.is_dir():
+        return f"{path} is a folder, not a SQLite file"
+    if not path.exists():
+        folder = path.parent
+        if not folder.is_dir():
+            return f"the folder {folder} does not exist"
+        if not os.access(folder, os.W_OK):
+            return f"the folder {folder} is not writable"
+        return None
+    if not path.is_file():
+        return f"{path} is not a regular file"
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=rw", uri=True, timeout=timeout)
+        try:
+            con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            con.execute("BEGIN IMMEDIATE")
+            con.rollback()
+        finally:
+            con.close()
+    except sqlite3.Error as e:
+        return f"{path} cannot be read and written as SQLite: {e}"
+    return None
+
+
+KNOWN_SCHEMES = ("sqlite", "http", "https", *_DB_PORTS)
 
 
 def _probe(uri: str, timeout: float) -> str | None:
@@ -293,12 +331,13 @@ def _probe(uri: str, timeout: float) -> str | None:
         socket.create_connection((url.hostname or "localhost", url.port or _DB_PORTS[scheme]), timeout=timeout).close()
         return None
     if scheme == "sqlite":
-        folder = Path(uri[len("sqlite:///"):]).parent if uri.startswith("sqlite:///") else None
-        if folder is not None and not folder.is_dir():
-            return f"the folder {folder} does not exist"
-        if folder is not None and not os.access(folder, os.W_OK):
-            return f"the folder {folder} is not writable"
-    return None
+        if not uri.startswith("sqlite:///") or uri == "sqlite:///":
+            return "a SQLite URI names a file: sqlite:///relative.db or sqlite:////absolute.db"
+        return _probe_sqlite(Path(uri[len("sqlite:///"):]), timeout)
+    if scheme in ("", "file"):
+        return ("MLflow's file store (a folder or file: URI) is deprecated and not supported; use "
+                "sqlite:///mlflow.db or http://host:5000")
+    return f"unknown scheme {scheme!r}; allowed: {', '.join(KNOWN_SCHEMES)}"
 
 
 def probe_tracking(uri: str, budget_s: float = TRACKING_PROBE_S) -> str | None:

@@ -3,6 +3,8 @@ firing times.
 
     load_schedules(directory=None) -> list[Schedule]   every file checked, the sweep's own rules included; one
                                                        ScheduleError lists every problem of every file
+    read_schedules(directory=None) -> (schedules, problems)   the good files and one line per bad one (the daemon
+                                                       keeps firing the good ones); a missing folder is an error
     Schedule.firings_between(after, until), .next_firing(now), .submission_id(scheduled), .entrypoint()
 """
 
@@ -20,9 +22,12 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import croniter
 
 from orchestrator.results.regress.alert import argv_problem
+from specsweep_vocab.domain import NAME, Num
 
 UTC = dt.timezone.utc
 ALLOWED_KEYS = ("name", "cron", "timezone", "overrides", "enabled", "misfire_grace", "allow_overlap", "on_regression")
+SUFFIXES = ("*.yaml", "*.yml")  # schedule files
+MISFIRE_GRACE = Num(0, 7 * 86400)  # seconds
 
 
 class ScheduleError(ValueError):
@@ -84,17 +89,22 @@ def parse_schedule(raw: object, *, source: str, sweeps: Sequence[str]) -> Schedu
     """Validate one schedule mapping; every problem is reported at once."""
     if not isinstance(raw, dict):
         raise ScheduleError(f"{source}: expected a mapping of {', '.join(ALLOWED_KEYS)}, got {type(raw).__name__}")
-    name = str(raw.get("name") or Path(source).stem)
+    name = Path(source).stem if raw.get("name") is None else str(raw["name"])
     problems: list[str] = []
 
     def bad(key: str, value: object, allowed: str) -> None:
         problems.append(f"schedule '{name}' ({source}): {key}={value!r} is invalid; allowed: {allowed}")
 
+    if why := NAME.why_not(name):  # it becomes a Ray submission id and a state key
+        bad("name", name, why)
     for key in sorted(set(raw) - set(ALLOWED_KEYS)):
         bad(key, raw[key], "keys " + ", ".join(ALLOWED_KEYS))
     cron = raw.get("cron")
     if not isinstance(cron, str) or len(cron.split()) != 5 or not croniter.is_valid(cron):
         bad("cron", cron, "a 5-field cron expression such as '0 2 * * *'")
+    elif not _can_fire(cron):
+        bad("cron", cron, "a cron expression that fires at least once (this one names a date that never comes, "
+            "e.g. 31 February)")
     tz = raw.get("timezone", "UTC")
     try:
         ZoneInfo(str(tz))
@@ -105,8 +115,8 @@ def parse_schedule(raw: object, *, source: str, sweeps: Sequence[str]) -> Schedu
         bad("overrides", overrides, "a list of Hydra override strings, e.g. ['+sweep=longctx']")
         overrides = []
     grace = raw.get("misfire_grace", 3600)
-    if isinstance(grace, bool) or not isinstance(grace, (int, float)) or grace < 0:
-        bad("misfire_grace", grace, "seconds >= 0")
+    if isinstance(grace, bool) or (why := MISFIRE_GRACE.why_not(grace)):
+        bad("misfire_grace", grace, f"seconds: {MISFIRE_GRACE.describe()}")
     on_regression = raw.get("on_regression", [])
     if "on_regression" in raw and (why := argv_problem(on_regression)) is not None:
         bad("on_regression", on_regression, why)
@@ -132,6 +142,15 @@ def parse_schedule(raw: object, *, source: str, sweeps: Sequence[str]) -> Schedu
     return schedule
 
 
+def _can_fire(cron: str) -> bool:
+    """croniter accepts day-month pairs that never occur (`0 0 31 2 *`) and fails only when asked the next time."""
+    try:
+        croniter(cron, dt.datetime(2000, 1, 1, tzinfo=UTC)).get_next(dt.datetime)
+    except Exception:  # noqa: BLE001 - croniter's CroniterBadDateError and friends
+        return False
+    return True
+
+
 def sweep_problems(schedule: Schedule, *, source: str) -> list[str]:
     """The schedule's overrides checked with the sweep's own rules (`python -m orchestrator` would refuse
     them before starting anything); a problem shared by several grid points is listed once."""
@@ -148,12 +167,25 @@ def sweep_problems(schedule: Schedule, *, source: str) -> list[str]:
 def load_schedules(directory: Path | None = None) -> list[Schedule]:
     """Every schedule of `directory`, each checked as its sweep would be; raises one ScheduleError listing
     every problem of every file."""
+    schedules, problems = read_schedules(directory)
+    if problems:
+        raise ScheduleError("\n".join(problems))
+    return schedules
+
+
+def read_schedules(directory: Path | None = None) -> tuple[list[Schedule], list[str]]:
+    """The schedules of `directory` that pass every check, and one message per problem of the others; raises
+    ScheduleError when the folder itself does not exist."""
     import yaml
 
     directory = directory or default_schedule_dir()
+    if not Path(directory).is_dir():
+        raise ScheduleError(f"--schedule-dir={str(directory)!r}: allowed: an existing folder of schedule files "
+                            f"({', '.join(SUFFIXES)})")
     sweeps = known_sweeps()
-    schedules, problems = [], []
-    for path in sorted(Path(directory).glob("*.yaml")):
+    schedules: list[Schedule] = []
+    problems: list[str] = []
+    for path in sorted(p for pattern in SUFFIXES for p in Path(directory).glob(pattern)):
         try:
             schedule = parse_schedule(yaml.safe_load(path.read_text()), source=str(path), sweeps=sweeps)
             if bad := sweep_problems(schedule, source=str(path)):
@@ -161,11 +193,10 @@ def load_schedules(directory: Path | None = None) -> list[Schedule]:
             schedules.append(schedule)
         except ScheduleError as e:
             problems.append(str(e))
-        except yaml.YAMLError as e:
-            problems.append(f"{path}: not valid YAML: {e}")
+        except (yaml.YAMLError, OSError, UnicodeDecodeError) as e:
+            problems.append(f"{path}: not a readable YAML file: {str(e).splitlines()[0]}")
     names = [s.name for s in schedules]
     for n in sorted({n for n in names if names.count(n) > 1}):
         problems.append(f"schedule '{n}': name used by more than one file in {directory}; allowed: unique names")
-    if problems:
-        raise ScheduleError("\n".join(problems))
-    return schedules
+        schedules = [s for s in schedules if s.name != n]
+    return schedules, problems

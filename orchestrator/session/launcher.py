@@ -35,7 +35,7 @@ from orchestrator.config.plan import plan_sweep
 from orchestrator.config.validate import ConfigError
 from orchestrator.session import sweep
 from orchestrator.session.outcomes import NotRun, dry_run_outcomes, outcomes
-from orchestrator.session.sweep import ClusterCannotFit, TrackingUnreachable, preflight_before_start
+from orchestrator.session.sweep import ClusterCannotFit, ResourceUnusable, TrackingUnreachable, preflight_before_start
 from specsweep_vocab.spec import RunResult, RunState
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ def launch(*, launcher: LauncherState, job_overrides: Sequence[Sequence[str]],
         jobs.append((cfg, overrides))
     try:
         return _sweep_jobs(launcher, config, jobs, initial_job_idx, cwd)
-    except (InvalidConfig, ClusterCannotFit, TrackingUnreachable):
+    except (InvalidConfig, ClusterCannotFit, TrackingUnreachable, ResourceUnusable):
         _remove_sweep_record(str(config.hydra.sweep.dir), cwd)
         raise
 

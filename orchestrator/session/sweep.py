@@ -40,6 +40,10 @@ class TrackingUnreachable(CompactHydraException):
     """tracking.uri does not answer: exit 1 before Ray, MLflow or any engine starts."""
 
 
+class ResourceUnusable(CompactHydraException):
+    """The working directory or cluster.address cannot serve the sweep: exit 1 before Ray starts."""
+
+
 def _on_this_machine(settings: ExecutionSettings) -> bool:
     """cluster=local starts its own Ray here, unless the driver is a Ray Job (RAY_ADDRESS) or Ray is already up."""
     ray = sys.modules.get("ray")
@@ -51,6 +55,7 @@ def preflight_before_start(plan: Plan, settings: ExecutionSettings, *, dry_run: 
     """Before Ray or MLflow start: what the config alone rules out (cluster.gpus_per_node), with cluster=local
     the GPUs really on this machine, and (not in a dry run) whether tracking.uri answers within 10 s."""
     from orchestrator.execution.preflight import PreflightError, check_declared, probe_tracking, check_local_placement
+    from orchestrator.execution.resources import ray_address_problem, work_dir_problem
     from specsweep_vocab.redact import redact_text
 
     try:
@@ -60,7 +65,13 @@ def preflight_before_start(plan: Plan, settings: ExecutionSettings, *, dry_run: 
             check_local_placement(plan.groups, settings.cluster)
     except PreflightError as e:
         raise ClusterCannotFit(str(e)) from None
-    if not dry_run and (why := probe_tracking(settings.tracking_uri)):
+    if dry_run:
+        return
+    if why := work_dir_problem(settings.work_dir, plan.num_runs):
+        raise ResourceUnusable(f"{why}; nothing was started")
+    if settings.cluster.kind is ClusterKind.RAY and (why := ray_address_problem(settings.cluster.address)):
+        raise ResourceUnusable(f"{why}; nothing was started")
+    if why := probe_tracking(settings.tracking_uri):
         raise TrackingUnreachable(f"tracking.uri={redact_text(settings.tracking_uri)!r} cannot be reached: "
                                   f"{redact_text(why)}; "
                                   "nothing was started")

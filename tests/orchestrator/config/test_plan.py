@@ -88,3 +88,16 @@ def test_resume_filter():
 
 def test_plan_is_reproducible():
     assert plan_sweep("t", grid()) == plan_sweep("t", grid())
+
+
+def test_duplicate_points_are_planned_once_with_a_warning(caplog):
+    """#32: the same point twice (an axis value listed twice) is measured once, and the log says so."""
+    from orchestrator.config.jobs import plan_jobs
+
+    with caplog.at_level("WARNING"):
+        plan, _ = plan_jobs([["model=tiny", "context_len=64"], ["model=tiny", "context_len=64"],
+                             ["model=tiny", "context_len=128"]])
+    assert plan.num_runs == 2
+    (dup,) = [(r, why) for r, why in plan.dropped if r is not None]
+    assert dup[0].job_index == 1 and "the same point as job 0: planned once" in dup[1]
+    assert "1 duplicate grid point(s) planned once" in caplog.text

@@ -18,7 +18,7 @@ from orchestrator.config.schema import (ClusterConf, DrafterConf, EngineConf, Pr
                                         to_run_config)
 from orchestrator.config.settings import ClusterKind, ClusterSettings, Thresholds
 from specsweep_vocab.spec import Algorithm, AttentionKind, EngineKind, EngineSpec, ProbeKind
-from orchestrator.config.validate import ConfigError, validate_run
+from orchestrator.config.validate import ConfigError
 
 
 def compose_cfg(*overrides: str):
@@ -109,7 +109,9 @@ def test_tracking_uri_made_absolute_only_for_relative_sqlite():
     assert absolute_tracking_uri("sqlite:///mlflow.db", "/x") == "sqlite:////x/mlflow.db"
     assert absolute_tracking_uri("sqlite:////abs/m.db", "/x") == "sqlite:////abs/m.db"
     assert absolute_tracking_uri("http://h:5000", "/x") == "http://h:5000"
-    assert [p.key for p in validate_run(run_config("tracking=server"))] == ["tracking.uri"]
+    with pytest.raises(ConfigError) as e:  # an empty uri is outside tracking.uri's declared domain
+        run_config("tracking=server")
+    assert [p.key for p in e.value.problems] == ["tracking.uri"]
     assert run_config("tracking=server", "tracking.uri=http://h:5000").tracking.uri == "http://h:5000"
 
 

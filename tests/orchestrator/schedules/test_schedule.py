@@ -78,11 +78,11 @@ def test_each_bad_key_is_named_with_value_and_allowed(tmp_path, body, key, value
 
 
 @pytest.mark.parametrize("overrides, needle", [
-    ("['+sweep=smoke', 'page_size=0']", "page_size=0 is invalid; allowed: an integer >= 1 (in 8 grid points)"),
+    ("['+sweep=smoke', 'page_size=0']", "page_size=0 is invalid; allowed: an integer in [1, 4096] (in 8 grid points)"),
     ("['+sweep=smoke', 'contxt_len=5']", "contxt_len='5' is invalid; allowed: a top-level key"),
     ("['+sweep=smoke', 'context_len=40000']", "context_len=40000 is invalid; allowed: at least one grid point"),
     ("['+sweep=smoke', 'attention=bogus']", "Could not find 'attention/bogus'"),
-    ("['+sweep=smoke', 'context_len=64,128', 'page_size=0']", "page_size=0 is invalid; allowed: an integer >= 1 (in 8"),
+    ("['+sweep=smoke', 'context_len=64,128', 'page_size=0']", "page_size=0 is invalid; allowed: an integer in [1, 4096] (in 8"),
 ])
 def test_overrides_checked_with_the_sweeps_own_rules(tmp_path, overrides, needle):
     write(tmp_path, "ok", "cron: '0 2 * * *'\noverrides: ['+sweep=smoke', 'page_size=1']\n")
@@ -111,7 +111,7 @@ def test_schedule_list_refuses_a_bad_override_before_starting_anything(tmp_path)
                           capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(root / "kernels")])))
     assert proc.returncode == 2
-    assert "schedule 'nightly'" in proc.stderr and "page_size=0 is invalid; allowed: an integer >= 1" in proc.stderr
+    assert "schedule 'nightly'" in proc.stderr and "page_size=0 is invalid; allowed: an integer in [1, 4096]" in proc.stderr
     assert "ray imported: False" in proc.stdout and not (tmp_path / "specsweep-schedule.db").exists()
 
 

@@ -1,0 +1,52 @@
+"""Schedule files refused before anything fires, by name, and a bad file never stops the others (#32)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.schedule import main
+from orchestrator.schedules.definition import ScheduleError, load_schedules, read_schedules
+
+GOOD = "cron: '0 2 * * *'\noverrides: ['+sweep=smoke']\n"
+
+
+def test_a_cron_that_can_never_fire_is_refused_naming_the_schedule(tmp_path: Path):
+    (tmp_path / "feb31.yaml").write_text("cron: '0 0 31 2 *'\noverrides: ['+sweep=smoke']\n")
+    with pytest.raises(ScheduleError, match=r"schedule 'feb31' .*cron='0 0 31 2 \*'.*fires at least once"):
+        load_schedules(tmp_path)
+
+
+@pytest.mark.parametrize("body,key", [
+    ("misfire_grace: .nan\n", "misfire_grace=nan"),
+    ("misfire_grace: .inf\n", "misfire_grace=inf"),
+    ("name: ../../x\n", "name='../../x'"),
+    ("name: ''\n", "name=''"),
+])
+def test_nan_and_path_names_refused(tmp_path: Path, body: str, key: str):
+    (tmp_path / "s.yaml").write_text(GOOD + body)
+    with pytest.raises(ScheduleError) as e:
+        load_schedules(tmp_path)
+    assert key in str(e.value) and "allowed" in str(e.value)
+
+
+def test_yml_files_are_read_too(tmp_path: Path):
+    (tmp_path / "a.yml").write_text(GOOD)
+    assert [s.name for s in load_schedules(tmp_path)] == ["a"]
+
+
+def test_a_missing_schedule_dir_is_an_error(tmp_path: Path):
+    with pytest.raises(ScheduleError, match="an existing folder"):
+        load_schedules(tmp_path / "nope")
+    assert main(["--schedule-dir", str(tmp_path / "nope"), "list"]) == 2
+
+
+def test_one_bad_file_is_reported_and_the_others_kept(tmp_path: Path):
+    (tmp_path / "good.yaml").write_text(GOOD)
+    (tmp_path / "bad.yaml").write_text("cron: 'every day'\noverrides: ['+sweep=smoke']\n")
+    (tmp_path / "garbage.yaml").write_bytes(b"\xff\xfe: [")
+    schedules, problems = read_schedules(tmp_path)
+    assert [s.name for s in schedules] == ["good"]
+    assert len(problems) == 2 and any("schedule 'bad'" in p for p in problems)
+    assert any("garbage.yaml" in p for p in problems)
