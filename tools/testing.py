@@ -278,7 +278,7 @@ def reference_process(argv: list[str], ready_s: float = 120.0) -> Iterator[tuple
         deadline = time.monotonic() + scaled(ready_s)
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"the reference engine exited {proc.returncode}: {proc.stdout.read()[-2000:]}")
+                raise RuntimeError(f"the reference engine exited {proc.returncode}: {proc.stdout.read()[-2000:] if proc.stdout else ''}")
             try:
                 if requests.get(f"{url}/health", timeout=10).status_code == 200:
                     break
