@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 
 from orchestrator.config.schema import override_key_problems, register_configs
 from orchestrator.config.validate import ConfigError
+from specsweep_vocab.redact import RedactingStream, override_secrets
 
 register_configs()
 
@@ -46,8 +47,12 @@ def argv_overrides(argv: Sequence[str]) -> list[str]:
 
 def main() -> None:
     """The `specsweep` console script (pyproject's [project.scripts]); reads `sys.argv` as Hydra does."""
-    if problems := override_key_problems(argv_overrides(sys.argv[1:])):
+    overrides = argv_overrides(sys.argv[1:])
+    if problems := override_key_problems(overrides):
         sys.exit(str(ConfigError(problems)))
+    # the one output boundary for secrets given on the command line (specsweep_vocab.redact.RedactingStream)
+    secrets = override_secrets(overrides)
+    sys.stdout, sys.stderr = RedactingStream(sys.stdout, secrets), RedactingStream(sys.stderr, secrets)
     try:
         app()
     except KeyboardInterrupt as interrupt:
