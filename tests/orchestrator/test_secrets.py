@@ -6,9 +6,11 @@ driver's output and every log file are searched for the secret strings."""
 from __future__ import annotations
 
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -166,7 +168,7 @@ def test_a_failing_single_run_prints_no_secret_on_any_path(tmp_path):
     before any of our code runs) are left out, as in the sweep test above."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "RAY_AUTH_MODE": "disabled",
            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "kernels")]), "COLUMNS": "200",
-           "RAY_TMPDIR": str(tmp_path / "ray-tmp")}
+           "RAY_TMPDIR": tempfile.mkdtemp(prefix="rs", dir="/tmp")}  # short: Ray's unix sockets live under it
     cmd = [sys.executable, "-m", "orchestrator", "engine=stub", "cluster.num_cpus=2", "engine.stub.token_s=0.5",
            "engine.request_timeout_s=1", f"+engine.env.SPECSWEEP_TEST_SECRET={ENV_SECRET}",
            f"engine.extra_args=[--api-key,{KEY_SECRET}]"]
@@ -179,3 +181,7 @@ def test_a_failing_single_run_prints_no_secret_on_any_path(tmp_path):
         assert secret not in output, output[-4000:]
     read = assert_absent(tmp_path, [ENV_SECRET, KEY_SECRET], skip=lambda p: ".hydra" in p.parts)
     assert read > 5 and (tmp_path / "mlflow.db").exists()
+    try:
+        assert_absent(Path(env["RAY_TMPDIR"]), [ENV_SECRET, KEY_SECRET])  # Ray's own logs
+    finally:
+        shutil.rmtree(env["RAY_TMPDIR"], ignore_errors=True)

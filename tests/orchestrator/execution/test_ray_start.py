@@ -10,8 +10,10 @@ times it is built. Everything else is the real Ray.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -39,12 +41,14 @@ runpy.run_module("orchestrator", run_name="__main__", alter_sys=True)
 
 
 def run_busy(tmp_path: Path, failures: int, *args: str) -> tuple[subprocess.CompletedProcess, float]:
+    ray_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")  # short: Ray's unix sockets live under it (107 bytes)
     env = {"COLUMNS": "200", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": PYTHONPATH,
-           "RAY_TMPDIR": str(tmp_path / "ray-tmp"), "RAY_START_FAILURES": str(failures)}  # RAY_AUTH_MODE unset
+           "RAY_TMPDIR": ray_tmp, "RAY_START_FAILURES": str(failures)}  # RAY_AUTH_MODE unset
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", BUSY_HOST, "engine=stub", "engine.stub.token_s=0.001",
                            "cluster.num_cpus=2", *args], cwd=tmp_path, capture_output=True, text=True, timeout=240,
                           env=env)
+    shutil.rmtree(ray_tmp, ignore_errors=True)
     return proc, time.monotonic() - t0
 
 
