@@ -5,8 +5,8 @@ executes every job at once; a single run calls the same core with one job. Befor
 every override key is checked against the schema: a typo'd key exits 1 naming the closest valid keys
 (Hydra would suggest `+key=...`, which the schema then refuses anyway).
 
-Ctrl-C exits as Python does on KeyboardInterrupt (by SIGINT: 130 in a shell); SIGTERM exits 143. Both first stop
-every engine and close the runs (orchestrator.execution.execute).
+Ctrl-C exits by SIGINT (130 in a shell) and SIGTERM 143, each with one line on stderr (no traceback). Both first stop every engine and
+close the runs (orchestrator.execution.execute).
 """
 
 from __future__ import annotations
@@ -55,12 +55,24 @@ def main() -> None:
     sys.stdout, sys.stderr = RedactingStream(sys.stdout, secrets), RedactingStream(sys.stderr, secrets)
     try:
         app()
-    except KeyboardInterrupt as interrupt:
-        from orchestrator.execution.signals import Terminated  # already imported: only a sweep raises it
+    except KeyboardInterrupt as interrupt:  # cleaned up already (execution.execute): one line, not a traceback
+        from orchestrator.execution.signals import Terminated
 
-        if isinstance(interrupt, Terminated):  # SIGTERM, cleaned up like Ctrl-C: exit 143, not as SIGINT
+        term = isinstance(interrupt, Terminated)  # SIGTERM, cleaned up like Ctrl-C: exit 143, not as SIGINT
+        print(f"specsweep: {'terminated (SIGTERM)' if term else 'interrupted (Ctrl-C)'}: what had started was "
+              "stopped and its runs closed as KILLED; the same command resumes the rest", file=sys.stderr)
+        if term:
             sys.exit(Terminated.exit_code)
-        raise
+        sys.excepthook = _quiet_interrupt(sys.excepthook)
+        raise  # Python then exits by SIGINT, as a shell expects of Ctrl-C (130)
+
+
+def _quiet_interrupt(hook):
+    """sys.excepthook without the traceback of a KeyboardInterrupt (already reported in one line)."""
+    def excepthook(kind, value, tb):
+        if not issubclass(kind, KeyboardInterrupt):
+            hook(kind, value, tb)
+    return excepthook
 
 
 if __name__ == "__main__":

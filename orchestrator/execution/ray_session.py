@@ -112,6 +112,10 @@ def connect_ray(cluster: ClusterSettings, gpus_needed: int = 0) -> bool:
             init_local_ray(num_cpus=cluster.num_cpus, num_gpus=num_gpus, object_store_memory=mb * 2**20,
                            include_dashboard=cluster.include_dashboard, **common)
             return True
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM while Ray starts: stop what of it did start
+            with contextlib.suppress(Exception):
+                shutdown_ray()
+            raise
         except Exception as e:
             if RAY_START_TIMEOUT not in str(e):
                 raise

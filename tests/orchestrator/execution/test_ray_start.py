@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -18,6 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tools.testing import _children, pid_alive, proc_argv, scaled
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -70,3 +73,49 @@ def test_ray_failing_once_is_retried_and_the_run_finishes_without_the_token_bann
     assert "retrying once" in out and "Traceback" not in out
     assert "Token authentication" not in out, out[-3000:]
     assert (tmp_path / "mlflow.db").exists()
+
+
+def _descendants(pid: int) -> set[int]:
+    children = _children()
+    out, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.add(child)
+            todo.append(child)
+    return out
+
+
+@pytest.mark.parametrize("sig, returncode", [(signal.SIGINT, -signal.SIGINT), (signal.SIGTERM, 143)],
+                         ids=["SIGINT", "SIGTERM"])
+def test_an_interrupt_while_ray_starts_ends_in_one_line_and_leaves_no_process(tmp_path, sig, returncode):
+    """#29/#32: Ctrl-C (or SIGTERM) while Ray is starting: one line, no traceback, and none of the Ray processes
+    this driver had started survives it. The signal is sent once Ray's GCS runs below the driver."""
+    ray_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")
+    env = {"COLUMNS": "200", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": PYTHONPATH,
+           "RAY_TMPDIR": ray_tmp, "RAY_AUTH_MODE": "disabled"}
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "engine=stub", "cluster.num_cpus=2"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        seen: set[int] = set()
+        deadline = time.monotonic() + scaled(120)
+        while time.monotonic() < deadline and proc.poll() is None:
+            seen |= _descendants(proc.pid)
+            if any("gcs_server" in " ".join(proc_argv(p)) for p in seen if pid_alive(p)):
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run ended before Ray started"
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=scaled(60))
+        seen |= {p for p in seen if pid_alive(p)}
+    finally:
+        proc.kill()
+        proc.wait()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert proc.returncode == returncode, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    last = [line for line in err.splitlines() if line.strip()][-1]
+    assert last.startswith("specsweep: ") and ("Ctrl-C" in last or "SIGTERM" in last), last
+    deadline = time.monotonic() + scaled(15)
+    while any(pid_alive(p) for p in seen) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in seen if pid_alive(p)], "a process of the interrupted driver outlived it"
