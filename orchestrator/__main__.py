@@ -11,6 +11,7 @@ close the runs (orchestrator.execution.execute).
 
 from __future__ import annotations
 
+import signal
 import sys
 from typing import Sequence
 
@@ -19,6 +20,7 @@ from omegaconf import DictConfig
 
 from orchestrator.config.schema import override_key_problems, register_configs
 from orchestrator.config.validate import ConfigError
+from orchestrator.execution.signals import interrupt_for
 from specsweep_vocab.redact import RedactingStream, override_secrets
 
 register_configs()
@@ -53,6 +55,8 @@ def main() -> None:
     # the one output boundary for secrets given on the command line (specsweep_vocab.redact.RedactingStream)
     secrets = override_secrets(overrides)
     sys.stdout, sys.stderr = RedactingStream(sys.stdout, secrets), RedactingStream(sys.stderr, secrets)
+    # SIGTERM is an interrupt from the start (while Ray starts too), not only once the sweep runs (driver_signals)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         app()
     except KeyboardInterrupt as interrupt:  # cleaned up already (execution.execute): one line, not a traceback
@@ -65,6 +69,10 @@ def main() -> None:
             sys.exit(Terminated.exit_code)
         sys.excepthook = _quiet_interrupt(sys.excepthook)
         raise  # Python then exits by SIGINT, as a shell expects of Ctrl-C (130)
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise interrupt_for(signum)
 
 
 def _quiet_interrupt(hook):
