@@ -23,6 +23,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
@@ -33,6 +35,7 @@ from ray.util.placement_group import PlacementGroup, placement_group_table
 from orchestrator.execution.local_ray import init_local_ray
 from orchestrator.execution.plugin_preflight import check_plugin_nodes
 from orchestrator.execution.preflight import Preflight, gpus_per_node, run_preflight
+from orchestrator.execution.signals import interrupt_for
 from orchestrator.config.settings import ClusterKind, ClusterSettings
 from orchestrator.execution.stats import ExecutionStats
 from specsweep_vocab.spec import ServerGroup
@@ -107,14 +110,19 @@ def connect_ray(cluster: ClusterSettings, gpus_needed: int = 0) -> bool:
     num_gpus = cluster.num_gpus if cluster.num_gpus is not None else max(_visible_gpus(), gpus_needed)
     mb = cluster.object_store_memory_mb or LOCAL_OBJECT_STORE_MB
     # its own Ray on loopback, never one already on the machine (orchestrator.execution.local_ray)
+    # ray.init replaces the SIGTERM handler by its own `sys.exit(signum)` (ray/_private/worker.py:1675-1679): ours
+    # (an interrupt, cleaned up) comes back after each attempt; a SIGTERM during the start is an interrupt too
+    on_sigterm = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
     for attempt in (1, 2):
         try:
-            init_local_ray(num_cpus=cluster.num_cpus, num_gpus=num_gpus, object_store_memory=mb * 2**20,
-                           include_dashboard=cluster.include_dashboard, **common)
+            _start_once(on_sigterm, num_cpus=cluster.num_cpus, num_gpus=num_gpus, object_store_memory=mb * 2**20,
+                        include_dashboard=cluster.include_dashboard, **common)
             return True
-        except KeyboardInterrupt:  # Ctrl-C or SIGTERM while Ray starts: stop what of it did start
+        except (KeyboardInterrupt, SystemExit) as e:  # Ctrl-C or SIGTERM while Ray starts: stop what of it started
             with contextlib.suppress(Exception):
                 shutdown_ray()
+            if isinstance(e, SystemExit) and e.code == signal.SIGTERM:
+                raise interrupt_for(signal.SIGTERM) from None
             raise
         except Exception as e:
             if RAY_START_TIMEOUT not in str(e):
@@ -132,6 +140,14 @@ def connect_ray(cluster: ClusterSettings, gpus_needed: int = 0) -> bool:
                 "recorded. Run again when the machine is less busy, or start Ray beforehand (`ray start --head`) "
                 "and run with cluster=ray cluster.address=auto") from None
     return True
+
+
+def _start_once(on_sigterm: Any, **kwargs: Any) -> None:
+    try:
+        init_local_ray(**kwargs)
+    finally:
+        if on_sigterm is not None:
+            signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def _load() -> str:
