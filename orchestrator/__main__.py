@@ -5,12 +5,13 @@ executes every job at once; a single run calls the same core with one job. Befor
 every override key is checked against the schema: a typo'd key exits 1 naming the closest valid keys
 (Hydra would suggest `+key=...`, which the schema then refuses anyway).
 
-Ctrl-C exits as Python does on KeyboardInterrupt (by SIGINT: 130 in a shell); SIGTERM exits 143. Both first stop
-every engine and close the runs (orchestrator.execution.execute).
+Ctrl-C exits by SIGINT (130 in a shell) and SIGTERM 143, each with one line on stderr (no traceback). Both first stop every engine and
+close the runs (orchestrator.execution.execute).
 """
 
 from __future__ import annotations
 
+import signal
 import sys
 from typing import Sequence
 
@@ -19,6 +20,8 @@ from omegaconf import DictConfig
 
 from orchestrator.config.schema import override_key_problems, register_configs
 from orchestrator.config.validate import ConfigError
+from orchestrator.execution.signals import interrupt_for
+from specsweep_vocab.redact import RedactingStream, override_secrets
 
 register_configs()
 
@@ -46,16 +49,38 @@ def argv_overrides(argv: Sequence[str]) -> list[str]:
 
 def main() -> None:
     """The `specsweep` console script (pyproject's [project.scripts]); reads `sys.argv` as Hydra does."""
-    if problems := override_key_problems(argv_overrides(sys.argv[1:])):
+    overrides = argv_overrides(sys.argv[1:])
+    if problems := override_key_problems(overrides):
         sys.exit(str(ConfigError(problems)))
+    # the one output boundary for secrets given on the command line (specsweep_vocab.redact.RedactingStream)
+    secrets = override_secrets(overrides)
+    sys.stdout, sys.stderr = RedactingStream(sys.stdout, secrets), RedactingStream(sys.stderr, secrets)
+    # SIGTERM is an interrupt from the start (while Ray starts too), not only once the sweep runs (driver_signals)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         app()
-    except KeyboardInterrupt as interrupt:
-        from orchestrator.execution.signals import Terminated  # already imported: only a sweep raises it
+    except KeyboardInterrupt as interrupt:  # cleaned up already (execution.execute): one line, not a traceback
+        from orchestrator.execution.signals import Terminated
 
-        if isinstance(interrupt, Terminated):  # SIGTERM, cleaned up like Ctrl-C: exit 143, not as SIGINT
+        term = isinstance(interrupt, Terminated)  # SIGTERM, cleaned up like Ctrl-C: exit 143, not as SIGINT
+        print(f"specsweep: {'terminated (SIGTERM)' if term else 'interrupted (Ctrl-C)'}: what had started was "
+              "stopped and its runs closed as KILLED; the same command resumes the rest", file=sys.stderr)
+        if term:
             sys.exit(Terminated.exit_code)
-        raise
+        sys.excepthook = _quiet_interrupt(sys.excepthook)
+        raise  # Python then exits by SIGINT, as a shell expects of Ctrl-C (130)
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise interrupt_for(signum)
+
+
+def _quiet_interrupt(hook):
+    """sys.excepthook without the traceback of a KeyboardInterrupt (already reported in one line)."""
+    def excepthook(kind, value, tb):
+        if not issubclass(kind, KeyboardInterrupt):
+            hook(kind, value, tb)
+    return excepthook
 
 
 if __name__ == "__main__":

@@ -146,3 +146,37 @@ def secret_values(engines: Iterable[Any]) -> set[str]:
 def plan_secrets(plan: Any) -> set[str]:
     """Every literal secret the servers of an `orchestrator.config.plan.Plan` are started with."""
     return secret_values(x for g in plan.groups for x in (g.server.engine, g.server.drafter))
+
+
+def override_secrets(overrides: Iterable[str]) -> set[str]:
+    """The literal secrets of command-line overrides: the value of a secret key (`engine.env.HF_TOKEN=T`) and the
+    value of each sensitive flag in a list (`engine.extra_args=[--api-key,K]`), quotes stripped."""
+    out: set[str] = set()
+    for override in overrides:
+        key, eq, value = override.partition("=")
+        if not eq:
+            continue
+        if is_secret_path(key.lstrip("+~")):
+            out.add(value.strip("'\""))
+            continue
+        if value.startswith("["):  # an argv list: [--api-key,K] or ['--api-key=K']
+            out.update(argv_secrets([v.strip(" '\"") for v in value.strip("[]").split(",")]))
+        out.update(uri_secrets(value))
+    return {s for s in out if s}
+
+
+class RedactingStream:
+    """A text stream that writes through `redact_text(..., secrets)`: the process's one output boundary (stdout and
+    stderr of the command line), so that Hydra's own "Error executing job with overrides" line, log lines, the
+    progress display and exception messages never carry a secret given on the command line. Whole writes are
+    redacted (a secret split across two writes is not seen: Python's logging and print write a line at once)."""
+
+    def __init__(self, stream: Any, secrets: Iterable[str]):
+        self._stream, self._secrets = stream, tuple(secrets)
+
+    def write(self, text: str) -> int:
+        self._stream.write(redact_text(text, self._secrets))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:  # flush, fileno, isatty, encoding, ...
+        return getattr(self._stream, name)

@@ -24,6 +24,8 @@ Imported by tests/ and the benchmarks (tools/bench_*.py) only, never by product 
         conf/ composed by Hydra (and converted by our schema): compose_config once per distinct overrides in a
         process (a copy); compose_run's resolved config also kept on disk (.pytest_cache/) until conf/ changes
     (the HTTP stand-in for a server that cannot run here, FakeServer and runner_on: tools/fake_server.py)
+    reference_process(argv, ready_s=120) -> (base_url, Popen)   a context manager: `python -m workers.reference`
+        with argv (+ --host/--port) on a free port, healthy; SIGTERM (then kill) after
     load_scale() -> float; scaled(seconds) -> float
         a deadline in a test is `scaled(s)`: s on an idle machine, s x (1-minute load / cores) on a loaded one
         (capped at MAX_LOAD_SCALE), so a busy machine makes a test slower, never wrong
@@ -39,6 +41,7 @@ import json
 import os
 import re
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -403,3 +406,42 @@ def ray_process(*, num_cpus: int = 4, object_store_mb: int = 128, log: Path | No
                 os.killpg(proc.pid, 9)  # the holder's group: start_new_session made proc.pid its id
         if log:
             err.close()  # type: ignore[union-attr]
+
+
+def stop_process(proc: subprocess.Popen, grace_s: float = 15.0) -> int:
+    """SIGTERM, then SIGKILL after `grace_s`; the exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    return proc.returncode
+
+
+@contextlib.contextmanager
+def reference_process(argv: list[str], ready_s: float = 120.0) -> Iterator[tuple[str, subprocess.Popen]]:
+    """The reference engine as a real process on a free port (stdout+stderr piped, text), once /health is 200."""
+    from workers.engine import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "workers.reference", *argv, "--host", "127.0.0.1",
+                             "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + scaled(ready_s)
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the reference engine exited {proc.returncode}: {proc.stdout.read()[-2000:] if proc.stdout else ''}")
+            try:
+                if requests.get(f"{url}/health", timeout=10).status_code == 200:
+                    break
+            except (requests.ConnectionError, requests.Timeout):  # not listening yet / a loaded machine
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the reference engine was not healthy within {scaled(ready_s):.0f} s")
+            time.sleep(0.2)
+        yield url, proc
+    finally:
+        stop_process(proc)

@@ -48,7 +48,7 @@ from workers.sglang.metrics import spec_metrics_from_meta_info
 logger = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 5.0
-FLUSH_BUSY_WAIT_S = 10.0  # /flush_cache answering 400 (a request still running) is retried this long
+TIMEOUT_KEY = "engine.request_timeout_s"  # the config key every wait of this client derives from
 
 
 # ---------------------------------------------------------------- HTTP client
@@ -73,17 +73,23 @@ class ProbeClient:
     def close(self) -> None:
         self.http.close()
 
-    def flush_cache(self, busy_wait_s: float = FLUSH_BUSY_WAIT_S) -> None:
-        """400 means a request is still running (SGLang, the reference engine): one this client abandoned is
-        being cancelled, so ask again for up to `busy_wait_s`."""
-        deadline = time.monotonic() + busy_wait_s
+    def flush_cache(self) -> None:
+        """400 means a request is still running (SGLang, the reference engine): one that an earlier run abandoned
+        (a per-request timeout) stops at the engine's next step, which on a slow machine may be a long prefill; so
+        ask again for up to the request timeout, and name it when the engine is still busy after that."""
+        t0 = time.monotonic()
         while True:
-            r = self._call("POST", "/flush_cache", timeout=60.0)
+            r = self._call("POST", "/flush_cache", timeout=self.timeout_s)
             if r.status_code == 200:
                 return
-            if r.status_code != 400 or time.monotonic() > deadline:
-                raise BadResponse(f"/flush_cache answered {r.status_code}: {r.text[:200]}")
-            time.sleep(0.1)
+            waited = time.monotonic() - t0
+            if r.status_code == 400 and waited <= self.timeout_s:
+                time.sleep(0.1)
+                continue
+            if r.status_code == 400:
+                raise ProbeTimeout(f"the engine still runs an earlier request after {waited:.1f} s "
+                                   f"({TIMEOUT_KEY}={self.timeout_s:g}): /flush_cache answered 400: {r.text[:200]}")
+            raise BadResponse(f"/flush_cache answered {r.status_code}: {r.text[:200]}")
 
     def server_info(self) -> dict[str, Any]:
         r = self._call("GET", "/server_info", timeout=30.0)
@@ -109,7 +115,7 @@ class ProbeClient:
                 # text/event-stream has a charset (else ISO-8859-1): requests decodes every line to str
                 for line in cast(Iterator[str], r.iter_lines(decode_unicode=True)):
                     if time.perf_counter() > deadline:
-                        raise ProbeTimeout(f"/generate ran past {self.timeout_s:.0f} s")
+                        raise ProbeTimeout(self._past("/generate ran", t0))
                     if not line or not line.startswith("data:"):
                         continue
                     data = line[5:].strip()
@@ -122,10 +128,10 @@ class ProbeClient:
                         ttft = time.perf_counter() - t0
                     chunks.append(chunk)
             except requests.exceptions.Timeout as e:
-                raise ProbeTimeout(f"/generate stream stalled past {self.timeout_s:.0f} s: {e}") from e
+                raise ProbeTimeout(self._past("/generate stream stalled", t0)) from e
             except (requests.exceptions.ChunkedEncodingError, requests.exceptions.ConnectionError) as e:
                 if _is_read_timeout(e):  # requests reports a read timeout inside a body as a ConnectionError
-                    raise ProbeTimeout(f"/generate stream stalled past {self.timeout_s:.0f} s: {e}") from e
+                    raise ProbeTimeout(self._past("/generate stream stalled", t0)) from e
                 raise BadResponse(f"/generate stream broke: {e}") from e
             except json.JSONDecodeError as e:
                 raise BadResponse(f"/generate sent a chunk that is not JSON: {e}") from e
@@ -140,10 +146,18 @@ class ProbeClient:
             raise BadResponse(f"/metrics answered {r.status_code}")
         return r.text
 
+    def _past(self, what: str, t0: float) -> str:
+        """A per-request timeout's failure: the key, its value and the time measured."""
+        return (f"{what} past {TIMEOUT_KEY}={self.timeout_s:g} (measured {time.perf_counter() - t0:.1f} s); "
+                f"a slow machine needs a larger {TIMEOUT_KEY}")
+
     def _call(self, method: str, path: str, timeout: float, **kw) -> requests.Response:
+        t0 = time.perf_counter()
         try:
             return self.http.request(method, self.base_url + path, timeout=(CONNECT_TIMEOUT_S, timeout), **kw)
         except requests.exceptions.Timeout as e:
+            if timeout == self.timeout_s:
+                raise ProbeTimeout(self._past(f"{method} {path}", t0)) from e
             raise ProbeTimeout(f"{method} {path} timed out after {timeout:.0f} s") from e
         except requests.exceptions.RequestException as e:
             raise BadResponse(f"{method} {path} failed: {e}") from e

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
+BANNER_LOGGER = "ray._private.authentication.authentication_token_setup"  # its token-auth warnings
 
 
 @contextlib.contextmanager
@@ -52,6 +53,21 @@ def _single_machine_mode() -> Iterator[None]:
             os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = previous[1]
 
 
+@contextlib.contextmanager
+def _no_token_auth_banner() -> Iterator[None]:
+    """Ray 2.60 warns on every new local cluster whether token auth is on or off, unless RAY_AUTH_MODE is set
+    (`enable_token_auth_by_default`, ray/_private/worker.py:1873; the warnings in ray/_private/authentication/
+    authentication_token_setup.py:71-89). This Ray listens on loopback only and its mode is Ray's own default:
+    only the banner goes, for the duration of the start."""
+    banner = logging.getLogger(BANNER_LOGGER)
+    level = banner.level
+    banner.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        banner.setLevel(level)
+
+
 def init_local_ray(*, job_temp_dir: str | None = None, **kwargs):
     """A new single-node Ray on loopback; `kwargs` go to `ray.init` (not `address`, `_node_ip_address`, `_temp_dir`)."""
     import ray
@@ -62,7 +78,7 @@ def init_local_ray(*, job_temp_dir: str | None = None, **kwargs):
             raise TypeError(f"init_local_ray sets {key} itself")
     if job_temp_dir is not None:
         kwargs["_temp_dir"] = job_temp_dir
-    with _single_machine_mode():
+    with _single_machine_mode(), _no_token_auth_banner():
         # address="local" gives a RayContext (only a ray:// address gives a ClientContext)
         ctx = cast("RayContext", ray.init(address="local", _node_ip_address=LOOPBACK, **kwargs))
     if job_temp_dir is not None:

@@ -36,6 +36,10 @@ class ClusterCannotFit(CompactHydraException):
     """The preflight found servers the Ray cluster can never place: exit 1, nothing launched or recorded."""
 
 
+class RayDidNotStart(CompactHydraException):
+    """Ray could not start or be reached (orchestrator.execution.ray_session.RayStartFailed): exit 1, one line."""
+
+
 class TrackingUnreachable(CompactHydraException):
     """tracking.uri does not answer: exit 1 before Ray, MLflow or any engine starts."""
 
@@ -101,7 +105,7 @@ def sweep_plan(plan: Plan, settings: ExecutionSettings) -> SweepResult:
     after the preflight)."""
     from orchestrator.execution.execute import execute_plan
     from orchestrator.execution.preflight import PreflightError
-    from orchestrator.execution.ray_session import ray_session
+    from orchestrator.execution.ray_session import RayStartFailed, ray_session
     from orchestrator.execution.recording import warm_mlflow
 
     threading.Thread(target=warm_mlflow, args=(settings.tracking_uri,), name="mlflow-import", daemon=True).start()
@@ -127,6 +131,8 @@ def sweep_plan(plan: Plan, settings: ExecutionSettings) -> SweepResult:
             return SweepResult(results, skipped, todo, held)
     except PreflightError as e:
         raise ClusterCannotFit(str(e)) from None
+    except RayStartFailed as e:
+        raise RayDidNotStart(str(e)) from None
 
 
 def _claim(plan: Plan, settings: ExecutionSettings, tracker: Tracker,

@@ -6,9 +6,11 @@ driver's output and every log file are searched for the secret strings."""
 from __future__ import annotations
 
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -156,3 +158,30 @@ def test_sweep_records_no_secret_and_the_engine_gets_every_one(tmp_path, mlflow_
     assert len(pids) == 2  # one engine per server
     assert seen.keys() == pids  # each seen while it ran
     assert set(seen.values()) == {(KEY_SECRET, ENV_SECRET)}
+
+
+def test_a_failing_single_run_prints_no_secret_on_any_path(tmp_path):
+    """#32: a run that fails (a per-request timeout on the stub) with --api-key and an engine.env token: Hydra's
+    "Error executing job with overrides" line, the progress and log lines and the RunFailed message pass the
+    command line's one output boundary (specsweep_vocab.redact.RedactingStream); the store, the engine logs and
+    Ray's own logs (its temp dir) are searched too. Hydra's own copies of the command line (.hydra/*.yaml, written
+    before any of our code runs) are left out, as in the sweep test above."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "RAY_AUTH_MODE": "disabled",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "kernels")]), "COLUMNS": "200",
+           "RAY_TMPDIR": tempfile.mkdtemp(prefix="rs", dir="/tmp")}  # short: Ray's unix sockets live under it
+    cmd = [sys.executable, "-m", "orchestrator", "engine=stub", "cluster.num_cpus=2", "engine.stub.token_s=0.5",
+           "engine.request_timeout_s=1", f"+engine.env.SPECSWEEP_TEST_SECRET={ENV_SECRET}",
+           f"engine.extra_args=[--api-key,{KEY_SECRET}]"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1, output[-4000:]
+    assert "Error executing job with overrides" in output and MASK in output, output[-4000:]
+    assert "FAILED" in output
+    for secret in (ENV_SECRET, KEY_SECRET):
+        assert secret not in output, output[-4000:]
+    read = assert_absent(tmp_path, [ENV_SECRET, KEY_SECRET], skip=lambda p: ".hydra" in p.parts)
+    assert read > 5 and (tmp_path / "mlflow.db").exists()
+    try:
+        assert_absent(Path(env["RAY_TMPDIR"]), [ENV_SECRET, KEY_SECRET])  # Ray's own logs
+    finally:
+        shutil.rmtree(env["RAY_TMPDIR"], ignore_errors=True)

@@ -23,7 +23,7 @@ from .cuda_graph import make_runner  # CUDA graphs for specsweep_verify on CUDA
 from .model import build_model, layer_subset, skip_layers_kept
 from .runner import ModelRunner
 from .spec_counters import DEFAULT_DECODE_LOG_INTERVAL, AcceptLengthWindow, spec_meta_fields
-from .speculative import Drafter, ModelDrafter, NgramDrafter, SelfDrafter, sample, verify_batch
+from .speculative import Drafter, ModelDrafter, NgramDrafter, SamplingError, SelfDrafter, sample, verify_batch
 from .tokenizer import load_tokenizer
 
 if TYPE_CHECKING:
@@ -319,7 +319,11 @@ class Engine:
         logits = self.target.extend(req.seq, req.input_ids)
         if self.drafter:
             req.draft = self.drafter.start(req.input_ids, req.seq)  # the draft's prefill belongs to the prefill phase
-        req.out.append(sample(logits, req.params.temperature, req.gen)[0])
+        try:
+            req.out.append(sample(logits, req.params.temperature, req.gen)[0])
+        except SamplingError as exc:  # this request's own fault (HTTP 400): it leaves, the batch goes on
+            req.error = RequestError(str(exc))
+            return
         req.ttft = time.perf_counter() - req.t0
         self._after_tokens(req)
 
@@ -333,20 +337,28 @@ class Engine:
             hidden = self.target.forward_batch([r.target_seq for r in batch], [torch.tensor(r.out[-1:]) for r in batch])
             logits = self.target.model.logits(torch.cat(hidden))  # [B, V]
             for i, req in enumerate(batch):
-                req.out += sample(logits[i:i + 1], req.params.temperature, req.gen)
+                try:
+                    req.out += sample(logits[i:i + 1], req.params.temperature, req.gen)
+                except SamplingError as exc:  # only this request fails (400); the others keep their tokens
+                    req.error = RequestError(str(exc))
         else:
             trees = self.drafter.propose([r.draft for r in batch], [r.context for r in batch])
             results = verify_batch(self.target, [r.target_seq for r in batch], trees,
                                    [r.params.temperature for r in batch], [r.gen for r in batch])
             for req, res in zip(batch, results):  # every step counts, the last one in full (spec_counters)
+                if res.error is not None:
+                    req.error = RequestError(str(res.error))
+                    continue
                 req.steps.append({"accept_len": len(res.committed), "accepted_drafts": res.accepted,
                                   "tree_depth": res.tree_depth, "tree_nodes": res.tree_nodes,
                                   "verify_s": res.verify_s, "batch_size": len(batch)})
                 req.out += res.committed
-            self.accept_window.decode_iteration(len(batch), sum(len(res.committed) for res in results))
+            ok = [res for res in results if res.error is None]
+            self.accept_window.decode_iteration(len(ok), sum(len(res.committed) for res in ok))
             self.stats.verify_forward_seconds += results[0].verify_s if results else 0.0  # one batched forward
         for req in batch:
-            self._after_tokens(req)
+            if req.error is None:
+                self._after_tokens(req)
 
     def _after_tokens(self, req: Request) -> None:
         req.finish = self._finish_reason(req.out, req.params)

@@ -37,7 +37,7 @@ from starlette.concurrency import run_in_threadpool
 
 from .chat_template import ChatTemplateError, load_chat_template, render_chat
 from .engine import Cancelled, Engine, Output, RequestError, SamplingParams
-from .request_params import cancel_on_disconnect, fill_max_new_tokens, is_int, parse_sampling
+from .request_params import cancel_on_disconnect, fill_max_new_tokens, is_int, parse_json_body, parse_sampling
 from .tokenizer_export import hf_tokenizer_dir
 
 logger = logging.getLogger(__name__)
@@ -281,9 +281,7 @@ class OpenAIRoutes:
             media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
             if media_type != "application/json":  # validate_json_request, http_server.py:695-708
                 raise RequestError("Unsupported Media Type: Only 'application/json' is allowed")
-            body = json.loads(await request.body())
-            if not isinstance(body, dict):
-                raise RequestError("the body must be a JSON object")
+            body = parse_json_body(await request.body())
             model = body.get("model", "default")  # DEFAULT_MODEL_NAME (protocol.py:84); echoed, not checked
             stream, include_usage, continuous = stream_flags(body)
             if chat:
@@ -302,8 +300,10 @@ class OpenAIRoutes:
             engine.check(input_ids, params)
         except (RequestError, ChatTemplateError) as exc:
             return error_response(400, str(exc))
-        except ValueError as exc:  # json.JSONDecodeError, UnicodeDecodeError
-            return error_response(400, f"malformed JSON: {exc}")
+        except RecursionError:  # a value nested too deep to check or to quote in a message
+            return error_response(400, "the body's JSON is nested too deep")
+        except (ValueError, OverflowError) as exc:  # a value the checks above could not convert
+            return error_response(400, f"bad request: {exc}")
         ctx = {"model": model, "created": int(time.time()), "chat": chat, "echo": echo,
                "spec": bool(body.get("return_spec_tokens_details")), "meta": bool(body.get("return_meta_info")),
                "include_usage": include_usage, "continuous": continuous}

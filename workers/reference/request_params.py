@@ -5,6 +5,7 @@ coercion, the fill-in of a missing `max_new_tokens`, and the watcher that cancel
 """
 from __future__ import annotations
 
+import json
 import math
 import threading
 
@@ -17,6 +18,10 @@ SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_p", "ignore_eos", "stop",
 SGLANG_DEFAULTS = {"top_k": -1, "min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
                    "repetition_penalty": 1.0, "min_new_tokens": 0, "n": 1}
 SEED_MIN, SEED_MAX = -2**63, 2**63 - 1  # SGLang's sampling_seed range
+# SGLang treats 0 <= temperature < _SAMPLING_EPS as greedy (sglang/srt/sampling/sampling_params.py:42, 245-248):
+# 4.4e-38 or 5e-324 would overflow logits / temperature in float32
+SAMPLING_EPS = 1e-6
+FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max
 
 
 def is_int(v) -> bool:
@@ -24,7 +29,25 @@ def is_int(v) -> bool:
 
 
 def is_number(v) -> bool:
-    return (is_int(v) or isinstance(v, float)) and math.isfinite(v)
+    """A finite int or float (an int of any size: math.isfinite would overflow converting it to a float)."""
+    return is_int(v) or (isinstance(v, float) and math.isfinite(v))
+
+
+def parse_json_body(raw: bytes) -> dict:
+    """The request body as a JSON object, or RequestError (HTTP 400) naming what is wrong: not UTF-8 (nor the
+    UTF-16/32 that json.loads detects), malformed, an integer literal longer than Python converts
+    (sys.get_int_max_str_digits), nesting deeper than the parser's recursion allows, or not an object."""
+    try:
+        body = json.loads(raw)
+    except UnicodeDecodeError as exc:  # a ValueError too: before it
+        raise RequestError(f"the body is not UTF-8 JSON: {exc.reason} at byte {exc.start}") from exc
+    except RecursionError as exc:
+        raise RequestError("the body's JSON is nested too deep for the parser") from exc
+    except ValueError as exc:  # json.JSONDecodeError, or an integer beyond sys.get_int_max_str_digits()
+        raise RequestError(f"malformed JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise RequestError("the body must be a JSON object")
+    return body
 
 
 def parse_sampling(raw, names: dict[str, str] | None = None) -> SamplingParams:
@@ -57,6 +80,11 @@ def parse_sampling(raw, names: dict[str, str] | None = None) -> SamplingParams:
         temperature = 1.0
     if not (is_number(temperature) and temperature >= 0):
         raise RequestError(f"{name('temperature')} must be a non-negative finite number, got {temperature!r}")
+    if temperature > FLOAT32_MAX:  # SGLang holds temperatures in a float32 tensor: inf, then NaN probabilities
+        raise RequestError(f"{name('temperature')}={temperature!r} is beyond float32's largest value "
+                           f"{FLOAT32_MAX!r}, where the engine samples; allowed: 0 .. {FLOAT32_MAX!r}")
+    if temperature < SAMPLING_EPS:  # as SGLang: greedy (top_k=1), never a division by a tiny value
+        temperature = 0.0
     top_p = raw.get("top_p", 1.0)
     if top_p is None:
         top_p = 1.0

@@ -27,6 +27,7 @@ from .openai_api import add_openai_routes, engine_events
 from .request_params import cancel_on_disconnect as _cancel_on_disconnect
 from .request_params import fill_max_new_tokens as _fill_max_new_tokens
 from .request_params import is_int as _is_int
+from .request_params import parse_json_body as _parse_json_body
 from .request_params import parse_sampling as _parse_sampling
 
 logger = logging.getLogger(__name__)
@@ -186,9 +187,7 @@ def create_app(state: ServerState) -> FastAPI:
         if not state.ready.is_set() or engine is None:
             return _error(503, state.load_error or "not ready: the model is loading")
         try:
-            body = json.loads(await request.body())
-            if not isinstance(body, dict):
-                raise RequestError("the body must be a JSON object")
+            body = _parse_json_body(await request.body())
             input_ids = _parse_prompt(body, engine)
             params = _parse_sampling(body.get("sampling_params"))
             _fill_max_new_tokens(params, input_ids, engine)
@@ -196,10 +195,12 @@ def create_app(state: ServerState) -> FastAPI:
             if not isinstance(stream, bool):
                 raise RequestError(f"stream must be true or false, got {stream!r}")
             engine.check(input_ids, params)
-        except json.JSONDecodeError as exc:
-            return _error(400, f"malformed JSON: {exc}")
         except RequestError as exc:
             return _error(400, str(exc))
+        except RecursionError:  # a value nested too deep to check or to quote in a message
+            return _error(400, "the body's JSON is nested too deep")
+        except (ValueError, OverflowError) as exc:  # a value the checks above could not convert
+            return _error(400, f"bad request: {exc}")
         if stream:
             return StreamingResponse(_stream(engine, input_ids, params), media_type="text/event-stream")
         cancel = threading.Event()

@@ -62,11 +62,19 @@ class DraftTree:
         return kids
 
 
+class SamplingError(ValueError):
+    """One request's sampling failed (its distribution is not finite): that request fails, the batch goes on."""
+
+
 def sample(logits: Tensor, temperature: float, generator: torch.Generator | None = None) -> list[int]:
     # logits: [N, V] -> one token per row
     if temperature <= 0:
         return logits.argmax(-1).tolist()
     probs = torch.softmax(logits.float().cpu() / temperature, dim=-1)  # the generator lives on the CPU
+    if not bool(torch.isfinite(probs).all()):
+        raise SamplingError(f"temperature={temperature!r}: the float32 sampling distribution is not finite "
+                            "(logits / temperature overflow); allowed: 0 (greedy), or a temperature that keeps "
+                            "logits / temperature within float32")
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1).tolist()
 
 
@@ -77,6 +85,7 @@ class VerifyResult:
     tree_depth: int
     tree_nodes: int
     verify_s: float
+    error: SamplingError | None = None  # this request's sampling failed: nothing committed, the others go on
 
 
 def verify_batch(runner: ModelRunner, seqs: list[PagedSequence], trees: list[DraftTree], temperatures: list[float],
@@ -92,7 +101,12 @@ def verify_batch(runner: ModelRunner, seqs: list[PagedSequence], trees: list[Dra
     results = []
     for seq, tree, base, depth, rows, temperature, gen in zip(seqs, trees, bases, depths, logits, temperatures,
                                                               generators):
-        choice = sample(rows, temperature, gen)  # [N_i] target token at each node
+        try:
+            choice = sample(rows, temperature, gen)  # [N_i] target token at each node
+        except SamplingError as exc:
+            seq.commit_path(base, [0])  # the root only: the request leaves the batch with this error
+            results.append(VerifyResult([], 0, max(depth), tree.num_nodes, 0.0, exc))
+            continue
         kids = tree.children()
         node, path = 0, [0]
         while True:
@@ -146,9 +160,11 @@ class NgramDrafter(Drafter):
         cand = np.nonzero(ctx[:-1] == ctx[-1])[0]  # earlier positions j with ctx[j] == last token
         match = np.ones(len(cand), dtype=np.int64)
         alive = np.ones(len(cand), dtype=bool)
-        for k in range(1, self.max_window):  # grow each match backwards, vectorised over candidates
+        # grow each match backwards, vectorised over candidates; the suffix compared, ctx[n-1-k], exists only for
+        # k < n (a negative index would wrap around, or be out of bounds for a context shorter than the window)
+        for k in range(1, min(self.max_window, n)):
             j = cand - k
-            ok = alive & (j >= 0) & (n - 1 - k >= 0)
+            ok = alive & (j >= 0)
             ok[ok] &= ctx[j[ok]] == ctx[n - 1 - k]
             match += ok
             alive = ok

@@ -12,6 +12,7 @@ import time
 import pytest
 import requests
 
+from tools.testing import stop_process as stop
 from workers.engine import free_port
 
 pytestmark = pytest.mark.timeout(240)
@@ -28,17 +29,6 @@ TIMEOUT = 60
 def start(extra: list[str]) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "workers.reference", *extra], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, cwd=os.getcwd())
-
-
-def stop(proc: subprocess.Popen) -> int:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            return proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-    return proc.returncode
 
 
 @pytest.fixture(scope="module")
