@@ -31,7 +31,7 @@ class RunConfig:
     kernel: KernelSpec | None = None  # job=kernel: the shape the `kernel` section (KernelConf) resolves to
     log_patterns: tuple[str, ...] = ()  # `metrics.log_patterns` (checked by validate.log_pattern_problems)
     job: JobKind = JobKind.ENGINE  # engine (an engine + probe per point) | kernel (one verify-kernel shape per point)
-    sweep_name: str = "default"
+    sweep_name: str = "specsweep"
     page_size: int = 16
     seed: int = 0
     resume: bool = ExecutionSettings.resume  # the defaults that execution also holds are ExecutionSettings's

@@ -108,7 +108,7 @@ def _sweep_jobs(launcher: LauncherState, config: DictConfig, jobs: list[tuple[Di
 
     sweep_overrides = tuple(OmegaConf.to_container(config.hydra.overrides.task))  # type: ignore[arg-type]
     base = task_container(jobs[0][0]) if jobs else None
-    plan = plan_sweep(configs[0].sweep_name if configs else "default", configs, base_config=base,
+    plan = plan_sweep(configs[0].sweep_name if configs else "specsweep", configs, base_config=base,
                       overrides=sweep_overrides, first_job_index=initial_job_idx)
     log.info("plan: %d run(s) on %d server(s)%s", plan.num_runs, len(plan.groups),
              f", {len(plan.dropped)} dropped" if plan.dropped else "")
