@@ -1,8 +1,9 @@
 """The `specsweep-report` command (= `python -m orchestrator.report`): a sweep's report, on demand.
 
     specsweep-report <sweep name | parent run id> [--tracking-uri URI]
+    specsweep-report --compare A B [--out DIR]
 
-The report itself (table, plots, `diagnosis.md` on the parent run) is `orchestrator/results/report.py`; a sweep
+The report itself (table, plots, `diagnosis.md` on the parent run) is `orchestrator/results/report/`; a sweep
 writes it at its end without this command.
 """
 

@@ -50,6 +50,7 @@ import requests
 import urllib3
 
 from specsweep_vocab.spec import EngineKind, ProbeKind, ProbeSpec
+from workers.derived import repeat_frac
 from workers.errors import BadResponse, ProbeTimeout
 from workers.reference.tokenizer import ByteTokenizer
 from workers.sglang_metrics import spec_metrics_from_meta_info
@@ -440,7 +441,8 @@ def measure(gen: Generation, expect_spec: bool, *, version: str | None = None,
     e2e = float(meta["e2e_latency"]) if isinstance(meta.get("e2e_latency"), (int, float)) else gen.client_e2e_s
     ttft = next((float(meta[k]) for k in ("ttft", "ttft_s", "first_token_latency")
                  if isinstance(meta.get(k), (int, float))), gen.client_ttft_s)
-    m: dict[str, float] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "e2e_s": e2e}
+    m: dict[str, float] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "e2e_s": e2e,
+                           "continuation_repeat_frac": repeat_frac(gen.text)}  # a looping continuation
     if ttft is not None:
         m["ttft_s"] = ttft
         if completion > 1 and e2e > ttft:

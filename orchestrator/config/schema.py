@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
+import json
 import os
 import types
 import typing
@@ -182,7 +183,7 @@ class _Problems:
 def _from_conf(spec: type, key: str, values: Mapping[str, Any], p: _Problems, **given: Any) -> Any:
     """`spec` from its composed section `values`, field by field (the inverse of `structured_conf`): an enum
     checked against its members and a CHOICES key against its set (each bad value a Problem), a list as a
-    tuple, a dict as sorted pairs. `given` fields are the caller's (computed, or from elsewhere in the config)."""
+    tuple, a dict as sorted pairs, a value outside its field's `metadata["domain"]` (lo, hi) a Problem. `given` fields are the caller's (computed, or from elsewhere in the config)."""
     hints = typing.get_type_hints(spec)
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(spec):
@@ -199,6 +200,9 @@ def _from_conf(spec: type, key: str, values: Mapping[str, Any], p: _Problems, **
                 v = tuple(sorted(v.items()))
             elif typing.get_origin(tp) is tuple:
                 v = tuple(v)
+            if "domain" in f.metadata and not f.metadata["domain"][0] <= v <= f.metadata["domain"][1]:
+                lo, hi = f.metadata["domain"]  # a field's declared domain, e.g. report.loop_repeat_frac
+                p.items.append(Problem(name, v, f"a number from {lo:g} to {hi:g}", p.overrides))
             kwargs[f.name] = v
     return spec(**kwargs)
 
@@ -213,6 +217,17 @@ def flatten(node: Mapping[str, Any], leaf: Callable[[Any], str] = str, prefix: s
         else:
             out[f"{prefix}{k}"] = leaf(v)
     return out
+
+
+def param_value(v: Any) -> str:
+    """One MLflow param: strings as they are, anything else as JSON (`null`, `true`, `[1, 2]`); read back by
+    `orchestrator.config.params.decode`."""
+    return v if isinstance(v, str) else json.dumps(v)
+
+
+def to_params(config: Mapping[str, Any]) -> dict[str, str]:
+    """A resolved config as MLflow params (dotted keys, `param_value` encoding)."""
+    return flatten(config, leaf=param_value)
 
 
 def absolute_tracking_uri(uri: str, cwd: str) -> str:
@@ -310,13 +325,13 @@ def to_run_config(cfg: DictConfig, overrides: tuple[str, ...] = (), cwd: str | N
                           uri=absolute_tracking_uri(c["tracking"]["uri"], cwd))
     job = p.enum("job", c["job"], JobKind)
     kernel = _kernel_spec(c, p) if job is JobKind.KERNEL else None
+    report = _from_conf(Thresholds, "report", c["report"], p)
     if p.items:
         raise ConfigError(p.items)
     return _from_conf(RunConfig, "", c, p, engine=engine, model=model, drafter=drafter, attention=attention,
-                      probe=probe, cluster=cluster, tracking=tracking, report=_from_conf(Thresholds, "report",
-                                                                                         c["report"], p),
+                      probe=probe, cluster=cluster, tracking=tracking, report=report,
                       job=job, kernel=kernel, log_patterns=tuple(c["metrics"]["log_patterns"]),
-                      params=tuple(sorted(flatten(c).items())), overrides=tuple(overrides))
+                      params=tuple(sorted(to_params(c).items())), overrides=tuple(overrides))
 
 
 def _kernel_spec(c: dict[str, Any], p: _Problems) -> KernelSpec | None:

@@ -18,6 +18,8 @@ class Thresholds:
     oracle_tolerance: float = 1e-6  # commit_len_mean may fall this far below num_steps + 1
     collapse_drop: float = 0.5  # fraction lost from the shortest context
     novel_gap: float = 0.5  # fraction novel text commits below predictable text at the same context
+    # a novel-text continuation whose share of repeated word trigrams is at least this loops: easy text, not novel
+    loop_repeat_frac: float = field(default=0.5, metadata={"domain": (0.0, 1.0)})
     superlinear_exponent: float = 1.3  # verify_step_ms ~ context^k with k above this
     min_context_ratio: float = 4.0  # the super-linearity test needs contexts this far apart
     min_bw_frac: float = 0.10  # kv_bw_gbs / device peak GB/s

@@ -52,15 +52,14 @@ With a `sqlite:` store, artifacts go to `mlartifacts/` next to the database file
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence
 
-from orchestrator.config.schema import flatten
+from orchestrator.config.schema import param_value, to_params  # noqa: F401  (param_value: re-exported)
 from orchestrator.config.settings import ExecutionSettings
 from orchestrator.results.drivers import HEARTBEAT_S, DriverId
 from orchestrator.results.mlflow_ui import AXES_TAG, axis_key, axis_tags, prepare_experiment, publish_view
@@ -92,11 +91,6 @@ def sweep_axes(plan) -> tuple[str, ...]:
             if "=" in o:
                 values.setdefault(axis_key(o), set()).add(o.split("=", 1)[1])
     return tuple(k for k, v in values.items() if len(v) > 1)
-
-
-def param_value(v: Any) -> str:
-    """A parent-run param: strings as they are, anything else as JSON (`null`, `true`, `[1, 2]`)."""
-    return v if isinstance(v, str) else json.dumps(v)
 
 
 def experiment_for(settings: ExecutionSettings, plan: Plan | None = None) -> str:
@@ -296,7 +290,7 @@ class Tracker:
         publish_view(self.client, self.experiment_id, self.axes)
         rid = self.parent_run_id
         base = redact_config(plan.base_config) if plan.base_config else None
-        params = flatten(base or {}, leaf=param_value)
+        params = to_params(base or {})
         params["overrides"] = " ".join(plan.overrides)
         self._log_batch(rid, params=params, metrics={"runs_planned": float(plan.num_runs),
                                                      "runs_resumed": float(len(plan.resumed))})
