@@ -78,12 +78,12 @@ class LiveStatus:
         for h, old in self._handlers:
             if isinstance(old, Console):
                 h.console = old  # type: ignore[attr-defined]
-            else:
+            elif isinstance(h, logging.StreamHandler):
                 h.setStream(old)  # type: ignore[arg-type]
         self._handlers.clear()
-        if self._live is not None:
-            self._live.stop()
-            self._live = None
+        live, self._live = self._live, None
+        if live is not None:
+            live.stop()
 
 
 _CURRENT: LiveStatus | None = None

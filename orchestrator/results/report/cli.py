@@ -39,7 +39,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.compare:
             from orchestrator.results.report.compare import print_compare, write_compare
 
-            comparison, files = write_compare(client, *args.compare, Path(args.out))
+            a, b = args.compare
+            comparison, files = write_compare(client, a, b, Path(args.out))
             print_compare(comparison)
             log.info("compared: %s", ", ".join(map(str, files)))
             return 0
