@@ -49,8 +49,7 @@ class LiveStatus:
         self.t0 = time.monotonic()
         self.phase = "starting"
         self.progress: SweepProgress | None = None
-        self._own: contextlib.AbstractContextManager | None = None
-        self._status: LiveStatus | None = None
+        self._live: Live | None = None
         self._handlers: list[tuple[logging.Handler, object]] = []
 
     def __rich__(self) -> Text:  # rendered at every refresh: the clock ticks between events
