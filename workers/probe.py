@@ -493,7 +493,8 @@ def measure_all(gens: list[Generation], expect_spec: bool, wall_s: float, *, ver
                 max_depth: int | None = None) -> Measurement:
     """The metrics of one run's probe.concurrency answers (`measure` of each, combined).
 
-    Per-request figures (prompt/completion tokens, ttft_s, e2e_s, decode_tok_s, verify_steps, tree shape) are
+    Per-request figures (prompt/completion tokens, ttft_s, e2e_s, decode_tok_s, verify_steps, tree shape,
+    continuation_repeat_frac) are
     means over requests; commit_len_mean, emitted_per_verify, engine_accept_length and accept_rate are taken over
     all requests' verify steps and drafts;
     verify_forward_median_ms (reference engine) is the median batched verify forward over every step.
@@ -505,7 +506,7 @@ def measure_all(gens: list[Generation], expect_spec: bool, wall_s: float, *, ver
     out = Measurement(metrics={}, engine_time_s=wall_s, series=parts[0].series, artifacts=parts[0].artifacts)
     m = out.metrics
     for key in ("prompt_tokens", "completion_tokens", "ttft_s", "e2e_s", "decode_tok_s", "verify_steps",
-                "tree_depth_mean", "tree_nodes_mean"):
+                "tree_depth_mean", "tree_nodes_mean", "continuation_repeat_frac"):
         values = [p.metrics[key] for p in parts if key in p.metrics]
         if values:
             m[key] = statistics.fmean(values)
