@@ -42,8 +42,9 @@ test-slow:
 test-all:
 	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q -ra $(PYTEST_ARGS) tests
 
+# port 5000, or a free one when it is taken; prints the URL and each sweep's saved view (tools/mlflow_ui.py)
 ui:
-	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000
+	$(BIN)/python -m tools.mlflow_ui
 
 bench-engine:
 	$(BIN)/python -m tools.bench_engine

@@ -2,8 +2,9 @@
 
     specsweep-report <sweep name | parent run id> [--tracking-uri URI]
     specsweep-report --history <sweep name> [--tracking-uri URI]    # each metric over time, per grid point
+    specsweep-report --compare A B [--out DIR]
 
-The report itself (table, plots, `diagnosis.md` on the parent run) is `orchestrator/results/report.py`; a sweep
+The report itself (table, plots, `diagnosis.md` on the parent run) is `orchestrator/results/report/`; a sweep
 writes it at its end without this command. `--history` is `orchestrator/results/regress/timeline.py`.
 """
 

@@ -99,3 +99,17 @@ def derived_metrics(metrics: dict[str, float], model: ModelSpec, *, on_gpu: bool
     if step_ms:
         out["roofline_frac"] = floor_ms / step_ms
     return out
+
+
+def repeat_frac(text: str, n: int = 3) -> float:
+    """`continuation_repeat_frac`: the share of the continuation's word n-grams (n=3) already seen earlier in it.
+    0 for text that never repeats itself; "to be able to be able to be able to" gives 5/8. The diagnosis treats a
+    novel-text continuation at or above `report.loop_repeat_frac` as looping (easy text, not novel)."""
+    words = text.split()
+    grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
+    seen: set[tuple[str, ...]] = set()
+    repeats = 0
+    for g in grams:
+        repeats += g in seen
+        seen.add(g)
+    return repeats / len(grams) if grams else 0.0

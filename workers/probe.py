@@ -41,6 +41,7 @@ import requests
 import urllib3
 
 from specsweep_vocab.spec import EngineKind, ProbeSpec
+from workers.derived import repeat_frac
 from workers.errors import BadResponse, ProbeTimeout
 from workers.prompts import Prompt, build_prompt, build_prompts
 from workers.sglang.metrics import spec_metrics_from_meta_info
@@ -241,7 +242,8 @@ def measure(gen: Generation, expect_spec: bool, *, version: str | None = None,
     e2e = float(meta["e2e_latency"]) if isinstance(meta.get("e2e_latency"), (int, float)) else gen.client_e2e_s
     ttft = next((float(meta[k]) for k in ("ttft", "ttft_s", "first_token_latency")
                  if isinstance(meta.get(k), (int, float))), gen.client_ttft_s)
-    m: dict[str, float] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "e2e_s": e2e}
+    m: dict[str, float] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "e2e_s": e2e,
+                           "continuation_repeat_frac": repeat_frac(gen.text)}  # a looping continuation
     if ttft is not None:
         m["ttft_s"] = ttft
         if completion > 1 and e2e > ttft:
@@ -292,7 +294,8 @@ def measure_all(gens: list[Generation], expect_spec: bool, wall_s: float, *, ver
                 max_depth: int | None = None) -> Measurement:
     """The metrics of one run's probe.concurrency answers (`measure` of each, combined).
 
-    Per-request figures (prompt/completion tokens, ttft_s, e2e_s, decode_tok_s, verify_steps, tree shape) are
+    Per-request figures (prompt/completion tokens, ttft_s, e2e_s, decode_tok_s, verify_steps, tree shape,
+    continuation_repeat_frac) are
     means over requests; commit_len_mean, emitted_per_verify, engine_accept_length and accept_rate are taken over
     all requests' verify steps and drafts;
     verify_forward_median_ms (reference engine) is the median batched verify forward over every step.
@@ -304,7 +307,7 @@ def measure_all(gens: list[Generation], expect_spec: bool, wall_s: float, *, ver
     out = Measurement(metrics={}, engine_time_s=wall_s, series=parts[0].series, artifacts=parts[0].artifacts)
     m = out.metrics
     for key in ("prompt_tokens", "completion_tokens", "ttft_s", "e2e_s", "decode_tok_s", "verify_steps",
-                "tree_depth_mean", "tree_nodes_mean"):
+                "tree_depth_mean", "tree_nodes_mean", "continuation_repeat_frac"):
         values = [p.metrics[key] for p in parts if key in p.metrics]
         if values:
             m[key] = statistics.fmean(values)

@@ -40,7 +40,7 @@ class RunConfig:
     # `metrics.log_patterns` (checked by validate.log_pattern_problems)
     log_patterns: tuple[str, ...] = field(default=(), metadata=domain(LOG_PATTERNS))
     job: JobKind = JobKind.ENGINE  # engine (an engine + probe per point) | kernel (one verify-kernel shape per point)
-    sweep_name: str = field(default="default", metadata=domain(NAME))  # a folder and the MLflow experiment
+    sweep_name: str = field(default="specsweep", metadata=domain(NAME))  # a folder and the MLflow experiment
     page_size: int = field(default=16, metadata=domain(Int(1, 4096)))  # KV page (tokens)
     seed: int = field(default=0, metadata=domain(Int(0, 2 ** 32 - 1)))  # numpy's and SGLang's seed range
     resume: bool = ExecutionSettings.resume  # the defaults that execution also holds are ExecutionSettings's

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
+import json
 import os
 import types
 import typing
@@ -233,6 +234,17 @@ def flatten(node: Mapping[str, Any], leaf: Callable[[Any], str] = str, prefix: s
     return out
 
 
+def param_value(v: Any) -> str:
+    """One MLflow param: strings as they are, anything else as JSON (`null`, `true`, `[1, 2]`); read back by
+    `orchestrator.config.params.decode`."""
+    return v if isinstance(v, str) else json.dumps(v)
+
+
+def to_params(config: Mapping[str, Any]) -> dict[str, str]:
+    """A resolved config as MLflow params (dotted keys, `param_value` encoding)."""
+    return flatten(config, leaf=param_value)
+
+
 def absolute_tracking_uri(uri: str, cwd: str) -> str:
     """`sqlite:///mlflow.db` → `sqlite:////<cwd>/mlflow.db`: Ray workers have other working dirs."""
     prefix = "sqlite:///"
@@ -339,14 +351,14 @@ def to_run_config(cfg: DictConfig, overrides: tuple[str, ...] = (), cwd: str | N
                           uri=absolute_tracking_uri(c["tracking"]["uri"], cwd))
     job = p.enum("job", c["job"], JobKind)
     kernel = _kernel_spec(c, p) if job is JobKind.KERNEL else None
+    report = _from_conf(Thresholds, "report", c["report"], p)
     if p.items:
         raise ConfigError(p.items)
     return _from_conf(RunConfig, "", c, p, engine=engine, model=model, drafter=drafter, attention=attention,
-                      probe=probe, cluster=cluster, tracking=tracking, report=_from_conf(Thresholds, "report",
-                                                                                         c["report"], p),
+                      probe=probe, cluster=cluster, tracking=tracking, report=report,
                       regress=_from_conf(RegressSettings, "regress", c["regress"], p),
                       job=job, kernel=kernel, log_patterns=tuple(c["metrics"]["log_patterns"]),
-                      params=tuple(sorted(flatten(c).items())), overrides=tuple(overrides))
+                      params=tuple(sorted(to_params(c).items())), overrides=tuple(overrides))
 
 
 def _kernel_spec(c: dict[str, Any], p: _Problems) -> KernelSpec | None:

@@ -22,6 +22,8 @@ class Thresholds:
     collapse_drop: float = field(default=0.5, metadata=domain(FRACTION))  # fraction lost from the shortest context
     # fraction novel text commits below predictable text at the same context
     novel_gap: float = field(default=0.5, metadata=domain(FRACTION))
+    # a novel-text continuation whose share of repeated word trigrams is at least this loops: easy text, not novel
+    loop_repeat_frac: float = field(default=0.5, metadata=domain(FRACTION))
     # verify_step_ms ~ context^k with k above this
     superlinear_exponent: float = field(default=1.3, metadata=domain(Num(0, 10, lo_open=True)))
     # the super-linearity test needs contexts this far apart

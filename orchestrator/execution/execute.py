@@ -90,7 +90,7 @@ def execute_plan(plan: Plan, settings: ExecutionSettings, on_result: Callable[[R
         experiment_for(settings, plan)  # ValueError (stub mixed with a real engine) before anything starts
     stats = stats if stats is not None else ExecutionStats()
     stats.begin()
-    progress = SweepProgress(plan.num_runs, enabled=settings.progress)
+    progress = SweepProgress(plan.num_runs, enabled=settings.progress, servers=len(plan.groups))
     recorder = Recorder(plan, settings, stats, progress, on_result, track=track, tracker=tracker,
                         multirun_yaml=multirun_yaml, ray_up=ray.is_initialized())
     try:
@@ -139,4 +139,5 @@ def _show_summary(progress: SweepProgress, results: Iterable[RunResult], report:
     if report is not None and settings.progress:
         from rich.markdown import Markdown
 
-        progress.console.print(Markdown(report.diagnosis_md))
+        at_a_glance = report.summary_md.split("## Every run")[0]  # the pivot (report/sections.py), then the diagnosis
+        progress.console.print(Markdown(at_a_glance + "\n" + report.diagnosis_md))

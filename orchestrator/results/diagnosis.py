@@ -11,7 +11,9 @@ prove it, and every rule says whether the sweep let it be evaluated (a `Check`).
     drafter x page x attention) on predictable text -> drafting bug at long context; while the same drafter
     holds on predictable text, a collapse with context on novel text, or novel text committing
     >= `novel_gap` less than predictable text at the same context -> drafter quality, not infrastructure
-    (without predictable text of the same drafter the two cannot be told apart: not evaluated);
+    (without predictable text of the same drafter the two cannot be told apart: not evaluated). The gap needs
+    one shared context only. A novel-text run whose continuation loops (`continuation_repeat_frac`, the share of
+    its word trigrams seen earlier in it, >= `loop_repeat_frac`) is easy text, not novel: left out and named;
 (c) verify-step time growing faster than linearly with context, or effective KV bandwidth under
     `min_bw_frac` of the device's peak at contexts >= `bw_min_context` (shorter prefixes are
     overhead-dominated) -> attention-kernel bound (names backend and page size);
@@ -246,8 +248,21 @@ def _gaps(pred: _Series, novel: _Series, th: Thresholds) -> list[tuple[RunRow, R
             and p.need("commit_len_mean") > 1.0 and _gain_frac(p, at[p.context_len]) <= 1 - th.novel_gap]
 
 
+def _loops(r: RunRow, th: Thresholds) -> bool:
+    return r.probe == "novel" and (r.metric("continuation_repeat_frac") or 0.0) >= th.loop_repeat_frac
+
+
+def _looping_note(looping: Sequence[RunRow], th: Thresholds) -> str:
+    if not looping:
+        return ""
+    return (f"; left out as easy text, not novel: {len(looping)} novel-text run(s) whose continuation loops "
+            f"(continuation_repeat_frac >= report.loop_repeat_frac={th.loop_repeat_frac:g}: "
+            + ", ".join(_cite(r, "continuation_repeat_frac") for r in looping) + ")")
+
+
 def find_commit_collapse(rows: Sequence[RunRow], th: Thresholds) -> tuple[list[Finding], list[Check]]:
-    series = _series(rows, th)
+    looping = [r for r in rows if _loops(r, th)]  # a continuation that repeats itself is easy text
+    series = _series([r for r in rows if not _loops(r, th)], th)
     testable = {k: s for k, s in series.items() if not s.problem}
     pred = {k[1:]: s for k, s in testable.items() if k[0] == "predictable"}
     novel = {k[1:]: s for k, s in testable.items() if k[0] == "novel"}
@@ -273,9 +288,13 @@ def find_commit_collapse(rows: Sequence[RunRow], th: Thresholds) -> tuple[list[F
 
     # (b2) novel text below predictable text means drafter quality only where the same drafter holds on
     # predictable text; without that predictable series a pipeline bug and a weak drafter cannot be told apart.
+    # The same-context gap needs one shared context only (a 1k-only probe is judged); a collapse needs two.
     paired = {k: s for k, s in novel.items() if k in pred}
+    pred_any = {k[1:]: s for k, s in series.items() if k[0] == "predictable"}
+    same_ctx = {k[1:]: s for k, s in series.items() if k[0] == "novel" and k[1:] in pred_any
+                and {r.context_len for r in s.runs} & {r.context_len for r in pred_any[k[1:]].runs}}
     quality = [p for k, s in paired.items() if not pred[k].collapses for p in s.collapses]
-    gaps = [gap for k, s in sorted(paired.items()) if not pred[k].collapses for gap in _gaps(pred[k], s, th)]
+    gaps = [gap for k, s in sorted(same_ctx.items()) if not pred_any[k].collapses for gap in _gaps(pred_any[k], s, th)]
     unpaired = sorted(k for k, s in novel.items() if k not in pred and s.collapses)
     if quality or gaps:
         f = _collapse_finding(
@@ -287,20 +306,20 @@ def find_commit_collapse(rows: Sequence[RunRow], th: Thresholds) -> tuple[list[F
             f"{_cite(p, 'commit_len_mean')} vs {_cite(n, 'commit_len_mean')} at ctx {_ctx(p.context_len)}: "
             f"novel text drafts {_gain_frac(p, n):.0%} of what predictable text does" for p, n in gaps),
             tuple(dict.fromkeys(f.run_ids + tuple(r.run_id for g in gaps for r in g)))))
+    easy = _looping_note(looping, th)
     if unpaired:
         check2 = Check(Rule.DRAFTER_QUALITY, False,
                        "commit length collapses on novel text for " + ", ".join(map(_series_name, unpaired))
                        + " but the sweep has no predictable-text series of the same drafter to tell a pipeline "
-                         "bug from drafter quality (add probe=predictable)")
-    elif paired:
+                         "bug from drafter quality (add probe=predictable)" + easy)
+    elif paired or same_ctx:
         check2 = Check(Rule.DRAFTER_QUALITY, True,
-                       f"{len(paired)} drafter x attention x page series ran on both predictable and novel text")
+                       f"{len(set(paired) | set(same_ctx))} drafter x attention x page series ran on both "
+                       f"predictable and novel text" + easy)
     else:
-        missing = "predictable" if novel else "novel" if pred else "predictable and novel"
-        why = "; ".join(w for w in (_untestable(series, "predictable"), _untestable(series, "novel")) if w)
-        check2 = Check(Rule.DRAFTER_QUALITY, False,
-                       f"no predictable/novel pair: no {missing}-text series of the same drafter over two or "
-                       f"more contexts" + (f" ({why})" if why else ""))
+        missing = "predictable" if any(k[0] == "novel" for k in series) else "novel" if pred_any else "any"
+        check2 = Check(Rule.DRAFTER_QUALITY, False, f"no predictable/novel pair: no {missing}-text run of the "
+                       f"same drafter at a context the other text also ran at" + easy)
     return findings, [check1, check2]
 
 

@@ -2,7 +2,7 @@
 
 Public API:
 
-    tracker = Tracker(uri: str = "sqlite:///mlflow.db", experiment: str = "default")
+    tracker = Tracker(uri: str = "sqlite:///mlflow.db", experiment: str = "specsweep")
     Tracker.from_settings(settings: ExecutionSettings, plan: Plan | None = None) -> Tracker
     experiment_for(settings, plan) -> str      the sweep's experiment: `<name>-stub` for stub-engine sweeps
     tracker.finished_run_hashes() -> set[str]          run_hash tags of FINISHED child runs (resume)
@@ -38,10 +38,12 @@ Layout. Parent: params = resolved base config flattened (`a.b.c`), `overrides`; 
 git sha, host, sweep, the schedule that fired it (`orchestrator.results.provenance`); metrics `runs_planned` (this
 invocation), `runs_resumed` (skipped: FINISHED earlier); artifacts = `config.yaml`, `overrides.txt`,
 `run_hashes.txt` (every point of the sweep, one run_hash a line, resumed ones included: what the report covers),
-`multirun.yaml` (given, or found in Hydra's sweep dir). Child:
+`multirun.yaml` (given, or found in Hydra's sweep dir); `sweep.axes` = the keys the sweep varies. Experiment tags:
+the runs view and a saved view of the axes and answering columns (`orchestrator.results.mlflow_ui`). Child:
 `mlflow.parentRunId`, run name = RunSpec.name, params = RunSpec.params, tags = run_hash, point_key (the
 point's identity across engine versions and nodes: specsweep_vocab.point_key), job_index,
-server_group, engine, engine_version, host, git sha, attempt, engine_start, failure_reason; metrics in
+server_group, engine, engine_version, host, git sha, attempt, engine_start, failure_reason, `axis.<key>` per
+swept key (and `sweep.axes`); metrics in
 `log_batch` calls, the `commit_len` series (and any `metrics.log_patterns` series) with step = index; artifacts =
 RunResult.artifacts (continuation text, per-step CSV, engine log tail on failure).
 
@@ -51,17 +53,17 @@ With a `sqlite:` store, artifacts go to `mlartifacts/` next to the database file
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence
 
-from orchestrator.config.schema import flatten
+from orchestrator.config.schema import param_value, to_params  # noqa: F401  (param_value: re-exported)
 from orchestrator.config.settings import ExecutionSettings
 from orchestrator.results.drivers import HEARTBEAT_S, DriverId
+from orchestrator.results.mlflow_ui import AXES_TAG, axis_key, axis_tags, prepare_experiment, publish_view
 from orchestrator.results.provenance import git_sha, hydra_multirun_yaml, redact_multirun_yaml, schedule_tags
 from orchestrator.results.store_lock import StoreLock
 from specsweep_vocab.point_key import point_key
@@ -80,11 +82,17 @@ BATCH_METRICS, BATCH_PARAMS, BATCH_TAGS = 1000, 100, 100  # MLflow's log_batch l
 STUB_EXPERIMENT_SUFFIX = "-stub"
 RUN_HASHES_ARTIFACT = "run_hashes.txt"
 DRIVER_LOST = "driver_lost"  # failure_reason of a RUNNING run whose driver is gone
+DEFAULT_EXPERIMENT = "specsweep"  # RunConfig.sweep_name's default (never MLflow's own `Default`)
 
 
-def param_value(v: Any) -> str:
-    """A parent-run param: strings as they are, anything else as JSON (`null`, `true`, `[1, 2]`)."""
-    return v if isinstance(v, str) else json.dumps(v)
+def sweep_axes(plan) -> tuple[str, ...]:
+    """The keys a sweep varies: override keys whose value differs between its points (in first-seen order)."""
+    values: dict[str, set[str]] = {}
+    for run in (*plan.runs, *(r for r, _ in plan.dropped if r is not None)):
+        for o in run.overrides:
+            if "=" in o:
+                values.setdefault(axis_key(o), set()).add(o.split("=", 1)[1])
+    return tuple(k for k, v in values.items() if len(v) > 1)
 
 
 def experiment_for(settings: ExecutionSettings, plan: Plan | None = None) -> str:
@@ -118,7 +126,7 @@ def _chunks(items: list, n: int) -> Iterator[list]:
 
 
 class Tracker:
-    def __init__(self, uri: str = "sqlite:///mlflow.db", experiment: str = "default", secrets: Iterable[str] = ()):
+    def __init__(self, uri: str = "sqlite:///mlflow.db", experiment: str = DEFAULT_EXPERIMENT, secrets: Iterable[str] = ()):
         self.uri = uri
         self.experiment = experiment
         self.secrets: set[str] = set(secrets) | set(uri_secrets(uri))
@@ -128,6 +136,8 @@ class Tracker:
         with self.store_lock():  # creating (migrating) a new SQLite store: one driver at a time
             self.client = _client(uri)
             self.experiment_id = self._experiment_id()
+            prepare_experiment(self.client, self.experiment_id)  # the runs view, not GenAI mode
+        self.axes: tuple[str, ...] = ()
         self.parent_run_id: str | None = None
         self.git_sha = "unknown"
         self._parent_ended = False
@@ -276,9 +286,13 @@ class Tracker:
                             **dict(tags or {})}, self))
         self.parent_run_id = run.info.run_id
         self._parent_ended = False
+        self.axes = sweep_axes(plan) if hasattr(plan, "runs") else ()
+        if self.axes:
+            self.client.set_tag(run.info.run_id, AXES_TAG, " ".join(self.axes))
+        publish_view(self.client, self.experiment_id, self.axes)
         rid = self.parent_run_id
         base = redact_config(plan.base_config) if plan.base_config else None
-        params = flatten(base or {}, leaf=param_value)
+        params = to_params(base or {})
         params["overrides"] = " ".join(plan.overrides)
         self._log_batch(rid, params=params, metrics={"runs_planned": float(plan.num_runs),
                                                      "runs_resumed": float(len(plan.resumed))})
@@ -324,7 +338,8 @@ class Tracker:
     def log_result(self, result: RunResult) -> str:
         """One child run: the RunSpec's claim when it has one (a retried attempt always gets its own run)."""
         spec = result.run
-        tags = {**self._child_tags(spec), "state": result.state.value, **result.tags}
+        tags = {**self._child_tags(spec), "state": result.state.value, **result.tags,
+                **axis_tags(o for o in spec.overrides if axis_key(o) in self.axes)}
         if result.reason:
             tags["failure_reason"] = result.reason.value
         if result.message:

@@ -33,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from orchestrator.config.jobs import build_settings, convert_and_validate, task_container
 from orchestrator.config.plan import plan_sweep
 from orchestrator.config.validate import ConfigError
+from orchestrator.execution.progress import live_status, set_phase
 from orchestrator.session import sweep
 from orchestrator.session.outcomes import NotRun, dry_run_outcomes, outcomes
 from orchestrator.session.sweep import ClusterCannotFit, ResourceUnusable, TrackingUnreachable, preflight_before_start
@@ -77,7 +78,8 @@ def launch(*, launcher: LauncherState, job_overrides: Sequence[Sequence[str]],
             cfg.hydra.job.id = cfg.hydra.job.num = initial_job_idx + i
         jobs.append((cfg, overrides))
     try:
-        return _sweep_jobs(launcher, config, jobs, initial_job_idx, cwd)
+        with live_status(enabled=not launcher.dry_run):  # the phases and a ticking clock from here on
+            return _sweep_jobs(launcher, config, jobs, initial_job_idx, cwd)
     except (InvalidConfig, ClusterCannotFit, TrackingUnreachable, ResourceUnusable):
         _remove_sweep_record(str(config.hydra.sweep.dir), cwd)
         raise
@@ -101,6 +103,7 @@ def _remove_sweep_record(sweep_dir: str, cwd: str) -> None:
 
 def _sweep_jobs(launcher: LauncherState, config: DictConfig, jobs: list[tuple[DictConfig, Sequence[str]]],
                 initial_job_idx: int, cwd: str) -> list[JobReturn]:
+    set_phase(f"validating {len(jobs)} job(s)")
     try:
         configs = convert_and_validate(jobs, sweep=True, cwd=cwd)
     except ConfigError as e:
@@ -108,7 +111,7 @@ def _sweep_jobs(launcher: LauncherState, config: DictConfig, jobs: list[tuple[Di
 
     sweep_overrides = tuple(OmegaConf.to_container(config.hydra.overrides.task))  # type: ignore[arg-type]
     base = task_container(jobs[0][0]) if jobs else None
-    plan = plan_sweep(configs[0].sweep_name if configs else "default", configs, base_config=base,
+    plan = plan_sweep(configs[0].sweep_name if configs else "specsweep", configs, base_config=base,
                       overrides=sweep_overrides, first_job_index=initial_job_idx)
     log.info("plan: %d run(s) on %d server(s)%s", plan.num_runs, len(plan.groups),
              f", {len(plan.dropped)} dropped" if plan.dropped else "")
@@ -148,7 +151,8 @@ def run_single(cfg: DictConfig, overrides: Sequence[str], *, dry_run: bool = Fal
         outcome = dry_run_outcomes(plan)[plan.runs[0].job_index]
         log.info("dry run: nothing started")
         return outcome
-    done = sweep.sweep_plan(plan, settings)
+    with live_status():
+        done = sweep.sweep_plan(plan, settings)
     result = outcomes(plan.runs, plan, done.ran, done.results, done.held)[0]
     if isinstance(result, RunResult) and result.state is not RunState.FINISHED:
         raise RunFailed(f"run {result.run.name!r} {result.state.value}: "

@@ -104,15 +104,18 @@ def sweep_plan(plan: Plan, settings: ExecutionSettings) -> SweepResult:
     MLflow's import (≈ 1.7 s) runs in a thread while Ray starts; it writes nothing (the store is only opened
     after the preflight)."""
     from orchestrator.execution.execute import execute_plan
+    from orchestrator.execution.progress import set_phase
     from orchestrator.execution.preflight import PreflightError
     from orchestrator.execution.ray_session import RayStartFailed, ray_session
     from orchestrator.execution.recording import warm_mlflow
 
     threading.Thread(target=warm_mlflow, args=(settings.tracking_uri,), name="mlflow-import", daemon=True).start()
+    set_phase("starting Ray")
     try:
         with ray_session(settings.cluster, plan.groups) as session:
             from orchestrator.results.tracking import Tracker, experiment_for
 
+            set_phase("opening the MLflow store (resume, claims)")
             experiment = experiment_for(settings, plan)
             tracker = Tracker.from_settings(settings, plan)
             todo, skipped, held = _claim(plan, settings, tracker, experiment)

@@ -139,7 +139,7 @@ def test_single_run_dry_run_only_plans(tmp_path):
     proc, elapsed = run_app(tmp_path, "context_len=2048", "hydra.launcher.dry_run=true")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout + proc.stderr
-    assert "ctx=2k probe=predictable drafter=oracle page=16 attn=torch" in out and "run_hash=" in out
+    assert "ctx=2k probe=predictable drafter=ngram page=16 attn=torch" in out and "run_hash=" in out
     assert "dry run: nothing started" in out and elapsed < 30
     assert_nothing_started(tmp_path)
 

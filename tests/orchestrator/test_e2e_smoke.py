@@ -3,6 +3,7 @@ local Ray, reference engines, MLflow on SQLite there — then MLflow is read bac
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -102,7 +103,7 @@ def test_log_patterns_become_series_on_each_child_run(smoke_sweep):
         message = child.get("tags.message")
         assert "metrics.log_patterns" not in (message if isinstance(message, str) else "")  # every pattern matched
         assert "metrics.log_patterns" not in child["tags.mlflow.runName"]  # not a result-changing key
-    assert (children["params.metrics.log_patterns"] == str(list(LOG_PATTERNS))).all()
+    assert (children["params.metrics.log_patterns"] == json.dumps(list(LOG_PATTERNS))).all()  # JSON: config/params.py
 
 
 def test_smoke_parent_carries_report_and_diagnosis(smoke_sweep):
@@ -130,8 +131,12 @@ def test_smoke_parent_carries_report_and_diagnosis(smoke_sweep):
 
 
 def test_mlflow_ui_shows_the_sweep_in_a_real_browser(smoke_sweep, browser, mlflow_ui):
-    """Headless Chromium against `mlflow server` on the sweep's store: runs, a metric, a screenshot."""
+    """Headless Chromium against `mlflow server` on the sweep's store: the runs view (not GenAI mode), the saved view
+    with the axes and the commit column with its values, a run's metric, and the parent's report; screenshots of the
+    runs table and the report (copied to docs/img/ for the README)."""
     import re
+
+    from orchestrator.results.mlflow_ui import view_url
 
     cwd, out = smoke_sweep
     assert out.returncode == 0, out.stderr[-3000:]
@@ -147,13 +152,21 @@ def test_mlflow_ui_shows_the_sweep_in_a_real_browser(smoke_sweep, browser, mlflo
         runs_page = text(dom(f"{url}/#/experiments/{exp_id}/runs"))
         assert parents.iloc[0]["tags.mlflow.runName"] in runs_page  # the sweep's parent run is listed
         assert f"{len(parents) + len(children)} matching runs" in runs_page
+        view = view_url(url, exp_id)
+        table = text(dom(view))
+        assert "smoke" in table and "does not exist" not in table and "share key is invalid" not in table
+        shot = screenshot(view, "mlflow-runs-table.png")  # the saved view (its columns: test_tracking.py)
         run_url = f"{url}/#/experiments/{exp_id}/runs/{oracle['run_id']}"
         run_page = text(dom(run_url))
         assert oracle["tags.mlflow.runName"] in run_page
         value = oracle["metrics.commit_len_mean"]
         assert re.search(rf"commit_len_mean\s+{value:g}\b", run_page), "metric and value on the run page"
-        shot = screenshot(run_url, "mlflow-ui-oracle-run.png")
-    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+        report_url = f"{url}/get-artifact?path=report/summary.html&run_uuid={parents.iloc[0]['run_id']}"
+        report = text(dom(report_url))
+        assert "At a glance" in report and "commit length" in report and "Every run" in report
+        report_shot = screenshot(report_url, "report-summary.png")
+    for png in (shot, report_shot):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
 def test_engine_killed_mid_probe_fails_only_that_run(tmp_path):

@@ -56,7 +56,7 @@ def test_human_name():
     rc = run_config("context_len=16384", "probe=predictable", "drafter=ngram", "page_size=1")
     assert build_name(rc) == "ctx=16k probe=predictable drafter=ngram page=1 attn=torch"
     rc = run_config("context_len=189440", "model=qwen3-8b", "+sweep=longctx", "tracking.uri=sqlite:///x.db")
-    assert build_name(rc) == "ctx=185k probe=predictable drafter=oracle page=16 attn=torch model=qwen3-8b"
+    assert build_name(rc) == "ctx=185k probe=predictable drafter=ngram page=16 attn=torch model=qwen3-8b"
     assert [format_tokens(n) for n in (256, 1000, 1024, 131072)] == ["256", "1000", "1k", "128k"]
 
 

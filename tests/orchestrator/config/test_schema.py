@@ -36,13 +36,16 @@ def test_defaults_convert_to_typed_specs():
     assert rc.engine.kind is EngineKind.REFERENCE and rc.engine.device == "cpu"
     assert (rc.model.name, rc.model.max_context_len, rc.model.num_q_heads, rc.model.num_kv_heads) == \
         ("smollm2-135m", 8192, 9, 3)  # a real trained model by default; tiny only where a sweep pins it
-    assert rc.drafter.algorithm is Algorithm.STANDALONE and rc.drafter.is_oracle
-    assert rc.drafter.draft_model_path == rc.model.path == "smollm2-135m"  # the oracle drafts with the target
-    assert rc.drafter.num_draft_tokens == rc.drafter.num_steps + 1
+    # a drafter a newcomer learns from (ngram commits less on novel text), not the oracle's constant num_steps + 1
+    assert rc.drafter.name == "ngram" and not rc.drafter.is_oracle
+    oracle = run_config("drafter=oracle").drafter
+    assert oracle.algorithm is Algorithm.STANDALONE and oracle.is_oracle
+    assert oracle.draft_model_path == rc.model.path == "smollm2-135m"  # the oracle drafts with the target
+    assert oracle.num_draft_tokens == oracle.num_steps + 1
     assert rc.probe.kind is ProbeKind.PREDICTABLE and rc.probe.gen_tokens == 64
     assert rc.cluster.kind is ClusterKind.LOCAL
     assert rc.tracking.uri == "sqlite:////work/here/mlflow.db"
-    assert rc.resume is True and rc.sweep_name == "default"
+    assert rc.resume is True and rc.sweep_name == "specsweep"
 
 
 def test_model_shapes():

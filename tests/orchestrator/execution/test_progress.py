@@ -64,3 +64,45 @@ def test_mixed_sweep_prints_one_table_per_job(tmp_path):
     engine_part, kernel_part = text.split("kernel jobs: 1 of")
     assert "commit_len_mean" in engine_part and "time_us" not in engine_part
     assert "time_us" in kernel_part and "commit_len_mean" not in kernel_part
+
+
+def test_one_live_display_shows_phases_a_ticking_clock_and_log_lines_above_it():
+    """Rich's console output captured: the phase line from the start, the elapsed time moving without any event,
+    root log lines written through the live console (above the display, each on its own line), then the runs."""
+    import io
+    import logging
+
+    from rich.logging import RichHandler
+
+    from orchestrator.execution.progress import live_status, set_phase
+
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=160)
+    own = Console(file=io.StringIO())
+    handler = RichHandler(console=own, show_path=False)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    old_level = root.level
+    root.setLevel(logging.INFO)
+    try:
+        with live_status(console=console) as status:
+            assert status is not None and handler.console is console  # log lines go through the live console
+            set_phase("starting Ray")
+            status.t0 -= 7  # seven seconds later, with no event in between
+            assert str(status.__rich__()).startswith("starting Ray  7 s")
+            logging.getLogger("specsweep.test").info("a log line")
+            run = tiny_run(tiny_server(), 0)
+            with SweepProgress(3, console=console, servers=2) as progress:
+                assert str(status.__rich__()).startswith("starting 2 server(s): loading the model")
+                progress.server_up()
+                progress.add(RunResult(run=run, state=RunState.FINISHED, metrics={"commit_len_mean": 3.0}))
+                text = str(status.__rich__())
+                assert text.startswith("probing 1/3") and "1/3 runs  failed 0  servers up 1" in text
+            assert status.progress is None
+        assert handler.console is own  # given back
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(old_level)
+    out = buf.getvalue()
+    assert any(line.rstrip().endswith("a log line") for line in out.splitlines())
+    assert "starting Ray" in out  # the phase as a log line too

@@ -91,3 +91,32 @@ def test_resume_hashes_are_per_experiment(store):
 def test_parent_params_are_the_base_config_flattened_to_json_values():
     assert flatten({"a": {"b": 1, "c": [1, 2]}, "d": "x", "e": None, "f": {}}, leaf=param_value) == {
         "a.b": "1", "a.c": "[1, 2]", "d": "x", "e": "null", "f": "{}"}
+
+
+def test_experiment_opens_in_runs_view_with_axes_and_a_saved_view(store):
+    """MLflow 3's UI: the experiment-kind tag (runs view, not GenAI), the swept keys as `axis.*` tags on each point,
+    `sweep.axes` on the parent, and a saved view whose columns are the axes and the answering metrics."""
+    import dataclasses
+    import json
+
+    from orchestrator.results.mlflow_ui import view_url
+
+    server = tiny_server("ngram")
+    runs = [dataclasses.replace(tiny_run(server, i, kind), overrides=(f"context_len={ctx}", f"probe={kind.value}",
+                                                                      "+sweep=probe"))
+            for i, (ctx, kind) in enumerate([(1024, ProbeKind.PREDICTABLE), (8160, ProbeKind.NOVEL)])]
+    tracker = Tracker(store, "exp")
+    with tracker.start_parent(_plan(runs)) as parent_id:
+        child = tracker.log_result(_result(runs[1], metrics={"commit_len_mean": 2.5}))
+    client = mlflow.MlflowClient(store)
+    exp = client.get_experiment(tracker.experiment_id)
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert client.get_run(parent_id).data.tags["sweep.axes"] == "context_len probe"
+    tags = client.get_run(child).data.tags
+    assert (tags["axis.context_len"], tags["axis.probe"], tags["sweep.axes"]) == ("8160", "novel", "context_len probe")
+    assert "axis.sweep" not in tags  # a key with one value is no axis
+    view = json.loads(exp.tags["mlflow.sharedViewState.specsweep"])
+    assert view["selectedColumns"][1:3] == ["tags.`axis.context_len`", "tags.`axis.probe`"]
+    assert "metrics.`commit_len_mean`" in view["selectedColumns"] and "decode_tok_s" in str(view["selectedColumns"])
+    assert view_url("http://h:5000/", tracker.experiment_id).endswith(
+        f"/#/experiments/{tracker.experiment_id}/runs?viewStateShareKey=specsweep")

@@ -1,0 +1,83 @@
+"""MLflow params, written and read back through the config schema (one encoding, both directions).
+
+    to_params(config) -> {"context_len": "1024", "drafter.is_oracle": "true", "engine.env": "{}", ...}
+    RunParams.read(params) -> RunParams      the typed values the report needs, decoded by the schema's types
+
+Writing: the resolved config (checked against `SpecsweepConf`, the schema generated from the typed specs) as dotted
+keys; strings as they are, every other value as JSON (`1024`, `true`, `null`, `["a", "b"]`). Reading: each key is
+decoded by the type its schema field declares (`schema_types`), so the report never guesses (no fallback keys, no
+`int(float(...))`). Params recorded before this encoding (Python's `True` / `None`) still decode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from orchestrator.config.schema import SpecsweepConf, _unwrap, param_value, to_params
+
+__all__ = ["RunParams", "decode", "param_value", "schema_types", "to_params"]
+
+MISSING_VALUES = ("", "None", "null")
+
+
+@cache
+def schema_types() -> dict[str, Any]:
+    """Dotted key -> the declared type of its schema field (`Optional` unwrapped): {"context_len": int, ...}."""
+    out: dict[str, Any] = {}
+
+    def walk(schema: type, prefix: str) -> None:
+        for name, hint in typing.get_type_hints(schema).items():
+            tp = _unwrap(hint)[0]
+            if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+                walk(tp, f"{prefix}{name}.")
+            else:
+                out[f"{prefix}{name}"] = tp
+    walk(SpecsweepConf, "")
+    return out
+
+
+def decode(key: str, value: str | None) -> Any:
+    """A param's value as its schema field's type; None when absent. Raises KeyError for a key the schema lacks."""
+    tp = schema_types()[key]
+    if value is None or value in MISSING_VALUES:
+        return None
+    if tp is str:
+        return value
+    if tp is bool:
+        return value.lower() == "true"
+    decoded = json.loads(value)
+    if tp is int and isinstance(decoded, float) and decoded.is_integer():
+        return int(decoded)
+    return decoded
+
+
+@dataclass(frozen=True)
+class RunParams:
+    """What the report reads of a child run's params (every field a schema key, decoded by its declared type)."""
+    context_len: int = 0
+    probe: str = "?"
+    drafter: str = "?"
+    attention: str = "?"
+    page_size: int = 0
+    is_oracle: bool = False
+    num_steps: int = 0
+    concurrency: int = 1
+    backends: tuple[str, ...] = ()  # attention.backend, decode_backend, prefill_backend (those set)
+
+    KEYS: typing.ClassVar[dict[str, str]] = {
+        "context_len": "context_len", "probe": "probe.kind", "drafter": "drafter.name", "attention": "attention.name",
+        "page_size": "page_size", "is_oracle": "drafter.is_oracle", "num_steps": "drafter.num_steps",
+        "concurrency": "probe.concurrency"}
+
+    @classmethod
+    def read(cls, params: Mapping[str, str]) -> "RunParams":
+        values = {f: decode(k, params.get(k)) for f, k in cls.KEYS.items()}
+        backends = tuple(b for k in ("attention.backend", "attention.decode_backend", "attention.prefill_backend")
+                         if (b := decode(k, params.get(k))))
+        return cls(**{f: v for f, v in values.items() if v is not None}, backends=backends)
