@@ -15,7 +15,8 @@ import torch
 
 from specsweep_kernels.problems import Layout
 
-__all__ = ["Ceilings", "measure_ceilings", "load_or_measure_ceilings", "verify_cost", "floor_seconds"]
+__all__ = ["Ceilings", "measure_ceilings", "load_or_measure_ceilings", "verify_cost", "floor_seconds",
+           "matmul_peak_tflops", "ReadStream"]
 
 DEFAULT_CACHE = Path(os.environ.get("SPECSWEEP_ROOFLINE_CACHE", "~/.cache/specsweep/roofline.json")).expanduser()
 
@@ -75,3 +76,70 @@ def verify_cost(*, layout: Layout, prefix_len: int, num_tokens: int, batch: int 
 
 def floor_seconds(*, nbytes: float, flops: float, ceilings: Ceilings) -> float:
     return max(nbytes / (ceilings.copy_gbps * 1e9), flops / (ceilings.matmul_tflops * 1e12))
+
+
+def matmul_peak_tflops(device: torch.device | str = "cuda", n: int = 8192, repeats: int = 7) -> tuple[float, list[float]]:
+    """The bf16 dense peak of this run: the median of `repeats` (>= 5) separate do_bench medians of an n x n x n
+    product on random data (zeros run faster, docs/kernels.md). Returns (median TFLOP/s, every measurement)."""
+    from triton.testing import do_bench
+
+    if repeats < 5:
+        raise ValueError(f"repeats={repeats}; allowed: >= 5 (the goal's compute ceiling is a median of >= 5)")
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    runs = sorted(2 * n**3 / do_bench(lambda: a @ b, warmup=25, rep=100, return_mode="median") / 1e9
+                  for _ in range(repeats))
+    return runs[len(runs) // 2], runs
+
+
+class ReadStream:
+    """A pure read of N bytes (a contiguous buffer, 16-byte loads, grid-stride over a fixed number of programs,
+    one int32 per lane written at the end): the memory floor of a call that must read N bytes, measured in the
+    same run and the same way as the call (the caller times `fn(nbytes)`). The program count is the fastest of a
+    few multiples of the SM count, picked once on a large buffer."""
+
+    BLOCK = 4096  # int32 a program loads per step (16 KB; 8 warps: four 16-byte loads a thread)
+
+    def __init__(self, max_bytes: int, device: torch.device | str = "cuda") -> None:
+        self.buffer = torch.randint(-2**31, 2**31 - 1, (max_bytes // 4 + self.BLOCK,), dtype=torch.int32,
+                                    device=device)
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        self.sink = torch.empty(16 * sms * self.BLOCK, dtype=torch.int32, device=device)
+        self.programs = 4 * sms
+        from triton.testing import do_bench
+
+        size = min(max_bytes, 1 << 30)
+        timed = {}
+        for k in (2, 4, 8, 16):
+            self.programs = k * sms
+            timed[k * sms] = do_bench(lambda: self.fn(size)(), warmup=10, rep=50, return_mode="median")
+        self.programs = min(timed, key=timed.__getitem__)
+
+    def fn(self, nbytes: int):
+        """A closure that reads the first `nbytes` of the buffer once."""
+        n = -(-nbytes // 4)
+        if n > self.buffer.numel():
+            raise ValueError(f"nbytes={nbytes}; allowed: <= {4 * self.buffer.numel()} (ReadStream max_bytes)")
+        grid = (min(self.programs, -(-n // self.BLOCK)),)
+        buffer, sink = self.buffer, self.sink
+        return lambda: _read_kernel[grid](buffer, sink, n, BLOCK=self.BLOCK, num_warps=8)
+
+
+def _read_kernel_fn():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _read(x_ptr, sink_ptr, n, BLOCK: tl.constexpr):
+        pid = tl.program_id(0)
+        step = tl.num_programs(0) * BLOCK
+        offs = tl.arange(0, BLOCK)
+        acc = tl.zeros([BLOCK], dtype=tl.int32)
+        for start in range(pid * BLOCK, n, step):
+            acc ^= tl.load(x_ptr + start + offs, mask=start + offs < n, other=0)
+        tl.store(sink_ptr + pid * BLOCK + offs, acc)
+
+    return _read
+
+
+_read_kernel = _read_kernel_fn()

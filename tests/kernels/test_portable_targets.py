@@ -1,0 +1,61 @@
+"""The portable kernel's tiles for sm_120 (99 KB of shared memory a block, no wgmma, no Hopper TMA), checked on the
+kernel Triton compiles for sm_120 here, without that GPU: its shared memory, not the picker's estimate."""
+from __future__ import annotations
+
+import pytest
+
+from specsweep_kernels.verify_config import pick_config
+from specsweep_kernels.verify_targets import SM120, compile_for_target
+
+# (dk, dv, MLA, query heads per KV head, T): MLA at 8 / 16 heads (the original workload's decode, chain and tree
+# widths) and GQA 32/8 d128; shapes whose picks coincide are compiled once
+SHAPES = [(576, 512, True, 8, 1), (576, 512, True, 16, 2), (576, 512, True, 8, 9), (576, 512, True, 16, 17),
+          (128, 128, False, 4, 8), (128, 128, False, 4, 16)]
+_COMPILED: dict = {}
+
+
+@pytest.mark.parametrize("dk,dv,mla,group,tokens", SHAPES)
+def test_sm120_tiles_fit_its_shared_memory_and_use_no_hopper_instructions(dk, dv, mla, group, tokens):
+    config = pick_config(rows=group * tokens, dk=dk, dv=dv, v_is_k=mla, elt=2, smem_limit=SM120.smem_per_block)
+    key = (dk, dv, mla, config)
+    if key not in _COMPILED:
+        _COMPILED[key] = compile_for_target(capability=SM120.capability, dk=dk, dv=dv, v_is_k=mla, group=group,
+                                            num_tokens=tokens, config=config)
+    info = _COMPILED[key]
+    assert info.shared <= SM120.smem_per_block, (config, info)
+    assert not info.wgmma and not info.tma, (config, info)
+
+
+def test_the_h200_first_choice_would_not_fit_sm120():
+    """The check has teeth: the tile picked for an H200 (227 KB a block) at 8 heads x T 9 needs more than sm_120
+    has, so the picker must be asked with sm_120's limit."""
+    config = pick_config(rows=72, dk=576, dv=512, v_is_k=True, elt=2, smem_limit=232448)
+    info = compile_for_target(capability=SM120.capability, dk=576, dv=512, v_is_k=True, group=8, num_tokens=9,
+                              config=config)
+    assert info.shared > SM120.smem_per_block
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--grid", "mla,gqq"], "--grid: gqq; allowed: mla, ragged, gqa"),
+    (["--shard", "3/2"], "--shard '3/2'; allowed: I/N with 0 <= I < N"),
+    (["--shard", "x"], "--shard 'x'; allowed: I/N with 0 <= I < N"),
+])
+def test_workload_bench_refuses_bad_options_before_any_work(argv, message):
+    from specsweep_kernels.bench_workload import main
+
+    with pytest.raises(SystemExit, match=message.replace("(", r"\(").replace(")", r"\)")):
+        main(argv)
+
+
+def test_workload_grid_holds_the_original_shapes():
+    """The bench's grid: MLA 8 and 16 heads, T 1..17 with trees of 9, 12, 17, pages 1 and 64, 64k..256k (185k,
+    the investigation's own, included), ragged MLA at T 4 and 16, GQA."""
+    from specsweep_kernels.bench_workload import workload_rows
+
+    rows = workload_rows(["mla", "ragged", "gqa"])
+    mla = [r for r in rows if r.layout.startswith("mla") and not r.mix]
+    assert {r.layout for r in mla} == {"mla:8", "mla:16"}
+    assert {r.tokens for r in mla if r.mask == "tree"} == {9, 12, 17}
+    assert {r.page for r in mla} == {1, 64} and {r.lens[0] for r in mla} == {65536, 185000, 262144}
+    assert any(r.layout == "mla:8" and r.tokens == 9 and r.lens == [185000] and r.page == 1 for r in mla)
+    assert {r.tokens for r in rows if r.mix} == {4, 16} and any(r.layout == "gqa" for r in rows)
