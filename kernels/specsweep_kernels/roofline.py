@@ -80,7 +80,7 @@ def floor_seconds(*, nbytes: float, flops: float, ceilings: Ceilings) -> float:
 
 def matmul_peak_tflops(device: torch.device | str = "cuda", n: int = 8192, repeats: int = 7) -> tuple[float, list[float]]:
     """The bf16 dense peak of this run: the median of `repeats` (>= 5) separate do_bench medians of an n x n x n
-    product on random data (zeros run faster, docs/kernels.md). Returns (median TFLOP/s, every measurement)."""
+    product on random data (a bf16 product ran 13% faster on zeros than on random data, H200 2026-10-28). Returns (median TFLOP/s, every measurement)."""
     from triton.testing import do_bench
 
     if repeats < 5:

@@ -66,7 +66,8 @@ and the same merge; impl= picks the kernel.
 The grid depends only on static shapes (B, T, heads, P). Block sizes come from the device's per-block
 shared-memory limit (sm_90 ~227 KB, sm_120 ~100 KB), with a fall-back to the next smaller tile if the compiler
 still runs out of resources; P fills one wave of the SMs, counted from the compiled kernel's shared memory,
-registers and warps. docs/kernels.md has the measurements behind the choices.
+registers and warps. Each constant's measured reason sits next to it; docs/kernels.md has the current figures and
+docs/measurements/ the runs behind them.
 """
 from __future__ import annotations
 
@@ -220,7 +221,7 @@ def _pdl_supported(device_index: int) -> bool:
     kernels on an sm_90 or newer GPU (griddepcontrol). The attention kernels signal their dependents as they start,
     so the merge is launched early and its programs take SMs as the attention programs leave them, then wait in
     griddepcontrol.wait, instead of the merge being launched once the attention kernel has drained: 0.3-0.8 us on
-    6 of 7 batch-1 MLA shapes, -0.2 us on one (run 33, docs/kernels.md item 31)."""
+    6 of 7 batch-1 MLA shapes, -0.2 us on one (H200, 2026-12-01)."""
     return (not kernel_is_interpreted() and torch.cuda.is_available()
             and torch.cuda.get_device_capability(device_index)[0] >= 9)
 
@@ -246,7 +247,7 @@ def _gluon_mla():
 
 def _use_gluon_mla(impl: str, q: Tensor, *, v_is_k: bool, dk: int, dv: int) -> bool:
     """impl "auto": the Gluon kernels wherever they apply (MLA, bf16 / fp16, sm_90; calls of <= 32 rows run the
-    swapped-product one, docs/kernels.md item 27);
+    swapped-product one: at 16 rows a 64-row product computes 4x the FLOPs);
     "gluon": it wherever it applies, or an error."""
     if impl == "triton" or kernel_is_interpreted():
         ok = False

@@ -58,7 +58,7 @@ def candidate_configs(*, rows: int, dk: int, dv: int, v_is_k: bool, elt: int, sm
     if dv >= 512:  # MLA: the [M, 512] fp32 accumulator bounds M at 64 (8 warps)
         block_m = min(64, max(16, triton.next_power_of_2(rows)))
         first = [VerifyConfig(16, 128, 4, 2), VerifyConfig(16, 64, 4, 2)] if block_m == 16 else []
-        # (block_m, 64, 8, 3): 2% faster than 2 stages at 128 heads, 32k, T = 4 and 16 (the same 216 KB)
+        # (block_m, 64, 8, 3): 2% faster than 2 stages at 128 heads, 32k, T = 4 and 16 (the same 216 KB; H200, 2026-12-01)
         # (16, 64, 4, 2) is the 99 KB choice for every row count: against (32, 32, 8, 2) at 32 rows 117 vs 164 us
         # (16 heads T = 2; 8 heads T = 4: 118 vs 164); against (32, 32, 4, 2) at 72 rows 248 vs 283 us (8 heads
         # T = 9), 136 rows 407 vs 433, 144 rows 418 vs 426, 64 rows 203 vs 206; it loses only at 128 rows, 370 vs
@@ -69,16 +69,18 @@ def candidate_configs(*, rows: int, dk: int, dv: int, v_is_k: bool, elt: int, sm
                               VerifyConfig(16, 32, 4, 2), VerifyConfig(16, 16, 4, 1)]
     else:
         block_m = min(128 if dv <= 128 else 64, max(16, triton.next_power_of_2(rows)))
-        if rows <= 32:  # under 99 KB (block_m, 128, 4, 2), one stage less of the H200's tile: 143 vs 141 us for
-            # the 3-stage tile at 32 rows (GQA 32/8 T = 8), against the old 99 KB picks 136 vs 157 us at 16 rows
-            # ((16, 64, 8, 3)) and 143 vs 293 us at 32 ((32, 64, 8, 3))
-            first = [VerifyConfig(block_m, 128, 4, 3), VerifyConfig(block_m, 128, 4, 2)]
+        if rows <= 32:  # under 99 KB (block_m, 128, 4, 2), one stage less of the H200's tile (head dims <= 128,
+            # where it is not what a 227 KB GPU falls back to): 143 vs 141 us for the 3-stage tile at 32 rows (GQA
+            # 32/8 T = 8), against the old 99 KB picks 136 vs 157 us at 16 rows ((16, 64, 8, 3)) and 143 vs 293 us
+            # at 32 ((32, 64, 8, 3))
+            first = [VerifyConfig(block_m, 128, 4, 3)] + ([VerifyConfig(block_m, 128, 4, 2)] if dk <= 128 else [])
+            rest = [VerifyConfig(block_m, 64, 8, 3), VerifyConfig(block_m, 64, 4, 3)]
         else:  # T = 32 and (since the unmasked main loop) T = 64: 364 vs 403 µs for (128, 128, 8, 3) at 128k
             first = [VerifyConfig(block_m, 64, 4, 4)]
-        # 4 warps before 8 at 3 stages: 150 vs 172 us at 64 rows (GQA 32/8 T = 16), 193 vs 262 at 128, 339 vs 486
-        # at 256 (T = 32, 64)
-        candidates = first + [VerifyConfig(block_m, 64, 4, 3), VerifyConfig(block_m, 64, 8, 3),
-                              VerifyConfig(min(block_m, 64), 32, 4, 2), VerifyConfig(16, 16, 4, 1)]
+            # under 99 KB 4 warps before 8 at 3 stages: 150 vs 172 us at 64 rows (GQA 32/8 T = 16), 193 vs 262 at
+            # 128, 339 vs 486 at 256 (T = 32, 64)
+            rest = [VerifyConfig(block_m, 64, 4, 3), VerifyConfig(block_m, 64, 8, 3)]
+        candidates = first + rest + [VerifyConfig(min(block_m, 64), 32, 4, 2), VerifyConfig(16, 16, 4, 1)]
     fitting = [cfg for cfg in candidates if _smem_bytes(cfg, dk, dv, v_is_k, elt) <= smem_limit]
     return fitting or candidates[-1:]
 
@@ -95,8 +97,8 @@ def pick_config(*, rows: int, dk: int, dv: int, v_is_k: bool, elt: int, smem_lim
 
 def step_needs_plan(batch: int) -> bool:
     """Whether a step of `batch` requests runs from a plan (plan_verify). Batch 1 does not: both kernels cut its
-    prefix into P equal tile-aligned slices in the kernel (a plan measured 1-14% slower there, docs/kernels.md
-    item 16), so an engine plans nothing for it."""
+    prefix into P equal tile-aligned slices in the kernel (a plan measured 1-14% slower there, H200
+    2026-12-01), so an engine plans nothing for it."""
     return batch > 1
 
 
@@ -110,8 +112,8 @@ def _num_splits(*, num_kv_heads: int, m_blocks: int, slots: int, max_splits: int
 def _gluon_num_splits(*, m_blocks: int, batch: int, slots: int, max_splits: int) -> int:
     """Prefix programs per m-block of the Gluon MLA kernels (one program per SM): one wave, as _num_splits, except
     that at batch 1 with <= 2 m-blocks one prefix program fewer lets the new-token program(s) run in the first wave
-    (0.1-1.0 us a call, run 33; with more m-blocks the lost prefix share costs more than the wave: 128 heads T = 16,
-    P 4 -> 3, 335 -> 442 us; docs/kernels.md, runs 33-37)."""
+    (0.1-1.0 us a call, H200 2026-12-01; with more m-blocks the lost prefix share costs more than the wave: 128 heads T = 16,
+    P 4 -> 3, 335 -> 442 us, the same day)."""
     num_splits = _num_splits(num_kv_heads=1, m_blocks=m_blocks, slots=slots, max_splits=max_splits)
     if not step_needs_plan(batch) and m_blocks <= 2 and m_blocks * (num_splits + 1) > slots and num_splits > 1:
         num_splits -= 1

@@ -86,7 +86,7 @@ def merge_tiles(*, dv: int, num_splits: int, batch: int) -> tuple[int, int]:
     """(BLOCK_SC, BLOCK_DV) of the merge. Batch 1: all P slices in one load (up to 256; one round of loads per
     program instead of one per 16 parts). Batches: a request has about P / B parts (a long one more; the loop takes
     the rest), so the chunk is sized by that, at least 16 (sized by P it was 13-21% slower on ragged MLA batches,
-    run 17). The Dv block as wide as keeps a program's chunk at <= 8192 fp32 (64 registers a thread at 4 warps)."""
+    H200 2026-12-01). The Dv block as wide as keeps a program's chunk at <= 8192 fp32 (64 registers a thread at 4 warps)."""
     parts = num_splits if batch == 1 else max(16, -(-num_splits // batch) + 1)
     block_sc = min(256, triton.next_power_of_2(parts))
     block_dv = min(dv, max(16, 8192 // block_sc))

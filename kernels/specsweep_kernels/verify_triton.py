@@ -197,7 +197,7 @@ def _verify_attention_kernel(
     v_head = v_buffer_ptr + kvh * stride_vbh
     if SINGLE_REQUEST:
         # Program s < num_splits streams the s-th slice of the one prefix; program num_splits (an empty slice)
-        # does the new tokens. No branch around the tile loop: at B = 1 a loop around it cost 5-25% (notes).
+        # does the new tokens. No branch around the tile loop: at B = 1 a loop around it cost 5-25% (H200, 2026-12-01).
         q, q_pe = _load_q(q_ptr, 0, offs_t, offs_h, mask_m, offs_d, offs_dpe, stride_qb, stride_qt, stride_qh,
                           BLOCK_DPE)
         if USE_INDPTR:

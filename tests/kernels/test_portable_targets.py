@@ -59,3 +59,22 @@ def test_workload_grid_holds_the_original_shapes():
     assert {r.page for r in mla} == {1, 64} and {r.lens[0] for r in mla} == {65536, 185000, 262144}
     assert any(r.layout == "mla:8" and r.tokens == 9 and r.lens == [185000] and r.page == 1 for r in mla)
     assert {r.tokens for r in rows if r.mix} == {4, 16} and any(r.layout == "gqa" for r in rows)
+
+
+# main's picks on an H200 (227 KB a block) before the 99 KB tiles were reordered, per head dim (576 = MLA) and rows
+H200_PICKS = {
+    576: {1: (16, 128, 4, 2), 8: (16, 128, 4, 2), 16: (16, 128, 4, 2), 32: (32, 64, 8, 3), 64: (64, 64, 8, 3), 72: (64, 64, 8, 3), 128: (64, 64, 8, 3), 256: (64, 64, 8, 3), 1024: (64, 64, 8, 3)},
+    128: {1: (16, 128, 4, 3), 8: (16, 128, 4, 3), 16: (16, 128, 4, 3), 32: (32, 128, 4, 3), 64: (64, 64, 4, 4), 72: (128, 64, 4, 4), 128: (128, 64, 4, 4), 256: (128, 64, 4, 4), 1024: (128, 64, 4, 4)},
+    256: {1: (16, 64, 8, 3), 8: (16, 64, 8, 3), 16: (16, 64, 8, 3), 32: (32, 64, 8, 3), 64: (64, 64, 4, 4), 72: (64, 64, 4, 4), 128: (64, 64, 4, 4), 256: (64, 64, 4, 4), 1024: (64, 64, 4, 4)},
+    64: {1: (16, 128, 4, 3), 8: (16, 128, 4, 3), 16: (16, 128, 4, 3), 32: (32, 128, 4, 3), 64: (64, 64, 4, 4), 72: (128, 64, 4, 4), 128: (128, 64, 4, 4), 256: (128, 64, 4, 4), 1024: (128, 64, 4, 4)},
+}
+
+
+def test_h200_tiles_are_unchanged():
+    """The 99 KB tiles were added after the first tile that fits 227 KB: an H200 (and any GPU with as much shared
+    memory a block) keeps every tile it had."""
+    for dk, picks in H200_PICKS.items():
+        for rows, expected in picks.items():
+            config = pick_config(rows=rows, dk=dk, dv=512 if dk == 576 else dk, v_is_k=dk == 576, elt=2,
+                                 smem_limit=232448)
+            assert (config.block_m, config.block_n, config.num_warps, config.num_stages) == expected, (dk, rows)
