@@ -11,7 +11,8 @@ and 64, prefixes 64k, 185k (the investigation's own) and 256k, batch 1; ragged M
 Each row: a fresh random bf16 problem; every kernel checked against the fp32 reference (relative error), then timed
 as the median of CUDA-graph replays, each after a clean 256 MB L2 flush (bench.graph_us). Two ceilings, measured in
 this run:
-- memory: a pure read stream of the call's minimum bytes (roofline.ReadStream), timed the same way;
+- memory: a pure read stream of the call's minimum bytes (roofline.ReadStream), timed the same way, the fastest
+  of four program counts (2, 4, 8, 16 a SM);
 - compute: the call's FLOPs over the bf16 dense peak (the median of >= 5 matmul measurements in this run).
 floor = the larger; each kernel's fraction of both is in the table. Columns: ours as shipped (impl auto: the Gluon
 kernel for MLA on sm_90), the portable Triton kernel forced (impl triton) with the tile the picker chooses under
@@ -80,12 +81,18 @@ class Row:
         return getattr(self, f"{ceiling}_us") / self.us.get(key, math.nan)
 
 
-def workload_rows(grids: list[str]) -> list[Row]:
+MLA_PREFIXES = {1: (65536, 185000, 262144), 64: (262144,)}  # page size -> batch-1 prefixes
+
+
+def workload_rows(grids: list[str], pages: tuple[int, ...] = (1, 64), prefixes: tuple[int, ...] = ()) -> list[Row]:
+    """The grid's rows; pages / prefixes (non-empty) keep only those of the MLA batch-1 rows."""
     rows: list[Row] = []
     if "mla" in grids:
         for heads, tokens in ((8, (1, 2, 4, 8, 9, 12, 16, 17)), (16, (1, 2, 4, 8, 9, 12, 17))):
-            for page, prefixes in ((1, (65536, 185000, 262144)), (64, (262144,))):
-                for prefix in prefixes:
+            for page in pages:
+                for prefix in MLA_PREFIXES.get(page, ()):
+                    if prefixes and prefix not in prefixes:
+                        continue
                     for t in tokens:
                         rows.append(Row(f"mla:{heads}", [prefix], t, page, "chain"))
                         if t in TREE_TOKENS:
@@ -168,7 +175,7 @@ def run_row(row: Row, *, peak_tflops: float, reader: ReadStream | None, peers, w
     costs = [verify_cost(layout=layout, prefix_len=n, num_tokens=row.tokens, page_size=row.page) for n in lens]
     row.nbytes, row.flops = sum(c[0] for c in costs), sum(c[1] for c in costs)
     row.compute_us = row.flops / (peak_tflops * 1e12) * 1e6
-    row.read_us, _ = graph_us(reader.fn(int(row.nbytes)))
+    row.read_us = min(graph_us(reader.fn(int(row.nbytes), k))[0] for k in reader.program_counts)
     return row
 
 
@@ -238,6 +245,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--grid", default="mla,ragged,gqa", help=f"comma list of {', '.join(GRIDS)}")
     parser.add_argument("--sglang-verify", default=None,
                         help="folder with SGLang 0.5.23's verify_mla.py and verify_splitkv.py (the peer columns)")
+    parser.add_argument("--mla-pages", default="1,64", help="page sizes of the MLA batch-1 rows (1 and / or 64)")
+    parser.add_argument("--mla-prefixes", default="", help="keep only these MLA batch-1 prefixes (default: all)")
     parser.add_argument("--warm-only", action="store_true", help="compile the shard's kernels, time nothing")
     parser.add_argument("--shard", default="0/1", help="I/N: this process takes rows I, I+N, ...")
     parser.add_argument("--portable-smem", type=int, default=SM120.smem_per_block,
@@ -255,6 +264,14 @@ def main(argv: list[str] | None = None) -> None:
             raise ValueError
     except ValueError:
         sys.exit(f"--shard {args.shard!r}; allowed: I/N with 0 <= I < N")
+    try:
+        pages = tuple(int(x) for x in args.mla_pages.split(",") if x)
+        prefixes = tuple(int(x) for x in args.mla_prefixes.split(",") if x)
+    except ValueError:
+        sys.exit(f"--mla-pages {args.mla_pages!r} / --mla-prefixes {args.mla_prefixes!r}; allowed: comma-separated "
+                 "integers")
+    if any(p not in MLA_PREFIXES for p in pages):
+        sys.exit(f"--mla-pages {args.mla_pages!r}; allowed: {', '.join(map(str, MLA_PREFIXES))}")
     if not torch.cuda.is_available():
         sys.exit("specsweep_kernels.bench_workload needs a CUDA GPU")
     peers = None
@@ -262,7 +279,7 @@ def main(argv: list[str] | None = None) -> None:
         from specsweep_kernels.sglang_peer import load_verify_peers
 
         peers = load_verify_peers(args.sglang_verify)
-    rows = workload_rows(grids)[index::count]
+    rows = workload_rows(grids, pages, prefixes)[index::count]
     if args.warm_only:
         for row in rows:
             try:
@@ -278,7 +295,7 @@ def main(argv: list[str] | None = None) -> None:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     header = (f"{stamp} · {torch.cuda.get_device_name(0)} · torch {torch.__version__} · triton "
               f"{__import__('triton').__version__} · bf16 matmul peak {peak:.0f} TFLOP/s (median of "
-              f"{', '.join(f'{x:.0f}' for x in runs)}) · read stream {reader.programs} programs · portable tiles for "
+              f"{', '.join(f'{x:.0f}' for x in runs)}) · read stream: the fastest of {'/'.join(map(str, reader.program_counts))} programs a row · portable tiles for "
               f"{args.portable_smem} B of shared memory a block · L2 flush clean · "
               f"graph replays")
     print(header, flush=True)

@@ -78,3 +78,10 @@ def test_h200_tiles_are_unchanged():
             config = pick_config(rows=rows, dk=dk, dv=512 if dk == 576 else dk, v_is_k=dk == 576, elt=2,
                                  smem_limit=232448)
             assert (config.block_m, config.block_n, config.num_warps, config.num_stages) == expected, (dk, rows)
+
+
+def test_workload_bench_refuses_a_page_size_it_has_no_rows_for():
+    from specsweep_kernels.bench_workload import main
+
+    with pytest.raises(SystemExit, match="--mla-pages '16'; allowed: 1, 64"):
+        main(["--mla-pages", "16"])
