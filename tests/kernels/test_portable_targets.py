@@ -8,7 +8,8 @@ from specsweep_kernels.verify_config import pick_config
 from specsweep_kernels.verify_targets import SM120, compile_for_target
 
 # (dk, dv, MLA, query heads per KV head, T): MLA at 8 / 16 heads (the original workload's decode, chain and tree
-# widths) and GQA 32/8 d128; shapes whose picks coincide are compiled once
+# widths) and GQA 32/8 d128; shapes whose tile and new-token tile coincide are compiled once (the head count only
+# changes index arithmetic)
 SHAPES = [(576, 512, True, 8, 1), (576, 512, True, 16, 2), (576, 512, True, 8, 9), (576, 512, True, 16, 17),
           (128, 128, False, 4, 8), (128, 128, False, 4, 16)]
 _COMPILED: dict = {}
@@ -17,7 +18,7 @@ _COMPILED: dict = {}
 @pytest.mark.parametrize("dk,dv,mla,group,tokens", SHAPES)
 def test_sm120_tiles_fit_its_shared_memory_and_use_no_hopper_instructions(dk, dv, mla, group, tokens):
     config = pick_config(rows=group * tokens, dk=dk, dv=dv, v_is_k=mla, elt=2, smem_limit=SM120.smem_per_block)
-    key = (dk, dv, mla, config)
+    key = (dk, dv, mla, config, max(16, 1 << (tokens - 1).bit_length()))  # BLOCK_T shapes the new-token tile
     if key not in _COMPILED:
         _COMPILED[key] = compile_for_target(capability=SM120.capability, dk=dk, dv=dv, v_is_k=mla, group=group,
                                             num_tokens=tokens, config=config)
