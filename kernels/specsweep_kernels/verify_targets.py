@@ -19,7 +19,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from specsweep_kernels.verify_config import VerifyConfig
-from specsweep_kernels.verify_triton import _verify_attention_kernel
+from specsweep_kernels.verify_triton import _verify_attention_kernel, kernel_is_interpreted
 
 __all__ = ["SM120", "TargetLimits", "CompiledInfo", "compile_for_target"]
 
@@ -48,7 +48,12 @@ _POINTERS = {"tree_mask_ptr": "*u8", "kv_indices_ptr": "*i32", "kv_indptr_ptr": 
 def compile_for_target(*, capability: tuple[int, int], dk: int, dv: int, v_is_k: bool, group: int, num_tokens: int,
                        config: VerifyConfig, page_size: int = 1, batch_one: bool = True,
                        dtype: str = "bf16") -> CompiledInfo:
-    """Compile _verify_attention_kernel for sm_<capability> with this tile (no GPU needed) and report its needs."""
+    """Compile _verify_attention_kernel for sm_<capability> with this tile (no GPU needed) and report its needs.
+    Needs the compiled kernels: in a process where TRITON_INTERPRET=1 was set before import it raises RuntimeError
+    (run it in a process without it, as tests/kernels/test_portable_targets.py does)."""
+    if kernel_is_interpreted():
+        raise RuntimeError("compile_for_target: TRITON_INTERPRET=1 made the kernels interpreted in this process; "
+                           "allowed: a process where it was not set before specsweep_kernels was imported")
     block_d, block_dpe = (dv, dk - dv) if v_is_k else (dk, 0)
     constexprs = dict(NUM_KV_HEADS=1, GROUP=group, T=num_tokens, BLOCK_T=max(16, triton.next_power_of_2(num_tokens)),
                       BLOCK_D=block_d, BLOCK_DPE=block_dpe, BLOCK_DV=dv, BLOCK_M=config.block_m,
