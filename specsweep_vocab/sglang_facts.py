@@ -1,5 +1,5 @@
 """What each supported SGLang version accepts, spells and reports: one table, read by the plan-time rules
-(orchestrator/config/validate.py), the launch argv (workers/sglang.py) and the metrics reader (workers/sglang_metrics.py).
+(orchestrator/config/validate.py), the launch argv (workers/sglang/args.py) and the metrics reader (workers/sglang/metrics.py).
 
 Public API:
 

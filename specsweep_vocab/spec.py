@@ -28,7 +28,7 @@ IDENTITY_IF_NOT_DEFAULT = {"omit_if_default": True}
 class EngineKind(str, enum.Enum):
     REFERENCE = "reference"
     SGLANG = "sglang"
-    STUB = "stub"  # simulation engine (workers/stub_engine.py): the seam's HTTP API with timed dummy tokens
+    STUB = "stub"  # simulation engine (workers/stub/server.py): the seam's HTTP API with timed dummy tokens
 
 
 class Algorithm(str, enum.Enum):
@@ -185,7 +185,7 @@ class AttentionSpec:
 
 @dataclass(frozen=True)
 class SGLangOptions:
-    """SGLang-only launch settings (`engine.sglang`); workers/sglang.py turns them into the version's flags."""
+    """SGLang-only launch settings (`engine.sglang`); workers/sglang/args.py turns them into the version's flags."""
 
     mem_fraction_static: float | None = None  # None: SGLang's own choice
     cuda_graph_max_bs: int | None = None  # --cuda-graph-max-bs-decode (>= 0.5.20) / --cuda-graph-max-bs (0.5.10)
@@ -194,14 +194,14 @@ class SGLangOptions:
     log_level: str | None = None
 
 
-# The stub engine's timing flags (workers/stub_engine.py parse_args), in StubOptions field order.
+# The stub engine's timing flags (workers/stub/server.py parse_args), in StubOptions field order.
 STUB_FLAGS = ("--stub-token-s", "--stub-prefill-s", "--stub-startup-s", "--stub-rendezvous-timeout-s")
 
 
 @dataclass(frozen=True)
 class StubOptions:
     """The stub engine's timing (`engine.stub`, engine.kind=stub only). The stub is started with `engine.extra_args`
-    (workers/engine.py StubAdapter), so planning prepends `argv()`; the flag names are workers/stub_engine.py's."""
+    (workers/stub/adapter.py StubAdapter), so planning prepends `argv()`; the flag names are workers/stub/server.py's."""
 
     token_s: float = 0.005  # seconds per generated token (decode)
     prefill_s: float = 0.0  # seconds per prompt token

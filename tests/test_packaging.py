@@ -126,7 +126,7 @@ def test_runtime_code_never_imports_the_dev_tools():
 
 
 def test_stub_engine_imports_nothing_of_the_orchestrator():
-    code = "import sys, workers.stub_engine; print(sorted(m for m in sys.modules if m.split('.')[0] == 'orchestrator'))"
+    code = "import sys, workers.stub.server; print(sorted(m for m in sys.modules if m.split('.')[0] == 'orchestrator'))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": PYTHONPATH})
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr

@@ -4,7 +4,7 @@
 Prints model load time (cold: a fresh conversion cache, i.e. dequantise the GGUF and write the safetensors;
 cached: read them back) and, per context x probe x drafter, prefill tok/s (prompt / time to first token),
 decode tok/s ((completion - 1) / (e2e - ttft)) and commit (tokens per verify step, bonus included) — the probe's
-own prompts (workers/probe.py), one request per cell.
+own prompts (workers/prompts.py), one request per cell.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import time
 import torch
 
 from specsweep_vocab.spec import EngineKind, ProbeKind, ProbeSpec
-from workers.probe import build_prompt
+from workers.prompts import build_prompt
 
 from workers.reference import gguf_checkpoint
 from workers.reference.args import parse_args

@@ -4,7 +4,7 @@
 
 A `ray.cluster_utils.Cluster` (a CPU head and 3 nodes × 8 logical GPUs) runs the real execution path
 (preflight, placement groups, Ray actors, EngineProcess, HTTP probes, MLflow on SQLite in a temp dir) with the
-stub engine (workers/stub_engine.py), whose run time is prefill (s per prompt token) + decode (s per token):
+stub engine (workers/stub/server.py), whose run time is prefill (s per prompt token) + decode (s per token):
 mixed prompt lengths give mixed run lengths. It prints one table:
 
 - makespan: first placement group requested → last server stopped;

@@ -37,7 +37,7 @@ import requests
 from orchestrator.config.plan import with_stub_flags
 from specsweep_vocab.spec import (Algorithm, AttentionSpec, DrafterSpec, EngineKind, EngineSpec, ModelSpec, ProbeKind,
                                   ProbeSpec, RunSpec, ServerGroup, ServerSpec, StubOptions, stable_hash)
-from workers.sglang_metrics import parse_prometheus
+from workers.sglang.metrics import parse_prometheus
 
 MAX_LOAD_SCALE = 8.0
 
@@ -96,7 +96,7 @@ def tiny_group(server: ServerSpec, runs: list[RunSpec] | tuple[RunSpec, ...]) ->
 def stub_server(*, tp_size: int = 1, nnodes: int = 1, token_s: float = 0.005, prefill_s: float = 0.0,
                 startup_s: float = 0.2, drafter: str = "oracle", seed: int = 0,
                 extra_args: tuple[str, ...] = ()) -> ServerSpec:
-    """A ServerSpec for the stub engine (workers/stub_engine.py): `device=cuda`, so it takes tp_size / nnodes GPUs
+    """A ServerSpec for the stub engine (workers/stub/server.py): `device=cuda`, so it takes tp_size / nnodes GPUs
     per node from Ray like a real GPU server. Distinct seeds make distinct servers."""
     timing = StubOptions(token_s=token_s, prefill_s=prefill_s, startup_s=startup_s)
     engine = with_stub_flags(EngineSpec(kind=EngineKind.STUB, version="0.1.0", device="cuda", startup_timeout_s=60.0,
@@ -136,7 +136,7 @@ def spec_flags(algorithm: str, *, steps: int, draft: str | None = None, topk: in
     return [a for flag, value in flags.items() if value is not None for a in (flag, str(value))]
 
 
-ENGINE_MODULES = ("workers.reference", "workers.stub_engine")
+ENGINE_MODULES = ("workers.reference", "workers.stub.server")
 
 
 def _children() -> dict[int, list[int]]:
@@ -196,7 +196,7 @@ _STUB_START = re.compile(r" stub: started (.*)$")
 
 @dataclass(frozen=True)
 class StubStart:
-    """One stub engine process, from its start-up line (workers.stub_engine.log_start) in an engine log."""
+    """One stub engine process, from its start-up line (workers.stub.server.log_start) in an engine log."""
 
     pid: int
     node_rank: int

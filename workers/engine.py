@@ -1,12 +1,14 @@
-"""Engine processes: argv per engine kind, and an owner that starts, health-checks and always stops one.
+"""Engine processes: the registry of engines (one `workers.adapter.EngineAdapter` per EngineKind, each in its own
+folder), and an owner that starts, health-checks and always stops one.
 
 Public API:
 
+    adapter_for(kind: EngineKind) -> EngineAdapter
+        the engine's interface (workers/adapter.py): argv, env, health path, prompt encoding, what is read around
+        a run. SGLANG: workers/sglang/adapter.py, REFERENCE: workers/reference/adapter.py, STUB: workers/stub/.
     build_engine_argv(server: ServerSpec, port: int, node_rank: NodeRank | None = None) -> list[str]
         argv for the server's engine kind (SGLang flag names for every engine); with a NodeRank, this node's
         process of a multi-node server (`node_rank_argv`: --nnodes, --node-rank, --dist-init-addr).
-    adapter_for(kind: EngineKind) -> EngineAdapter
-        the per-engine seam: argv, health path, extra env (SGLANG: workers/sglang.py).
     EngineProcess(command: Callable[[int], list[str]], log_path, *, host, env, startup_timeout_s, grace_s)
     EngineProcess.for_server(server: ServerSpec, log_path, *, node_rank=None, **kw) -> EngineProcess
         node_rank.rank > 0: a multi-node follower: no HTTP; "started" once it has stayed alive `settle_s`
@@ -31,7 +33,6 @@ from __future__ import annotations
 
 import atexit
 import ctypes
-import inspect
 import ctypes.util
 import logging
 import os
@@ -44,15 +45,17 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from dataclasses import dataclass
-from typing import Callable, Mapping, Protocol
+from typing import Callable, Mapping
 
 import requests
 
 from specsweep_vocab.redact import redact_argv
-from specsweep_vocab.spec import Algorithm, EngineKind, ServerSpec
+from specsweep_vocab.spec import EngineKind, ServerSpec
+from workers.adapter import EngineAdapter, NodeRank, node_rank_argv
 from workers.errors import EngineDied, EngineStartFailed, EngineTimeout
-from workers.sglang import SGLangAdapter
+from workers.reference.adapter import ReferenceAdapter
+from workers.sglang.adapter import SGLangAdapter
+from workers.stub.adapter import StubAdapter
 
 logger = logging.getLogger(__name__)
 
@@ -68,108 +71,7 @@ _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|W
 _ERROR_LINE = re.compile(r"\berror:|\b(ERROR|FATAL|CRITICAL)\b|\b[A-Z]\w*Error\b")
 
 
-# ---------------------------------------------------------------- adapters: one per EngineKind
-
-
-@dataclass(frozen=True)
-class NodeRank:
-    """This node's place in a multi-node server (SGLang `--nnodes/--node-rank/--dist-init-addr`)."""
-
-    rank: int  # 0 serves HTTP and is probed
-    nnodes: int
-    dist_init_addr: str  # "host:port" of rank 0's rendezvous
-
-    @property
-    def serves_http(self) -> bool:
-        return self.rank == 0
-
-
-def node_rank_argv(node_rank: NodeRank) -> list[str]:
-    """The multi-node flags of one node's process; adapters whose build_argv takes `node_rank` use this."""
-    return ["--nnodes", str(node_rank.nnodes), "--node-rank", str(node_rank.rank),
-            "--dist-init-addr", node_rank.dist_init_addr]
-
-
-def _with_node_rank(argv: list[str], node_rank: NodeRank) -> list[str]:
-    """argv of an adapter that knows nothing of ranks: drop its `--nnodes N`, append the rank flags."""
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a == "--nnodes":
-            skip = True
-        else:
-            out.append(a)
-    return out + node_rank_argv(node_rank)
-
-
-class EngineAdapter(Protocol):
-    kind: EngineKind
-    health_path: str
-
-    def build_argv(self, server: ServerSpec, port: int) -> list[str]: ...  # may take node_rank: NodeRank | None
-
-    def env(self, server: ServerSpec) -> dict[str, str]: ...
-
-
-def _common_flags(server: ServerSpec, port: int) -> list[str]:
-    """Flags both engines share, with SGLang's names."""
-    m, d, a = server.model, server.drafter, server.attention
-    argv = ["--model-path", m.path, "--load-format", m.load_format, "--page-size", str(server.page_size),
-            "--attention-backend", a.backend, "--context-length", str(server.context_length), "--dtype", m.dtype]
-    for flag, value in (("--decode-attention-backend", a.decode_backend),
-                        ("--prefill-attention-backend", a.prefill_backend),
-                        ("--speculative-draft-attention-backend", a.draft_backend)):
-        if value:
-            argv += [flag, value]
-    if d.algorithm is not Algorithm.NONE:
-        argv += ["--speculative-algorithm", d.algorithm.value]
-        if d.draft_model_path:
-            argv += ["--speculative-draft-model-path", d.draft_model_path]
-        if d.num_steps:
-            argv += ["--speculative-num-steps", str(d.num_steps)]
-        if d.topk:
-            argv += ["--speculative-eagle-topk", str(d.topk)]
-        if d.num_draft_tokens:
-            argv += ["--speculative-num-draft-tokens", str(d.num_draft_tokens)]
-        argv += list(d.extra_args)
-    argv += ["--random-seed", str(server.seed), "--host", server.host, "--port", str(port)]
-    return argv
-
-
-class ReferenceAdapter:
-    kind = EngineKind.REFERENCE
-    health_path = "/health"
-
-    def build_argv(self, server: ServerSpec, port: int) -> list[str]:
-        argv = [sys.executable, "-m", "workers.reference"] + _common_flags(server, port)
-        if server.drafter.draft_num_layers is not None:  # a reference-engine flag (SGLang has none)
-            argv += ["--speculative-draft-num-layers", str(server.drafter.draft_num_layers)]
-        if server.engine.device != "cpu":
-            argv += ["--device", server.engine.device]
-        return argv + list(server.engine.extra_args)
-
-    def env(self, server: ServerSpec) -> dict[str, str]:
-        # one intra-op thread per engine: engines share a few cores with Ray and each other
-        return {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-
-
-class StubAdapter:
-    """The simulation engine (workers/stub_engine.py): scheduling tests and benchmarks, never results.
-    Timing comes from `engine.extra_args` (`--stub-token-s`, `--stub-prefill-s`, `--stub-startup-s`)."""
-
-    kind = EngineKind.STUB
-    health_path = "/health"
-
-    def build_argv(self, server: ServerSpec, port: int, node_rank: NodeRank | None = None) -> list[str]:
-        argv = [sys.executable, "-m", "workers.stub_engine"] + _common_flags(server, port)
-        argv += ["--tp-size", str(server.tp_size)]
-        if node_rank is not None:
-            argv += node_rank_argv(node_rank)
-        return argv + list(server.engine.extra_args)
-
-    def env(self, server: ServerSpec) -> dict[str, str]:
-        return {}
+# ---------------------------------------------------------------- the registry: one adapter per EngineKind
 
 
 _ADAPTERS: dict[EngineKind, EngineAdapter] = {EngineKind.REFERENCE: ReferenceAdapter(),
@@ -181,13 +83,7 @@ def adapter_for(kind: EngineKind) -> EngineAdapter:
 
 
 def build_engine_argv(server: ServerSpec, port: int, node_rank: NodeRank | None = None) -> list[str]:
-    adapter = adapter_for(server.engine.kind)
-    if node_rank is None:
-        return adapter.build_argv(server, port)
-    if "node_rank" in inspect.signature(adapter.build_argv).parameters:
-        build: Callable[..., list[str]] = adapter.build_argv  # takes node_rank: checked just above
-        return build(server, port, node_rank=node_rank)
-    return _with_node_rank(adapter.build_argv(server, port), node_rank)
+    return adapter_for(server.engine.kind).build_argv(server, port, node_rank)
 
 
 # ---------------------------------------------------------------- the process owner
@@ -255,7 +151,7 @@ class EngineProcess:
         env = {**adapter.env(server), **dict(server.engine.env), **kw.pop("env", {})}
         kw.setdefault("startup_timeout_s", server.engine.startup_timeout_s)
         serves_http = node_rank is None or node_rank.serves_http
-        return cls(lambda port: build_engine_argv(server, port, node_rank), log_path, host=server.host,
+        return cls(lambda port: adapter.build_argv(server, port, node_rank), log_path, host=server.host,
                    health_path=adapter.health_path, env=env, serves_http=serves_http, **kw)
 
     # -- lifecycle
@@ -445,3 +341,7 @@ def start_failure_cause(log_text: str, max_chars: int = 300) -> str:
     if cause is None:
         cause = lines[-1] if lines else ""
     return cause.strip()[:max_chars]
+
+
+__all__ = ["EngineAdapter", "EngineProcess", "NodeRank", "adapter_for", "build_engine_argv", "free_port",
+           "node_rank_argv", "read_log_tail", "start_failure_cause"]

@@ -3,7 +3,7 @@ verify forwards (`/metrics`) and the request limits (`/server_info`). One code p
 reference engine, which exposes the same names, labels and meanings (workers/reference/server.py).
 
     parse_scrape(text) -> Scrape           a /metrics text: {sample name: sum over labels} (as
-                                           `sglang_metrics.parse_prometheus`) plus every labelled sample
+                                           `workers.sglang.metrics.parse_prometheus`) plus every labelled sample
     verify_device_seconds(scrape) -> float target-verify device seconds so far (0.0 before the first verify)
     verify_step_ms(before, after) -> float | None
         1000 x Δ verify device seconds / Δ sglang:spec_verify_calls_total between two scrapes of one run
@@ -11,6 +11,7 @@ reference engine, which exposes the same names, labels and meanings (workers/ref
         puts verify_step_ms into `metrics`; notes for a run that verified but got no timing
     server_limits(info) -> dict[str, float]   max_req_input_len, max_total_num_tokens from /server_info
     read_limits(base_url) -> dict[str, float] the same, read from a live engine ({} when it cannot be)
+    scrape_metrics(base_url) -> Scrape | None a live engine's /metrics (None, and a log line, when it cannot be read)
 
 Verify timing, SGLang 0.5.23 (paths relative to site-packages):
 - `SGLANG_ENABLE_METRICS_DEVICE_TIMER=1` (`sglang/srt/environ.py:479`, read once at import,
@@ -19,7 +20,7 @@ Verify timing, SGLang 0.5.23 (paths relative to site-packages):
   events (`sglang/srt/utils/device_timer.py:59-90`, `147-165`) and adds the elapsed seconds, once an event has
   completed, to the counter `sglang:forward_execution_seconds_total` with label `category`
   (`sglang/srt/observability/metrics_collector.py:1054-1061`, `1598-1606`). Without `--enable-metrics` nothing is
-  exported (`metrics_reporter.py:337-338`); workers/sglang.py passes both.
+  exported (`metrics_reporter.py:337-338`); workers/sglang/args.py passes both.
 - The target's verify forward is category `target_verify`, spelled so on every path: eager
   (`sglang/srt/model_executor/runner/eager_runner.py:344-350`), piecewise prefill graph
   (`sglang/srt/model_executor/model_runner.py:2047-2056`), decode-graph replay (`ForwardMode.TARGET_VERIFY.name
@@ -168,5 +169,18 @@ def read_limits(base_url: str) -> dict[str, float]:
     except (BadResponse, ProbeTimeout, ValueError) as e:
         logger.warning("%s: /server_info limits not read: %s", base_url, e)
         return {}
+    finally:
+        client.close()
+
+
+def scrape_metrics(base_url: str) -> Scrape | None:
+    """/metrics samples (summed over labels, and labelled: `Scrape`), or None when they cannot be read (the caller
+    then skips what needs them)."""
+    client = ProbeClient(base_url, timeout_s=30.0)
+    try:
+        return parse_scrape(client.metrics_text())
+    except (BadResponse, ProbeTimeout, ValueError) as e:
+        logger.warning("%s: /metrics not read: %s", base_url, e)
+        return None
     finally:
         client.close()

@@ -2,13 +2,7 @@
 
 Public API:
 
-    build_prompt(probe: ProbeSpec, engine: EngineKind, model_path: str | None = None) -> Prompt
-        predictable = the sentence repeated; novel = seeded words with no repeated word n-gram
-        (NOVEL_NGRAM); file = a text file, or JSONL whose lines carry "text". For the reference engine the
-        prompt is `input_ids` from the engine's own tokenizer for model_path (bytes for tiny, the GGUF's BPE
-        for smollm2-135m; exact length); for SGLang, ids from the model's
-        tokenizer when `transformers` can load it, else text (~CHARS_PER_TOKEN chars a token) and the
-        engine's reported prompt_tokens is what gets recorded.
+    prompts: workers.prompts (build_prompt, build_prompts, Prompt: exactly context_len tokens per engine)
     ProbeClient(base_url, timeout_s)
         .flush_cache()                       POST /flush_cache
         .generate(prompt, gen_tokens, temperature=0.0, stream=True) -> Generation
@@ -17,7 +11,7 @@ Public API:
         metrics (docs/sglang.md names), series {"commit_len": [...]}, artifacts {"continuation.txt", "steps.csv"}. The
         speculative headline figures (commit_len_mean, emitted_per_verify, engine_accept_length, accept_rate, the
         histogram and accept_at_depth) come from SGLang's meta_info fields on every engine, through one function
-        (workers.sglang_metrics.spec_metrics_from_meta_info); the reference engine's extra `spec_steps` give only
+        (workers.sglang.metrics.spec_metrics_from_meta_info); the reference engine's extra `spec_steps` give only
         the commit_len series, tree shape, verify_forward_median_ms and steps.csv (the headline verify_step_ms
         comes from /metrics counters on both engines: workers.engine_counters, set by the runner).
     measure_all(gens, expect_spec, wall_s) -> Measurement
@@ -34,234 +28,27 @@ from __future__ import annotations
 
 import concurrent.futures
 import csv
-import functools
 import io
 import itertools
 import json
 import logging
-import random
 import statistics
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterator, cast
 
 import requests
 import urllib3
 
-from specsweep_vocab.spec import EngineKind, ProbeKind, ProbeSpec
+from specsweep_vocab.spec import EngineKind, ProbeSpec
 from workers.errors import BadResponse, ProbeTimeout
-from workers.reference.tokenizer import ByteTokenizer
-from workers.sglang_metrics import spec_metrics_from_meta_info
+from workers.prompts import Prompt, build_prompt, build_prompts
+from workers.sglang.metrics import spec_metrics_from_meta_info
 
 logger = logging.getLogger(__name__)
 
-NOVEL_NGRAM = 3  # no word trigram appears twice in novel text
-CHARS_PER_TOKEN = 4  # SGLang without a local tokenizer: a rough text length per requested token
 CONNECT_TIMEOUT_S = 5.0
-MAX_TEXT_DOUBLINGS = 6  # a tokenizer giving < 1 token per 256 chars is not a text tokenizer
 FLUSH_BUSY_WAIT_S = 10.0  # /flush_cache answering 400 (a request still running) is retried this long
-
-_BYTE_TOKENIZER = ByteTokenizer()
-
-_VOCAB = tuple("""
-able about above across act add after again against age ago agree air all allow almost alone along already
-also always among amount and animal answer any appear apply area argue arm army around arrive art ask away
-baby back bad bag ball bank bar base bear beat beautiful bed before begin behind believe best better between
-big bill bird black blood blue board boat body book born both box boy break bring brother brown build burn
-business buy call camera campaign can car card care carry case catch cause cell center chair chance change
-charge check child choice church city civil claim class clear close coach cold collect color come common
-community company compare contain control cost could country couple course court cover create crime cultural
-cup current cut dark data daughter day dead deal death debate decade decide deep defense degree describe design
-detail develop die different dinner direction discover discuss disease doctor dog door down draw dream drive
-drop drug during early east easy eat economy edge effect effort eight either election else employee end energy
-enjoy enough enter entire environment evening event every evidence exactly example expect experience expert
-explain eye face fact factor fail fall family far fast father fear federal feel few field fight figure fill film
-final find fine finger finish fire firm first fish five floor fly focus follow food foot force foreign forget
-form former forward four free friend front fruit full fund future game garden gas general girl give glass goal
-good green ground group grow guess gun guy hair half hand hang happen happy hard hat head health hear heart heat
-heavy help here high hill history hit hold home hope horse hospital hot hotel hour house huge human hundred
-idea image imagine impact improve include increase indeed inside instead interest island issue item job join
-judge jump just keep key kid kill kind kitchen know lake land language large last late laugh law lawyer lay lead
-learn leave left leg legal less letter level lie life light like likely line list listen little live local long
-look lose loss lot love low machine magazine main maintain major make manage many map market marriage material
-matter maybe mean measure media medical meet member memory mention message metal method middle might military
-milk mind minute miss model modern moment money month moon morning mother mountain mouth move movie much music
-must name nation natural nature near need network never new news next nice night nine noise north note nothing
-notice number ocean offer office often oil old once one open option orange order other outside over owner page
-pain paint paper parent park part party pass past patient pattern pay peace people per perform period person
-phone physical pick picture piece place plan plant play point police policy poor popular position power
-practice prepare present press pretty prevent price private problem process produce program project protect
-prove provide public pull purpose push quality question quick quiet race radio rain raise range rate reach read
-ready real reason receive record red reduce region relate remain remember remove report rest result return reveal
-rich right rise risk river road rock role room rule run safe same save say scene school science score sea season
-seat second section see seek sell send sense serve service set seven shake share she shoot short shot shoulder
-show side sign silver simple since sing single sister sit site six size skill skin small smile snow social soft
-soldier some son song soon sort sound south space speak special spend sport spring staff stage stand star start
-state station stay step still stock stone stop store story street strong student study style subject success
-such suddenly summer sun support sure surface system table take talk task teach team tell ten term test than
-thank theory thing think third three through throw time today together tonight top total tough toward town trade
-train travel tree trial trip trouble true truth try turn two type under unit until up upon use usual valley value
-various very victim view visit voice vote wait walk wall want war watch water wave way weapon wear week weight
-well west what wheel when where which while white whole why wide wife will win wind window winter wish with
-within without woman wonder wood word work world worry write wrong yard year yellow yes yet young
-""".split())
-
-
-# ---------------------------------------------------------------- prompt text
-
-
-def predictable_text(sentence: str, min_chars: int) -> str:
-    reps = -(-min_chars // max(1, len(sentence)))
-    return sentence * max(1, reps)
-
-
-def novel_words(seed: int, n: int = NOVEL_NGRAM) -> Iterator[str]:
-    """Seeded words from _VOCAB in which no word n-gram occurs twice (a redraw replaces a repeat)."""
-    rng = random.Random(seed)
-    seen: set[tuple[str, ...]] = set()
-    window: list[str] = []
-    while True:
-        for _ in range(1000):
-            word = rng.choice(_VOCAB)
-            gram = tuple(window[-(n - 1):] + [word]) if n > 1 else (word,)
-            if len(gram) < n or gram not in seen:
-                break
-        else:  # cannot happen before ~len(_VOCAB)**n words; never loop forever
-            raise RuntimeError(f"novel text exhausted its {n}-grams")
-        if len(gram) == n:
-            seen.add(gram)
-        window.append(word)
-        del window[:-(n - 1) or None]
-        yield word
-
-
-def novel_text(seed: int, min_chars: int) -> str:
-    """Sentences of 8-15 seeded words, capitalised and ended with a period, at least `min_chars` long."""
-    rng = random.Random(seed ^ 0x5EED)
-    parts: list[str] = []
-    total = 0
-    words = novel_words(seed)
-    while total < min_chars:
-        sentence = [next(words) for _ in range(rng.randint(8, 15))]
-        text = " ".join(sentence).capitalize() + ". "
-        parts.append(text)
-        total += len(text)
-    return "".join(parts)
-
-
-def file_text(path: str | Path) -> str:
-    """A text file as is, or the "text" fields of a JSONL file joined by blank lines."""
-    p = Path(path)
-    raw = p.read_text(encoding="utf-8")
-    if p.suffix in (".jsonl", ".ndjson"):
-        texts = [json.loads(line)["text"] for line in raw.splitlines() if line.strip()]
-        raw = "\n\n".join(texts)
-    if not raw:
-        raise ValueError(f"probe file {path} has no text")
-    return raw
-
-
-def probe_text(probe: ProbeSpec, min_chars: int) -> str:
-    if probe.kind is ProbeKind.PREDICTABLE:
-        return predictable_text(probe.sentence, min_chars)
-    if probe.kind is ProbeKind.NOVEL:
-        return novel_text(probe.seed, min_chars)
-    if probe.path is None:
-        raise ValueError(f"probe kind={probe.kind.value} needs probe.path, got None")
-    text = file_text(probe.path)
-    if len(text) < min_chars:
-        logger.warning("probe file %s has %d chars, fewer than the %d needed; repeating it",
-                       probe.path, len(text), min_chars)
-        text = text * -(-min_chars // len(text))
-    return text
-
-
-# ---------------------------------------------------------------- tokenisation
-
-
-def byte_encode(text: str) -> list[int]:
-    """The reference engine's own byte tokenizer: one token per UTF-8 byte, no BOS prepended."""
-    return _BYTE_TOKENIZER.encode(text)
-
-
-@dataclass(frozen=True)
-class Prompt:
-    input_ids: tuple[int, ...] | None = None
-    text: str | None = None
-
-    @property
-    def num_tokens(self) -> int | None:
-        return len(self.input_ids) if self.input_ids is not None else None
-
-    def body(self) -> dict[str, Any]:
-        return {"input_ids": list(self.input_ids)} if self.input_ids is not None else {"text": self.text}
-
-
-def build_prompt(probe: ProbeSpec, engine: EngineKind, model_path: str | None = None, request: int = 0) -> Prompt:
-    """`request` i > 0 (probe.concurrency): the text starts with "Request i. ", so no two requests of a run share
-    a prefix."""
-    n = probe.context_len
-
-    def text(min_chars: int) -> str:
-        return (f"Request {request}. " if request else "") + probe_text(probe, min_chars)
-
-    if engine is EngineKind.REFERENCE:
-        tokenizer = reference_tokenizer(model_path)
-        if isinstance(tokenizer, ByteTokenizer):
-            return Prompt(input_ids=tuple(byte_encode(text(n))[:n]))  # every char is >= 1 byte
-        ids = _encode_exactly(text, n, tokenizer.encode)
-        if ids is None:
-            raise ValueError(f"the tokenizer of {model_path} gives fewer than {n} tokens for any probe text")
-        return Prompt(input_ids=ids)
-    tokenizer = _hf_tokenizer(model_path)
-    if tokenizer is not None:
-        ids = _encode_exactly(text, n, lambda t: tokenizer.encode(t, add_special_tokens=False))
-        if ids is not None:
-            return Prompt(input_ids=ids)
-        logger.warning("the tokenizer of %s gives fewer than %d tokens for any probe text; sending text",
-                       model_path, n)
-    return Prompt(text=text(n * CHARS_PER_TOKEN)[:n * CHARS_PER_TOKEN])
-
-
-def build_prompts(probe: ProbeSpec, engine: EngineKind, model_path: str | None = None) -> list[Prompt]:
-    """One prompt per request of a run (probe.concurrency); request 0's is `build_prompt`'s."""
-    return [build_prompt(probe, engine, model_path, request=i) for i in range(probe.concurrency)]
-
-
-def _encode_exactly(text_of, n: int, encode) -> tuple[int, ...] | None:
-    """The first n token ids of text_of(min_chars) (grown until it encodes to >= n tokens); None when the
-    tokenizer still gives fewer after MAX_TEXT_DOUBLINGS (it is not a text tokenizer)."""
-    text = text_of(n * CHARS_PER_TOKEN)
-    ids = encode(text)
-    for _ in range(MAX_TEXT_DOUBLINGS):
-        if len(ids) >= n:
-            return tuple(ids[:n])
-        text = text_of(2 * len(text))
-        ids = encode(text)
-    return tuple(ids[:n]) if len(ids) >= n else None
-
-
-@functools.cache
-def reference_tokenizer(model_path: str | None):
-    """The reference engine's own tokenizer for a model path (workers.reference.tokenizer.load_tokenizer): bytes
-    for the built-in models, the GGUF metadata's BPE for a .gguf (e.g. smollm2-135m). Loaded once per process."""
-    if not model_path:
-        return _BYTE_TOKENIZER
-    from workers.reference.tokenizer import load_tokenizer
-
-    return load_tokenizer(model_path)
-
-
-def _hf_tokenizer(model_path: str | None):
-    if not model_path:
-        return None
-    try:
-        from transformers import AutoTokenizer
-        return AutoTokenizer.from_pretrained(model_path)
-    except Exception as e:  # no transformers, no local files, no network: text with reported counts
-        logger.info("no tokenizer for %s (%s); sending text", model_path, type(e).__name__)
-        return None
 
 
 # ---------------------------------------------------------------- HTTP client
@@ -450,7 +237,7 @@ def measure(gen: Generation, expect_spec: bool, *, version: str | None = None,
 
     if expect_spec and "spec_verify_ct" not in meta:
         raise BadResponse("speculating server sent no meta_info.spec_verify_ct")
-    # The headline figures, on every engine, from SGLang's fields (workers.sglang_metrics: formulas, SGLang lines)
+    # The headline figures, on every engine, from SGLang's fields (workers.sglang.metrics: formulas, SGLang lines)
     spec = spec_metrics_from_meta_info(meta, version)
     if expect_spec and spec.metrics.get("verify_steps") and "commit_len_mean" not in spec.metrics:
         raise BadResponse(f"speculating server sent spec_verify_ct but no correct-draft count: {str(meta)[:200]}")

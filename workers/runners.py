@@ -24,30 +24,18 @@ never restarted in place (the other ranks would need restarting too): it is give
 Each result's tags carry `engine_start` (which start of this group's engine served it, 1-based) and
 `engine_pid`, so a sweep can be checked for exactly one start per ServerSpec.
 
-SGLang: once per engine start the runner reads `/server_info` (the resolved server args): every run of that engine
-gets them as `sglang.<key>` tags (backends for prefill/decode/verify, num_steps, topk, draft tokens, ...), and a
-note in its message (tag `sglang.changed`) where SGLang runs something other than the config asked
-(`workers.sglang.server_arg_changes`, e.g. NGRAM's num_steps). Around each probe it scrapes `/metrics` and, after it,
-records `engine_accept_length_metrics` (Prometheus counter deltas), a cross-check of `engine_accept_length` from
-meta_info. A failure to read them is a note, never a failed run. `/server_info`'s avg_spec_accept_length is not
-recorded: SGLang reports it over complete 40-iteration windows only (workers.sglang_metrics says why).
-With `attention=specsweep_verify` it also reads the plugin's dispatch counters from `/metrics` before and after each
-run (`workers.plugin_counters`): `plugin_kernel_calls`, `plugin_fallback_calls` and the fallbacks by reason.
-
-Both real engines (SGLang and the reference engine; not the stub): `/metrics` is scraped before each run's flush and
-after its last answer, and `verify_step_ms` is Δ target-verify forward seconds ÷ Δ sglang:spec_verify_calls_total
-(`workers.engine_counters`: the same counters and formula on both); once per engine start `/server_info` gives the
-metrics `max_req_input_len` and `max_total_num_tokens` (SGLang's scheduler limits) of every run of that engine.
+What differs between engines is the engine's (`workers.adapter.EngineAdapter`, from `workers.engine.adapter_for`):
+its argv and env, how its prompt is encoded, and what is read from it around each run (`adapter.observer`: the
+`/metrics` counters and `/server_info` limits of both real engines, SGLang's /server_info tags, accept-length
+cross-check and plugin counters; see workers/adapter.py and workers/sglang/observe.py). `GroupRunner` has no
+engine branches.
 
 GPU engines (SGLang, or the reference engine on cuda): each run is sampled with `workers.telemetry.GpuSampler`
 over CUDA_VISIBLE_DEVICES (set by Ray from the actor's GPUs): `gpu_*` metrics and series, GPU name and compute
 capability tags.
 
-`metrics.log_patterns` (RunSpec.log_patterns): the engine log lines a run produced (from just before its cache
-flush until the log has been quiet for LOG_SETTLE_S after the probe, at most LOG_SETTLE_MAX_S) are fed to
-`workers.sglang_metrics.LogPatterns`; each named group becomes a series (MLflow metric, step = match index), renamed
-`log_<name>` where the probe already recorded that name. A pattern that matched nothing, or a group that captured
-something that is not a number, is a note in the run's message.
+`metrics.log_patterns` (RunSpec.log_patterns): the engine log lines a run produced are fed to
+`workers.log_patterns` (each named group becomes a series; a pattern that matched nothing is a note).
 """
 
 from __future__ import annotations
@@ -64,24 +52,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from specsweep_vocab.spec import Algorithm, EngineKind, FailureReason, JobKind, RunResult, RunSpec, RunState, ServerSpec
-from specsweep_vocab.sglang_facts import SGLANG_VERSIONS
-from workers.engine import EngineProcess, NodeRank
+from specsweep_vocab.spec import Algorithm, FailureReason, JobKind, RunResult, RunSpec, RunState, ServerSpec
 from workers.derived import derived_metrics
-from workers.engine_counters import Scrape, parse_scrape, read_limits, verify_timing
-from workers.errors import BadResponse, EngineDied, EngineStartFailed, ProbeTimeout, WorkerError
-from workers.probe import ProbeClient, run_probe
-from workers.plugin_counters import read_dispatch, record_dispatch
-from workers.sglang import max_draft_depth, reported_server_args, server_arg_changes, server_arg_tags, uses_plugin
-from workers.sglang_metrics import LogPatterns, accept_length_from_counters, follow_log
+from workers.engine import EngineProcess, NodeRank, adapter_for
+from workers.errors import EngineDied, EngineStartFailed, WorkerError
+from workers.log_patterns import apply_log_patterns, file_size, follow_log, wait_quiet
+from workers.probe import run_probe
 from workers.telemetry import GpuSampler, gpu_identity
 
 logger = logging.getLogger(__name__)
 
 LOG_TAIL_ARTIFACT = "engine_log_tail.txt"
-LOG_SETTLE_S = 0.1  # log_patterns: the engine log must be this long without growth after a run ...
-LOG_SETTLE_MAX_S = 1.0  # ... waiting at most this long for lines the engine writes after its response
-LOG_SERIES_PREFIX = "log_"  # a group named like a series or metric the probe already recorded
 
 
 @dataclass
@@ -145,12 +126,8 @@ class GroupRunner:
         # GPU engines: NVML telemetry over the GPUs Ray gave this actor (CUDA_VISIBLE_DEVICES)
         self.on_gpu = server.on_gpu
         self.gpu_tags = self._gpu_tags() if self.on_gpu else {}
-        self.sglang = server.engine.kind is EngineKind.SGLANG
-        self.plugin = self.sglang and uses_plugin(server)  # specsweep_verify: its dispatch counters per run
-        self.server_args: SGLangServerArgs | None = None  # /server_info of the engine now running (SGLang)
-        # /metrics counters (verify_step_ms) and /server_info limits, the same on both engines (engine_counters)
-        self.counted = server.engine.kind in (EngineKind.SGLANG, EngineKind.REFERENCE)
-        self.limits: tuple[int | None, dict[str, float]] | None = None  # (engine pid, its limits)
+        self.adapter = adapter_for(server.engine.kind)
+        self.observer = self.adapter.observer(server)  # what is read from the engine around each run
 
     # -- engine lifecycle
 
@@ -205,30 +182,18 @@ class GroupRunner:
             if engine is None or pid is None:
                 raise RuntimeError(f"group {self.group_id}: no spawned engine after _ensure_engine()")
             result.tags.update(engine_start=str(self.engine_starts), engine_pid=str(pid))
-            args = self._server_args(engine) if self.sglang else None
-            limits = self._limits(engine) if self.counted else {}
-            before = scrape_metrics(engine.base_url) if self.counted else None
-            dispatch_before = read_dispatch(engine.base_url) if self.plugin else None
+            self.observer.before_run(engine.base_url, pid)
             if spec.log_patterns:  # the run's own lines: from just before its flush
-                log_offset = _file_size(self.log_path)
+                log_offset = file_size(self.log_path)
             sampler = self._sampler() if self.on_gpu else None
             try:
-                m = run_probe(engine.base_url, spec.probe, _prompt_kind(self.server.engine.kind),
+                m = run_probe(engine.base_url, spec.probe, self.adapter.prompt_kind,
                               expect_spec=self.server.drafter.algorithm is not Algorithm.NONE,
-                              timeout_s=self.server.engine.request_timeout_s, model_path=_prompt_model(self.server),
-                              version=self.server.engine.version if self.sglang and self.server.engine.version
-                              in SGLANG_VERSIONS else None, max_depth=self._max_depth(args))
+                              timeout_s=self.server.engine.request_timeout_s,
+                              model_path=self.adapter.prompt_model(self.server), **self.observer.probe_kwargs())
             finally:
                 samples = sampler.stop() if sampler else None
-            after = scrape_metrics(engine.base_url) if before is not None else None
-            m.notes += verify_timing(before, after, m.metrics)  # verify_step_ms, both engines
-            m.metrics.update(limits)
-            if args is not None:
-                result.tags.update(args.tags)
-                m.notes += args.notes
-                m.notes += engine_cross_checks(engine.base_url, before, m.metrics, after=after)
-            if self.plugin:
-                m.notes += record_dispatch(engine.base_url, dispatch_before, m.metrics)
+            m.notes += self.observer.after_run(engine.base_url, m.metrics, result.tags)
             result.metrics, result.series, result.engine_time_s = m.metrics, m.series, m.engine_time_s
             result.metrics.update(derived_metrics(result.metrics, self.server.model, on_gpu=self.on_gpu))
             if sampler is not None and samples is not None and sampler.available:  # NVML missing or no GPU: nothing recorded
@@ -252,30 +217,11 @@ class GroupRunner:
         result.ended_at = time.time()
         return result
 
-    def _server_args(self, engine: EngineProcess) -> "SGLangServerArgs":
-        if self.server_args is None or self.server_args.pid != engine.pid:
-            self.server_args = read_server_args(engine.base_url, self.server, engine.pid)
-            for note in self.server_args.notes:
-                logger.warning("group %s: %s", self.group_id, note)
-        return self.server_args
-
-    def _limits(self, engine: EngineProcess) -> dict[str, float]:
-        """max_req_input_len and max_total_num_tokens from /server_info, read once per engine start."""
-        if self.limits is None or self.limits[0] != engine.pid:
-            self.limits = (engine.pid, read_limits(engine.base_url))
-        return self.limits[1]
-
-    def _max_depth(self, args: "SGLangServerArgs | None") -> int | None:
-        if args is not None:
-            return max_draft_depth(args.reported) if args.reported else None
-        d = self.server.drafter
-        return d.num_steps if d.algorithm is not Algorithm.NONE and d.num_steps > 0 else None
-
     def _log_series(self, spec: RunSpec, offset: int, result: RunResult) -> None:
         """`metrics.log_patterns` over the log lines this run produced; never fails the run it observes."""
         try:
             if self.engine is not None and self.engine.alive:
-                _wait_quiet(self.log_path)
+                wait_quiet(self.log_path)
             lines, _ = follow_log(self.log_path, offset)
             notes = apply_log_patterns(spec.log_patterns, lines, result)
         except Exception as e:  # a log we cannot read must not turn a FINISHED probe into a failure
@@ -466,111 +412,6 @@ class FollowerRunner:
 def engine_log_path(log_dir: str | os.PathLike, server: ServerSpec) -> Path:
     """Where a group's (rank 0) engine logs, on the node that runs it; the driver reads it after a node loss."""
     return Path(log_dir) / f"engine-{server.key}.log"
-
-
-@dataclass
-class SGLangServerArgs:
-    """What one SGLang engine start reported in /server_info."""
-
-    pid: int | None
-    reported: dict  # workers.sglang.reported_server_args; {} when /server_info could not be read
-    tags: dict[str, str]  # sglang.<key>, sglang.changed
-    notes: list[str]  # for each run's message
-
-
-def read_server_args(base_url: str, server: ServerSpec, pid: int | None = None) -> SGLangServerArgs:
-    """/server_info once: the resolved args as tags, and a note per value SGLang changed from the config's."""
-    client = ProbeClient(base_url, timeout_s=30.0)
-    try:
-        info = client.server_info()
-    except (BadResponse, ProbeTimeout, ValueError) as e:
-        return SGLangServerArgs(pid, {}, {}, [f"/server_info not read: {e}"])
-    finally:
-        client.close()
-    reported = reported_server_args(info)
-    changes = server_arg_changes(server, info)
-    tags = server_arg_tags(reported)
-    if changes:
-        tags["sglang.changed"] = "; ".join(changes)
-    return SGLangServerArgs(pid, reported, tags, changes)
-
-
-def scrape_metrics(base_url: str) -> Scrape | None:
-    """/metrics samples (summed over labels, and labelled: `engine_counters.Scrape`), or None when they cannot be
-    read (the caller then skips what needs them)."""
-    client = ProbeClient(base_url, timeout_s=30.0)
-    try:
-        return parse_scrape(client.metrics_text())
-    except (BadResponse, ProbeTimeout, ValueError) as e:
-        logger.warning("%s: /metrics not read: %s", base_url, e)
-        return None
-    finally:
-        client.close()
-
-
-def engine_cross_checks(base_url: str, before: dict[str, float] | None, metrics: dict[str, float],
-                        after: dict[str, float] | None = None) -> list[str]:
-    """After a probe: engine_accept_length_metrics (/metrics deltas from `before` to `after`, scraped now when not
-    given) into `metrics`; notes for what failed."""
-    notes = []
-    after = after if after is not None else scrape_metrics(base_url)
-    value = accept_length_from_counters(before, after) if before is not None and after is not None else None
-    if value is not None:
-        metrics["engine_accept_length_metrics"] = value
-    elif "verify_steps" in metrics:
-        notes.append("/metrics gave no accept length for the run (no counters or no verify call)")
-    return notes
-
-
-def apply_log_patterns(patterns: tuple[str, ...] | list[str], lines: list[str], result: RunResult) -> list[str]:
-    """Feed one run's engine log lines to `LogPatterns(patterns)` and add each non-empty group series to
-    `result.series` (as `log_<name>` where the name is already one of its series or metrics). Returns notes for
-    the run's message: patterns that matched no line, groups that captured values that are not numbers."""
-    matcher = LogPatterns(patterns).feed_all(lines)
-    notes = []
-    for i, hits in enumerate(matcher.matches):
-        if not hits:
-            notes.append(f"metrics.log_patterns[{i}] matched none of the run's {len(lines)} engine log line(s)")
-    for name, values in matcher.series.items():
-        if values:
-            key = LOG_SERIES_PREFIX + name if name in result.series or name in result.metrics else name
-            if key != name:
-                logger.info("log pattern group %r recorded as %r: the probe already records %r", name, key, name)
-            result.series[key] = values
-        bad = matcher.not_numbers.get(name)
-        if bad:
-            notes.append(f"metrics.log_patterns group {name!r} captured {bad[0]} value(s) that are not numbers "
-                         f"(e.g. {bad[1]!r}); only numbers become series")
-    return notes
-
-
-def _file_size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0
-
-
-def _wait_quiet(path: Path, quiet_s: float = LOG_SETTLE_S, max_s: float = LOG_SETTLE_MAX_S) -> None:
-    """Until `path` has not grown for `quiet_s` (lines an engine writes just after answering), at most `max_s`."""
-    deadline = time.monotonic() + max_s
-    size = _file_size(path)
-    while time.monotonic() < deadline:
-        time.sleep(quiet_s)
-        now = _file_size(path)
-        if now == size:
-            return
-        size = now
-
-
-def _prompt_kind(kind: EngineKind) -> EngineKind:
-    """The stub engine takes the reference engine's byte-tokenised input_ids (no model tokenizer to load)."""
-    return EngineKind.REFERENCE if kind is EngineKind.STUB else kind
-
-
-def _prompt_model(server) -> str | None:
-    """The model whose tokenizer builds the prompt; None for the stub engine (byte ids, no model to load)."""
-    return None if server.engine.kind is EngineKind.STUB else server.model.path
 
 
 def _engine_env(node_tags: dict[str, str]) -> dict[str, str]:

@@ -72,7 +72,7 @@ def build_name(rc: RunConfig) -> str:
 
 def with_stub_flags(engine: EngineSpec) -> EngineSpec:
     """The EngineSpec a server is started with (this starts nothing). The stub engine takes its timing as flags in
-    `extra_args` (workers/engine.py StubAdapter): `engine.stub` is prepended there as `--stub-*` flags; any other
+    `extra_args` (workers/stub/adapter.py StubAdapter): `engine.stub` is prepended there as `--stub-*` flags; any other
     engine is returned as it is."""
     if engine.kind is EngineKind.STUB and engine.stub is not None:
         return replace(engine, extra_args=engine.stub.argv() + engine.extra_args)

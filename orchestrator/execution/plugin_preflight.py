@@ -12,11 +12,11 @@ Why per node: SGLang runs `load_plugins()` in every process it spawns, each sche
 `entry_points(group=...)` then `ep.load()`). A node whose interpreter lacks specsweep (or its entry point) starts
 SGLang without `specsweep_verify`: the server refuses the backend name at start-up, or, with SGLANG_PLUGINS set to a
 list without it (`plugins/__init__.py:51-68`), never registers it. The interpreter is the one the server worker
-starts SGLang with (`workers.sglang.build_sglang_argv`: the worker's own `sys.executable`), so the check runs as a
+starts SGLang with (`workers.sglang.args.build_sglang_argv`: the worker's own `sys.executable`), so the check runs as a
 Ray task pinned to each node (same runtime_env as the actors), which starts that interpreter on a short script.
 
 What the script checks, in a fresh process as SGLang's launcher is: `sglang` is installed; `specsweep_kernels.
-sglang_plugin` imports; the `workers.sglang_launch` wrapper our argv runs (`python -m workers.sglang_launch`) is
+sglang_plugin` imports; the `workers.sglang.launch` wrapper our argv runs (`python -m workers.sglang.launch`) is
 importable; and on SGLang versions with plugin entry points (`specsweep_vocab.sglang_facts`, 0.5.23) the entry point
 `specsweep_verify` exists, loads our `register`, and SGLANG_PLUGINS (when set) does not leave it out.
 """
@@ -52,11 +52,11 @@ except Exception as e:
     plugin = None
     problems.append(f"it cannot import specsweep_kernels.sglang_plugin ({type(e).__name__}: {e})")
 try:
-    launcher = importlib.util.find_spec("workers.sglang_launch")
+    launcher = importlib.util.find_spec("workers.sglang.launch")
 except Exception:
     launcher = None
 if launcher is None:
-    problems.append("it cannot find workers.sglang_launch (the wrapper `python -m workers.sglang_launch` starts SGLang)")
+    problems.append("it cannot find workers.sglang.launch (the wrapper `python -m workers.sglang.launch` starts SGLang)")
 if sys.argv[1:] == ["entry-point"]:
     eps = [e for e in importlib.metadata.entry_points(group=%(group)r) if e.name == %(name)r]
     if not eps:

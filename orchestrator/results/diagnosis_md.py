@@ -17,7 +17,7 @@ def render_markdown(diagnosis: Diagnosis, sweep: str, earlier: int = 0) -> str:
     lines = [f"# Diagnosis: {sweep}", "", examined + "."]
     if d.simulated:
         lines += ["", (f"{d.simulated} run(s) ran on the stub engine: their commits and timings are simulated "
-                       f"(workers/stub_engine.py), so no rule examines them.")]
+                       f"(workers/stub/server.py), so no rule examines them.")]
     if d.dummy_weights:
         lines += ["", dummy_note(d.dummy_weights)]
     verdict = d.verdict

@@ -33,7 +33,7 @@ GQA = Layout(4, 2, 32, 32, mla=False)
 
 CHILD = r"""
 import inspect, json, sys
-from workers.sglang_argcheck import _prepare_imports
+from workers.sglang.argcheck import _prepare_imports
 _prepare_imports(None)
 from sglang.srt.plugins import load_plugins
 load_plugins()                                   # our entry point, as SGLang's launcher would call it

@@ -7,7 +7,7 @@ layer call ran, all the way to a run's metrics.
 - Counting: the backend's forward methods (SGLang's Triton parent stubbed out: no GPU here) count kernel calls and
   fallbacks by reason, CUDA-graph replays through the hook SGLang calls before them; in a "scheduler" process with
   PROMETHEUS_MULTIPROC_DIR set, read back in another process through SGLang's own /metrics mount
-  (`add_prometheus_middleware`), parsed by workers.plugin_counters into the run's metrics.
+  (`add_prometheus_middleware`), parsed by workers.sglang.plugin_counters into the run's metrics.
 
 SGLang runs in child processes (importing it patches transformers).
 """
@@ -27,7 +27,7 @@ import pytest
 
 from specsweep_kernels.sglang_plugin import DispatchCounts, verify_width
 from specsweep_vocab import plugin_counters as pc
-from workers.plugin_counters import dispatch_counts
+from workers.sglang.plugin_counters import dispatch_counts
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (ROOT, ROOT / "kernels")))}
@@ -93,7 +93,7 @@ def test_verify_width_takes_the_parent_triton_backends_resolved_width():
 WIDTH_CHILD = r"""
 import json, sys
 from types import SimpleNamespace
-from workers.sglang_argcheck import _prepare_imports, _register_plugins
+from workers.sglang.argcheck import _prepare_imports, _register_plugins
 _prepare_imports(None)
 _register_plugins()
 from sglang.srt.model_executor.model_runner import ModelRunner
@@ -141,7 +141,7 @@ def _width_argv(overrides: tuple[str, ...], model_dir: str) -> list[str]:
     from orchestrator.config.plan import build_server
     from orchestrator.config.schema import register_configs, to_run_config
     from orchestrator.config.validate import validate_run
-    from workers.sglang import build_sglang_argv
+    from workers.sglang.args import build_sglang_argv
 
     register_configs()
     with initialize_config_module("conf", version_base="1.3"):
@@ -191,7 +191,7 @@ SCHEDULER_CHILD = r"""
 import functools, json
 from types import SimpleNamespace
 import torch
-from workers.sglang_argcheck import _prepare_imports
+from workers.sglang.argcheck import _prepare_imports
 _prepare_imports(None)
 from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -240,7 +240,7 @@ print(json.dumps({"calls": calls}))
 
 METRICS_CHILD = r"""
 import json
-from workers.sglang_argcheck import _prepare_imports
+from workers.sglang.argcheck import _prepare_imports
 _prepare_imports(None)
 from fastapi import FastAPI
 from starlette.testclient import TestClient

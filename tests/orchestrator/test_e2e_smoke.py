@@ -245,4 +245,4 @@ def test_stub_engine_sweep_through_the_orchestrator(tmp_path):
     assert len(logs) == 2
     for log in logs:
         argv = log.read_text().splitlines()[0]
-        assert "-m workers.stub_engine" in argv and f"--stub-token-s {token_s}" in argv
+        assert "-m workers.stub.server" in argv and f"--stub-token-s {token_s}" in argv

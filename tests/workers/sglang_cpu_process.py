@@ -6,7 +6,7 @@
 Why a process of its own: importing `sglang.srt.managers.*` patches transformers and publishes a process-wide runtime
 context (`sglang.srt.runtime_context.publish`); none of it may leak into the test process. SGLang is installed with
 --no-deps, so three modules it imports but never calls on these paths are stood in for: `torchvision` (the
-multimodal configs; workers/sglang_argcheck.py's stub), `setproctitle` and `uvloop` (process titles and the event
+multimodal configs; workers/sglang/argcheck.py's stub), `setproctitle` and `uvloop` (process titles and the event
 loop policy, set at import by scheduler.py and tokenizer_manager.py). Everything else is SGLang's code.
 
 metrics: each phase is run by one forked process per TP rank (as SGLang runs one scheduler process per rank), which
@@ -40,7 +40,7 @@ from types import SimpleNamespace as NS
 
 
 def _stub_missing_modules() -> None:
-    from workers.sglang_argcheck import _prepare_imports
+    from workers.sglang.argcheck import _prepare_imports
 
     _prepare_imports(None)  # torchvision
     if importlib.util.find_spec("setproctitle") is None:

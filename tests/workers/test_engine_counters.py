@@ -25,8 +25,8 @@ from workers.derived import derived_metrics
 from workers.engine_counters import (FORWARD_SECONDS, VERIFY_CATEGORY, parse_scrape, server_limits,
                                      verify_device_seconds, verify_step_ms, verify_timing)
 from workers.runners import GroupRunner
-from workers.sglang import build_sglang_argv, sglang_env
-from workers.sglang_metrics import parse_prometheus
+from workers.sglang.args import build_sglang_argv, sglang_env
+from workers.sglang.metrics import parse_prometheus
 
 from tests.workers.sglang_cpu_process import run_in_sglang_process
 from tests.workers.test_sglang_args import _compose, _require, _sglang_installed, _write_model

@@ -8,8 +8,7 @@ import time
 
 from specsweep_vocab.spec import RunResult, RunState
 from tools.testing import tiny_run, tiny_server
-from workers.runners import LOG_SETTLE_S, _wait_quiet, apply_log_patterns
-from workers.sglang_metrics import follow_log
+from workers.log_patterns import LOG_SETTLE_S, apply_log_patterns, follow_log, wait_quiet
 
 FORK_LOG = [
     "[2026-11-30 00:10:23] Prefill batch. #new-seq: 1, #new-token: 1024",
@@ -66,11 +65,11 @@ def test_wait_quiet_waits_for_lines_written_after_the_response(tmp_path):
     writer = threading.Thread(target=late_writer)
     writer.start()
     t0 = time.monotonic()
-    _wait_quiet(log, quiet_s=0.5, max_s=10)  # a wide quiet window: a loaded machine may delay the writer
+    wait_quiet(log, quiet_s=0.5, max_s=10)  # a wide quiet window: a loaded machine may delay the writer
     writer.join()
     lines, _ = follow_log(log, offset)
     assert lines == [f"spec step commit={i}" for i in range(1, 5)]
     assert time.monotonic() - t0 >= 0.2
     t0 = time.monotonic()
-    _wait_quiet(log)  # a quiet log costs one settle interval
+    wait_quiet(log)  # a quiet log costs one settle interval
     assert time.monotonic() - t0 < 5 * LOG_SETTLE_S

@@ -9,8 +9,9 @@ import pytest
 from specsweep_vocab.spec import EngineKind, ProbeKind, ProbeSpec
 from workers.engine import EngineProcess
 from workers.errors import BadResponse
-from workers.probe import (NOVEL_NGRAM, Generation, ProbeClient, build_prompt, build_prompts, measure, measure_all,
-                           novel_text, novel_words, probe_text, reference_tokenizer, run_probe)
+from workers.probe import Generation, ProbeClient, measure, measure_all, run_probe
+from workers.prompts import (NOVEL_NGRAM, build_prompt, build_prompts, novel_text, novel_words, probe_text,
+                             reference_tokenizer)
 from workers.reference.tokenizer import ByteTokenizer
 from tools.testing import tiny_server
 

@@ -5,12 +5,12 @@ variants (ATTENTION_VARIANTS), composed through Hydra and our schema, x a tree v
 variant of each drafter, x page sizes 1/16/64 (x drafters needing a draft path without one, for 0.5.23).
 - 0.5.23 (the installed wheel), every point, accepted or not: `prepare_server_args` + `resolve_once()` +
   `check_server_args()`. Our verdict must be SGLang's: a point we accept passes and resolves (`resolved_dict()`,
-  what /server_info reports) to `workers.sglang.expected_server_args`; a point we refuse is refused by SGLang,
+  what /server_info reports) to `workers.sglang.args.expected_server_args`; a point we refuse is refused by SGLang,
   or resolved to something else than it asks (a silent rewrite), or breaks one of the OURS_ONLY rules the parser
   cannot see (each with the reason the run would not measure what its labels say).
 - 0.5.10 (`pip install --no-deps --target .venv/sglang-0.5.10 sglang==0.5.10`), the points we accept:
   `prepare_server_args`, which in 0.5.10 runs the whole `__post_init__` validation.
-SGLang runs in a child process (workers/sglang_argcheck.py) with `--device cuda` (our argv carries it) and
+SGLang runs in a child process (workers/sglang/argcheck.py) with `--device cuda` (our argv carries it) and
 model directories holding a hand-written config.json (SGLang's `prepare_server_args`, `sglang/srt/server_args.py:668`, needs no GPU).
 
 BAD lists combinations our validation must reject before SGLang sees them; where SGLang itself rejects them on
@@ -35,7 +35,7 @@ from orchestrator.config.schema import register_configs, to_run_config
 from specsweep_vocab.spec import Algorithm, AttentionKind, ModelSpec
 from orchestrator.config.validate import REFERENCE_MODEL_PATHS, validate_run
 from orchestrator.config.validate_startup import min_tp_size
-from workers.sglang import (LONGER_CONTEXT_ENV, SERVER_ARG_KEYS, build_sglang_argv, expected_server_args,
+from workers.sglang.args import (LONGER_CONTEXT_ENV, SERVER_ARG_KEYS, build_sglang_argv, expected_server_args,
                             reported_server_args, sglang_env)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -174,7 +174,7 @@ def _point(rc, name: str, version: str, tmp: Path, dirs: dict) -> Point:
 
 def _check(cases, *, sglang_path: Path | None = None) -> dict[str, dict]:
     """cases: [(id, argv, env, version)] -> {id: argcheck result}, plus "_header"."""
-    cmd = [sys.executable, "-m", "workers.sglang_argcheck"]
+    cmd = [sys.executable, "-m", "workers.sglang.argcheck"]
     if sglang_path:
         cmd += ["--sglang-path", str(sglang_path)]
     stdin = "".join(json.dumps({"id": cid, "argv": argv, "env": env}) + "\n" for cid, argv, env, _ in cases)
@@ -419,6 +419,6 @@ def test_common_flags_and_env():
 
 def test_plugin_backend_launches_through_the_wrapper_with_a_triton_draft():
     argv = _argv("0.5.10", "drafter=eagle3", DRAFT, "attention=specsweep_verify")
-    assert argv[1:3] == ["-m", "workers.sglang_launch"]
+    assert argv[1:3] == ["-m", "workers.sglang.launch"]
     assert argv[argv.index("--speculative-draft-attention-backend") + 1] == "triton"
     assert argv[argv.index("--attention-backend") + 1] == "specsweep_verify"

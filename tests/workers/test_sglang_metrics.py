@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 
 from specsweep_vocab.sglang_facts import SGLANG_VERSIONS
-from workers.sglang_metrics import (
-    LogPatterns,
+from workers.log_patterns import LogPatterns, follow_log
+from workers.sglang.metrics import (
     accept_length_from_counters,
-    follow_log,
     parse_prometheus,
     spec_metrics_from_meta_info,
 )

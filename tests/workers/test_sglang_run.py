@@ -4,7 +4,7 @@ changes SGLang made to what the config asked, the per-depth acceptance, the /met
 
 An SGLang server cannot run here (no GPU). The stand-in below serves SGLang 0.5.23's HTTP subset in its documented
 formats (`sglang/srt/entrypoints/http_server.py:854-863`): its /server_info fields are what SGLang's `ServerArgs.resolved_dict()`
-returned for the run's own argv (workers/sglang_argcheck.py, a real parse + resolve), its /metrics is Prometheus
+returned for the run's own argv (workers/sglang/argcheck.py, a real parse + resolve), its /metrics is Prometheus
 text with SGLang's metric names, and it resets avg_spec_accept_length in /flush_cache as SGLang does.
 """
 
@@ -21,8 +21,9 @@ import pytest
 from orchestrator.config.plan import build_run
 from specsweep_vocab.spec import RunState
 from workers.probe import run_probe
-from workers.runners import GroupRunner, read_server_args
-from workers.sglang import SERVER_INFO_FIELDS, build_sglang_argv, expected_server_args, reported_server_args
+from workers.runners import GroupRunner
+from workers.sglang.observe import read_server_args
+from workers.sglang.args import SERVER_INFO_FIELDS, build_sglang_argv, expected_server_args, reported_server_args
 
 from tests.workers.test_sglang_args import _check, _compose, _require, _sglang_installed, _write_model
 
@@ -187,7 +188,7 @@ def test_group_runner_records_server_args_and_cross_checks(fake, ngram_point, tm
         assert r.tags["sglang.verify_backend"] == "triton" and r.tags["sglang.speculative_num_steps"] == "5"
         assert "speculative_num_steps=5" in r.message and "drafter.num_steps -> 4" in r.message
         assert r.metrics["engine_accept_length_metrics"] == pytest.approx(64 / 21)  # Δ 64 tokens / Δ 21 calls
-        # /server_info's windowed avg_spec_accept_length is not recorded (workers.sglang_metrics says why)
+        # /server_info's windowed avg_spec_accept_length is not recorded (workers.sglang.metrics says why)
         assert "engine_accept_length_server" not in r.metrics
         assert r.metrics["commit_len_mean"] == pytest.approx(1 + 42 / 21)
         assert r.metrics["depth_accept_rate"] == pytest.approx(2 / 4)  # max depth = 5 draft tokens - 1

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHILD = r"""
 import json, sys
 from types import SimpleNamespace
-from workers.sglang_argcheck import _prepare_imports
+from workers.sglang.argcheck import _prepare_imports
 _prepare_imports(None)
 import torch
 import sglang.srt.layers.attention.attention_registry as registry

@@ -8,7 +8,7 @@ from orchestrator.config.jobs import plan_jobs
 from specsweep_vocab.spec import STUB_FLAGS, StubOptions
 from tools.testing import engines_under, pid_alive, proc_env, stub_server, stub_starts
 from workers.engine import EngineProcess, build_engine_argv
-from workers.stub_engine import parse_args
+from workers.stub.server import parse_args
 
 
 def test_stub_options_round_trip_through_the_stub_parser():
@@ -24,7 +24,7 @@ def test_conf_engine_stub_reaches_the_engine_argv(tmp_path):
                         cwd=str(tmp_path))
     (run,) = plan.runs
     argv = build_engine_argv(run.server, 31234)
-    assert argv[1:3] == ["-m", "workers.stub_engine"]
+    assert argv[1:3] == ["-m", "workers.stub.server"]
     args = parse_args(argv[3:])
     assert (args.stub_token_s, args.stub_prefill_s, args.stub_startup_s) == (0.02, 0.001, 0.2)
     assert args.speculative_algorithm == "STANDALONE" and args.speculative_num_steps == 4  # the oracle default
@@ -55,6 +55,6 @@ def test_start_up_line_names_the_process_and_no_other_env_value(tmp_path):
     (start,) = stub_starts(tmp_path)
     assert (start.pid, start.node_rank, start.nnodes, start.tp_size, start.dist_init_addr) == (pid, 0, 1, 2, "None")
     assert (start.cuda_visible_devices, start.node_id) == ("3,5", "node-a")
-    assert start.argv[1:3] == ("-m", "workers.stub_engine") and start.argv[start.argv.index("--port") + 1] == \
+    assert start.argv[1:3] == ("-m", "workers.stub.server") and start.argv[start.argv.index("--port") + 1] == \
         engine.base_url.rsplit(":", 1)[1]
     assert secret not in (tmp_path / "engine-x.log").read_text()

@@ -16,7 +16,7 @@ import pytest
 from orchestrator.config.plan import build_server
 from orchestrator.config.validate import check_context, reserved_tokens
 from specsweep_vocab.sglang_limits import max_req_input_len, sglang_generated
-from workers.sglang import build_sglang_argv
+from workers.sglang.args import build_sglang_argv
 
 from tests.workers.sglang_cpu_process import run_in_sglang_process
 from tests.workers.test_sglang_args import _compose, _require, _sglang_installed, _write_model

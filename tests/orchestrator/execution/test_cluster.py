@@ -1,6 +1,6 @@
 """Cluster scheduling on a simulated multi-node Ray cluster (`ray.cluster_utils.Cluster`): a CPU head and three
 nodes of 8 logical GPUs, two labelled gpu-arch=sm_120 and one sm_90 (also advertising the custom resources
-`accelerator_<arch>` of the fallback). Engines are the stub engine (workers/stub_engine.py) started by the real
+`accelerator_<arch>` of the fallback). Engines are the stub engine (workers/stub/server.py) started by the real
 EngineProcess in Ray actors placed by placement groups, probed over HTTP, recorded in MLflow where asked.
 
 Also runnable as a driver for the interrupt test: `python tests/orchestrator/execution/test_cluster.py ADDRESS WORK_DIR`.

@@ -56,7 +56,7 @@ def test_a_lost_node_s_run_carries_node_engine_pid_and_log_tail(two_node_cluster
     assert result.tags["engine_pid"] == str(engine_pids[0])
     assert result.tags["engine_log"].endswith(".log")
     tail = result.artifacts[LOG_TAIL_ARTIFACT]
-    assert "-m workers.stub_engine" in tail and "stub: serving on 127.0.0.1:" in tail, tail[-2000:]
+    assert "-m workers.stub.server" in tail and "stub: serving on 127.0.0.1:" in tail, tail[-2000:]
     deadline = time.monotonic() + 15
     while pid_alive(engine_pids[0]) and time.monotonic() < deadline:
         time.sleep(0.1)

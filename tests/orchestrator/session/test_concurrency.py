@@ -64,7 +64,7 @@ class Driver:
 def _engine_alive(pid: int) -> bool:
     """The stub engine `pid` still runs (not a zombie, nor another process that reuses its pid)."""
     try:
-        return "workers.stub_engine" in proc_argv(pid)
+        return "workers.stub.server" in proc_argv(pid)
     except OSError:
         return False
 

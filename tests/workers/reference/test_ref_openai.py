@@ -38,7 +38,7 @@ GREEDY = {"temperature": 0, "ignore_eos": True}
 # SGLang's classes in a child process: (kind, our payload, extra) -> what SGLang's own serialiser makes of it
 SGLANG_CHILD = r"""
 import json, sys
-from workers.sglang_argcheck import _prepare_imports
+from workers.sglang.argcheck import _prepare_imports
 _prepare_imports(None)
 from sglang.srt.entrypoints.openai import protocol
 from sglang.srt.entrypoints.openai.sse_utils import build_sse_content
@@ -270,7 +270,7 @@ def test_bodies_and_chunks_are_what_sglangs_own_serialisers_make(client):
 
 BENCH = r"""
 import sys
-from workers.sglang_argcheck import _prepare_imports
+from workers.sglang.argcheck import _prepare_imports
 _prepare_imports(None)  # torchvision stub: SGLang's multimodal configs import it; this CPU venv has no wheel for it
 from sglang.benchmark.serving import cli_main
 port, out_dir, backends = sys.argv[1], sys.argv[2], sys.argv[3:]

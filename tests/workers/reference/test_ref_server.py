@@ -234,7 +234,8 @@ def test_a_stream_that_stalls_is_a_probe_timeout(server):
     """The engine's KV pool held by another client's request (the new one waits for pages): headers come, then
     nothing within the probe's timeout."""
     from workers.errors import ProbeTimeout
-    from workers.probe import ProbeClient, Prompt
+    from workers.probe import ProbeClient
+    from workers.prompts import Prompt
 
     url, _, _ = server
     busy = post(url, {**LONG, "stream": True}, stream=True)

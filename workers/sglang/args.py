@@ -1,10 +1,10 @@
-"""The SGLang engine adapter: `python -m sglang.launch_server` argv and environment from a `ServerSpec`.
+"""SGLang's argv and server args: `python -m sglang.launch_server` argv and environment from a `ServerSpec`, and what
+/server_info reports back. The one place a new SGLang flag is spelled (`build_sglang_argv`).
 
 Public API:
 
     build_sglang_argv(server: ServerSpec, port: int, *, python: str = sys.executable) -> list[str]
     sglang_env(server: ServerSpec) -> dict[str, str]
-    SGLangAdapter                                 the `EngineAdapter` for EngineKind.SGLANG (workers/engine.py)
     expected_server_args(server) -> dict          what SGLang's /server_info will report for the keys we track
     reported_server_args(info) -> dict            those keys from a /server_info answer (or ServerArgs.resolved_dict())
     server_arg_changes(server, info) -> list[str] where the server runs something other than the config asked
@@ -19,7 +19,7 @@ backends fall back to --attention-backend; TARGET_VERIFY runs on the prefill bac
 Cross-field rules (what SGLang itself would reject at start-up) are checked at plan time by
 `orchestrator.config.validate.sglang_problems`; this module assumes a validated spec and only spells it.
 
-With `attention=specsweep_verify` the server starts through `workers.sglang_launch`, which registers the
+With `attention=specsweep_verify` the server starts through `workers.sglang.launch`, which registers the
 kernel plugin in every SGLang process before parsing (0.5.10 has no plugin entry points; on newer versions the
 entry point registers it too and the wrapper's registration is a no-op repeat).
 """
@@ -29,7 +29,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Mapping
 
-from specsweep_vocab.spec import Algorithm, EngineKind, ServerSpec, SGLangOptions
+from specsweep_vocab.spec import Algorithm, ServerSpec, SGLangOptions
 from workers.engine_counters import DEVICE_TIMER_ENV
 from specsweep_vocab.sglang_facts import (SGLANG_PLUGIN_BACKENDS, SPEC_MAX_RUNNING_REQUESTS, SGLangFacts,
                                           resolved_backends, sglang_draft_backend, sglang_facts)
@@ -89,7 +89,7 @@ def build_sglang_argv(server: ServerSpec, port: int, *, python: str = sys.execut
     """The full argv (interpreter first). Assumes `orchestrator.config.validate.sglang_problems(...)` found nothing."""
     flags = sglang_facts(server.engine.version)
     m, a = server.model, server.attention
-    module = "workers.sglang_launch" if uses_plugin(server) else "sglang.launch_server"
+    module = "workers.sglang.launch" if uses_plugin(server) else "sglang.launch_server"
     argv = [python, "-m", module,
             "--model-path", m.path, "--load-format", m.load_format, "--dtype", m.dtype,
             "--device", server.engine.device, "--tp-size", str(server.tp_size),
@@ -116,7 +116,7 @@ def sglang_env(server: ServerSpec) -> dict[str, str]:
     return env
 
 
-# ServerArgs fields read from /server_info (and from resolved_dict() by workers/sglang_argcheck.py).
+# ServerArgs fields read from /server_info (and from resolved_dict() by workers/sglang/argcheck.py).
 SERVER_INFO_FIELDS = (
     "attention_backend", "prefill_attention_backend", "decode_attention_backend", "speculative_attention_mode",
     "page_size", "context_length", "tp_size", "speculative_algorithm", "speculative_num_steps",
@@ -215,20 +215,6 @@ def server_arg_tags(args: Mapping[str, Any]) -> dict[str, str]:
     return {f"sglang.{k}": str(args.get(k)) for k in SERVER_ARG_KEYS}
 
 
-class SGLangAdapter:
-    """`EngineAdapter` for SGLang (see workers/engine.py)."""
-
-    kind = EngineKind.SGLANG
-    health_path = "/health"
-
-    def build_argv(self, server: ServerSpec, port: int) -> list[str]:
-        return build_sglang_argv(server, port)
-
-    def env(self, server: ServerSpec) -> dict[str, str]:
-        return sglang_env(server)
-
-
-__all__ = ["LONGER_CONTEXT_ENV", "SERVER_ARG_KEYS", "SERVER_INFO_FIELDS", "SGLangAdapter",
-           "build_sglang_argv", "expected_server_args", "max_draft_depth", "reported_server_args",
-           "server_arg_changes", "server_arg_tags",
-           "sglang_env", "uses_plugin"]
+__all__ = ["LONGER_CONTEXT_ENV", "SERVER_ARG_KEYS", "SERVER_INFO_FIELDS", "build_sglang_argv", "expected_server_args",
+           "max_draft_depth", "reported_server_args", "server_arg_changes", "server_arg_tags", "sglang_env",
+           "uses_plugin"]

@@ -1,10 +1,10 @@
 """Check SGLang launch argv with the installed SGLang's own parser, in a process of its own.
 
-    python -m workers.sglang_argcheck [--sglang-path DIR] [--parse-only] < cases.jsonl > results.jsonl
+    python -m workers.sglang.argcheck [--sglang-path DIR] [--parse-only] < cases.jsonl > results.jsonl
 
 Each input line is `{"id": str, "argv": [flags...], "env": {NAME: VALUE}}` (argv without the interpreter and
 `-m module`); each output line is `{"id", "ok", "stage", "error", "resolved"}` (`resolved`: the
-`workers.sglang.SERVER_INFO_FIELDS` SGLang's /server_info would report) with stage one of `parse` (argparse:
+`workers.sglang.args.SERVER_INFO_FIELDS` SGLang's /server_info would report) with stage one of `parse` (argparse:
 unknown flag, bad choice, bad type), `resolve` (`ServerArgs.resolve_once()` + `check_server_args()` on >= 0.5.16;
 0.5.10 validates inside `prepare_server_args`) or `done`. `--sglang-path` puts another SGLang (an unpacked
 `pip install --no-deps --target DIR sglang==X`) first on sys.path.
@@ -33,7 +33,7 @@ import sys
 import types
 from typing import Any
 
-from workers.sglang import SERVER_INFO_FIELDS
+from workers.sglang.args import SERVER_INFO_FIELDS
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def _prepare_imports(sglang_path: str | None) -> None:
 
 
 def _register_plugins() -> None:
-    """Our plugin (as workers/sglang_launch does) and, where SGLang has them, all entry-point plugins."""
+    """Our plugin (as workers/sglang/launch does) and, where SGLang has them, all entry-point plugins."""
     import specsweep_kernels.sglang_plugin
 
     specsweep_kernels.sglang_plugin.register()

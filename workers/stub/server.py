@@ -16,7 +16,7 @@ Each process logs one start-up line first, as SGLang logs its server args (`log_
 rendezvous address, CUDA_VISIBLE_DEVICES and the Ray node id the runner gave it (SPECSWEEP_NODE_ID); no other
 environment value, so no secret, reaches the engine log.
 
-    python -m workers.stub_engine --port 30000 --stub-token-s 0.01 [SGLang flags...]
+    python -m workers.stub.server --port 30000 --stub-token-s 0.01 [SGLang flags...]
     python -m orchestrator engine=stub engine.stub.token_s=0.01        # through the orchestrator (conf/engine/stub.yaml)
     tools.testing.stub_server(tp_size=8, nnodes=1, token_s=0.005, seed=0) -> ServerSpec   # tests, benches
 

@@ -18,8 +18,6 @@ Public API:
         (`scheduler_components/metrics_reporter.py:934,973,999-1004,708-717`, `internal_state.py:119-125,243-253`):
         absent for a run of under 40 iterations, the first 40k iterations of a longer one. commit_len_mean is the
         same quantity, exact, per request (workers/reference/spec_counters.py keeps the window as SGLang does).
-    LogPatterns(patterns).feed(line) / .series     named-group regexes over server log lines -> per-step series
-    follow_log(path, offset) -> (lines, new_offset)  new complete lines of a growing log file
 
 Names per version: `specsweep_vocab.sglang_facts.SGLANG_VERSIONS`; docs/sglang.md has the table and the tests behind it.
 """
@@ -27,10 +25,8 @@ Names per version: `specsweep_vocab.sglang_facts.SGLANG_VERSIONS`; docs/sglang.m
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -143,63 +139,3 @@ def accept_length_from_counters(before: Mapping[str, float], after: Mapping[str,
         return None
     calls = calls_a - calls_b
     return (gen_a - gen_b) / calls if calls > 0 else None
-
-
-# ---------------------------------------------------------------- server log lines -> per-step series
-
-
-class LogPatterns:
-    """`metrics.log_patterns`: each named group of each regex becomes a series, one value per matching line.
-
-        p = LogPatterns([r"commit=(?P<commit_len>\\d+) depth=(?P<tree_depth>\\d+)"])
-        for line in lines: p.feed(line)
-        p.series  # {"commit_len": [...], "tree_depth": [...]}
-        p.matches  # lines each pattern matched, in pattern order
-        p.not_numbers  # {"group": (count, first value)} for captures that are not numbers (left out of series)
-
-    A pattern is searched anywhere in the line (`re.search`); a group that took no part in a match adds nothing.
-    Two patterns may name the same group: their values go into one series in line order.
-    """
-
-    def __init__(self, patterns: Iterable[str]):
-        self.patterns = [re.compile(p) for p in patterns]
-        for p in self.patterns:
-            if not p.groupindex:
-                raise ValueError(f"log pattern {p.pattern!r} has no named group (?P<name>...)")
-        self.series: dict[str, list[float]] = {name: [] for p in self.patterns for name in p.groupindex}
-        self.matches: list[int] = [0] * len(self.patterns)
-        self.not_numbers: dict[str, tuple[int, str]] = {}
-
-    def feed(self, line: str) -> None:
-        for i, p in enumerate(self.patterns):
-            match = p.search(line)
-            if not match:
-                continue
-            self.matches[i] += 1
-            for name, value in match.groupdict().items():
-                if value is None:
-                    continue
-                try:
-                    number = float(value)
-                except ValueError:
-                    count, first = self.not_numbers.get(name, (0, value))
-                    self.not_numbers[name] = (count + 1, first)
-                    continue
-                self.series[name].append(number)
-
-    def feed_all(self, lines: Iterable[str]) -> "LogPatterns":
-        for line in lines:
-            self.feed(line)
-        return self
-
-
-def follow_log(path: str | Path, offset: int = 0) -> tuple[list[str], int]:
-    """Complete lines appended to `path` since byte `offset`, and the offset after the last of them."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read()
-    except FileNotFoundError:
-        return [], offset
-    end = data.rfind(b"\n") + 1  # a partial last line waits for the next call
-    return data[:end].decode("utf-8", "replace").splitlines(), offset + end

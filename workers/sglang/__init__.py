@@ -1,0 +1,12 @@
+"""The SGLang engine, all its pieces together (one folder behind the `workers.adapter.EngineAdapter` interface):
+
+    adapter.py          SGLangAdapter: the EngineAdapter for EngineKind.SGLANG (argv, env, observer)
+    args.py             the one argv builder (`build_sglang_argv`), env, and the server args /server_info reports
+    observe.py          what is read around each run: /server_info tags, accept-length cross-check, plugin counters
+    metrics.py          meta_info -> speculative metrics (`spec_metrics_from_meta_info`, every engine's answers)
+    plugin_counters.py  the specsweep_verify plugin's dispatch counters from /metrics
+    launch.py           `python -m workers.sglang.launch`: sglang.launch_server with the kernel plugin registered
+    argcheck.py         `python -m workers.sglang.argcheck`: SGLang's own parser over our argv (tests, preflight)
+
+Kept empty so that `python -m workers.sglang.launch` imports nothing it does not need.
+"""

@@ -1,0 +1,28 @@
+"""`StubAdapter`: the `workers.adapter.EngineAdapter` for EngineKind.STUB (workers/stub/server.py). Timing comes
+from `engine.extra_args` (`--stub-token-s`, `--stub-prefill-s`, `--stub-startup-s`)."""
+
+from __future__ import annotations
+
+import sys
+
+from specsweep_vocab.spec import EngineKind, ServerSpec
+from workers.adapter import EngineAdapter, NodeRank, common_flags, node_rank_argv
+
+
+class StubAdapter(EngineAdapter):
+    kind = EngineKind.STUB
+
+    def build_argv(self, server: ServerSpec, port: int, node_rank: NodeRank | None = None) -> list[str]:
+        argv = [sys.executable, "-m", "workers.stub.server"] + common_flags(server, port)
+        argv += ["--tp-size", str(server.tp_size)]
+        if node_rank is not None:
+            argv += node_rank_argv(node_rank)
+        return argv + list(server.engine.extra_args)
+
+    @property
+    def prompt_kind(self) -> EngineKind:
+        """The reference engine's byte-tokenised input_ids (no model tokenizer to load)."""
+        return EngineKind.REFERENCE
+
+    def prompt_model(self, server: ServerSpec) -> str | None:
+        return None  # byte ids, no model to load
