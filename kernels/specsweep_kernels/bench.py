@@ -91,7 +91,7 @@ def set_flush(mode: str) -> None:
     """How the L2 is emptied before each timed run: "clean" (default) reads a 256 MB buffer, so the call starts
     with a cold L2 holding no dirty lines; "dirty" is triton.testing.do_bench's own flush, which zeroes that buffer
     and leaves the L2 full of dirty lines (up to its 50 MB on an H100 / H200) that the timed call then pays to write
-    back: +8.7 us on a 156 MB load-only stream, run 27 (docs/kernels.md item 29)."""
+    back: +8.7 us on a 156 MB load-only stream (H200, 2026-12-01)."""
     if mode not in FLUSHES:
         raise ValueError(f"flush: {mode!r} is not one of {', '.join(FLUSHES)}")
     _flush["mode"] = mode

@@ -1,4 +1,4 @@
-"""SGLang's own Triton attention kernels as the benchmark's peer column, taken from an SGLang wheel file without
+"""SGLang's own Triton attention kernels as the benchmark's peer columns, taken from an SGLang wheel file without
 installing SGLang (its dependency pins clash with ours) and without keeping any of its code in this repository.
 
     extend_fwd, decode_fwd = load_peer_kernels(".whl/sglang-0.5.10.post1-py3-none-any.whl")
@@ -12,6 +12,17 @@ where pip has a network (docs/kernels.md, "Benchmark"):
 
     pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \\
         --platform manylinux2014_x86_64 -d .whl sglang==0.5.10.post1
+
+SGLang 0.5.23's split-KV verify kernels (chains only, topk 1; dispatched on AMD gfx95 only in production) come from
+two files of its source, `sglang/kernels/ops/attention/verify_mla.py` (`verify_shared_kv_fwd`: grouped heads over
+one shared KV head, MLA) and `verify_splitkv.py` (`verify_splitkv_fwd`: GQA); they import from SGLang only
+`sglang.srt.utils.is_hip` and each other. `load_verify_peers(folder)` takes a folder holding those two files (the
+installed package's `sglang/kernels/ops/attention`, or a copy carried to a GPU machine) and imports them the same
+way, under a temporary `sglang` of their own:
+
+    verify_shared_kv_fwd, verify_splitkv_fwd = load_verify_peers(".../sglang/kernels/ops/attention")
+
+Both take `extend_attention_fwd`'s arguments and return False (writing nothing) for a shape they do not serve.
 """
 
 from __future__ import annotations
@@ -25,6 +36,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 TRITON_OPS = "sglang/srt/layers/attention/triton_ops"
+VERIFY_OPS = "sglang/kernels/ops/attention"  # SGLang 0.5.23: verify_mla.py, verify_splitkv.py
+VERIFY_FILES = ("verify_mla.py", "verify_splitkv.py")
 _UTILS = ("import torch\n\n\ndef is_hip():\n    return False\n\n\n"
           "def is_cuda():\n    return torch.cuda.is_available()\n")
 
@@ -42,9 +55,52 @@ def unpack_triton_ops(wheel: str | Path, into: Path) -> Path:
         package = package / part
         package.mkdir(exist_ok=True)
         (package / "__init__.py").touch()
-    (into / "sglang" / "srt" / "utils").mkdir(exist_ok=True)
-    (into / "sglang" / "srt" / "utils" / "__init__.py").write_text(_UTILS)
+    _write_utils(into)
     return into
+
+
+def _write_utils(into: Path) -> None:
+    """The two-function `sglang.srt.utils` the kernels import (is_hip, is_cuda), with its parent packages."""
+    package = into
+    for part in ("sglang", "srt"):
+        package = package / part
+        package.mkdir(parents=True, exist_ok=True)
+        (package / "__init__.py").touch()
+    (package / "utils").mkdir(exist_ok=True)
+    (package / "utils" / "__init__.py").write_text(_UTILS)
+
+
+def copy_verify_ops(folder: str | Path, into: Path) -> Path:
+    """Copy SGLang 0.5.23's verify_mla.py and verify_splitkv.py from `folder` to into/sglang/kernels/ops/attention,
+    with the packages around them and the utils stub; returns `into`."""
+    folder = Path(folder)
+    missing = [name for name in VERIFY_FILES if not (folder / name).is_file()]
+    if missing:
+        raise ValueError(f"{folder}: {', '.join(missing)} missing; the verify peer columns need SGLang 0.5.23's "
+                         f"{VERIFY_OPS}/{{{','.join(VERIFY_FILES)}}}")
+    package = into
+    for part in VERIFY_OPS.split("/"):
+        package = package / part
+        package.mkdir(parents=True, exist_ok=True)
+        (package / "__init__.py").touch()
+    for name in VERIFY_FILES:
+        shutil.copyfile(folder / name, package / name)
+    _write_utils(into)
+    return into
+
+
+def load_verify_peers(folder: str | Path) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """(verify_shared_kv_fwd, verify_splitkv_fwd) of SGLang 0.5.23, from the folder holding its verify_mla.py and
+    verify_splitkv.py. Refused where an `sglang` is already imported (it would shadow the copy)."""
+    if "sglang" in sys.modules:
+        raise RuntimeError("sglang is already imported in this process; the peer kernels need a clean import")
+    root = Path(tempfile.mkdtemp(prefix="specsweep-sglang-verify-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    sys.path.insert(0, str(copy_verify_ops(folder, root)))
+    from sglang.kernels.ops.attention.verify_mla import verify_shared_kv_fwd
+    from sglang.kernels.ops.attention.verify_splitkv import verify_splitkv_fwd
+
+    return verify_shared_kv_fwd, verify_splitkv_fwd
 
 
 def load_peer_kernels(wheel: str | Path) -> tuple[Callable[..., Any], Callable[..., Any]]:

@@ -9,21 +9,22 @@ for the new tokens k_new under the tree mask) through a two-stage shared-memory 
     online softmax in registers (log2 domain; row sums per warpgroup until the end)
     O[:, 0:256] / O[:, 256:512] += P V      wgmma m64n256k16, one half of Dv per warpgroup (V = K_nope, same tile)
   An iteration takes two tiles: S of the second is issued before P V of the first, and the second's softmax runs
-  while the tensor cores compute P V of the first (3.5-8.5% on compute-bound rows, item 30; a tile past the range
+  while the tensor cores compute P V of the first (3.5-8.5% on compute-bound rows, H200 2026-12-01; a tile past the range
   is all masked: zero-filled, nothing read, it adds nothing; the one-tile loop measured -2% to +4% against the
-  two-tile one, docs/kernels.md item 20); for T >= 2 the first tile's rescale and P exchange are issued after S of
-  the second tile (under_s, item 38); each stage is refilled as soon as every warp is done with it, so two
-  tiles are in flight across the iteration's boundary (+1-4%, item 26), and the slot / page words of a refill are
-  loaded one refill ahead (page 1: +2-13%, item 28). Every wgmma is waited for inside the iteration that issued
+  two-tile one); for T >= 2 the first tile's rescale and P exchange are issued after S of
+  the second tile (under_s: 0.7-1.7% on T >= 2, 2026-12-02); each stage is refilled as soon as every warp is done with it, so two
+  tiles are in flight across the iteration's boundary (+1-4%), and the slot / page words of a refill are
+  loaded one refill ahead (page 1: +2-13%). Every wgmma is waited for inside the iteration that issued
   it: one in flight across the loop's back edge made ptxas serialise every wgmma of the kernel (C7514), which cost
-  10-20% (docs/kernels.md).
+  10-20% (ptxas's own report; all figures H200, 2026-12-01, journal in docs/measurements/2026-12-01-h200/).
 - calls of at most 32 rows (16 heads at T = 1 / 2, DeepSeek's decode under TP 8): _mla_verify_sm90_narrow_kernel,
   the products swapped so that a tile's 64 keys fill wgmma's 64-row side instead of 16 rows padded to 64
-  (S^T = K Q^T, O^T = V^T P^T; item 27).
+  (S^T = K Q^T, O^T = V^T P^T: at 16 rows the 64-row product computed 4x the FLOPs, and at 128k that alone
+  took longer than reading the latent rows).
 Both write the normalised fp32 partial and log2-sum-exp of each item to the item's workspace slot and of each
 request's new tokens to slot P + B + b, the layout verify_attention's merge reads; both signal the merge, a
-programmatic dependent launch, as they start (_signal_dependents; docs/kernels.md item 31). The portable Triton
-kernel (verify_attention.py) stays the path for GQA, for sm_120 and other GPUs, and for fp32.
+programmatic dependent launch, as they start (_signal_dependents: 0.3-0.8 us on 6 of 7 batch-1 MLA shapes, 2026-12-01). The portable Triton
+kernel (verify_triton.py) stays the path for GQA, for sm_120 and other GPUs, and for fp32.
 """
 from __future__ import annotations
 
@@ -71,7 +72,7 @@ def _gather_rows(dst_nope, dst_pe, row_ptr, mask, cols, CHUNK: gl.constexpr, DV:
 def _tile_index(idx_base, is_new, start, hi, rows, PAGE_SIZE: gl.constexpr):
     """The slot (page 1) or page (page > 1) words of positions start .. start + BLOCK_N - 1 (< hi) of a prefix, 0
     past hi and for new-token programs. The 64-row kernel loads them one refill ahead of the copies that use them
-    (_tile_ptrs), so its gathers do not wait for the words' latency (docs/kernels.md item 28)."""
+    (_tile_ptrs), so its gathers do not wait for the words' latency (page 1: 2-13% faster, H200 2026-12-01)."""
     pos = start + rows
     ok = (pos < hi) & (not is_new)
     if PAGE_SIZE == 1:
@@ -154,7 +155,7 @@ def _online_softmax(s, start, hi, visible, m_i, l_i, qk_scale, s_cols):
     """One tile's scores into the running (max, sum): columns past hi and (new tokens) outside the tree are out.
     The sum is kept per warpgroup (l_i [M, 2], each warpgroup's own 32 columns, reduced within the warp) and added
     up once after the loop: a row's full sum every tile was a cross-warpgroup exchange through shared memory
-    (4-6% of the compute-bound calls, run 21; the row max still needs one, for the common scale of P).
+    (4-6% of the compute-bound calls, H200 2026-12-01; the row max still needs one, for the common scale of P).
     Returns (P, new max, the old accumulator's scale, new per-warpgroup sums)."""
     s = gl.where(gl.expand_dims(start + s_cols < hi, 0) & visible, s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
@@ -353,7 +354,7 @@ def _mla_verify_sm90_narrow_kernel(
       S^T [keys, rows] = K_nope Q_nope^T + K_pe Q_pe^T   (wgmma m64nRk16; the two warpgroups split the rows)
       O^T [Dv, rows]  += V^T P^T                        (V^T: the tile read transposed; the warpgroups split Dv)
     16 rows through the 64-row product did 4x the FLOPs the call needs, and at 128k that padded compute alone took
-    longer than reading the latent rows (docs/kernels.md item 27). P^T goes through shared memory (wgmma's B side).
+    longer than reading the latent rows (H200, 2026-12-01). P^T goes through shared memory (wgmma's B side).
     The softmax runs down S^T's columns (a column's max within its warpgroup; sums kept per thread until the end).
     Two-stage ring, one tile per iteration, the refill of a stage issued as soon as the tile in it is done, so the
     next two tiles are in flight while one is computed."""
@@ -428,7 +429,7 @@ def _mla_verify_sm90_narrow_kernel(
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok,))
             gl.thread_barrier()  # every warp is done with this stage and with P^T
             # the words are loaded here, not a tile ahead as in the 64-row kernel: ahead was 9-15% slower on the
-            # ragged T = 1 rows (page 16, run 29)
+            # ragged T = 1 rows (page 16, H200 2026-12-01)
             _load_tile(k_nope.index(stage), k_pe.index(stage), kv_ptr, new_base, is_new,
                        _tile_index(idx_base, is_new, start + 2 * BLOCK_N, hi, kv_rows, PAGE_SIZE), start + 2 * BLOCK_N,
                        hi, stride_kvs, stride_knt, kv_rows, cols, PAGE_SIZE, CHUNK, DV)
@@ -444,7 +445,7 @@ def _mla_verify_sm90_narrow_kernel(
 def under_s(num_tokens: int) -> bool:
     """Whether the 64-row kernel issues the first tile's accumulator rescale and P exchange after S of the second
     tile (so they run while the tensor cores compute it) and the second tile's P exchange before waiting for P V of
-    the first. Measured both ways in one process (run 43, docs/kernels.md item 38): 0.7-1.7% faster on 8 of 9
+    the first. Measured both ways in one process (H200, 2026-12-02): 0.7-1.7% faster on 8 of 9
     verify shapes (T >= 2: 64 / 128 heads T = 2, 128 heads T = 4 / 16, 16 / 64 heads T = 16, 32k and 128k; +0.3%
     on the ninth), 0.7-2.3% slower on every decode shape (T = 1: 64 and 128 heads); ptxas then also schedules
     the first softmax's exp2s among the S wgmmas. No cause found for the T = 1 loss, so the rule is the

@@ -146,7 +146,7 @@ def test_partials_exact_where_the_scores_jump_mid_range(num_q_heads, num_tokens)
     """The online softmax where the running max moves mid-range: keys built so that half the heads' scores jump by
     10-15 nats at tiles 3, 6 and 7 (odd and even tiles of the 64-row kernel's two-tile loop) of one 16-tile item, and
     by nothing for the other heads, must give the fp32 truth for both halves (64 / 256 rows run the 64-row kernel,
-    16 the swapped one). Written for the conditional rescaling of docs/kernels.md item 33 (measured, not kept)."""
+    16 the swapped one). Written for the conditional rescaling of docs/measurements/2026-12-02-h200/notes.md item 33 (measured, not kept)."""
     from specsweep_kernels.verify_mla_sm90 import launch_mla_sm90
 
     prefix_len, page_size = 1500, 16
