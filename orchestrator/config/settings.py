@@ -37,6 +37,10 @@ class Thresholds:
     max_roofline_frac_host: float = field(default=0.5, metadata=domain(FRACTION))  # ... or roofline_frac under this
 
 
+# a parent run id, or KEY:VALUE of a parent-run tag (neither side empty)
+BASELINE = Text(256, r"[^:\s]([^\s]*[^:\s])?", what="a parent run id, or KEY:VALUE of a parent-run tag")
+
+
 @dataclass(frozen=True)
 class RegressSettings:
     """The regression check against the sweep's own history (orchestrator/results/regress), config section
@@ -45,24 +49,13 @@ class RegressSettings:
     enabled: bool = True
     # None: the last `history` FINISHED parent runs of this sweep; else a parent run id, or `KEY:VALUE`, a tag of
     # the parent runs to compare with (the latest FINISHED parent carrying it), e.g. `git_sha:3f2c1ab`
-    baseline: str | None = None
-    history: int = 5  # how many earlier FINISHED parent runs make the baseline
-    min_rel_change: float = 0.03  # noisy metrics: a change under this fraction of the baseline is never flagged
-    max_z: float = 4.0  # noisy metrics: flagged when |x - median| > max_z * 1.4826 * MAD of the baseline
-
-    def problems(self) -> list[tuple[str, object, str]]:
-        """(key, value, allowed) for each value outside its domain."""
-        out: list[tuple[str, object, str]] = []
-        if self.baseline is not None and (not self.baseline.strip() or self.baseline.startswith(":")
-                                          or self.baseline.endswith(":")):
-            out.append(("regress.baseline", self.baseline, "null, a parent run id, or KEY:VALUE of a parent-run tag"))
-        if self.history < 1:
-            out.append(("regress.history", self.history, "an integer >= 1"))
-        if not 0.0 <= self.min_rel_change < 1.0:
-            out.append(("regress.min_rel_change", self.min_rel_change, "a fraction in [0, 1)"))
-        if not self.max_z > 0.0:
-            out.append(("regress.max_z", self.max_z, "a number > 0"))
-        return out
+    baseline: str | None = field(default=None, metadata=domain(BASELINE))
+    # how many earlier FINISHED parent runs make the baseline
+    history: int = field(default=5, metadata=domain(Int(1, 1000)))
+    # noisy metrics: a change under this fraction of the baseline is never flagged
+    min_rel_change: float = field(default=0.03, metadata=domain(Num(0, 1)))
+    # noisy metrics: flagged when |x - median| > max_z * 1.4826 * MAD of the baseline
+    max_z: float = field(default=4.0, metadata=domain(Num(0, 1000, lo_open=True)))
 
 
 class ClusterKind(str, enum.Enum):

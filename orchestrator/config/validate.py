@@ -50,7 +50,6 @@ def validate_run(rc: RunConfig, *, check_max_context: bool = True) -> list[Probl
             bad(key, value, f"an integer >= {low}")
 
     at_least("page_size", rc.page_size, 1)
-    out += [Problem(k, v, allowed, rc.overrides) for k, v, allowed in rc.regress.problems()]
     out += log_pattern_problems(rc)
     if rc.job is JobKind.KERNEL:  # no engine, model, drafter or probe: the shape and where it runs
         return out + kernel_problems(rc) + _driver_problems(rc)

@@ -104,7 +104,7 @@ def test_file_probe_identity_is_its_content(tmp_path):
     assert rc.probe.content_sha256 == hashlib.sha256(b"hello").hexdigest()
     with pytest.raises(ConfigError, match="probe.path"):
         run_config("probe=file", cwd=str(tmp_path))
-    with pytest.raises(ConfigError, match="an existing file"):
+    with pytest.raises(ConfigError, match="an existing regular file"):
         run_config("probe=file", "probe.path=missing.txt", cwd=str(tmp_path))
 
 

@@ -52,13 +52,14 @@ def test_valid_configs_have_no_problems(overrides):
     ("attention.backend", "attention=triton", "triton", "torch, specsweep_verify"),
     ("engine.device", "attention=specsweep_verify", "cpu", "cuda"),
     ("drafter.algorithm", "drafter=eagle3", "EAGLE3", "engine=sglang"),
-    ("drafter.num_draft_tokens", "drafter.num_draft_tokens=7", 7, "num_steps + 1 = 5"),
+    ("drafter.num_draft_tokens", ("drafter=oracle", "drafter.num_draft_tokens=7"), 7, "num_steps + 1 = 5"),
     ("model.num_kv_heads", "model.num_kv_heads=4", 4, "divisor"),
 ])
 def test_each_rule_names_key_value_allowed(key, override, value, allowed):
-    p = problems(override)[key]
+    overrides = override if isinstance(override, tuple) else (override,)  # the default drafter is ngram
+    p = problems(*overrides)[key]
     assert p.value == value and allowed in p.allowed
-    assert p.overrides == (override,)
+    assert p.overrides == overrides
     assert f"{key}={value!r}" in str(p) and allowed in str(p)
 
 
@@ -81,7 +82,8 @@ def test_drafter_needing_a_path_without_one():
 
 
 def test_oracle_must_draft_with_the_target():
-    assert "target's own path" in problems("drafter.draft_model_path=tiny-draft")["drafter.draft_model_path"].allowed
+    assert "target's own path" in problems("drafter=oracle", "drafter.draft_model_path=tiny-draft")[
+        "drafter.draft_model_path"].allowed
 
 
 def test_sweep_points_above_max_are_not_errors():
