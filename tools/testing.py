@@ -358,8 +358,11 @@ if os.fork():  # the holder detaches: not a descendant of the test process, whos
     os._exit(0)
 from ray.cluster_utils import Cluster
 
+# its dashboard agent on a free port, never Ray's fixed 52365: a Ray with a job server started beside this one
+# (the schedule tests, the product's own embedded Ray) needs that port for its job agent
 cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=int(sys.argv[1]), num_gpus=0,
-                  include_dashboard=False, object_store_memory=int(sys.argv[2]) * 2**20))
+                  include_dashboard=False, object_store_memory=int(sys.argv[2]) * 2**20,
+                  dashboard_agent_listen_port=int(sys.argv[3])))
 print("RAY", cluster.address, os.getpid(), flush=True)
 sys.stdin.read()  # until the owner closes stdin (or exits)
 cluster.shutdown()
@@ -374,7 +377,9 @@ def ray_process(*, num_cpus: int = 4, object_store_mb: int = 128, log: Path | No
     closed, then `Cluster.shutdown()` (KILL of the holder's process group after a scaled 60 s)."""
     env = dict(os.environ, RAY_AUTH_MODE=os.environ.get("RAY_AUTH_MODE", "disabled"))
     err = open(log, "w") if log else subprocess.DEVNULL
-    proc = subprocess.Popen([sys.executable, "-c", _RAY_HOLDER, str(num_cpus), str(object_store_mb)],
+    from workers.engine import free_port
+
+    proc = subprocess.Popen([sys.executable, "-c", _RAY_HOLDER, str(num_cpus), str(object_store_mb), str(free_port())],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=env,
                             start_new_session=True)
     proc.wait()  # the forked holder carries on with the pipes
