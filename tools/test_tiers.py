@@ -2,6 +2,7 @@
 
     make test-all PYTEST_ARGS=--junitxml=/tmp/all.xml      # measure every test (setup + call + teardown)
     python -m tools.test_tiers /tmp/all.xml [--slow-over 2.0] [--note "2-core VM, load 0.1"]
+    python -m tools.test_tiers --update /tmp/part.xml [...]   # a part of the suite re-measured; the rest kept
 
 `tests/conftest.py` reads the table at collection: a test whose measured seconds exceed `slow_over_s`, or that sits
 in one of the `slow_modules` (a module whose module-scoped fixture is the cost, as its first test shows: a Ray cluster, an engine, an MLflow
@@ -52,11 +53,15 @@ def slow_modules(costs: dict[str, float], slow_over: float) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     p = argparse.ArgumentParser(prog="python -m tools.test_tiers", description=__doc__.splitlines()[0])
-    p.add_argument("junit_xml", type=Path)
+    p.add_argument("junit_xml", type=Path, nargs="+")
+    p.add_argument("--update", action="store_true",
+                   help="keep the table's costs of the tests these XMLs do not measure (a part of the suite re-run)")
     p.add_argument("--slow-over", type=float, default=2.0)
     p.add_argument("--note", default="")
     args = p.parse_args(argv)
-    costs = measure(args.junit_xml)
+    costs: dict[str, float] = json.loads(TABLE.read_text())["tests"] if args.update and TABLE.exists() else {}
+    for xml_path in args.junit_xml:
+        costs.update(measure(xml_path))
     modules = slow_modules(costs, args.slow_over)
     fast = {n: s for n, s in costs.items() if s <= args.slow_over and n.split("::")[0] not in modules}
     table = {"measured": f"{datetime.date.today()} {args.note}".strip(), "slow_over_s": args.slow_over,

@@ -6,6 +6,7 @@ import datetime as dt
 import logging
 import os
 import shutil
+import socket
 import tempfile
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ from orchestrator.schedules.definition import (UTC, Schedule, ScheduleError, def
 from orchestrator.schedules.state import FiringStatus, StateStore, daemon_lock
 from orchestrator.schedules.ray_jobs import RayJobBackend, wait_for_job_server
 from orchestrator.schedules.scheduler import Scheduler
+from tools.testing import scaled
 from workers.engine import free_port
 
 T0 = dt.datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
@@ -144,12 +146,25 @@ def test_one_daemon_per_state_file(tmp_path):
 # --- the daemon against a real Ray job server ----------------------------------------------------
 
 
+JOB_AGENT_PORT = 52365
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
 @pytest.fixture(scope="module")
 def job_server_url():
     ray = pytest.importorskip("ray")
     os.environ["RAY_AUTH_MODE"] = "disabled"
     from orchestrator.execution.local_ray import init_local_ray
 
+    # Ray's job agent listens on the fixed port 52365 (no ray.init option): an embedded Ray that an earlier test's
+    # command started may still be stopping and hold it, and a Ray started meanwhile has no job agent for good.
+    deadline = time.monotonic() + scaled(60)
+    while _listening(JOB_AGENT_PORT) and time.monotonic() < deadline:
+        time.sleep(0.5)
     temp_dir = tempfile.mkdtemp(prefix="specsweep-ray-")  # its jobs are handed this Ray (orchestrator.execution.local_ray)
     ctx = init_local_ray(num_cpus=2, object_store_memory=80 * 2**20, include_dashboard=True,
                          dashboard_host="127.0.0.1", dashboard_port=free_port(), log_to_driver=False,
