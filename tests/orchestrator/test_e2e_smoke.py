@@ -121,7 +121,9 @@ def test_smoke_parent_carries_report_and_diagnosis(smoke_sweep):
             "report/decode_tok_s_vs_context.png", "report/verify_step_ms_vs_context.png",
             "report/accept_length_histogram.png"} <= report
     diagnosis = Path(client.download_artifacts(parent_id, "diagnosis.md", str(cwd / "dl"))).read_text()
-    assert diagnosis.startswith("# Diagnosis: smoke") and f"{SMOKE_RUNS} run(s) examined" in diagnosis
+    # "Changes since <baseline>" (orchestrator/results/regress) opens it; then the diagnosis
+    assert diagnosis.startswith("# Changes since ") and "regression check failed" not in diagnosis
+    assert "\n# Diagnosis: smoke" in diagnosis and f"{SMOKE_RUNS} run(s) examined" in diagnosis
     # tiny's weights are random: rules (a) and (b) leave its runs out and say so (orchestrator/config/weights_scope.py)
     assert "## pipeline bug" not in diagnosis and "## drafter quality" not in diagnosis
     assert f"{SMOKE_RUNS} run(s) ran on dummy weights ({SMOKE_RUNS} with model.load_format=dummy)" in diagnosis
