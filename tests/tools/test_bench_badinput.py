@@ -21,5 +21,5 @@ def test_a_real_run_is_seen_as_started():
     assert o.rc == 0, o.output_tail
     assert "mlflow.db created" in o.started and "r created" in o.started  # the store and Ray's temp dir
     assert any(s.startswith("process: ") and "raylet" in s for s in o.started), o.started
-    assert any("stub_engine" in s for s in o.started), o.started
+    assert any("workers.stub.server" in s for s in o.started), o.started
     assert not any(s.startswith("left running") for s in o.started)
