@@ -27,7 +27,7 @@ def test_conf_engine_stub_reaches_the_engine_argv(tmp_path):
     assert argv[1:3] == ["-m", "workers.stub.server"]
     args = parse_args(argv[3:])
     assert (args.stub_token_s, args.stub_prefill_s, args.stub_startup_s) == (0.02, 0.001, 0.2)
-    assert args.speculative_algorithm == "STANDALONE" and args.speculative_num_steps == 4  # the oracle default
+    assert args.speculative_algorithm == "NGRAM" and args.speculative_num_steps == 4  # the default drafter: ngram
     # the timing is part of the server's identity: another token time is another server and another run_hash
     other, _ = plan_jobs([["engine=stub", "engine.stub.token_s=0.03", "engine.stub.prefill_s=0.001"]], sweep=False,
                          cwd=str(tmp_path))
