@@ -173,14 +173,19 @@ def read_limits(base_url: str) -> dict[str, float]:
         client.close()
 
 
-def scrape_metrics(base_url: str) -> Scrape | None:
-    """/metrics samples (summed over labels, and labelled: `Scrape`), or None when they cannot be read (the caller
-    then skips what needs them)."""
+def read_metrics(base_url: str, parse: Any, purpose: str = "") -> Any:
+    """`parse` of the server's /metrics text, or None when it cannot be read or parsed (logged, naming `purpose`;
+    the caller then skips what needs it)."""
     client = ProbeClient(base_url, timeout_s=30.0)
     try:
-        return parse_scrape(client.metrics_text())
+        return parse(client.metrics_text())
     except (BadResponse, ProbeTimeout, ValueError) as e:
-        logger.warning("%s: /metrics not read: %s", base_url, e)
+        logger.warning("%s: /metrics not read%s: %s", base_url, f" for {purpose}" if purpose else "", e)
         return None
     finally:
         client.close()
+
+
+def scrape_metrics(base_url: str) -> Scrape | None:
+    """/metrics samples (summed over labels, and labelled: `Scrape`), or None when they cannot be read."""
+    return read_metrics(base_url, parse_scrape)

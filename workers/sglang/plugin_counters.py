@@ -18,8 +18,7 @@ import math
 from prometheus_client.parser import text_string_to_metric_families
 
 from specsweep_vocab import plugin_counters as pc
-from workers.errors import BadResponse, ProbeTimeout
-from workers.probe import ProbeClient
+from workers.engine_counters import read_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -40,14 +39,7 @@ def dispatch_counts(text: str) -> Counts:
 
 
 def read_dispatch(base_url: str) -> Counts | None:
-    client = ProbeClient(base_url, timeout_s=30.0)
-    try:
-        return dispatch_counts(client.metrics_text())
-    except (BadResponse, ProbeTimeout, ValueError) as e:
-        logger.warning("%s: /metrics not read for the plugin counters: %s", base_url, e)
-        return None
-    finally:
-        client.close()
+    return read_metrics(base_url, dispatch_counts, "the plugin counters")
 
 
 def record_dispatch(base_url: str, before: Counts | None, metrics: dict[str, float]) -> list[str]:
