@@ -17,6 +17,7 @@ gets the real values: only what is recorded or logged is redacted. `run_hash` is
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -117,8 +118,12 @@ def redact_config(value: Any, path: str = "") -> Any:
 
 def redact_params(params: Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
     """Flattened `(a.b.c, value)` pairs: secret keys -> ***, secrets inside values (argv lists, URIs) -> ***."""
-    return tuple((k, MASK if is_secret_path(k) and v not in ("", "null", "{}") else redact_text(v))
-                 for k, v in params)
+    return tuple((k, _redact_param(k, v)) for k, v in params)
+
+
+@functools.lru_cache(maxsize=65536)  # a grid's points share most (key, value) pairs: each is redacted once
+def _redact_param(k: str, v: str) -> str:
+    return MASK if is_secret_path(k) and v not in ("", "null", "{}") else redact_text(v)
 
 
 def redact_override(override: str) -> str:

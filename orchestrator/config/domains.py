@@ -36,18 +36,24 @@ def _section(tp: Any) -> type | None:
     return sub if isinstance(sub, type) and dataclasses.is_dataclass(sub) else None
 
 
+@functools.cache
+def _checks(conf: type) -> tuple[tuple[str, type | None, Domain | None], ...]:
+    """(name, section or None, domain or None) of each field, once per class: every grid point walks them."""
+    return tuple((name, _section(tp), domain_of(meta)) for name, tp, meta in _fields(conf))
+
+
 def domain_problems(config: Mapping[str, Any], schema: type, overrides: tuple[str, ...] = ()) -> list[Problem]:
     out: list[Problem] = []
 
     def walk(node: Mapping[str, Any], conf: type, prefix: str) -> None:
-        for name, tp, meta in _fields(conf):
+        for name, sub, d in _checks(conf):
             if name not in node:
                 continue
-            value, sub = node[name], _section(tp)
+            value = node[name]
             if sub is not None:
-                if isinstance(value, Mapping):
+                if type(value) is dict or isinstance(value, Mapping):  # type() first: an ABC's isinstance is slow
                     walk(value, sub, f"{prefix}{name}.")
-            elif value is not None and (d := domain_of(meta)) is not None and (why := d.why_not(value)):
+            elif value is not None and d is not None and (why := d.why_not(value)):
                 out.append(Problem(prefix + name, value, why, overrides))
 
     walk(config, schema, "")

@@ -4,6 +4,7 @@
     check_overrides(overrides) -> list[Problem]     what `python -m orchestrator OVERRIDES` would refuse
     expand_grid(axes, *fixed) -> list[list[str]]    one override list per grid point (the basic sweeper's order)
     plan_jobs(job_overrides) -> (Plan, ExecutionSettings)   compose, validate and plan (tests, benchmarks)
+    compose_jobs(job_overrides, *, fast=True) -> [dict]     each job's resolved config (orchestrator.config.grid)
     build_settings(rc, cwd) -> ExecutionSettings    execution's part of a config
 
 Validation is all or nothing: one `ConfigError` lists every problem of every point, before any Ray or MLflow work.
@@ -14,11 +15,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
-from typing import Any, Sequence, cast
+from typing import Any, Mapping, Sequence, cast
 
 from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.config.engine_args import engine_arg_problems
+from orchestrator.config.grid import compose_grid, hydra_group_test
 from orchestrator.config.model_facts import model_fact_problems
 from orchestrator.config.plan import Plan, plan_sweep
 from orchestrator.config.schema import RunConfig, override_key_problems, register_configs, to_run_config
@@ -30,7 +32,7 @@ from specsweep_vocab.spec import EngineKind, JobKind
 SWEEP_LEVEL = ("sweep_name", "cluster", "tracking", "resume", "progress", "report")
 
 
-def convert_and_validate(jobs: Sequence[tuple[DictConfig, Sequence[str]]], *, sweep: bool,
+def convert_and_validate(jobs: Sequence[tuple[DictConfig | Mapping[str, Any], Sequence[str]]], *, sweep: bool,
                          cwd: str) -> list[RunConfig]:
     """Every job's config typed and checked; raises one ConfigError listing every problem."""
     configs: list[RunConfig] = []
@@ -98,7 +100,7 @@ def check_overrides(overrides: Sequence[str], *, cwd: str | None = None) -> list
             if sweep:
                 params = [f"{k}={v}" for k, v in base.hydra.sweeper.params.items()] + list(overrides)
                 (job_overrides,) = BasicSweeper.split_arguments(parser.parse_overrides(params), None)
-            jobs = [(compose("config", overrides=list(o)), o) for o in job_overrides]
+            jobs = list(zip(compose_jobs(job_overrides), job_overrides))
     except HydraException as e:
         return [Problem("overrides", list(overrides), f"overrides Hydra can compose ({str(e).splitlines()[0]})")]
     try:
@@ -121,15 +123,28 @@ def plan_jobs(job_overrides: Sequence[Sequence[str]], *, sweep: bool = True,
     """Compose, validate and plan from Python (tests, benchmarks) without the Hydra app:
     `plan, settings = plan_jobs(expand_grid({...}, "sweep_name=bench")); execute_plan(plan, settings)`.
     Raises ConfigError like the launcher. Needs no Hydra instance to be initialized."""
-    from hydra import compose, initialize_config_module
+    from hydra import initialize_config_module
 
     register_configs()
     cwd = cwd or os.getcwd()
     with initialize_config_module("conf", version_base="1.3"):
-        jobs = [(compose("config", overrides=list(o)), o) for o in job_overrides]
+        jobs = list(zip(compose_jobs(job_overrides), job_overrides))
     configs = convert_and_validate(jobs, sweep=sweep, cwd=cwd)
-    plan = plan_sweep(configs[0].sweep_name, configs, drop_over_max=sweep, base_config=task_container(jobs[0][0]))
+    plan = plan_sweep(configs[0].sweep_name, configs, drop_over_max=sweep, base_config=dict(jobs[0][0]))
     return plan, build_settings(configs[0], cwd)
+
+
+def compose_jobs(job_overrides: Sequence[Sequence[str]], *, fast: bool = True) -> list[dict[str, Any]]:
+    """Each job's resolved config (plain dicts), inside an initialized Hydra (`initialize_config_module`): composed
+    once per distinct choice of config groups (`orchestrator.config.grid`); `fast=False` composes every job in
+    full, the reference the fast path is tested against."""
+    from hydra import compose
+    from hydra.core.global_hydra import GlobalHydra
+
+    def full(overrides: list[str]) -> DictConfig:
+        return compose("config", overrides=overrides, return_hydra_config=True)
+
+    return compose_grid(job_overrides, full, hydra_group_test(GlobalHydra.instance().config_loader()), fast=fast)
 
 
 def task_container(cfg: DictConfig) -> dict[str, Any]:

@@ -66,7 +66,7 @@ def config_key_problems(config: Mapping[str, Any], tree: Mapping[str, Any],
         for key, value in node.items():
             if key not in sub:
                 out.append(unknown_key_problem(prefix + key, value, tree, overrides))  # type: ignore[arg-type]
-            elif isinstance(sub[key], Mapping) and isinstance(value, Mapping):
+            elif isinstance(sub[key], dict) and (type(value) is dict or isinstance(value, Mapping)):
                 walk(value, sub[key], f"{prefix}{key}.")
 
     walk(config, tree, "")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import hashlib
 import json
 import os
@@ -198,22 +199,32 @@ class _Problems:
 def _from_conf(spec: type, key: str, values: Mapping[str, Any], p: _Problems, **given: Any) -> Any:
     """`spec` from its composed section `values`, field by field (the inverse of `structured_conf`): an enum
     checked against its members (each bad value a Problem), a list as a tuple, a dict as sorted pairs. `given` fields are the caller's (computed, or from elsewhere in the config)."""
-    hints = typing.get_type_hints(spec)
     kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(spec):
-        name = f"{key}.{f.name}" if key else f.name
-        if f.name in given:
-            kwargs[f.name] = given[f.name]
-        elif f.name in values:
-            tp, v = _unwrap(hints[f.name])[0], values[f.name]
-            if _is_enum(tp):
-                v = p.enum(name, v, tp)
-            elif _is_pairs(tp):
+    for fname, tp, kind in _field_kinds(spec):
+        if fname in given:
+            kwargs[fname] = given[fname]
+        elif fname in values:
+            v = values[fname]
+            if kind == "enum":
+                v = p.enum(f"{key}.{fname}" if key else fname, v, tp)
+            elif kind == "pairs":
                 v = tuple(sorted(v.items()))
-            elif typing.get_origin(tp) is tuple:
+            elif kind == "tuple":
                 v = tuple(v)
-            kwargs[f.name] = v
+            kwargs[fname] = v
     return spec(**kwargs)
+
+
+@functools.cache
+def _field_kinds(spec: type) -> tuple[tuple[str, Any, str], ...]:
+    """(name, type, how `_from_conf` converts it: enum, pairs, tuple or as is) per field, once per class."""
+    out = []
+    for f in dataclasses.fields(spec):
+        tp = _unwrap(_type_hints(spec)[f.name])[0]
+        kind = ("enum" if _is_enum(tp) else "pairs" if _is_pairs(tp) else
+                "tuple" if typing.get_origin(tp) is tuple else "")
+        out.append((f.name, tp, kind))
+    return tuple(out)
 
 
 def _conf_values(spec: Any) -> dict[str, Any]:
@@ -227,7 +238,7 @@ def flatten(node: Mapping[str, Any], leaf: Callable[[Any], str] = str, prefix: s
     (an empty section is one key)."""
     out: dict[str, str] = {}
     for k, v in node.items():
-        if isinstance(v, Mapping) and v:
+        if (type(v) is dict or isinstance(v, Mapping)) and v:  # type() first: an ABC's isinstance is slow
             out.update(flatten(v, leaf, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = leaf(v)
@@ -237,7 +248,16 @@ def flatten(node: Mapping[str, Any], leaf: Callable[[Any], str] = str, prefix: s
 def param_value(v: Any) -> str:
     """One MLflow param: strings as they are, anything else as JSON (`null`, `true`, `[1, 2]`); read back by
     `orchestrator.config.params.decode`."""
-    return v if isinstance(v, str) else json.dumps(v)
+    if isinstance(v, str):
+        return v
+    if isinstance(v, (int, float)) or v is None:  # bool is an int: (type, value) tells True from 1
+        return _scalar_json(type(v), v)
+    return json.dumps(v)
+
+
+@functools.lru_cache(maxsize=65536)
+def _scalar_json(_: type, v: Any) -> str:
+    return json.dumps(v)
 
 
 def to_params(config: Mapping[str, Any]) -> dict[str, str]:
@@ -245,6 +265,7 @@ def to_params(config: Mapping[str, Any]) -> dict[str, str]:
     return flatten(config, leaf=param_value)
 
 
+@functools.lru_cache(maxsize=256)  # every grid point asks, with the same two strings
 def absolute_tracking_uri(uri: str, cwd: str) -> str:
     """`sqlite:///mlflow.db` → `sqlite:////<cwd>/mlflow.db`: Ray workers have other working dirs."""
     prefix = "sqlite:///"
@@ -253,10 +274,18 @@ def absolute_tracking_uri(uri: str, cwd: str) -> str:
     return uri
 
 
-def schema_tree(schema: type = SpecsweepConf) -> dict[str, Any]:
-    """The schema's keys: name -> subtree (a section), LEAF (a value) or OPEN (a dict: any sub-key is legal)."""
+@functools.cache
+def _type_hints(spec: type) -> dict[str, Any]:
+    """`typing.get_type_hints`, once per class (it costs ~0.2 ms a call, and every grid point asks)."""
+    return typing.get_type_hints(spec)
+
+
+@functools.cache
+def schema_tree(schema: type = SpecsweepConf) -> Mapping[str, Any]:
+    """The schema's keys: name -> subtree (a section), LEAF (a value) or OPEN (a dict: any sub-key is legal).
+    Computed once per schema class: read it, never change it."""
     out: dict[str, Any] = {}
-    for name, hint in typing.get_type_hints(schema).items():
+    for name, hint in _type_hints(schema).items():
         tp = _unwrap(hint)[0]
         if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             out[name] = schema_tree(tp)
@@ -303,11 +332,14 @@ def override_key_problems(overrides: Sequence[str]) -> list[Problem]:
     return out
 
 
-def to_run_config(cfg: DictConfig, overrides: tuple[str, ...] = (), cwd: str | None = None) -> RunConfig:
-    """Convert one composed job config. Raises `ConfigError` listing every bad value it finds."""
+def to_run_config(cfg: DictConfig | Mapping[str, Any], overrides: tuple[str, ...] = (),
+                  cwd: str | None = None) -> RunConfig:
+    """Convert one composed job config (a DictConfig, or its resolved plain containers as
+    `orchestrator.config.grid.compose_grid` gives them). Raises `ConfigError` listing every bad value it finds."""
     cwd = cwd or os.getcwd()
     p = _Problems(tuple(overrides))
-    c: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
+    c: dict[str, Any] = (OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig)  # type: ignore[assignment]
+                         else dict(cfg))
     c.pop("hydra", None)
     p.items += config_key_problems(c, schema_tree(), p.overrides)
     if not p.items:  # every leaf in its declared domain (orchestrator/config/domains.py)

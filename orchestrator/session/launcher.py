@@ -24,12 +24,13 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, Sequence, cast
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from hydra.core.utils import JobReturn, JobStatus, configure_log, setup_globals
 from hydra.errors import CompactHydraException
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
+from orchestrator.config.grid import compose_grid, hydra_group_test
 from orchestrator.config.jobs import build_settings, convert_and_validate, task_container
 from orchestrator.config.plan import plan_sweep
 from orchestrator.config.validate import ConfigError
@@ -71,12 +72,9 @@ def launch(*, launcher: LauncherState, job_overrides: Sequence[Sequence[str]],
     cwd = config.hydra.runtime.cwd or os.getcwd()
     loader = launcher.hydra_context.config_loader
 
-    jobs: list[tuple[DictConfig, Sequence[str]]] = []
-    for i, overrides in enumerate(job_overrides):
-        cfg = loader.load_sweep_config(config, list(overrides))
-        with open_dict(cfg):
-            cfg.hydra.job.id = cfg.hydra.job.num = initial_job_idx + i
-        jobs.append((cfg, overrides))
+    # once per distinct choice of config groups, plain-key overrides applied to a copy (orchestrator.config.grid)
+    composed = compose_grid(job_overrides, lambda o: loader.load_sweep_config(config, o), hydra_group_test(loader))
+    jobs = list(zip(composed, job_overrides))
     try:
         with live_status(enabled=not launcher.dry_run):  # the phases and a ticking clock from here on
             return _sweep_jobs(launcher, config, jobs, initial_job_idx, cwd)
@@ -101,7 +99,7 @@ def _remove_sweep_record(sweep_dir: str, cwd: str) -> None:
             return
 
 
-def _sweep_jobs(launcher: LauncherState, config: DictConfig, jobs: list[tuple[DictConfig, Sequence[str]]],
+def _sweep_jobs(launcher: LauncherState, config: DictConfig, jobs: list[tuple[dict[str, Any], Sequence[str]]],
                 initial_job_idx: int, cwd: str) -> list[JobReturn]:
     set_phase(f"validating {len(jobs)} job(s)")
     try:
@@ -110,7 +108,7 @@ def _sweep_jobs(launcher: LauncherState, config: DictConfig, jobs: list[tuple[Di
         raise InvalidConfig(str(e)) from None
 
     sweep_overrides = tuple(OmegaConf.to_container(config.hydra.overrides.task))  # type: ignore[arg-type]
-    base = task_container(jobs[0][0]) if jobs else None
+    base = jobs[0][0] if jobs else None
     plan = plan_sweep(configs[0].sweep_name if configs else "specsweep", configs, base_config=base,
                       overrides=sweep_overrides, first_job_index=initial_job_idx)
     log.info("plan: %d run(s) on %d server(s)%s", plan.num_runs, len(plan.groups),
@@ -127,9 +125,10 @@ def _sweep_jobs(launcher: LauncherState, config: DictConfig, jobs: list[tuple[Di
         by_index = outcomes(all_runs, plan, done.ran, done.results, done.held)
 
     returns = []
-    for i, (cfg, overrides) in enumerate(jobs):
-        ret = JobReturn(overrides=list(overrides), cfg=_task_cfg(cfg), hydra_cfg=cfg,
-                        working_dir=cwd, task_name=str(config.hydra.job.name), status=JobStatus.COMPLETED)
+    for i, (_, overrides) in enumerate(jobs):
+        # no per-job DictConfig (building one costs ms a point): Hydra reads only the return value of a JobReturn
+        ret = JobReturn(overrides=list(overrides), working_dir=cwd, task_name=str(config.hydra.job.name),
+                        status=JobStatus.COMPLETED)
         ret.return_value = by_index.get(initial_job_idx + i)
         returns.append(ret)
     return returns
@@ -158,9 +157,3 @@ def run_single(cfg: DictConfig, overrides: Sequence[str], *, dry_run: bool = Fal
         raise RunFailed(f"run {result.run.name!r} {result.state.value}: "
                         f"{result.reason.value if result.reason else ''} {result.message}".rstrip())
     return result
-
-
-def _task_cfg(cfg: DictConfig) -> DictConfig:
-    # the top-level keys of a composed config are all str
-    task = OmegaConf.masked_copy(cfg, cast(list[str], [k for k in cfg.keys() if k != "hydra"]))
-    return task  # type: ignore[return-value]
