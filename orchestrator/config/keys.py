@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import difflib
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from orchestrator.config.problems import Problem
+from specsweep_vocab.redact import redact_override
 
 # The schema as a key tree (orchestrator.config.schema.schema_tree): name -> subtree, LEAF for a value, OPEN for a
 # dict-typed key (engine.env, cluster.runtime_env) under which any key is legal.
@@ -70,4 +71,36 @@ def config_key_problems(config: Mapping[str, Any], tree: Mapping[str, Any],
                 walk(value, sub[key], f"{prefix}{key}.")
 
     walk(config, tree, "")
+    return out
+
+
+def conflicting_override_problems(parsed: Sequence[Any], groups: Iterable[str], selected: Mapping[str, str],
+                                  overrides: tuple[str, ...] = ()) -> list[Problem]:
+    """Command-line overrides that contradict each other, which Hydra 1.3 resolves silently or with a bare message:
+    one key given different values (`model=tiny model=smollm2-135m`: Hydra keeps the last, for a config group and a
+    plain key alike; `seed=1,2 seed=3`: the sweeper keeps the last), and `+group=X` for a group the primary config
+    already selects (Hydra: "model appears more than once in the final defaults list"). `parsed`: Hydra's parsed
+    overrides; `selected`: group -> the option conf/config.yaml picks. The same value twice is harmless."""
+    groups = set(groups)
+    values: dict[str, list[tuple[str, str]]] = {}
+    out: list[Problem] = []
+    for o in parsed:
+        if o.is_delete() or o.input_line is None or "=" not in o.input_line:
+            continue
+        key = o.key_or_group + (f"@{o.package}" if o.package else "")
+        spelled, value = o.input_line.split("=", 1)
+        values.setdefault(key, []).append((spelled, value))
+        if o.is_add() and not o.package and key in selected:
+            out.append(Problem(spelled, value, f"{key}={value}: conf/config.yaml already selects a {key} "
+                               f"({selected[key]}), so {spelled} would add a second one, which Hydra refuses; `+` is "
+                               f"for a group nothing selects yet (+sweep=...)", overrides))
+    for key, given in values.items():
+        distinct = list(dict.fromkeys(v for _, v in given))
+        if len(distinct) > 1:
+            what = "config group" if key.split("@")[0] in groups else "key"
+            sweep = "" if any(v.startswith(("[", "{")) for v in distinct) else \
+                f"; to sweep over them: {redact_override(key + '=' + ','.join(distinct))}"
+            out.append(Problem(key, distinct, f"one value per {what} on the command line (given as "
+                               f"{', '.join(redact_override(s + '=' + v) for s, v in given)}; Hydra would silently "
+                               f"keep the last){sweep}", overrides))
     return out

@@ -27,6 +27,7 @@ from typing import Any, Optional, Sequence
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from orchestrator.config.domains import domain_problems
+from orchestrator.config.keys import conflicting_override_problems
 from orchestrator.config.run_config import CONTEXT_LEN, GEN_TOKENS, LOG_PATTERNS, RunConfig
 from orchestrator.config.settings import ClusterSettings, RegressSettings, Thresholds, TrackingSettings
 from orchestrator.config.validate import (LEAF, OPEN, ConfigError, Problem, config_key_problems, probe_file_problem,
@@ -251,12 +252,12 @@ def param_value(v: Any) -> str:
     if isinstance(v, str):
         return v
     if isinstance(v, (int, float)) or v is None:  # bool is an int: (type, value) tells True from 1
-        return _scalar_json(type(v), v)
+        return _scalar_json(type(v).__name__, v)
     return json.dumps(v)
 
 
 @functools.lru_cache(maxsize=65536)
-def _scalar_json(_: type, v: Any) -> str:
+def _scalar_json(_: str, v: Any) -> str:
     return json.dumps(v)
 
 
@@ -304,7 +305,9 @@ def config_groups() -> tuple[str, ...]:
 
 def override_key_problems(overrides: Sequence[str]) -> list[Problem]:
     """Command-line overrides whose key the schema does not have, each with the closest valid keys, before
-    Hydra composes (its own message suggests `+key=...`, which then fails or is silently ignored).
+    Hydra composes (its own message suggests `+key=...`, which then fails or is silently ignored), and overrides
+    that contradict each other (`keys.conflicting_override_problems`: one key given two values, `+group` for a
+    group conf/config.yaml already selects).
     Left to Hydra: hydra.* keys, config-group selections, deletions, keys under a dict (engine.env.X) and
     anything its parser rejects."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -329,7 +332,18 @@ def override_key_problems(overrides: Sequence[str]) -> list[Problem]:
             continue
         if (p := unknown_key_problem(key, value, tree, tuple(overrides))) is not None:
             out.append(p)
-    return out
+    return out + conflicting_override_problems(parsed, groups, selected_groups(), tuple(overrides))
+
+
+@functools.cache
+def selected_groups() -> dict[str, str]:
+    """group -> option, as conf/config.yaml's defaults list selects them (`engine: reference`, ...)."""
+    import importlib.resources
+
+    import yaml
+
+    defaults = yaml.safe_load((importlib.resources.files("conf") / "config.yaml").read_text())["defaults"]
+    return {k: str(v) for d in defaults if isinstance(d, dict) for k, v in d.items() if not k.startswith("override")}
 
 
 def to_run_config(cfg: DictConfig | Mapping[str, Any], overrides: tuple[str, ...] = (),

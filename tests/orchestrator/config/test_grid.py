@@ -112,3 +112,37 @@ def test_the_sweeper_leaves_composition_to_the_launcher():
                                               "drafter": "ngram,oracle"}
     sweeper = SpecsweepSweeper(max_batch_size=None)
     sweeper.validate_batch_is_legal([["no_such_key=1"]])  # would raise in Hydra's own sweeper: composes nothing
+
+
+@pytest.mark.parametrize("overrides, key, value, says", [
+    (["model=tiny", "model=smollm2-135m"], "model", ["tiny", "smollm2-135m"], "one value per config group"),
+    (["+sweep=smoke", "drafter=ngram", "drafter=oracle"], "drafter", ["ngram", "oracle"], "drafter=ngram,oracle"),
+    (["model=tiny", "+model=smollm2-135m"], "+model", "smollm2-135m", "already selects a model (smollm2-135m)"),
+    (["+model=tiny"], "+model", "tiny", "model=tiny"),
+    (["seed=1,2", "seed=3"], "seed", ["1,2", "3"], "seed=1,2,3"),
+    (["seed=1", "++seed=2"], "seed", ["1", "2"], "one value per key"),
+])
+def test_conflicting_overrides_are_refused_naming_the_key_the_values_and_what_is_allowed(overrides, key, value, says):
+    """Hydra 1.3.8 keeps the last of `model=tiny model=smollm2-135m` silently and answers `model=tiny
+    +model=smollm2-135m` with "model appears more than once in the final defaults list"."""
+    from orchestrator.config.schema import override_key_problems
+
+    problems = override_key_problems(overrides)
+    assert any(p.key == key and p.value == value and says in p.allowed for p in problems), problems
+
+
+@pytest.mark.parametrize("overrides", [["model=tiny", "model=tiny"], ["+sweep=smoke", "model=smollm2-135m"],
+                                       ["engine=stub", "engine.stub.token_s=0.1"], ["seed=1,2"]])
+def test_what_does_not_conflict_passes(overrides):
+    """The same value twice; the command line over a sweep file's choice; a group and a key under it."""
+    from orchestrator.config.schema import override_key_problems
+
+    assert override_key_problems(overrides) == []
+
+
+def test_a_secret_given_twice_is_not_printed():
+    from orchestrator.config.schema import override_key_problems
+    from orchestrator.config.validate import ConfigError
+
+    (p,) = override_key_problems(["engine.env.HF_TOKEN=abcdefgh", "engine.env.HF_TOKEN=ijklmnop"])
+    assert "abcdefgh" not in str(ConfigError([p])) and "ijklmnop" not in str(ConfigError([p]))
