@@ -1,6 +1,7 @@
 """Cron-scheduled sweeps submitted as Ray Jobs: never doubled, never silently lost.
 
-    specsweep-schedule list              # schedules and their next firing times
+    specsweep-schedule list              # schedules, their sweep and next firing times (no grid is composed)
+    specsweep-schedule check             # every schedule's grid checked as `python -m orchestrator` would
     specsweep-schedule run               # the daemon
     specsweep-schedule fire NAME         # submit one firing now
     specsweep-schedule fire NAME --fail-on-regression   # CI: wait; exit 3 when the sweep found a regression
@@ -74,7 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--address", default=os.environ.get("SPECSWEEP_JOB_SERVER"),
                         help="Ray job server URL (http://head:8265); default: a local Ray started here")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("list", help="schedules and their next firing times")
+    sub.add_parser("list", help="schedules, their sweep and next firing times (reads the files: no grid is composed)")
+    sub.add_parser("check", help="every schedule's grid checked point by point, as the fired sweep would be")
     run_p = sub.add_parser("run", help="the daemon")
     run_p.add_argument("--poll", type=float, default=5.0, help="seconds between passes")
     fire_p = sub.add_parser("fire", help="submit one firing of NAME now")
@@ -96,8 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not schedules:
                 log.error("no usable schedule in %s", args.schedule_dir or "the default folder")
                 return 2
-        else:
-            schedules = load_schedules(args.schedule_dir)
+        else:  # `list` reads the files and checks keys and conflicts; the grid of each is for `check` and firing
+            schedules = load_schedules(args.schedule_dir, grid=args.command != "list")
     except ScheduleError as e:
         log.error("%s", e)
         return 2
@@ -105,9 +107,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     now = utcnow()
 
     if args.command == "list":
-        _print_table([[s.name, s.cron, s.timezone, " ".join(s.overrides), str(s.enabled),
+        _print_table([[s.name, s.cron, s.timezone, s.sweep or "-", " ".join(s.overrides), str(s.enabled),
                        s.next_firing(now).isoformat() if s.enabled else "-"] for s in schedules],
-                     ["name", "cron", "timezone", "overrides", "enabled", "next firing (UTC)"])
+                     ["name", "cron", "timezone", "sweep", "overrides", "enabled", "next firing (UTC)"])
+        return 0
+    if args.command == "check":
+        log.info("%d schedule(s), every grid point valid: %s", len(schedules), ", ".join(by_name) or "(none)")
         return 0
     if args.command == "history":
         state = StateStore(args.state)

@@ -1,8 +1,9 @@
 """A schedule: one YAML file of `orchestrator/schedules/` (or `--schedule-dir`), parsed and checked, and its
 firing times.
 
-    load_schedules(directory=None) -> list[Schedule]   every file checked, the sweep's own rules included; one
-                                                       ScheduleError lists every problem of every file
+    load_schedules(directory=None, *, grid=True) -> list[Schedule]   every file checked, the sweep's own rules
+                                                       included (grid=False: keys and conflicts only, no grid
+                                                       composed); one ScheduleError lists every problem of every file
     read_schedules(directory=None) -> (schedules, problems)   the good files and one line per bad one (the daemon
                                                        keeps firing the good ones); a missing folder is an error
     Schedule.firings_between(after, until), .next_firing(now), .submission_id(scheduled), .entrypoint()
@@ -151,29 +152,31 @@ def _can_fire(cron: str) -> bool:
     return True
 
 
-def sweep_problems(schedule: Schedule, *, source: str) -> list[str]:
+def sweep_problems(schedule: Schedule, *, source: str, grid: bool = True) -> list[str]:
     """The schedule's overrides checked with the sweep's own rules (`python -m orchestrator` would refuse
-    them before starting anything); a problem shared by several grid points is listed once."""
+    them before starting anything); a problem shared by several grid points is listed once. `grid=False`: only
+    what needs no composition (unknown keys, conflicting overrides), for `specsweep-schedule list`."""
     from orchestrator.config.jobs import check_overrides
+    from orchestrator.config.schema import override_key_problems
 
     counts: dict[tuple[str, str, str], int] = {}
-    for p in check_overrides(schedule.overrides):
+    for p in check_overrides(schedule.overrides) if grid else override_key_problems(schedule.overrides):
         key = (p.key, repr(p.value), p.allowed)
         counts[key] = counts.get(key, 0) + 1
     return [f"schedule '{schedule.name}' ({source}): {key}={value} is invalid; allowed: {allowed}"
             + (f" (in {n} grid points)" if n > 1 else "") for (key, value, allowed), n in counts.items()]
 
 
-def load_schedules(directory: Path | None = None) -> list[Schedule]:
-    """Every schedule of `directory`, each checked as its sweep would be; raises one ScheduleError listing
-    every problem of every file."""
-    schedules, problems = read_schedules(directory)
+def load_schedules(directory: Path | None = None, *, grid: bool = True) -> list[Schedule]:
+    """Every schedule of `directory`, each checked as its sweep would be (`grid=False`: without composing its
+    grid); raises one ScheduleError listing every problem of every file."""
+    schedules, problems = read_schedules(directory, grid=grid)
     if problems:
         raise ScheduleError("\n".join(problems))
     return schedules
 
 
-def read_schedules(directory: Path | None = None) -> tuple[list[Schedule], list[str]]:
+def read_schedules(directory: Path | None = None, *, grid: bool = True) -> tuple[list[Schedule], list[str]]:
     """The schedules of `directory` that pass every check, and one message per problem of the others; raises
     ScheduleError when the folder itself does not exist."""
     import yaml
@@ -188,7 +191,7 @@ def read_schedules(directory: Path | None = None) -> tuple[list[Schedule], list[
     for path in sorted(p for pattern in SUFFIXES for p in Path(directory).glob(pattern)):
         try:
             schedule = parse_schedule(yaml.safe_load(path.read_text()), source=str(path), sweeps=sweeps)
-            if bad := sweep_problems(schedule, source=str(path)):
+            if bad := sweep_problems(schedule, source=str(path), grid=grid):
                 raise ScheduleError("\n".join(bad))
             schedules.append(schedule)
         except ScheduleError as e:

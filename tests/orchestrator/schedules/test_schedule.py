@@ -101,7 +101,7 @@ def test_sweep_axes_in_a_schedules_overrides_are_expanded(tmp_path):
     assert schedule.overrides == ("+sweep=smoke", "context_len=64,128", "page_size=1")
 
 
-def test_schedule_list_refuses_a_bad_override_before_starting_anything(tmp_path):
+def test_schedule_check_refuses_a_bad_override_before_starting_anything(tmp_path):
     import subprocess
     import sys
 
@@ -109,7 +109,7 @@ def test_schedule_list_refuses_a_bad_override_before_starting_anything(tmp_path)
     write(tmp_path, "nightly", "cron: '0 2 * * *'\noverrides: ['+sweep=smoke', 'page_size=0']\n")
     probe = ("import atexit, sys; from orchestrator.schedule import main; "
              "atexit.register(lambda: print('ray imported:', 'ray' in sys.modules)); sys.exit(main(sys.argv[1:]))")
-    proc = subprocess.run([sys.executable, "-c", probe, "--schedule-dir", str(tmp_path), "list"], cwd=tmp_path,
+    proc = subprocess.run([sys.executable, "-c", probe, "--schedule-dir", str(tmp_path), "check"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(root / "kernels")])))
     assert proc.returncode == 2
@@ -306,3 +306,22 @@ def test_no_overlap_with_a_running_firing(tmp_path, job_server_url, caplog):
     daemon.tick()  # 12:03 after 12:01 ended: submitted
     assert backend.created == [first, schedule.submission_id(T0 + dt.timedelta(minutes=3))]
 
+
+
+def test_schedule_list_reads_the_files_and_composes_no_grid(tmp_path, monkeypatch, capsys):
+    """A 2,000-point grid listed without composing it: name, cron, sweep and the next firing; a typo'd key is still
+    refused (it needs no composition), a value only the grid can check is left to `check` and firing."""
+    import orchestrator.config.jobs as jobs
+    from orchestrator.schedule import main
+
+    def no_grid(*args, **kwargs):
+        raise AssertionError("list composed a grid")
+
+    monkeypatch.setattr(jobs, "check_overrides", no_grid)
+    monkeypatch.setenv("COLUMNS", "300")  # one line a row
+    write(tmp_path, "big", "cron: '0 2 * * *'\noverrides: ['+sweep=smoke', 'seed=range(0,250)', 'page_size=0']\n")
+    assert main(["--schedule-dir", str(tmp_path), "list"]) == 0
+    out = capsys.readouterr().out
+    assert "big" in out and "0 2 * * *" in out and "smoke" in out and "T02:00:00+00:00" in out
+    write(tmp_path, "big", "cron: '0 2 * * *'\noverrides: ['+sweep=smoke', 'contxt_len=5']\n")
+    assert main(["--schedule-dir", str(tmp_path), "list"]) == 2
