@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 SGLANG = ("engine=sglang", "model=qwen3-8b", "attention=triton")
 SCHED = ("--schedule-dir", "sched", "list")
+SCHED_CHECK = ("--schedule-dir", "sched", "check")  # `list` composes no grid: a grid point's value is `check`'s
 SMOKE_SCHEDULE = "cron: '0 2 * * *'\noverrides: ['+sweep=smoke']\n"
 
 
@@ -54,7 +55,7 @@ BASE_CASES = (
     Case("tracking host that does not resolve", ("tracking=server", "tracking.uri=http://mlflow.invalid:5000")),
     Case("tracking=server without tracking.uri", ("tracking=server",)),
     Case("SQLite store in a missing folder", ("tracking.uri=sqlite:///no/such/dir/mlflow.db",)),
-    Case("schedule with page_size=0", ("--schedule-dir", "sched", "list"), module="orchestrator.schedule",
+    Case("schedule with page_size=0", SCHED_CHECK, module="orchestrator.schedule",
          files={"sched/nightly.yaml": "cron: '0 2 * * *'\noverrides: ['+sweep=smoke', 'page_size=0']\n"}),
     Case("(control) single-run dry run", ("hydra.launcher.dry_run=true",), runs=True),
 )
@@ -97,7 +98,7 @@ SCHEDULE_CASES = (
          files={"sched/n.yaml": SMOKE_SCHEDULE + "misfire_grace: .nan\n"}),
     Case("schedule: name with a path", SCHED, module="orchestrator.schedule",
          files={"sched/n.yaml": SMOKE_SCHEDULE + "name: ../x\n"}),
-    Case("schedule: .yml file with page_size=0", SCHED, module="orchestrator.schedule",
+    Case("schedule: .yml file with page_size=0", SCHED_CHECK, module="orchestrator.schedule",
          files={"sched/n.yml": "cron: '0 2 * * *'\noverrides: ['+sweep=smoke', 'page_size=0']\n"}),
     Case("schedule: folder does not exist", ("--schedule-dir", "nope", "list"), module="orchestrator.schedule"),
     Case("(control) schedule list", SCHED, module="orchestrator.schedule", files={"sched/ok.yaml": SMOKE_SCHEDULE},
@@ -106,6 +107,18 @@ SCHEDULE_CASES = (
 GRID_CASES = (
     Case("(control) duplicate points run once, with a warning",
          ("+sweep=smoke", "page_size=16,16", "hydra.launcher.dry_run=true"), runs=True),
+    Case("grid: one config group given two values", ("model=tiny", "model=smollm2-135m")),
+    Case("grid: a group as a choice and as +group", ("model=tiny", "+model=smollm2-135m")),
+    Case("grid: +group for a group config.yaml selects", ("+model=tiny",)),
+    Case("grid: a sweep axis given twice", ("+sweep=smoke", "drafter=ngram", "drafter=oracle")),
+    Case("grid: a plain key given two values", ("+sweep=smoke", "seed=1,2", "seed=3")),
+    Case("(control) an 8,000-point grid validates and plans (dry run, plan lines not logged)",
+         ("+sweep=smoke", "engine=stub", "context_len=range(256,2816,256)", "seed=range(0,200)",
+          "probe=predictable,novel", "drafter=ngram,oracle", "hydra.launcher.dry_run=true", "hydra/job_logging=disabled"),
+         runs=True),  # logging off: its 8,000 plan lines would fill the pipe the battery reads at the end
+    Case("(control) schedule list of a 2,000-point grid composes no grid", SCHED, module="orchestrator.schedule",
+         files={"sched/big.yaml": "cron: '0 2 * * *'\noverrides: ['+sweep=smoke', 'seed=range(0,250)']\n"},
+         runs=True),
 )
 MODEL_CASES = (
     Case("model fact overridden: max_context_len=16384 on the 8k SmolLM2", ("model.max_context_len=16384",)),
