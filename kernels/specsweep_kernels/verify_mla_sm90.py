@@ -14,7 +14,9 @@ for the new tokens k_new under the tree mask) through a two-stage shared-memory 
   two-tile one); for T >= 2 the first tile's rescale and P exchange are issued after S of
   the second tile (under_s: 0.7-1.7% on T >= 2, 2026-12-02); each stage is refilled as soon as every warp is done with it, so two
   tiles are in flight across the iteration's boundary (+1-4%), and the slot / page words of a refill are
-  loaded one refill ahead (page 1: +2-13%). Every wgmma is waited for inside the iteration that issued
+  loaded one refill ahead (page 1: +2-13%). The tree mask is loaded per tile in the new-token programs' branch, so
+  no [64, 64] mask is live across the prefix loop (MASK_IN_BRANCH: 7-14% on 8 heads T 8..17, 2026-12-03). Every
+  wgmma is waited for inside the iteration that issued
   it: one in flight across the loop's back edge made ptxas serialise every wgmma of the kernel (C7514), which cost
   10-20% (ptxas's own report; all figures H200, 2026-12-01, journal in docs/measurements/2026-12-01-h200/).
 - calls of at most 32 rows (16 heads at T = 1 / 2, DeepSeek's decode under TP 8): _mla_verify_sm90_narrow_kernel,
@@ -458,7 +460,14 @@ def _mla_verify_sm90_narrow_kernel(
                        T, HQ, 1)
 
 
-MASK_IN_BRANCH = True  # the 64-row kernel's tree mask: per tile in the new-token branch (A/B switch, issue 31)
+# The 64-row kernel's tree mask: loaded per tile in a branch only the new-token programs take, not once before the
+# loop as a [64, 64] mask live across every prefix program's loop. That freed registers in a kernel at 255 (T = 9:
+# 255 regs and 2 spills before, 254 and none after) and was, A/B in one process (H200, 2026-12-03, run 9 of
+# docs/measurements/2026-12-03-h200/): 13.3% faster on 8 heads x a 9-node tree at 185k page 1 (154.5 -> 134.0 us),
+# 14.3% at T = 12, 10.2% at T = 17, 7.0% at T = 8, 9.6% at 64k T = 9, 1.2-2.9% on 64 / 128-head and ragged 16-head
+# rows; slower on one row, 16 heads x a 9-node tree at 185k (+2.7%: 178.1 -> 182.9 us); batch-1 grid of run 44 within
+# -3.7% .. +0.9% (run 10). False restores the old order (the A/B's other arm).
+MASK_IN_BRANCH = True
 
 
 def under_s(num_tokens: int) -> bool:
