@@ -30,9 +30,8 @@ import sys
 from typing import Any, Mapping
 
 from specsweep_vocab.spec import Algorithm, ServerSpec, SGLangOptions
-from workers.engine_counters import DEVICE_TIMER_ENV
-from specsweep_vocab.sglang_facts import (SGLANG_PLUGIN_BACKENDS, SPEC_MAX_RUNNING_REQUESTS, SGLangFacts,
-                                          resolved_backends, sglang_draft_backend, sglang_facts)
+from specsweep_vocab.sglang_facts import (DEVICE_TIMER_ENV, SGLANG_PLUGIN_BACKENDS, SPEC_MAX_RUNNING_REQUESTS,
+                                          SGLangFacts, resolved_backends, sglang_draft_backend, sglang_facts)
 
 LONGER_CONTEXT_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
 
