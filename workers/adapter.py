@@ -1,7 +1,7 @@
 """The engine interface: what differs between engines, behind one class (submitit's executor backends are the model).
 
 An engine is a folder (workers/sglang/, workers/reference/, workers/stub/) whose `adapter.py` subclasses
-`EngineAdapter`; the registry `workers.engine.adapter_for(kind)` hands it to the generic code:
+`EngineAdapter`; the registry `workers.registry.adapter_for(kind)` hands it to the generic code:
 
     adapter.build_argv(server, port, node_rank=None) -> list[str]   the one argv builder of the engine
     adapter.env(server) -> dict[str, str]                            extra environment of its process
