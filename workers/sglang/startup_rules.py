@@ -159,14 +159,11 @@ def min_tp_size(point: PlanPoint) -> int:
 
 
 def weights_problems(point: PlanPoint, bad: Bad) -> None:
-    if point.cluster.gpu_memory_gib is not None and not point.cluster.gpu_memory_gib > 0:
-        bad("cluster.gpu_memory_gib", point.cluster.gpu_memory_gib, "null or a number of GiB > 0")
-        return
     if point.model.weight_dtype is not None and point.model.weight_dtype not in WEIGHT_BYTES:
         bad("model.weight_dtype", point.model.weight_dtype, "null or one of " + ", ".join(WEIGHT_BYTES))
         return
     b = _budget(point)
-    if b is None or point.tp_size < 1:
+    if b is None:
         return
     total, budget, how, where = b
     per_gpu = total / point.tp_size
