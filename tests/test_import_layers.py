@@ -241,7 +241,7 @@ ENGINE_KIND_NAMES = ("EngineKind.SGLANG", "EngineKind.REFERENCE", "EngineKind.ST
 
 def test_the_config_rules_name_no_engine():
     """The generic checks branch on no engine kind: an engine's rules are its own (workers/<engine>/rules.py)."""
-    for name in ("validate", "context", "engine_args", "model_facts"):
+    for name in ("validate", "context", "engine_args", "model_facts", "plan"):
         text = MODULES[f"orchestrator.config.{name}"].read_text()
         assert not [k for k in ENGINE_KIND_NAMES if k in text], name
 

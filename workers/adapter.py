@@ -25,6 +25,8 @@ plan-time rules and estimates live in its folder (`workers/<engine>/rules.py`), 
     adapter.context_problem(point) -> Problem | None    does the prompt and every gen_token fit the server's context
     adapter.draft_path_allowed(point) -> str            what to say when a drafter needs a model path and has none
     adapter.resource_estimate(point) -> Resources       min tp_size for the weights, requests that run at once
+    adapter.server_engine(engine) -> EngineSpec         the EngineSpec its servers start with (the stub: timing flags)
+    adapter.run_params(point) -> {param: value}         params recorded with each run (SGLang: resolved backends)
     adapter.owned_flags(server) -> {flag}               the flags its argv builder sets itself (not for extra_args)
     adapter.argv_problem(server) -> str | None          what the engine's own parser says of the full argv
     adapter.model_file(path) -> str | None              the local file or folder the engine loads for model.path
@@ -44,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from specsweep_vocab.plan_point import PlanPoint, Resources, argv_flags, context_limit_words, server_context_len
 from specsweep_vocab.problem import Problem
-from specsweep_vocab.spec import Algorithm, EngineKind, ServerSpec
+from specsweep_vocab.spec import Algorithm, EngineKind, EngineSpec, ServerSpec
 
 if TYPE_CHECKING:
     from workers.engine_counters import Scrape
@@ -214,6 +216,16 @@ class EngineAdapter:
         """What is allowed when the drafter's algorithm needs a draft model path and none is set."""
         return (f"a draft model path for {point.drafter.algorithm.value} "
                 "(e.g. drafter.draft_model_path=<a checkpoint dir or HF id>)")
+
+    def server_engine(self, engine: EngineSpec) -> EngineSpec:
+        """The EngineSpec a server of this engine is started with (part of its ServerSpec); this default: as
+        configured."""
+        return engine
+
+    def run_params(self, point: PlanPoint) -> dict[str, str]:
+        """Params recorded with each run besides the config's own (e.g. what the engine resolves); this default:
+        none."""
+        return {}
 
     def resource_estimate(self, point: PlanPoint) -> Resources:
         """What one grid point needs of this engine. This default knows nothing."""

@@ -31,7 +31,7 @@ def owned_flags(server: ServerSpec) -> frozenset[str]:
 def _server_problems(server: ServerSpec, stub_extra: int) -> list[tuple[str, object, str]]:
     out: list[tuple[str, object, str]] = []
     owned = owned_flags(server)
-    # with_stub_flags put the stub's own timing flags first: those are engine.stub.*, not the user's
+    # the adapter's server_engine may put the engine's own flags first (the stub's timing): those are not the user's
     user_engine = server.engine.extra_args[stub_extra:]
     for key, args in (("engine.extra_args", user_engine), ("drafter.extra_args", server.drafter.extra_args)):
         for flag in sorted(argv_flags(args) & owned):

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 from specsweep_vocab.redact import redact_override
 from specsweep_vocab.spec import EngineKind, EngineSpec, JobKind, RunSpec, ServerGroup, ServerSpec, stable_hash
 from orchestrator.config.validate import check_context, server_context_len
-from specsweep_vocab.sglang_facts import resolved_backends
+from workers.registry import adapter_for
 
 if TYPE_CHECKING:
     from orchestrator.config.schema import RunConfig
@@ -73,12 +73,9 @@ def build_name(rc: RunConfig) -> str:
 
 
 def with_stub_flags(engine: EngineSpec) -> EngineSpec:
-    """The EngineSpec a server is started with (this starts nothing). The stub engine takes its timing as flags in
-    `extra_args` (workers/stub/adapter.py StubAdapter): `engine.stub` is prepended there as `--stub-*` flags; any other
-    engine is returned as it is."""
-    if engine.kind is EngineKind.STUB and engine.stub is not None:
-        return replace(engine, extra_args=engine.stub.argv() + engine.extra_args)
-    return engine
+    """The EngineSpec a server is started with (this starts nothing), as its engine's adapter says
+    (`EngineAdapter.server_engine`: the stub takes its timing as `--stub-*` flags prepended to `extra_args`)."""
+    return adapter_for(engine.kind).server_engine(engine)
 
 
 def build_server(rc: RunConfig) -> ServerSpec:
@@ -105,9 +102,8 @@ def build_run(rc: RunConfig, job_index: int) -> RunSpec:
                        run_hash=stable_hash("kernel", rc.kernel), name=rc.kernel.name + f" dtype={rc.kernel.dtype}",
                        params=params, overrides=overrides, kernel=rc.kernel)
     server = build_server(rc)
-    if rc.engine.kind is EngineKind.SGLANG:  # which backend runs prefill, decode and verify (not identity)
-        params = tuple(sorted({**dict(params), **resolved_backends(rc.attention, rc.drafter.algorithm).params()}
-                              .items()))
+    if extra := adapter_for(rc.engine.kind).run_params(rc):  # e.g. SGLang's resolved backends (not identity)
+        params = tuple(sorted({**dict(params), **extra}.items()))
     return RunSpec(job_index=job_index, server=server, probe=rc.probe, run_hash=stable_hash(server, rc.probe),
                    name=build_name(rc), params=params, overrides=overrides, log_patterns=rc.log_patterns)
 

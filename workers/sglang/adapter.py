@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from specsweep_vocab.plan_point import PlanPoint, Resources
 from specsweep_vocab.problem import Problem
+from specsweep_vocab.sglang_facts import resolved_backends
 from specsweep_vocab.spec import Algorithm, EngineKind, ServerSpec
 from workers.adapter import EngineAdapter, NodeRank, RunObserver, with_node_rank
 from workers.sglang import rules
@@ -39,6 +40,10 @@ class SGLangAdapter(EngineAdapter):
         silently = (" (SGLang would silently draft with the target itself: that is drafter=oracle)"
                     if point.drafter.algorithm is not Algorithm.DFLASH else "")
         return super().draft_path_allowed(point) + silently
+
+    def run_params(self, point: PlanPoint) -> dict[str, str]:
+        """Which backend runs prefill, decode and verify (not identity: `specsweep_vocab.sglang_facts`)."""
+        return resolved_backends(point.attention, point.drafter.algorithm).params()
 
     def resource_estimate(self, point: PlanPoint) -> Resources:
         return Resources(min_tp_size=min_tp_size(point), max_concurrency=rules.max_concurrency(point))
