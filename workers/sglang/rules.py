@@ -182,7 +182,9 @@ def _speculation_problems(point: PlanPoint, rules: Any) -> list[Problem]:
         if d.topk != 1:
             bad("drafter.topk", d.topk, f"1 with DFLASH (no tree variant in SGLang {rules.version})")
         resolved = draft or a.prefill_backend or a.backend
-        if resolved not in SGLANG_DRAFT_BACKENDS:  # SGLang would fall back to flashinfer with a warning
+        # SGLang would fall back to flashinfer with a warning: `_resolve_dflash_draft_attention_backend`,
+        # sglang/srt/arg_groups/speculative_hook.py:886-944 (the warning at :937)
+        if resolved not in SGLANG_DRAFT_BACKENDS:
             bad("attention.draft_backend", a.draft_backend,
                 f"one of {', '.join(SGLANG_DRAFT_BACKENDS)} for the DFLASH draft worker "
                 f"(the target's prefill backend {resolved!r} is not one)")
