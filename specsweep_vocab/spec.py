@@ -48,6 +48,10 @@ class Algorithm(str, enum.Enum):
     DFLASH = "DFLASH"
 
 
+# probe.repeats: at most this many prompts a point (the t-interval is already within 2 % of the normal one at 30)
+MAX_REPEATS = 64
+
+
 class ProbeKind(str, enum.Enum):
     PREDICTABLE = "predictable"
     NOVEL = "novel"
@@ -290,6 +294,9 @@ class ProbeSpec:
     temperature: float = 0.0
     # requests in flight at once (one client thread each)
     concurrency: int = field(default=1, metadata=domain(Int(1, 1024), IDENTITY_IF_NOT_DEFAULT))
+    # prompts per point, one after another: the same kind, a different text each (workers/prompts.py); the run
+    # records each metric's mean and 95 % interval over them (workers/repeats.py)
+    repeats: int = field(default=1, metadata=domain(Int(1, MAX_REPEATS), IDENTITY_IF_NOT_DEFAULT))
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,8 @@ from workers.derived import derived_metrics
 from workers.engine import EngineProcess, NodeRank, adapter_for
 from workers.errors import EngineDied, EngineStartFailed, WorkerError
 from workers.log_patterns import apply_log_patterns, file_size, follow_log, wait_quiet
-from workers.probe import run_probe
+from workers.probe import Measurement, run_probe
+from workers.repeats import combine
 from workers.telemetry import GpuSampler, gpu_identity
 
 logger = logging.getLogger(__name__)
@@ -182,20 +183,16 @@ class GroupRunner:
             if engine is None or pid is None:
                 raise RuntimeError(f"group {self.group_id}: no spawned engine after _ensure_engine()")
             result.tags.update(engine_start=str(self.engine_starts), engine_pid=str(pid))
-            self.observer.before_run(engine.base_url, pid)
             if spec.log_patterns:  # the run's own lines: from just before its flush
                 log_offset = file_size(self.log_path)
             sampler = self._sampler() if self.on_gpu else None
             try:
-                m = run_probe(engine.base_url, spec.probe, self.adapter.prompt_kind,
-                              expect_spec=self.server.drafter.algorithm is not Algorithm.NONE,
-                              timeout_s=self.server.engine.request_timeout_s,
-                              model_path=self.adapter.prompt_model(self.server), **self.observer.probe_kwargs())
+                m, repeat_tags = combine([self._probe(engine.base_url, pid, spec, r, result.tags)
+                                          for r in range(spec.probe.repeats)])
             finally:
                 samples = sampler.stop() if sampler else None
-            m.notes += self.observer.after_run(engine.base_url, m.metrics, result.tags)
             result.metrics, result.series, result.engine_time_s = m.metrics, m.series, m.engine_time_s
-            result.metrics.update(derived_metrics(result.metrics, self.server.model, on_gpu=self.on_gpu))
+            result.tags.update(repeat_tags)
             if sampler is not None and samples is not None and sampler.available:  # NVML missing or no GPU: nothing recorded
                 result.metrics.update(samples.metrics())
                 result.series.update(samples.series())
@@ -216,6 +213,18 @@ class GroupRunner:
             result.tags["failure_reason"] = result.reason.value
         result.ended_at = time.time()
         return result
+
+    def _probe(self, base_url: str, pid: int, spec: RunSpec, repeat: int, tags: dict[str, str]) -> Measurement:
+        """One of the run's probe.repeats prompts, measured as a whole run is: the observer's counters around it
+        (verify_step_ms of this prompt alone) and the derived figures."""
+        self.observer.before_run(base_url, pid)
+        m = run_probe(base_url, spec.probe, self.adapter.prompt_kind,
+                      expect_spec=self.server.drafter.algorithm is not Algorithm.NONE,
+                      timeout_s=self.server.engine.request_timeout_s, model_path=self.adapter.prompt_model(self.server),
+                      repeat=repeat, **self.observer.probe_kwargs())
+        m.notes += self.observer.after_run(base_url, m.metrics, tags)
+        m.metrics.update(derived_metrics(m.metrics, self.server.model, on_gpu=self.on_gpu))
+        return m
 
     def _log_series(self, spec: RunSpec, offset: int, result: RunResult) -> None:
         """`metrics.log_patterns` over the log lines this run produced; never fails the run it observes."""
