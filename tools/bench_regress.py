@@ -39,7 +39,9 @@ from typing import IO
 from pathlib import Path
 
 from orchestrator.config.plan import Plan
-from orchestrator.results.regress.compare import Comparison
+from orchestrator.config.settings import RegressSettings
+from orchestrator.results.regress.compare import Comparison, compare
+from orchestrator.results.regress.history import load_history, select_baseline
 from orchestrator.results.regress.section import changes_section
 from orchestrator.results.tracking import Tracker
 from specsweep_vocab.spec import ProbeKind, ProbeSpec, RunSpec, RunState, ServerGroup, stable_hash
@@ -182,6 +184,28 @@ def identical(tracker: Tracker, groups, work: Path, n: int, lock: PieceLock) -> 
     return alarms, judged
 
 
+def rejudge(client, experiment: str, settings: RegressSettings, last: int | None = None) -> tuple[list, int]:
+    """The experiment's sweeps judged again, each against the ones before it, with `settings` (no new sweep: what
+    another min_rel_change or max_z would have said of the same measurements). `last`: leave out the last sweeps
+    from this index on (a detection sweep)."""
+    history = load_history(client, client.get_experiment_by_name(experiment).experiment_id)
+    alarms, judged = [], 0
+    for i, parent in enumerate(history.parents[:last]):
+        c = compare(history, parent.run_id, select_baseline(client, history, parent.run_id, settings), settings)
+        alarms += [(i + 1, *f) for f in sorted(flagged(c))]
+        judged += sum(1 for p in c.points for v in p.verdicts if v.n_baseline > 0)
+    return alarms, judged
+
+
+def rejudge_rows(client, experiment: str, what: str, last: int | None) -> list[tuple[str, str, str]]:
+    rows = []
+    for min_rel, max_z in ((0.03, 4.0), (0.1, 4.0), (0.2, 4.0), (0.3, 4.0)):
+        alarms, judged = rejudge(client, experiment, RegressSettings(min_rel_change=min_rel, max_z=max_z), last)
+        rows.append((f"false alarms: {what}, the same sweeps re-judged", f"min_rel_change={min_rel:g}, "
+                     f"max_z={max_z:g}", alarm_text(alarms, judged)))
+    return rows
+
+
 def alarm_text(alarms: list, judged: int) -> str:
     return f"{len(alarms)} flagged of {judged} verdicts" + (f": {alarms[:4]}" if alarms else "")
 
@@ -219,7 +243,8 @@ def reference_rows(uri: str, work: Path, sweeps: int, lock: PieceLock) -> list[t
     return [("false alarms: reference engine, SmolLM2-135M, identical sweeps",
              f"{sweeps} sweeps x 4 points (ctx 512, 32 tokens)", alarm_text(alarms, judged)),
             ("detection: reference ngram matcher capped at 1 draft token (env, not in the point)",
-             "expected: the 2 ngram points", detection_text(c, ngram) + f"; regression tag: {c.tag() if c else '?'}")]
+             "expected: the 2 ngram points", detection_text(c, ngram) + f"; regression tag: {c.tag() if c else '?'}"),
+            *rejudge_rows(tracker.client, tracker.experiment, "reference engine", last=sweeps)]
 
 
 def smallest_drop(uri: str, work: Path, gen_tokens: int, repeats: int, history: int, min_rel: float,
@@ -254,8 +279,15 @@ def main() -> int:
     ap.add_argument("--reference", type=int, default=0, help="identical reference-engine sweeps (0: skip)")
     ap.add_argument("--lock", default=None, help="flock this file around the sweeps, in pieces (a shared machine)")
     ap.add_argument("--hold-s", type=float, default=60.0, help="give the lock back after a sweep past this long")
+    ap.add_argument("--rejudge", default=None, metavar="DB",
+                    help="only re-judge the identical reference sweeps of a saved store (sqlite file)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.rejudge:
+        tracker = Tracker(f"sqlite:///{args.rejudge}", "bench-ref")
+        for r in rejudge_rows(tracker.client, "bench-ref", "reference engine", last=args.reference or None):
+            print("| " + " | ".join(r) + " |")
+        return 0
     rows = []
     lock = PieceLock(args.lock, args.hold_s)
     with tempfile.TemporaryDirectory(prefix="bench-regress-") as tmp:

@@ -178,3 +178,7 @@ def test_default_baseline_is_the_last_history_finished_parents_of_the_sweep(stor
     assert c is not None and [p.run_id for p in c.baseline.parents] == kept and failed not in kept
     assert c.baseline.label.startswith("the last 2 FINISHED run(s) of this sweep")
     assert c.tag() == "none" and all(v.n_baseline == 2 for p in c.points for v in p.verdicts)
+    tracker.end_parent(RunState.FINISHED)
+    pinned = record(tracker, grid(), lambda s: BASE, base_config={"regress": {"baseline": kept[0]}}, finish=False)
+    c = changes_section(tracker.client, pinned, tmp_path).comparison  # pinned by parent run id
+    assert c is not None and [p.run_id for p in c.baseline.parents] == kept[:1]
