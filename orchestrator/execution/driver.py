@@ -169,8 +169,9 @@ class Driver:
 
     def handle(self, ref: ray.ObjectRef) -> None:
         slot, kind = self.refs.pop(ref)
+        wait_s = slot.group.server.engine.request_timeout_s  # a ready result (ray.wait): only its transfer is waited
         try:
-            value = ray.get(ref, timeout=60)
+            value = ray.get(ref, timeout=wait_s)
         except RayActorError as e:
             if kind == "fstop":  # a follower that died while stopping: nothing is lost
                 self._follower_stopped(slot)
@@ -178,6 +179,8 @@ class Driver:
                 self.lost(slot, e)
             return
         except (RayTaskError, GetTimeoutError) as e:  # a bug in the worker, not the engine
+            if isinstance(e, GetTimeoutError):
+                e = GetTimeoutError(f"the {kind} result was not fetched within engine.request_timeout_s={wait_s:g}")
             if kind == "run":
                 spec = slot.runs.pop(ref)
                 self.emit(RunResult(run=spec, state=RunState.FAILED, reason=FailureReason.WORKER_ERROR,
