@@ -64,6 +64,7 @@ RAY_START_TIMEOUT = "timed out during startup"
 # How long a Ray call made while the sweep stops (killing actors, shutting Ray down) may take before Ray is taken to
 # be gone (its GCS stopped by the same signal). Ray answers these in well under a second when it is alive (2-core VM).
 RAY_STOP_WAIT_S = 5.0
+RESIGNAL_S = 0.5  # an interrupt Ray's start swallowed is raised again this often until the start is left
 _abandoned = threading.Event()
 
 
@@ -135,61 +136,74 @@ def connect_ray(cluster: ClusterSettings, gpus_needed: int = 0) -> bool:
     # ray.init replaces the SIGTERM handler by its own `sys.exit(signum)` (ray/_private/worker.py:1675-1679) and its
     # start path can swallow a KeyboardInterrupt raised inside it: `_signals_seen` keeps our handlers and remembers
     # every SIGINT/SIGTERM of the start, which then ends it however Ray took it
-    with _signals_seen() as seen:
-        for attempt in (1, 2):
-            try:
+    for attempt in (1, 2):
+        seen: list[int] = []
+        try:
+            with _signals_seen(seen):
                 init_local_ray(num_cpus=cluster.num_cpus, num_gpus=num_gpus, object_store_memory=mb * 2**20,
                                include_dashboard=cluster.include_dashboard, **common)
-                if seen:  # an interrupt Ray's start swallowed
-                    raise interrupt_for(seen[0])
-                return True
-            except (KeyboardInterrupt, SystemExit) as e:  # Ctrl-C or SIGTERM while Ray starts: stop what started
+            if seen:  # an interrupt Ray's start swallowed
+                raise interrupt_for(seen[0])
+            return True
+        except (KeyboardInterrupt, SystemExit) as e:  # Ctrl-C or SIGTERM while Ray starts: stop what started
+            shutdown_ray(interrupted=True)
+            if isinstance(e, SystemExit):
+                raise interrupt_for(seen[0] if seen else signal.SIGTERM) from None
+            raise
+        except Exception as e:
+            if seen:
                 shutdown_ray(interrupted=True)
-                if isinstance(e, SystemExit):
-                    raise interrupt_for(seen[0] if seen else signal.SIGTERM) from None
+                raise interrupt_for(seen[0]) from None
+            if RAY_START_TIMEOUT not in str(e):
                 raise
-            except Exception as e:
-                if seen:
-                    shutdown_ray(interrupted=True)
-                    raise interrupt_for(seen[0]) from None
-                if RAY_START_TIMEOUT not in str(e):
-                    raise
-                with contextlib.suppress(Exception):
-                    shutdown_ray()  # whatever of this attempt's Ray did start
-                load = _load()
-                if attempt == 1:
-                    logger.warning("Ray's own start timed out (its raylet did not register within Ray's fixed %d s; "
-                                   "load %s); retrying once", RAYLET_START_WAIT_S, load)
-                    continue
-                raise RayStartFailed(
-                    f"the embedded Ray (cluster=local) did not start, twice: its raylet did not register with its GCS "
-                    f"within Ray's fixed {RAYLET_START_WAIT_S} s (ray/_private/node.py), load {load}; nothing was "
-                    "recorded. Run again when the machine is less busy, or start Ray beforehand (`ray start --head`) "
-                    "and run with cluster=ray cluster.address=auto") from None
+            with contextlib.suppress(Exception):
+                shutdown_ray()  # whatever of this attempt's Ray did start
+            load = _load()
+            if attempt == 1:
+                logger.warning("Ray's own start timed out (its raylet did not register within Ray's fixed %d s; "
+                               "load %s); retrying once", RAYLET_START_WAIT_S, load)
+                continue
+            raise RayStartFailed(
+                f"the embedded Ray (cluster=local) did not start, twice: its raylet did not register with its GCS "
+                f"within Ray's fixed {RAYLET_START_WAIT_S} s (ray/_private/node.py), load {load}; nothing was "
+                "recorded. Run again when the machine is less busy, or start Ray beforehand (`ray start --head`) "
+                "and run with cluster=ray cluster.address=auto") from None
     return True
 
 
 @contextlib.contextmanager
-def _signals_seen() -> Iterator[list[int]]:
+def _signals_seen(seen: list[int]) -> Iterator[None]:
     """While Ray starts (main thread only): SIGINT and SIGTERM raise as usual (`interrupt_for`) and are also listed,
     so that an interrupt Ray's start swallowed still ends it; Ray's own SIGTERM handler is not installed meanwhile
-    (`ray._private.utils.set_sigterm_handler`, called by ray.init, is a no-op for the duration)."""
-    seen: list[int] = []
+    (`ray._private.utils.set_sigterm_handler`, called by ray.init, is a no-op for the duration). A swallowed
+    interrupt is raised again every RESIGNAL_S until one leaves Ray's start: a signal to the whole process group
+    stops the raylet too, and Ray would otherwise wait its fixed 30 s for the raylet before giving up. The repeats
+    and our handlers end as soon as the start is left."""
     if threading.current_thread() is not threading.main_thread():
-        yield seen
+        yield
         return
     from ray._private import utils as ray_utils
 
+    left = threading.Event()
+
     def handler(signum: int, frame: object) -> None:
         seen.append(signum)
-        raise interrupt_for(signum)
+        if not left.is_set():
+            raise interrupt_for(signum)
+
+    def again() -> None:
+        while not left.wait(RESIGNAL_S):
+            if seen:
+                os.kill(os.getpid(), seen[0])
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     ray_set = ray_utils.set_sigterm_handler
     ray_utils.set_sigterm_handler = lambda _handler: None
+    threading.Thread(target=again, name="ray-start-interrupt", daemon=True).start()
     try:
-        yield seen
+        yield
     finally:
+        left.set()
         ray_utils.set_sigterm_handler = ray_set
         for sig, h in previous.items():
             signal.signal(sig, h)
