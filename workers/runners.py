@@ -15,6 +15,8 @@ Failure policy, per run:
 - the engine could not start (exit, timeout): every run of the group FAILED `engine_start_failed`, log tail;
 - the engine died during a run: that run FAILED `engine_died`, log tail; the next run restarts the engine
   (at most `restarts` times per group; after that the remaining runs are FAILED `engine_died`);
+- the engine hung during a run (alive, its health path unanswered for `engine.health_timeout_s`:
+  workers.health_watch): killed, that run FAILED `engine_hung`, and the next run restarts it as above;
 - an HTTP timeout: `timeout`; a response without the fields we need: `bad_response`.
 
 Multi-node servers: the driver gives rank 0's runner `node_rank=NodeRank(0, n, addr)` (its engine serves HTTP
@@ -55,7 +57,8 @@ from typing import Protocol, runtime_checkable
 from specsweep_vocab.spec import Algorithm, FailureReason, JobKind, RunResult, RunSpec, RunState, ServerSpec
 from workers.derived import derived_metrics
 from workers.engine import EngineProcess, NodeRank, adapter_for
-from workers.errors import EngineDied, EngineStartFailed, WorkerError
+from workers.errors import EngineDied, EngineHung, EngineStartFailed, WorkerError
+from workers.health_watch import HealthWatch
 from workers.log_patterns import apply_log_patterns, file_size, follow_log, wait_quiet
 from workers.probe import Measurement, run_probe
 from workers.repeats import combine
@@ -123,6 +126,7 @@ class GroupRunner:
         self.startup_s = 0.0
         self.start_error: EngineStartFailed | None = None
         self.dead_error: EngineDied | None = None  # the engine died and the restart budget is spent
+        self.watch: HealthWatch | None = None  # the latest run's (workers.health_watch)
         self.host = socket.gethostname()
         # GPU engines: NVML telemetry over the GPUs Ray gave this actor (CUDA_VISIBLE_DEVICES)
         self.on_gpu = server.on_gpu
@@ -176,6 +180,7 @@ class GroupRunner:
         result = RunResult(run=spec, state=RunState.FINISHED, started_at=time.time(),
                            tags=self._tags(attempt))
         log_offset: int | None = None
+        self.watch = None
         try:
             self._ensure_engine()
             engine = self.engine
@@ -183,14 +188,18 @@ class GroupRunner:
             if engine is None or pid is None:
                 raise RuntimeError(f"group {self.group_id}: no spawned engine after _ensure_engine()")
             result.tags.update(engine_start=str(self.engine_starts), engine_pid=str(pid))
-            if spec.log_patterns:  # the run's own lines: from just before its flush
-                log_offset = file_size(self.log_path)
-            sampler = self._sampler() if self.on_gpu else None
-            try:
-                m, repeat_tags = combine([self._probe(engine.base_url, pid, spec, r, result.tags)
-                                          for r in range(spec.probe.repeats)])
-            finally:
-                samples = sampler.stop() if sampler else None
+            self.watch = HealthWatch(engine, self.server.engine.health_timeout_s)
+            with self.watch:  # a hung engine is killed (and the run fails engine_hung): never a wait for ever
+                if spec.log_patterns:  # the run's own lines: from just before its flush
+                    log_offset = file_size(self.log_path)
+                sampler = self._sampler() if self.on_gpu else None
+                try:
+                    m, repeat_tags = combine([self._probe(engine.base_url, pid, spec, r, result.tags)
+                                              for r in range(spec.probe.repeats)])
+                finally:
+                    samples = sampler.stop() if sampler else None
+            if self.watch.hung:  # killed while the run's last reads were answered in time: the run is still lost
+                raise EngineHung(self.watch.hung, self.engine.log_tail() if self.engine else "")
             result.metrics, result.series, result.engine_time_s = m.metrics, m.series, m.engine_time_s
             result.tags.update(repeat_tags)
             if sampler is not None and samples is not None and sampler.available:  # NVML missing or no GPU: nothing recorded
@@ -261,9 +270,12 @@ class GroupRunner:
             raise self.start_error
 
     def _explain(self, e: WorkerError) -> WorkerError:
-        """A broken request to an engine that has exited (or is exiting) is the engine dying."""
+        """A broken request to an engine that has exited (or is exiting) is the engine dying, or its being killed as
+        hung (workers.health_watch)."""
         if isinstance(e, EngineStartFailed) or self.engine is None:
             return e
+        if self.watch is not None and self.watch.hung and not isinstance(e, EngineHung):
+            return EngineHung(f"{self.watch.hung} (the run's request: {e.message})", self.engine.log_tail())
         deadline = time.monotonic() + 2.0
         while self.engine.alive and time.monotonic() < deadline and not isinstance(e, EngineDied):
             time.sleep(0.05)
