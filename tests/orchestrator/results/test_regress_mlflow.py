@@ -162,3 +162,23 @@ def test_on_regression_must_be_an_argv_list_in_the_schedule_file():
     s = parse_schedule({"cron": "0 2 * * *", "overrides": ["+sweep=smoke", "resume=false"],
                         "on_regression": ["notify", "x"]}, source="n.yaml", sweeps=["smoke"])
     assert s.on_regression == ("notify", "x")
+
+
+def test_default_baseline_is_the_last_history_finished_parents_of_the_sweep(store, tmp_path):
+    from orchestrator.results.regress.section import changes_section
+
+    uri, tracker = store
+    record(tracker, grid(), lambda s: {**BASE, "commit_len_mean": 3.0})  # older than the last 2
+    kept = [record(tracker, grid(), lambda s: BASE) for _ in range(2)]
+    failed = record(tracker, grid(), lambda s: {**BASE, "commit_len_mean": 9.9}, finish=False)
+    tracker.end_parent(RunState.FAILED)  # never a baseline
+    time.sleep(0.01)
+    parent = record(tracker, grid(), lambda s: BASE, base_config={"regress": {"history": 2}}, finish=False)
+    c = changes_section(tracker.client, parent, tmp_path).comparison
+    assert c is not None and [p.run_id for p in c.baseline.parents] == kept and failed not in kept
+    assert c.baseline.label.startswith("the last 2 FINISHED run(s) of this sweep")
+    assert c.tag() == "none" and all(v.n_baseline == 2 for p in c.points for v in p.verdicts)
+    tracker.end_parent(RunState.FINISHED)
+    pinned = record(tracker, grid(), lambda s: BASE, base_config={"regress": {"baseline": kept[0]}}, finish=False)
+    c = changes_section(tracker.client, pinned, tmp_path).comparison  # pinned by parent run id
+    assert c is not None and [p.run_id for p in c.baseline.parents] == kept[:1]
