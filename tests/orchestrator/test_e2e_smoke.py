@@ -67,9 +67,9 @@ def test_smoke_sweep_records_every_point_then_resumes(smoke_sweep):
     for m in METRICS:
         assert children[f"metrics.{m}"].notna().all(), m
     assert (children["metrics.commit_len_mean"] >= 1).all()
-    oracle = children[children["params.drafter.is_oracle"].str.lower() == "true"]
+    oracle = children[children["params.cfg.drafter.is_oracle"].str.lower() == "true"]
     assert len(oracle) == SMOKE_RUNS // 2
-    steps = oracle["params.drafter.num_steps"].astype(int)
+    steps = oracle["params.cfg.drafter.num_steps"].astype(int)
     assert (oracle["metrics.commit_len_mean"] == steps + 1).all(), oracle["metrics.commit_len_mean"].tolist()
     # exactly one engine start per distinct ServerSpec
     servers = children["tags.server_group"].nunique()
@@ -104,7 +104,7 @@ def test_log_patterns_become_series_on_each_child_run(smoke_sweep):
         message = child.get("tags.message")
         assert "metrics.log_patterns" not in (message if isinstance(message, str) else "")  # every pattern matched
         assert "metrics.log_patterns" not in child["tags.mlflow.runName"]  # not a result-changing key
-    assert (children["params.metrics.log_patterns"] == json.dumps(list(LOG_PATTERNS))).all()  # JSON: config/params.py
+    assert (children["params.cfg.metrics.log_patterns"] == json.dumps(list(LOG_PATTERNS))).all()  # JSON: config/params.py
 
 
 def test_smoke_parent_carries_report_and_diagnosis(smoke_sweep):
@@ -146,7 +146,7 @@ def test_mlflow_ui_shows_the_sweep_in_a_real_browser(smoke_sweep, browser, mlflo
     dom, screenshot = browser
     parents, children = _runs(cwd)
     exp_id = parents.iloc[0]["experiment_id"]
-    oracle = children[children["params.drafter.is_oracle"].str.lower() == "true"].iloc[0]
+    oracle = children[children["params.cfg.drafter.is_oracle"].str.lower() == "true"].iloc[0]
     def text(html: str) -> str:
         html = re.sub(r"<style.*?</style>", " ", html, flags=re.S)
         return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
@@ -242,16 +242,16 @@ def test_stub_engine_sweep_through_the_orchestrator(tmp_path):
     assert len(parents) == 1 and parents.iloc[0]["status"] == "FINISHED"
     assert len(children) == SMOKE_RUNS and (children["status"] == "FINISHED").all(), children["tags.message"]
     assert (children["tags.engine"] == "stub").all()
-    assert (children["params.engine.kind"] == "stub").all() and (children["params.engine.stub.token_s"] == "0.01").all()
+    assert (children["params.cfg.engine.kind"] == "stub").all() and (children["params.cfg.engine.stub.token_s"] == "0.01").all()
     assert children["tags.run_hash"].nunique() == SMOKE_RUNS
     assert all("engine=stub" in name and f"engine.stub.token_s={token_s}" in name
                for name in children["tags.mlflow.runName"])
     # one stub per (drafter) server, started once, speaking the seam: exact prompt, every requested token
     assert children["tags.server_group"].nunique() == 2 and (children["tags.engine_start"] == "1").all()
-    assert (children["metrics.prompt_tokens"] == children["params.context_len"].astype(float)).all()
+    assert (children["metrics.prompt_tokens"] == children["params.cfg.context_len"].astype(float)).all()
     assert (children["metrics.completion_tokens"] == 32).all()
     # with speculation every verify step commits num_steps + 1 (the last one what is left)
-    steps = children["params.drafter.num_steps"].astype(int)
+    steps = children["params.cfg.drafter.num_steps"].astype(int)
     assert (children["metrics.verify_steps"] == -(-31 // (steps + 1))).all()
     # 32 tokens at token_s each: the knob reached the engine
     assert (children["metrics.e2e_s"] >= 32 * token_s).all(), children["metrics.e2e_s"].tolist()

@@ -149,9 +149,9 @@ def test_sweep_records_no_secret_and_the_engine_gets_every_one(tmp_path, mlflow_
     assert read > 20 and list(store.rglob("config.yaml")) and list(work.glob("logs/engines/*/*"))
 
     params = parent.data.params
-    assert params["engine.env.SPECSWEEP_TEST_SECRET"] == MASK
-    assert params["tracking.uri"].startswith(f"http://specsweep:{MASK}@")
-    assert MASK in children[0].data.params["engine.extra_args"]
+    assert params["cfg.engine.env.SPECSWEEP_TEST_SECRET"] == MASK
+    assert params["cfg.tracking.uri"].startswith(f"http://specsweep:{MASK}@")
+    assert MASK in children[0].data.params["cfg.engine.extra_args"]
     assert all(MASK in c.info.run_name for c in children)  # the env override is part of every run name
 
     pids = {s.pid for s in stub_starts(work / "logs")}
