@@ -18,13 +18,15 @@ What MLflow 3.17 reads (its UI bundle, mlflow/server/js/build/static/js/ in the 
   `$="mlflow.sharedViewState."`; 3878.0467b2c4.chunk.js parses a plain JSON value). Of the state it keeps
   `selectedColumns` and `searchFilter` among others, but never `runsExpanded` (dropped when a shared view loads).
   Column ids are `<type>.`<key>``, type one of attributes / params / metrics / tags.
-- Child runs nest under their parent (tag `mlflow.parentRunId`) when the table is sorted by start time (3878.0467b2c4
-  .chunk.js: `q=!O&&!P||O===d.T8.DATE`, nestChildren), and a parent opens collapsed. On the first visit of an
-  experiment (no UI state stored in the browser yet) the UI expands the parent of every run tagged
+- Child runs nest under their parent (tag `mlflow.parentRunId`) when the table is sorted by start time, the
+  default (3878.0467b2c4.chunk.js: `q=!O&&!P||O===d.T8.DATE`, nestChildren), and a parent opens collapsed. On the
+  first visit of an experiment (no UI state stored in the browser yet) the UI expands the parent of every run tagged
   `mlflow.runType=evaluation` (3878.0467b2c4.chunk.js `Ra`, with main.c2f5f8d4.js `_="mlflow.runType"`,
-  `M="evaluation"`); a shared view goes through the same seeding. So each child carries that tag (`CHILD_UI_TAGS`):
-  the sweep's points show under their parent, in the default page and in the saved view, checked in Chromium by
-  tests/orchestrator/test_e2e_smoke.py. A user who collapses the parent keeps it collapsed (the browser stores it).
+  `M="evaluation"`). So each child carries that tag (`CHILD_UI_TAGS`) and the experiment's page opens with the
+  sweep's points under their parent; a parent the user collapsed stays collapsed (the browser keeps that state).
+- The saved view sorts by run name instead, so it lists the points themselves as rows (no nesting, nothing to
+  expand, whatever the browser stored), ordered by their name (`ctx=... probe=... drafter=...`).
+Both are checked in Chromium, from the DOM, by tests/orchestrator/test_e2e_smoke.py.
 MLflow cannot set an experiment's default columns; the saved view is the documented link instead.
 """
 
@@ -65,12 +67,12 @@ def axis_params(overrides: Iterable[str]) -> dict[str, str]:
 
 
 def view_state(axes: Sequence[str]) -> dict:
-    """The saved view: the points (child runs, under their parent) with the axes and the answering metrics as
-    columns. Sorted by start time, so the children nest under the parent (see above)."""
+    """The saved view: the points (child runs, a row each, by name) with the axes and the answering metrics as
+    columns."""
     columns = ["attributes.`Run Name`"] + [f"tags.`{AXIS_PREFIX}{a}`" for a in axes]
     columns += [f"metrics.`{m}`" for m in ANSWER_METRICS]
     return {"selectedColumns": columns, "searchFilter": "tags.`specsweep.role` = 'child'",
-            "orderByKey": "attributes.start_time", "orderByAsc": False}
+            "orderByKey": "tags.`mlflow.runName`", "orderByAsc": True}
 
 
 def prepare_experiment(client, experiment_id: str) -> None:
