@@ -2,6 +2,8 @@
 server started here when no address is given.
 
     RayJobBackend(url).submit(submission_id, entrypoint, env, metadata) -> bool   False: Ray knew that id already
+    (every HTTP request to the job server has a deadline: Ray's SDK sends its requests without one, so a server that
+    accepts and never answers would hang the daemon; it fails with ScheduleError instead)
     job_server(address) -> context manager yielding the job server's URL
 """
 
@@ -34,12 +36,21 @@ class RayJobBackend:
     # The job server answers before its node agent has registered (seconds on a loaded head node).
     AGENT_NOT_READY = "No available agent"
 
-    def __init__(self, address: str, agent_wait_s: float = 60.0):
-        from ray.job_submission import JobSubmissionClient
-
+    def __init__(self, address: str, agent_wait_s: float = 60.0, request_timeout_s: float = 30.0):
         self.address = address
-        self.client = JobSubmissionClient(address)
         self.agent_wait_s = agent_wait_s
+        self.request_timeout_s = request_timeout_s
+        self.client = self._call(lambda: _client(address, request_timeout_s))
+
+    def _call(self, fn):
+        """One request to the job server, within `request_timeout_s`; a silent server is a ScheduleError."""
+        import requests
+
+        try:
+            return fn()
+        except requests.Timeout as e:
+            raise ScheduleError(f"the Ray job server at {self.address} did not answer within "
+                                f"{self.request_timeout_s:.0f} s (request_timeout_s)") from e
 
     def submit(self, submission_id: str, entrypoint: str, env: dict[str, str], metadata: dict[str, str]) -> bool:
         deadline = time.monotonic() + self.agent_wait_s
@@ -47,8 +58,8 @@ class RayJobBackend:
             if self._exists(submission_id):
                 return False
             try:
-                self.client.submit_job(entrypoint=entrypoint, submission_id=submission_id,
-                                       runtime_env={"env_vars": env}, metadata=metadata)
+                self._call(lambda: self.client.submit_job(entrypoint=entrypoint, submission_id=submission_id,
+                                                          runtime_env={"env_vars": env}, metadata=metadata))
                 return True
             except RuntimeError as e:
                 if "already exists" in str(e):
@@ -65,7 +76,7 @@ class RayJobBackend:
 
     def is_running(self, submission_id: str) -> bool:
         try:
-            return not self.client.get_job_status(submission_id).is_terminal()
+            return not self._call(lambda: self.client.get_job_status(submission_id)).is_terminal()
         except RuntimeError as e:
             if "does not exist" in str(e):
                 return False
@@ -73,12 +84,27 @@ class RayJobBackend:
 
     def _exists(self, submission_id: str) -> bool:
         try:
-            self.client.get_job_info(submission_id)
+            self._call(lambda: self.client.get_job_info(submission_id))
             return True
         except RuntimeError as e:
             if "does not exist" in str(e):
                 return False
             raise
+
+
+def _client(address: str, request_timeout_s: float):
+    """Ray's JobSubmissionClient, each of whose HTTP requests carries `timeout=request_timeout_s`.
+
+    Ray's SDK forwards extra keyword arguments of `_do_request` to `requests.request` but its own calls (submit,
+    status, info, the version check in the constructor) pass none, so the deadline is added there."""
+    from ray.job_submission import JobSubmissionClient
+
+    class BoundedClient(JobSubmissionClient):
+        def _do_request(self, method, endpoint, **kwargs):
+            kwargs.setdefault("timeout", request_timeout_s)
+            return super()._do_request(method, endpoint, **kwargs)
+
+    return BoundedClient(address)
 
 
 def wait_for_job_server(url: str, timeout_s: float = 90.0) -> None:

@@ -50,3 +50,19 @@ def test_one_bad_file_is_reported_and_the_others_kept(tmp_path: Path):
     assert [s.name for s in schedules] == ["good"]
     assert len(problems) == 2 and any("schedule 'bad'" in p for p in problems)
     assert any("garbage.yaml" in p for p in problems)
+
+
+def test_a_job_server_that_accepts_and_never_answers_is_a_schedule_error_not_a_hang():
+    """Ray's job SDK sends its requests with no deadline; ours carry `request_timeout_s` (a listening socket that
+    never accepts: the connection opens in the backlog and no byte ever comes back)."""
+    import socket
+
+    from orchestrator.schedules.definition import ScheduleError
+    from orchestrator.schedules.ray_jobs import RayJobBackend
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        with pytest.raises(ScheduleError, match=r"did not answer within 1 s \(request_timeout_s\)"):
+            RayJobBackend(url, request_timeout_s=1.0)
