@@ -42,7 +42,8 @@ class Browser:
         self._ids = itertools.count(1)
         self._loop = asyncio.new_event_loop()
         self._proc: subprocess.Popen | None = None
-        self._session = self._ws = None
+        self._session: Any = None  # aiohttp.ClientSession, imported when used
+        self._ws: Any = None
 
     # -- lifecycle
 

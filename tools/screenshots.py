@@ -30,6 +30,7 @@ from tools.ui_pages import mlflow_server, quiet_assistant, report_text, runs_tab
 
 log = logging.getLogger("screenshots")
 DEFAULT_SWEEP = ("+sweep=probe", "context_len=512,1024")
+PICTURES = ("mlflow-runs-table.png", "mlflow-runs-nested.png", "mlflow-report.png")  # what the README shows
 
 
 def run_sweep(workdir: Path, overrides: list[str]) -> None:
@@ -56,13 +57,13 @@ def take(workdir: Path, out: Path, chromium: str) -> list[Path]:
         quiet_assistant(b, url)
         shots = []
         runs_table(b, url, exp_id, saved_view=False, rows=len(points) + 1)
-        shots.append(b.screenshot(out / "mlflow-runs-nested.png"))
+        shots.append(b.screenshot(out / PICTURES[1]))
         table = runs_table(b, url, exp_id, rows=len(points))
         if not any(r.value("commit_len_mean").replace(".", "").isdigit() for r in table.rows):
             raise SystemExit("the saved view shows no commit_len_mean value")
-        shots.append(b.screenshot(out / "mlflow-runs-table.png"))
+        shots.append(b.screenshot(out / PICTURES[0]))
         report_text(b, url, exp_id, parent.info.run_id)
-        shots.append(b.screenshot(out / "mlflow-report.png"))
+        shots.append(b.screenshot(out / PICTURES[2]))
     return shots
 
 
