@@ -149,6 +149,7 @@ def test_mlflow_ui_shows_the_sweep_in_a_real_browser(smoke_sweep, browser, mlflo
     with mlflow_ui(f"sqlite:///{cwd}/mlflow.db", cwd / "mlartifacts") as url:
         quiet_assistant(browser, url)
         page = runs_table(browser, url, exp_id, saved_view=False, rows=total)  # a first visit: parents expanded
+        assert "Training runs" in browser.text()  # the runs view (mlflow.experimentKind), not GenAI mode
         nested = [r for r in page.rows if r.indent == 48]
         top = next(r for r in page.rows if r.run_id == parent["run_id"])
         assert top.has_toggle and top.indent == 24 and {r.run_id for r in nested} == set(points.index), page.rows
