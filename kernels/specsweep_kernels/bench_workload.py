@@ -139,7 +139,7 @@ def portable_config(layout, tokens: int, smem_limit: int) -> VerifyConfig:
 
 
 def run_row(row: Row, *, peak_tflops: float, reader: ReadStream | None, peers, warm_only: bool,
-            portable_smem: int = SM120.smem_per_block) -> Row:
+            portable_smem: int = SM120.smem_per_block, impls: tuple[str, ...] = IMPLS) -> Row:
     layout = bench_layout(row.layout)
     lens = [min(n, 4096) for n in row.lens] if warm_only else row.lens
     problem = make_problem(layout=layout, prefix_lens=lens, num_tokens=row.tokens, page_size=row.page,
@@ -149,7 +149,7 @@ def run_row(row: Row, *, peak_tflops: float, reader: ReadStream | None, peers, w
     ws = allocate_workspace(max_batch=len(lens), max_tokens=row.tokens, num_q_heads=layout.num_q_heads,
                             v_head_dim=layout.v_head_dim, device="cuda")
     ref = None if warm_only else verify_attention_reference(**args, **addressing, v_head_dim=layout.v_head_dim)
-    for impl in IMPLS:
+    for impl in impls:
         out = problem.new_out()
         config = portable_config(layout, row.tokens, portable_smem) if impl == "triton" else None
         run = lambda: verify_attention(**args, **addressing, out=out, workspace=ws, impl=impl, config=config)  # noqa: B023,E731
@@ -251,6 +251,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shard", default="0/1", help="I/N: this process takes rows I, I+N, ...")
     parser.add_argument("--portable-smem", type=int, default=SM120.smem_per_block,
                         help="shared memory per block (bytes) the portable column's tile is picked for (sm_120: 99 KB)")
+    parser.add_argument("--impls", default=",".join(IMPLS),
+                        help=f"comma list of the columns to run: {', '.join(IMPLS)} (auto = ours as shipped, triton = "
+                             "the portable kernel on sm_120's tile)")
     parser.add_argument("--tune-s", type=float, default=0.0,
                         help="seconds for timing portable-kernel tiles on three rows after the table (0: none)")
     args = parser.parse_args(argv)
@@ -258,6 +261,10 @@ def main(argv: list[str] | None = None) -> None:
     bad = [g for g in grids if g not in GRIDS]
     if bad:
         sys.exit(f"--grid: {','.join(bad)}; allowed: {', '.join(GRIDS)}")
+    impls = tuple(i for i in args.impls.split(",") if i)
+    bad = [i for i in impls if i not in IMPLS]
+    if bad or not impls:
+        sys.exit(f"--impls {args.impls!r}; allowed: a comma list of {', '.join(IMPLS)}")
     try:
         index, count = (int(x) for x in args.shard.split("/"))
         if not 0 <= index < count:
@@ -284,7 +291,7 @@ def main(argv: list[str] | None = None) -> None:
         for row in rows:
             try:
                 run_row(row, peak_tflops=math.nan, reader=None, peers=peers, warm_only=True,
-                        portable_smem=args.portable_smem)
+                        portable_smem=args.portable_smem, impls=impls)
             except Exception as exc:  # noqa: BLE001 - the timing run reports it
                 print(f"warm {row.layout} T={row.tokens} page={row.page}: {type(exc).__name__}: {exc}", flush=True)
         return
@@ -306,7 +313,7 @@ def main(argv: list[str] | None = None) -> None:
         t0 = time.time()
         try:
             run_row(row, peak_tflops=peak, reader=reader, peers=peers, warm_only=False,
-                    portable_smem=args.portable_smem)
+                    portable_smem=args.portable_smem, impls=impls)
         except Exception as exc:  # noqa: BLE001 - one failing row must not lose the others
             row.note = f"{type(exc).__name__}: {str(exc)[:120]}"
         torch.cuda.empty_cache()

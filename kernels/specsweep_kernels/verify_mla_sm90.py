@@ -14,7 +14,9 @@ for the new tokens k_new under the tree mask) through a two-stage shared-memory 
   two-tile one); for T >= 2 the first tile's rescale and P exchange are issued after S of
   the second tile (under_s: 0.7-1.7% on T >= 2, 2026-12-02); each stage is refilled as soon as every warp is done with it, so two
   tiles are in flight across the iteration's boundary (+1-4%), and the slot / page words of a refill are
-  loaded one refill ahead (page 1: +2-13%). Every wgmma is waited for inside the iteration that issued
+  loaded one refill ahead (page 1: +2-13%). The tree mask is loaded per tile in the new-token programs' branch, so
+  no [64, 64] mask is live across the prefix loop (MASK_IN_BRANCH: 7-14% on 8 heads T 8..17, 2026-12-03). Every
+  wgmma is waited for inside the iteration that issued
   it: one in flight across the loop's back edge made ptxas serialise every wgmma of the kernel (C7514), which cost
   10-20% (ptxas's own report; all figures H200, 2026-12-01, journal in docs/measurements/2026-12-01-h200/).
 - calls of at most 32 rows (16 heads at T = 1 / 2, DeepSeek's decode under TP 8): _mla_verify_sm90_narrow_kernel,
@@ -151,13 +153,23 @@ def _store_partial(part_out_ptr, part_lse_ptr, slot, acc, l_i, m_i, o_rows, o_di
 
 
 @gluon.jit
-def _online_softmax(s, start, hi, visible, m_i, l_i, qk_scale, s_cols):
+def _online_softmax(s, start, hi, visible, m_i, l_i, qk_scale, s_cols, s_rows, is_new, tree_mask_ptr, b, stride_mb,
+                    stride_mt, T: gl.constexpr, HQ: gl.constexpr, MASK_IN_BRANCH: gl.constexpr):
     """One tile's scores into the running (max, sum): columns past hi and (new tokens) outside the tree are out.
+    MASK_IN_BRANCH: the tree mask is loaded here, in a branch only new-token programs take, so no [M, N] mask stays
+    live across the prefix loop (visible is then unused); else visible (loaded before the loop) is applied.
     The sum is kept per warpgroup (l_i [M, 2], each warpgroup's own 32 columns, reduced within the warp) and added
     up once after the loop: a row's full sum every tile was a cross-warpgroup exchange through shared memory
     (4-6% of the compute-bound calls, H200 2026-12-01; the row max still needs one, for the common scale of P).
     Returns (P, new max, the old accumulator's scale, new per-warpgroup sums)."""
-    s = gl.where(gl.expand_dims(start + s_cols < hi, 0) & visible, s, float("-inf"))
+    if MASK_IN_BRANCH:
+        s = gl.where(gl.expand_dims(start + s_cols < hi, 0), s, float("-inf"))
+        if is_new:
+            seen = _tree_visible(tree_mask_ptr, b, stride_mb, stride_mt, gl.expand_dims(s_rows, 1),
+                                 gl.expand_dims(s_cols, 0), is_new, T, HQ)
+            s = gl.where(seen, s, float("-inf"))
+    else:
+        s = gl.where(gl.expand_dims(start + s_cols < hi, 0) & visible, s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
     alpha = gl.exp2(m_i - m_new)
     p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
@@ -221,6 +233,7 @@ def _mla_verify_sm90_kernel(
     DPE: gl.constexpr,
     CHUNK: gl.constexpr,
     UNDER_S: gl.constexpr,  # first tile's rescale and P exchange after S of the second is issued (under_s)
+    MASK_IN_BRANCH: gl.constexpr,  # the tree mask loaded per tile in the new-token programs' branch (_online_softmax)
     num_warps: gl.constexpr,
 ):
     gl.static_assert(num_warps == 8, "two warpgroups: the Dv halves")
@@ -265,8 +278,11 @@ def _mla_verify_sm90_kernel(
         s_rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         s_cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         # the tree mask of the new tokens ([row's token, new token j]); every prefix position is visible
-        visible = _tree_visible(tree_mask_ptr, b, stride_mb, stride_mt, gl.expand_dims(s_rows, 1),
-                                gl.expand_dims(s_cols, 0), is_new, T, HQ)
+        if MASK_IN_BRANCH:
+            visible = s_cols  # unused: _online_softmax loads the mask in the new-token programs' branch
+        else:
+            visible = _tree_visible(tree_mask_ptr, b, stride_mb, stride_mt, gl.expand_dims(s_rows, 1),
+                                    gl.expand_dims(s_cols, 0), is_new, T, HQ)
         m_i = gl.full([BLOCK_M], -1.0e30, gl.float32, layout=gl.SliceLayout(1, s_layout))
         acc = gl.zeros([BLOCK_M, DV], gl.float32, layout=o_layout)
         s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
@@ -281,7 +297,8 @@ def _mla_verify_sm90_kernel(
             s_tok = warpgroup_mma(q_nope, k_nope.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             s_tok = warpgroup_mma(q_pe, k_pe.index(0).permute((1, 0)), s_tok, is_async=True)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
-            p, m_i, alpha, l_i = _online_softmax(s, start, hi, visible, m_i, l_i, qk_scale, s_cols)
+            p, m_i, alpha, l_i = _online_softmax(s, start, hi, visible, m_i, l_i, qk_scale, s_cols, s_rows, is_new,
+                                                 tree_mask_ptr, b, stride_mb, stride_mt, T, HQ, MASK_IN_BRANCH)
             if not UNDER_S:
                 acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
@@ -296,7 +313,8 @@ def _mla_verify_sm90_kernel(
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
             acc_tok = warpgroup_mma(p_op, k_nope.index(0), acc, is_async=True)
             s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))  # S of jj + 1 done, P V of jj in flight
-            p, m_i, alpha, l_i = _online_softmax(s, start + BLOCK_N, hi, visible, m_i, l_i, qk_scale, s_cols)
+            p, m_i, alpha, l_i = _online_softmax(s, start + BLOCK_N, hi, visible, m_i, l_i, qk_scale, s_cols, s_rows, is_new,
+                                                 tree_mask_ptr, b, stride_mb, stride_mt, T, HQ, MASK_IN_BRANCH)
             if UNDER_S:  # P of tile jj + 1 exchanged while P V of jj runs
                 p_op1 = gl.convert_layout(p.to(dtype), p_layout)
             acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, p_op))  # P V of tile jj
@@ -442,6 +460,16 @@ def _mla_verify_sm90_narrow_kernel(
                        T, HQ, 1)
 
 
+# The 64-row kernel's tree mask: loaded per tile in a branch only the new-token programs take, not once before the
+# loop as a [64, 64] mask live across every prefix program's loop. That freed registers in a kernel at 255 (T = 9:
+# 255 regs and 2 spills before, 254 and none after) and was, A/B in one process (H200, 2026-12-03, run 9 of
+# docs/measurements/2026-12-03-h200/): 13.3% faster on 8 heads x a 9-node tree at 185k page 1 (154.5 -> 134.0 us),
+# 14.3% at T = 12, 10.2% at T = 17, 7.0% at T = 8, 9.6% at 64k T = 9, 1.2-2.9% on 64 / 128-head and ragged 16-head
+# rows; slower on one row, 16 heads x a 9-node tree at 185k (+2.7%: 178.1 -> 182.9 us); batch-1 grid of run 44 within
+# -3.7% .. +0.9% (run 10). False restores the old order (the A/B's other arm).
+MASK_IN_BRANCH = True
+
+
 def under_s(num_tokens: int) -> bool:
     """Whether the 64-row kernel issues the first tile's accumulator rescale and P exchange after S of the second
     tile (so they run while the tensor cores compute it) and the second tile's P exchange before waiting for P V of
@@ -473,7 +501,7 @@ def launch_mla_sm90(*, q, kv_buffer, k_new, tree_mask, indices, kv_indptr, prefi
         kernel, m_blocks, shape = _mla_verify_sm90_narrow_kernel, 1, dict(BLOCK_R=16 if rows <= 16 else 32)
     else:
         kernel, m_blocks = _mla_verify_sm90_kernel, triton.cdiv(rows, BLOCK_M)
-        shape = dict(BLOCK_M=BLOCK_M, UNDER_S=under_s(num_tokens))
+        shape = dict(BLOCK_M=BLOCK_M, UNDER_S=under_s(num_tokens), MASK_IN_BRANCH=MASK_IN_BRANCH)
     return kernel[(m_blocks, num_items + batch)](
         q, kv_buffer, k_new, tree_mask, indices, kv_indptr, prefix_lens, items, order, part_out, part_lse,
         sm_scale * _LOG2E,

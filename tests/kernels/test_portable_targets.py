@@ -79,6 +79,8 @@ def test_the_h200_first_choice_would_not_fit_sm120():
     (["--grid", "mla,gqq"], "--grid: gqq; allowed: mla, ragged, gqa"),
     (["--shard", "3/2"], "--shard '3/2'; allowed: I/N with 0 <= I < N"),
     (["--shard", "x"], "--shard 'x'; allowed: I/N with 0 <= I < N"),
+    (["--impls", "auto,gluon"], "--impls 'auto,gluon'; allowed: a comma list of auto, triton"),
+    (["--impls", ","], "--impls ','; allowed: a comma list of auto, triton"),
 ])
 def test_workload_bench_refuses_bad_options_before_any_work(argv, message):
     from specsweep_kernels.bench_workload import main
