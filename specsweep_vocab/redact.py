@@ -6,13 +6,21 @@ What is a secret:
   `api-key`/`apikey`, `secret`, `password`/`passwd`, `credential(s)`, or ending in the word `token`/`auth`
   (`--api-key K`, `--hf-token=T`; not `--max-total-tokens`, `--tokenizer-path` or `engine.stub.token_s`);
 - the password of a URI (`https://user:PASS@host`) and the value of a sensitive query parameter (`?token=T`,
-  `&api_key=K`, `&sig=S`), anywhere in a string (tracking.uri included).
+  `&api_key=K`, `&sig=S`), anywhere in a string (tracking.uri included);
+- in any text, the value of `key=VALUE` whose dotted config key is one of the above (`engine.env.HF_TOKEN=T` in a
+  run name, an override list, a log line), whatever its length.
 
-Redaction is structural where the structure is known (`redact_config`, `redact_params`, `redact_override`,
-`redact_argv`) and by value everywhere else: `secret_values` collects the literal secrets of the servers a plan
-starts, and `scrub` replaces them in any text (engine log tails, failure messages). The engine itself always
-gets the real values: only what is recorded or logged is redacted. `run_hash` is computed from the real values
-(a sha256; it stores no value).
+This module alone decides what is secret; it is applied where text leaves the process or enters the store, not
+while planning (the plan keeps the real values, and the engine gets them):
+- the store: `orchestrator.results.tracking.Tracker` (every name, param, tag and artifact it writes; the one module
+  that writes plan data to MLflow, tests/orchestrator/test_secrets.py checks that no other does);
+- the terminal: `RedactingStream` on the command line's stdout and stderr (`orchestrator/__main__.py`);
+- an engine's argv in its log (`workers/engine.py`), and a refusal's text (`specsweep_vocab.problem.Problem`).
+The one exception is a run's name (`orchestrator.config.plan.build_name`), a label that other processes (the Ray
+actors) log: it is built from redacted overrides. Redaction is structural where the structure is known
+(`redact_config`, `redact_param`, `redact_override`, `redact_argv`) and by value everywhere else: `secret_values`
+collects the literal secrets of the servers a plan starts, and `scrub` replaces them in any text (engine log
+tails, failure messages). `run_hash` is computed from the real values (a sha256; it stores no value).
 """
 
 from __future__ import annotations
@@ -32,6 +40,8 @@ _LAST_WORD = re.compile(r"(?:^|[-_.])(?:token|auth)$", re.IGNORECASE)
 # --flag VALUE / --flag=VALUE / "--flag", "VALUE" (a flattened JSON list) / [--flag,VALUE] (a Hydra override)
 _FLAG_VALUE = re.compile(r"""(--[\w-]+)(["']?(?:=|[\s,]+)["']?)(?!--)([^"',\]\s]+)""")
 _URI_PASSWORD = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@'\"]*:)([^@\s/'\"]+)(@)")
+# key=VALUE where the key is a dotted config key (an override, a run name's part, a log line): the key decides
+_CONFIG_KEY_VALUE = re.compile(r"""(?<![\w.-])([+~]?[A-Za-z_][\w.]*)=(["']?)([^\s\]'"&;#]+)""")  # a sweep's a,b too
 _QUERY_SECRET = re.compile(r"([?&][^=&\s]*?(?:token|key|secret|password|passwd|credential|sig|signature)[^=&\s]*=)"
                            r"([^&\s#'\"]+)", re.IGNORECASE)
 
@@ -48,6 +58,8 @@ def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
     text = _QUERY_SECRET.sub(lambda m: m.group(1) + MASK, text)
     text = _FLAG_VALUE.sub(lambda m: m.group(1) + m.group(2) + MASK if is_sensitive_name(m.group(1)) else m.group(0),
                            text)
+    text = _CONFIG_KEY_VALUE.sub(lambda m: f"{m.group(1)}={m.group(2)}{MASK}" if is_secret_path(m.group(1).lstrip("+~"))
+                                 else m.group(0), text)
     return scrub(text, secrets)
 
 
@@ -115,10 +127,15 @@ def redact_config(value: Any, path: str = "") -> Any:
     return value
 
 
+def redact_param(key: str, value: str, secrets: Iterable[str] = ()) -> str:
+    """One flattened `(a.b.c, value)` pair's value: a secret key's -> ***, secrets inside a value (argv lists, URIs,
+    overrides, the literal `secrets`) -> ***."""
+    return MASK if is_secret_path(key) and value not in ("", "null", "{}") else redact_text(value, secrets)
+
+
 def redact_params(params: Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
-    """Flattened `(a.b.c, value)` pairs: secret keys -> ***, secrets inside values (argv lists, URIs) -> ***."""
-    return tuple((k, MASK if is_secret_path(k) and v not in ("", "null", "{}") else redact_text(v))
-                 for k, v in params)
+    """Flattened `(a.b.c, value)` pairs, each through `redact_param`."""
+    return tuple((k, redact_param(k, v)) for k, v in params)
 
 
 def redact_override(override: str) -> str:

@@ -107,6 +107,7 @@ SGLANG_BACKEND_PAGE_SIZES: dict[str, tuple[int, ...]] = {
     "trtllm_mha": (16, 32, 64, 128), "intel_xpu": (64, 128),
 }
 SPEC_MAX_RUNNING_REQUESTS = 48  # --max-running-requests SGLang sets with speculation when it is unset
+DEVICE_TIMER_ENV = "SGLANG_ENABLE_METRICS_DEVICE_TIMER"  # sglang/srt/environ.py:479: per-forward device timing
 
 
 def sglang_facts(version: str) -> SGLangFacts:

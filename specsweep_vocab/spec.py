@@ -142,7 +142,7 @@ class ModelSpec:
     dtype: str = field(default="float32", metadata=domain(Choice(*DTYPES)))  # KV/weights dtype the engine runs in
     # "dummy" (seeded random weights) or "auto"; SGLang knows more (gguf, safetensors, ...)
     load_format: str = field(default="dummy", metadata=domain(IDENT))
-    # Weight size, for the plan-time check that the weights fit the GPUs (orchestrator/config/validate_startup.py); they
+    # Weight size, for the plan-time check that the weights fit the GPUs (workers/sglang/startup_rules.py); they
     # describe the checkpoint at `path`, so they are no part of a run's identity. num_params: parameters of the
     # checkpoint (its model card; None: a lower bound from the attention shape); weight_dtype: how its weights are
     # stored where that is not `dtype` (DeepSeek-V3: float8_e4m3fn, its config.json quantization_config).

@@ -3,6 +3,8 @@
 - specsweep_vocab is the bottom: the standard library and itself only.
 - workers/ and orchestrator/ sit above it and apart: workers/ never imports orchestrator/; the reference engine
   (workers/reference/) imports nothing else from workers/ (its adapter.py only the engine interface, workers/adapter.py).
+- config reaches workers/ only through the registry of engine adapters (workers/registry.py), which carries each
+  engine's plan-time rules (workers/<engine>/rules.py); results imports nothing from workers/.
 - Inside orchestrator/, one package per concern, each importing only the packages below it:
 
       config      settings, schema, rules, Hydra jobs, the plan   imports no other orchestrator package
@@ -13,7 +15,7 @@
 
   session and schedules sit side by side: neither imports the other. Only the command lines (orchestrator's
   `__main__`, `schedule`, `report`, the package's own `__init__`) and the Hydra plugin (hydra_plugins/) import
-  session or schedules, and nothing imports a command line. config and results import nothing from workers/.
+  session or schedules, and nothing imports a command line.
 - Product code imports nothing from tools/ (the test helpers and benchmarks).
 
 Read from the source with ast: every import counts, lazy ones inside functions and `if TYPE_CHECKING:` ones
@@ -192,10 +194,11 @@ def test_orchestrator_packages_import_only_the_packages_below_them():
     assert not bad
 
 
-# What the engine itself states is the authority at validation (issue 32: the engine's own argv parser, the model
-# file's header): config reads those three modules of workers/ and nothing else of it. A deliberate exception, to be
-# replaced by engine-owned rule modules (issue 33: the validation rules that belong to the engine).
-ENGINE_FACTS = {"workers.engine", "workers.reference.args", "workers.reference.gguf_checkpoint"}
+# What the engine itself states is the authority at validation (its own rules, its argv parser, how it resolves a
+# model path): config reaches an engine only through the registry of engine adapters (workers/registry.py), whose
+# `EngineAdapter` carries each engine's plan-time rules and estimates (workers/<engine>/rules.py). Nothing else of
+# workers/ is imported by config, and results imports nothing of workers/ at all.
+ENGINE_REGISTRY = "workers.registry"
 
 
 def test_config_imports_only_itself_and_the_vocabulary():
@@ -205,14 +208,42 @@ def test_config_imports_only_itself_and_the_vocabulary():
             "orchestrator.config.plan"} <= config
     bad = {(m, i) for m in config for i in graph[m]
            if _top(i) in OURS and _top(i) != "specsweep_vocab" and not i.startswith(PLANNING)
-           and not (_layer(m) == "config" and i in ENGINE_FACTS)}
+           and not (_layer(m) == "config" and i == ENGINE_REGISTRY)}
     assert not bad
 
 
-def test_config_and_results_import_nothing_from_workers():
-    bad = {(m, i) for m, names in _imports("orchestrator").items() if _layer(m) in ("config", "results")
-           for i in names if _top(i) == "workers" and not (_layer(m) == "config" and i in ENGINE_FACTS)}
+def test_config_reaches_workers_only_through_the_engine_registry_and_results_not_at_all():
+    graph = _imports("orchestrator")
+    bad = {(m, i) for m, names in graph.items() if _layer(m) in ("config", "results")
+           for i in names if _top(i) == "workers" and not (_layer(m) == "config" and i == ENGINE_REGISTRY)}
     assert not bad
+    # the rules moved to the engines: config does reach them, through the registry, and names no engine kind
+    assert any(ENGINE_REGISTRY in names for m, names in graph.items() if _layer(m) == "config")
+
+
+def test_the_engine_registry_imports_only_the_interface_and_the_engines_adapters():
+    """The registry is the seam: it imports the interface and one adapter per engine folder, no process owner,
+    probe or HTTP client (the config layer imports it to validate a grid)."""
+    engines = {i for i in GRAPH[ENGINE_REGISTRY] if _top(i) == "workers"}
+    assert engines == {"workers.adapter", *(f"workers.{e}.adapter" for e in ENGINE_FOLDERS)}
+
+
+# One folder per engine under workers/, each with its adapter and its plan-time rules.
+ENGINE_FOLDERS = ("reference", "sglang", "stub")
+
+
+def test_every_engine_folder_has_an_adapter_and_its_rules():
+    assert {f"workers.{e}.{m}" for e in ENGINE_FOLDERS for m in ("adapter", "rules")} <= set(MODULES)
+
+
+ENGINE_KIND_NAMES = ("EngineKind.SGLANG", "EngineKind.REFERENCE", "EngineKind.STUB")
+
+
+def test_the_config_rules_name_no_engine():
+    """The generic checks branch on no engine kind: an engine's rules are its own (workers/<engine>/rules.py)."""
+    for name in ("validate", "context", "engine_args", "model_facts", "plan"):
+        text = MODULES[f"orchestrator.config.{name}"].read_text()
+        assert not [k for k in ENGINE_KIND_NAMES if k in text], name
 
 
 def test_only_the_command_lines_import_the_session_and_the_schedules():

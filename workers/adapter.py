@@ -1,7 +1,7 @@
 """The engine interface: what differs between engines, behind one class (submitit's executor backends are the model).
 
 An engine is a folder (workers/sglang/, workers/reference/, workers/stub/) whose `adapter.py` subclasses
-`EngineAdapter`; the registry `workers.engine.adapter_for(kind)` hands it to the generic code:
+`EngineAdapter`; the registry `workers.registry.adapter_for(kind)` hands it to the generic code:
 
     adapter.build_argv(server, port, node_rank=None) -> list[str]   the one argv builder of the engine
     adapter.env(server) -> dict[str, str]                            extra environment of its process
@@ -16,8 +16,23 @@ own answers: `before_run` (before the run's cache flush), `probe_kwargs` (`versi
 export (`workers.engine_counters`); SGLang's adds /server_info tags and the plugin counters
 (`workers.sglang.observe`).
 
-Plan-time rules of an engine (what it refuses, its KV-page estimates) live with the rest of the plan's rules in
-`orchestrator/config/` (the config layer imports nothing from workers/; docs/architecture.md says why).
+Before anything starts, the config layer (orchestrator/config/, reaching workers/ only through the registry
+`workers.registry.adapter_for`) asks the same adapter what the engine itself refuses or needs, so an engine's
+plan-time rules and estimates live in its folder (`workers/<engine>/rules.py`), not in the generic checks:
+
+    adapter.plan_problems(point) -> [Problem]           what the engine refuses of one grid point (a `PlanPoint`:
+                                                        `RunConfig` as it is); each Problem names key, value, allowed
+    adapter.context_problem(point) -> Problem | None    does the prompt and every gen_token fit the server's context
+    adapter.draft_path_allowed(point) -> str            what to say when a drafter needs a model path and has none
+    adapter.resource_estimate(point) -> Resources       min tp_size for the weights, requests that run at once
+    adapter.server_engine(engine) -> EngineSpec         the EngineSpec its servers start with (the stub: timing flags)
+    adapter.run_params(point) -> {param: value}         params recorded with each run (SGLang: resolved backends)
+    adapter.owned_flags(server) -> {flag}               the flags its argv builder sets itself (not for extra_args)
+    adapter.argv_problem(server) -> str | None          what the engine's own parser says of the full argv
+    adapter.model_file(path) -> str | None              the local file or folder the engine loads for model.path
+
+The defaults here are an engine's that is not SGLang: it takes no SGLang-only key, cannot run past the model's
+context length, counts prompt + gen_tokens against its context, has no parser of its own to ask.
 
 Also here, shared by the adapters: `NodeRank` (one node's place in a multi-node server), `node_rank_argv`, and
 `common_flags` (the flags every engine takes, with SGLang's names).
@@ -25,11 +40,20 @@ Also here, shared by the adapters: `NodeRank` (one node's place in a multi-node 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import os
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
-from specsweep_vocab.spec import Algorithm, EngineKind, ServerSpec
-from workers.engine_counters import Scrape, read_limits, scrape_metrics, verify_timing
+from specsweep_vocab.plan_point import PlanPoint, Resources, argv_flags, context_limit_words, server_context_len
+from specsweep_vocab.problem import Problem
+from specsweep_vocab.spec import Algorithm, EngineKind, EngineSpec, ServerSpec
+
+if TYPE_CHECKING:
+    from workers.engine_counters import Scrape
+
+# Flags no extra_args may set on any engine: where it serves (`--host 0.0.0.0` would serve on every interface).
+ALWAYS_OWNED = ("--host", "--port")
+PLAN_PORT = 30000  # the port of the argv built at plan time: any, the argv's shape does not depend on it
 
 
 @dataclass(frozen=True)
@@ -109,6 +133,8 @@ class RunObserver:
 
     def after_run(self, base_url: str, metrics: dict[str, float], tags: dict[str, str]) -> list[str]:
         """After the run's last answer: metrics and tags into the run's result; notes for its message."""
+        from workers.engine_counters import verify_timing  # requests: imported where a run needs it, not at plan time
+
         return verify_timing(None, None, metrics)  # no counters: a run that verified says so
 
 
@@ -124,11 +150,15 @@ class CountersObserver(RunObserver):
         self.after: Scrape | None = None
 
     def before_run(self, base_url: str, pid: int | None) -> None:
+        from workers.engine_counters import read_limits, scrape_metrics
+
         if self.limits is None or self.limits[0] != pid:
             self.limits = (pid, read_limits(base_url))
         self.before = scrape_metrics(base_url)
 
     def after_run(self, base_url: str, metrics: dict[str, float], tags: dict[str, str]) -> list[str]:
+        from workers.engine_counters import scrape_metrics, verify_timing
+
         self.after = scrape_metrics(base_url) if self.before is not None else None
         notes = verify_timing(self.before, self.after, metrics)  # verify_step_ms, both engines
         metrics.update(self.limits[1] if self.limits else {})
@@ -158,3 +188,62 @@ class EngineAdapter:
 
     def observer(self, server: ServerSpec) -> RunObserver:
         return RunObserver(server)
+
+    # ---------------------------------------------------------------- plan time (the config layer, before any work)
+
+    def plan_problems(self, point: PlanPoint) -> list[Problem]:
+        """What this engine refuses of one grid point. This default: an engine that is not SGLang."""
+        out: list[Problem] = []
+        mode = point.attention.speculative_attention_mode
+        if mode is not None:
+            out.append(Problem("attention.speculative_attention_mode", mode, f"null on engine={self.kind.value} "
+                               "(an SGLang flag: which split backend verifies)", point.overrides))
+        if point.server_context_len is not None and point.server_context_len > point.model.max_context_len:
+            out.append(Problem("server_context_len", point.server_context_len,
+                               f"null or <= model max_context_len {point.model.max_context_len}", point.overrides))
+        return out
+
+    def context_problem(self, point: PlanPoint) -> Problem | None:
+        """None when the probe's prompt and all its gen_tokens fit the server's context. This default counts as the
+        reference engine does: prompt + max_new_tokens <= context (workers/reference/engine.py `Engine.check`)."""
+        prompt, gen = point.probe.context_len, point.probe.gen_tokens
+        if prompt + gen <= server_context_len(point):
+            return None
+        return Problem("context_len", prompt, f"context_len + gen_tokens ({gen}) <= {context_limit_words(point)}",
+                       point.overrides)
+
+    def draft_path_allowed(self, point: PlanPoint) -> str:
+        """What is allowed when the drafter's algorithm needs a draft model path and none is set."""
+        return (f"a draft model path for {point.drafter.algorithm.value} "
+                "(e.g. drafter.draft_model_path=<a checkpoint dir or HF id>)")
+
+    def server_engine(self, engine: EngineSpec) -> EngineSpec:
+        """The EngineSpec a server of this engine is started with (part of its ServerSpec); this default: as
+        configured."""
+        return engine
+
+    def run_params(self, point: PlanPoint) -> dict[str, str]:
+        """Params recorded with each run besides the config's own (e.g. what the engine resolves); this default:
+        none."""
+        return {}
+
+    def resource_estimate(self, point: PlanPoint) -> Resources:
+        """What one grid point needs of this engine. This default knows nothing."""
+        return Resources()
+
+    def owned_flags(self, server: ServerSpec) -> frozenset[str]:
+        """The flags this engine's argv builder sets from the config (so no extra_args may set them): the flags of
+        its argv with no extra_args at all, the multi-node rank flags, `--host` and `--port`."""
+        bare = replace(server, engine=replace(server.engine, extra_args=()),
+                       drafter=replace(server.drafter, extra_args=()))
+        node_rank = NodeRank(0, server.nnodes, "127.0.0.1:1") if server.nnodes > 1 else None
+        return frozenset(argv_flags(tuple(self.build_argv(bare, PLAN_PORT, node_rank)))) | frozenset(ALWAYS_OWNED)
+
+    def argv_problem(self, server: ServerSpec) -> str | None:
+        """What is allowed, when the engine's own parser refuses the server's full argv; None when it takes it
+        (this default: no parser to ask before the engine starts)."""
+        return None
+
+    def model_file(self, path: str) -> str | None:
+        """The local file or folder holding model.path, whose header gives the model's facts; None: none here."""
+        return path if path.endswith(".gguf") or os.path.isdir(path) or os.path.isfile(path) else None

@@ -1,14 +1,10 @@
-"""Engine processes: the registry of engines (one `workers.adapter.EngineAdapter` per EngineKind, each in its own
-folder), and an owner that starts, health-checks and always stops one.
+"""Engine processes: an owner that starts, health-checks and always stops one.
 
 Public API:
 
-    adapter_for(kind: EngineKind) -> EngineAdapter
-        the engine's interface (workers/adapter.py): argv, env, health path, prompt encoding, what is read around
-        a run. SGLANG: workers/sglang/adapter.py, REFERENCE: workers/reference/adapter.py, STUB: workers/stub/.
-    build_engine_argv(server: ServerSpec, port: int, node_rank: NodeRank | None = None) -> list[str]
-        argv for the server's engine kind (SGLang flag names for every engine); with a NodeRank, this node's
-        process of a multi-node server (`node_rank_argv`: --nnodes, --node-rank, --dist-init-addr).
+    adapter_for(kind), build_engine_argv(server, port, node_rank=None)
+        the registry of engines (workers/registry.py; one `workers.adapter.EngineAdapter` per EngineKind, each
+        in its own folder), re-exported here for the code that starts engines
     EngineProcess(command: Callable[[int], list[str]], log_path, *, host, env, startup_timeout_s, grace_s)
     EngineProcess.for_server(server: ServerSpec, log_path, *, node_rank=None, **kw) -> EngineProcess
         node_rank.rank > 0: a multi-node follower: no HTTP; "started" once it has stayed alive `settle_s`
@@ -50,12 +46,10 @@ from typing import Callable, Mapping
 import requests
 
 from specsweep_vocab.redact import redact_argv
-from specsweep_vocab.spec import EngineKind, ServerSpec
-from workers.adapter import EngineAdapter, NodeRank, node_rank_argv
+from specsweep_vocab.spec import ServerSpec
+from workers.adapter import EngineAdapter as EngineAdapter, NodeRank as NodeRank, node_rank_argv
 from workers.errors import EngineDied, EngineStartFailed, EngineTimeout
-from workers.reference.adapter import ReferenceAdapter
-from workers.sglang.adapter import SGLangAdapter
-from workers.stub.adapter import StubAdapter
+from workers.registry import adapter_for as adapter_for, build_engine_argv as build_engine_argv
 
 logger = logging.getLogger(__name__)
 
@@ -69,21 +63,6 @@ FATAL_GRACE_S = 2.0  # after a fatal line: time for the traceback to be written 
 _TRACEBACK = "Traceback (most recent call last):"
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)\b(:.*)?$")
 _ERROR_LINE = re.compile(r"\berror:|\b(ERROR|FATAL|CRITICAL)\b|\b[A-Z]\w*Error\b")
-
-
-# ---------------------------------------------------------------- the registry: one adapter per EngineKind
-
-
-_ADAPTERS: dict[EngineKind, EngineAdapter] = {EngineKind.REFERENCE: ReferenceAdapter(),
-                                              EngineKind.SGLANG: SGLangAdapter(), EngineKind.STUB: StubAdapter()}
-
-
-def adapter_for(kind: EngineKind) -> EngineAdapter:
-    return _ADAPTERS[kind]
-
-
-def build_engine_argv(server: ServerSpec, port: int, node_rank: NodeRank | None = None) -> list[str]:
-    return adapter_for(server.engine.kind).build_argv(server, port, node_rank)
 
 
 # ---------------------------------------------------------------- the process owner

@@ -60,10 +60,10 @@ from typing import Any, Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from specsweep_vocab.sglang_facts import DEVICE_TIMER_ENV
 from workers.errors import BadResponse, ProbeTimeout
 from workers.probe import ProbeClient
 
-DEVICE_TIMER_ENV = "SGLANG_ENABLE_METRICS_DEVICE_TIMER"  # sglang/srt/environ.py:479
 FORWARD_SECONDS = "sglang:forward_execution_seconds_total"  # metrics_collector.py:1054-1061
 VERIFY_CATEGORY = "target_verify"  # eager_runner.py:344-350, decode_cuda_graph_runner.py:1986-1988
 VERIFY_CALLS = "sglang:spec_verify_calls_total"  # metrics_collector.py:1865-1869

@@ -24,7 +24,7 @@ never restarted in place (the other ranks would need restarting too): it is give
 Each result's tags carry `engine_start` (which start of this group's engine served it, 1-based) and
 `engine_pid`, so a sweep can be checked for exactly one start per ServerSpec.
 
-What differs between engines is the engine's (`workers.adapter.EngineAdapter`, from `workers.engine.adapter_for`):
+What differs between engines is the engine's (`workers.adapter.EngineAdapter`, from `workers.registry.adapter_for`):
 its argv and env, how its prompt is encoded, and what is read from it around each run (`adapter.observer`: the
 `/metrics` counters and `/server_info` limits of both real engines, SGLang's /server_info tags, accept-length
 cross-check and plugin counters; see workers/adapter.py and workers/sglang/observe.py). `GroupRunner` has no

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from orchestrator.config.problems import Problem
+from workers.registry import adapter_for
 
 FACTS = ("max_context_len", "num_layers", "hidden_size", "num_q_heads", "num_kv_heads")
 GGUF_KEYS = {"max_context_len": "context_length", "num_layers": "block_count", "hidden_size": "embedding_length",
@@ -96,21 +97,15 @@ def _facts(path: str, _stamp: tuple[int, float]) -> dict[str, int]:
     return out
 
 
-def model_file(path: str) -> str | None:
-    """The local file or folder holding the model at `path` (a GGUF name resolved to its packaged file)."""
-    from workers.reference.gguf_checkpoint import GGUF_MODELS, locate_packaged
-
-    if path in GGUF_MODELS:
-        try:
-            return str(locate_packaged(path))
-        except FileNotFoundError:
-            return None  # not installed: the engine says so
-    return path if path.endswith(".gguf") or os.path.isdir(path) or os.path.isfile(path) else None
+def model_file(rc: Any) -> str | None:
+    """The local file or folder holding the point's model, as its engine resolves model.path (the reference
+    engine: a packaged GGUF name to its file; `EngineAdapter.model_file`)."""
+    return adapter_for(rc.engine.kind).model_file(rc.model.path)
 
 
 def model_fact_problems(rc: Any) -> list[Problem]:
     m = rc.model
-    file = model_file(m.path)
+    file = model_file(rc)
     if file is None:
         return []
     try:

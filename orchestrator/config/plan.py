@@ -10,10 +10,10 @@ import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-from specsweep_vocab.redact import redact_config, redact_override, redact_params
+from specsweep_vocab.redact import redact_override
 from specsweep_vocab.spec import EngineKind, EngineSpec, JobKind, RunSpec, ServerGroup, ServerSpec, stable_hash
 from orchestrator.config.validate import check_context, server_context_len
-from specsweep_vocab.sglang_facts import resolved_backends
+from workers.registry import adapter_for
 
 if TYPE_CHECKING:
     from orchestrator.config.schema import RunConfig
@@ -26,8 +26,10 @@ class Plan:
     sweep_name: str
     groups: tuple[ServerGroup, ...]  # one per distinct ServerSpec, deterministic order
     dropped: tuple[tuple[RunSpec | None, str], ...] = ()  # (point, why) left out at planning
-    base_config: dict[str, Any] | None = None  # resolved config of the first job, redacted (parent-run params)
-    overrides: tuple[str, ...] = ()  # the sweep's command-line overrides, redacted
+    # resolved config of the first job (the parent run's params) and the sweep's command-line overrides, as given:
+    # the Tracker redacts what it records (specsweep_vocab.redact)
+    base_config: dict[str, Any] | None = None
+    overrides: tuple[str, ...] = ()
     resumed: tuple[str, ...] = ()  # run_hashes of grid points left out because already FINISHED (plan_resume)
 
     @property
@@ -71,12 +73,9 @@ def build_name(rc: RunConfig) -> str:
 
 
 def with_stub_flags(engine: EngineSpec) -> EngineSpec:
-    """The EngineSpec a server is started with (this starts nothing). The stub engine takes its timing as flags in
-    `extra_args` (workers/stub/adapter.py StubAdapter): `engine.stub` is prepended there as `--stub-*` flags; any other
-    engine is returned as it is."""
-    if engine.kind is EngineKind.STUB and engine.stub is not None:
-        return replace(engine, extra_args=engine.stub.argv() + engine.extra_args)
-    return engine
+    """The EngineSpec a server is started with (this starts nothing), as its engine's adapter says
+    (`EngineAdapter.server_engine`: the stub takes its timing as `--stub-*` flags prepended to `extra_args`)."""
+    return adapter_for(engine.kind).server_engine(engine)
 
 
 def build_server(rc: RunConfig) -> ServerSpec:
@@ -94,17 +93,17 @@ def build_kernel_server(rc: RunConfig) -> ServerSpec:
 
 
 def build_run(rc: RunConfig, job_index: int) -> RunSpec:
-    """Name, params and overrides are redacted (specsweep_vocab.redact); the server keeps the real values."""
-    params, overrides = redact_params(rc.params), tuple(redact_override(o) for o in rc.overrides)
+    """Params and overrides keep the real values (the Tracker redacts what it records); the name is a label other
+    processes log, built from redacted overrides (`build_name`)."""
+    params, overrides = rc.params, rc.overrides
     if rc.job is JobKind.KERNEL:
         assert rc.kernel is not None
         return RunSpec(job_index=job_index, server=build_kernel_server(rc), probe=rc.probe,
                        run_hash=stable_hash("kernel", rc.kernel), name=rc.kernel.name + f" dtype={rc.kernel.dtype}",
                        params=params, overrides=overrides, kernel=rc.kernel)
     server = build_server(rc)
-    if rc.engine.kind is EngineKind.SGLANG:  # which backend runs prefill, decode and verify (not identity)
-        params = tuple(sorted({**dict(params), **resolved_backends(rc.attention, rc.drafter.algorithm).params()}
-                              .items()))
+    if extra := adapter_for(rc.engine.kind).run_params(rc):  # e.g. SGLang's resolved backends (not identity)
+        params = tuple(sorted({**dict(params), **extra}.items()))
     return RunSpec(job_index=job_index, server=server, probe=rc.probe, run_hash=stable_hash(server, rc.probe),
                    name=build_name(rc), params=params, overrides=overrides, log_patterns=rc.log_patterns)
 
@@ -152,9 +151,8 @@ def plan_sweep(sweep_name: str, configs: Sequence[RunConfig], *, drop_over_max: 
         log.warning("%d duplicate grid point(s) planned once (jobs %s repeat earlier jobs' run_hash)",
                     len(duplicate), ", ".join(str(r.job_index) for r, _ in duplicate[:10]))
     dropped = over + duplicate
-    return Plan(sweep_name=sweep_name, groups=group_runs(runs), dropped=tuple(dropped),
-                base_config=redact_config(base_config) if base_config else base_config,
-                overrides=tuple(redact_override(o) for o in overrides))
+    return Plan(sweep_name=sweep_name, groups=group_runs(runs), dropped=tuple(dropped), base_config=base_config,
+                overrides=tuple(overrides))
 
 
 def plan_resume(plan: Plan, finished_hashes: Iterable[str]) -> tuple[Plan, int]:

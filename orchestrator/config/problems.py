@@ -1,4 +1,5 @@
-"""`Problem(key, value, allowed)`: one refused config value; `ConfigError`: every problem of a sweep, by grid point.
+"""`Problem(key, value, allowed)`: one refused config value (`specsweep_vocab.problem`); `ConfigError`: every problem
+of a sweep, by grid point.
 
 Every check before any work (the declared domains, the keys, the rules, the resources) reports with these, so each
 refusal names the key, the value (secrets masked) and what is allowed.
@@ -6,22 +7,10 @@ refusal names the key, the value (secrets masked) and what is allowed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Iterable
 
-from specsweep_vocab.redact import MASK, is_secret_path, redact_override, redact_text
-
-
-@dataclass(frozen=True)
-class Problem:
-    key: str  # dotted config key, e.g. "page_size", "attention.backend"
-    value: Any
-    allowed: str  # what would be accepted, in words
-    overrides: tuple[str, ...] = ()  # the job's Hydra overrides (which grid point)
-
-    def __str__(self) -> str:
-        value = MASK if is_secret_path(self.key) else redact_text(repr(self.value))
-        return f"{self.key}={value}: allowed {self.allowed}"
+from specsweep_vocab.problem import Problem as Problem  # the type, shared with the engines' rules (workers/)
+from specsweep_vocab.redact import redact_override
 
 
 class ConfigError(ValueError):

@@ -98,7 +98,7 @@ class ClusterSettings:
     accelerator_label: str = field(default="gpu-arch", metadata=domain(IDENT))
     accelerator_match: AcceleratorMatch = AcceleratorMatch.AUTO
     # memory of one GPU (GiB) for the plan-time weights check; None: the largest GPU of `accelerator`
-    # (orchestrator/config/validate_startup.py GPU_MEMORY_GIB), or of any architecture when that is unset too
+    # (workers/sglang/startup_rules.py GPU_MEMORY_GIB), or of any architecture when that is unset too
     gpu_memory_gib: float | None = field(default=None, metadata=domain(Num(0, 65536, lo_open=True)))
     # cap on servers at once; None: as many as the cluster fits
     max_concurrent_servers: int | None = field(default=None, metadata=domain(Int(1, 65536)))

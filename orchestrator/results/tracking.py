@@ -31,8 +31,10 @@ tagged with the driver's identity (`orchestrator.results.drivers`); another driv
 claim while that driver lives, and marks claims (and parents) of drivers that are gone FAILED `driver_lost`, then
 runs those points itself. The parent carries `driver_heartbeat` (unix seconds, every `HEARTBEAT_S`).
 
-Secrets: names, params, tags and artifacts go through `specsweep_vocab.redact` (structure, and the literal secrets
-of the plan given to `from_settings`, or given as `secrets`, or found in the tracking URI).
+Secrets: this is the store's one boundary. The plan holds the real values; every name, param (by its key), tag and
+artifact written here goes through `specsweep_vocab.redact` (structure, and the literal secrets of the plan given
+to `from_settings`, or given as `secrets`, or found in the tracking URI). The other modules that write to MLflow
+write only what they read back from it, or constants (tests/orchestrator/test_secrets.py lists them).
 
 Layout. Parent: params = resolved base config flattened under `cfg.` (`cfg.a.b.c`: orchestrator/config/params.py
 `recorded`, read back by `config_params`), `overrides`; tags = `specsweep.role=parent`,
@@ -63,7 +65,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence
 
-from orchestrator.config.params import recorded
+from orchestrator.config.params import CONFIG_PREFIX, recorded
 from orchestrator.config.schema import param_value, to_params  # noqa: F401  (param_value: re-exported)
 from orchestrator.config.settings import ExecutionSettings
 from orchestrator.results.drivers import HEARTBEAT_S, DriverId
@@ -72,7 +74,7 @@ from orchestrator.results.mlflow_ui import (AXES_TAG, CHILD_UI_TAGS, axis_key, a
 from orchestrator.results.provenance import git_sha, hydra_multirun_yaml, redact_multirun_yaml, schedule_tags
 from orchestrator.results.store_lock import StoreLock
 from specsweep_vocab.point_key import point_key
-from specsweep_vocab.redact import plan_secrets, redact_config, redact_text, uri_secrets
+from specsweep_vocab.redact import plan_secrets, redact_config, redact_override, redact_param, redact_text, uri_secrets
 from specsweep_vocab.spec import EngineKind, FailureReason, RunResult, RunSpec, RunState
 
 if TYPE_CHECKING:
@@ -344,7 +346,7 @@ class Tracker:
     def log_result(self, result: RunResult) -> str:
         """One child run: the RunSpec's claim when it has one (a retried attempt always gets its own run)."""
         spec = result.run
-        swept = [o for o in spec.overrides if axis_key(o) in self.axes]
+        swept = [redact_override(o) for o in spec.overrides if axis_key(o) in self.axes]
         tags = {**self._child_tags(spec), "state": result.state.value, **result.tags, **axis_tags(swept)}
         if result.reason:
             tags["failure_reason"] = result.reason.value
@@ -379,7 +381,8 @@ class Tracker:
         ms = [Metric(k, float(v), ts, 0) for k, v in (metrics or {}).items()]
         for key, values in (series or {}).items():
             ms += [Metric(key, float(v), ts, i) for i, v in enumerate(values)]
-        ps = [Param(k[:250], self.redact(str(v))[:MAX_PARAM_VALUE]) for k, v in (params or {}).items()]
+        ps = [Param(k[:250], redact_param(k.removeprefix(CONFIG_PREFIX), str(v), self.secrets)[:MAX_PARAM_VALUE])
+              for k, v in (params or {}).items()]
         for chunk in _chunks(_run_tags(tags or {}), BATCH_TAGS):
             self.client.log_batch(run_id, tags=chunk)
         for chunk in _chunks(ps, BATCH_PARAMS):

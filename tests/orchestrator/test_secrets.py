@@ -73,6 +73,64 @@ def test_tracker_scrubs_the_plans_secrets_from_every_text(tmp_path):
     assert MASK in run.data.tags["message"]
 
 
+SHORT = "Qz9s"  # shorter than MIN_SCRUB_LEN: only the key or the flag around it marks it as a secret
+SHORT2 = "Wy8t"
+
+
+def test_the_tracker_alone_keeps_a_plans_secrets_out_of_the_store(tmp_path):
+    """The plan keeps the real values (planning redacts nothing but the run names' labels); the Tracker is the
+    store's one boundary: params by their key, overrides, axis tags, the parent's config and every text."""
+    import dataclasses
+
+    server = stub_server(extra_args=("--api-key", KEY_SECRET))
+    specs = []
+    for i, token in enumerate((SHORT, SHORT2)):
+        run = tiny_run(server, i)
+        overrides = (f"engine.env.HF_TOKEN={token}", f"engine.extra_args=[--api-key,{KEY_SECRET}]")
+        specs.append(dataclasses.replace(run, name=f"{run.name} engine.env.HF_TOKEN={token}", overrides=overrides,
+                                         params=(*run.params, ("engine.env.HF_TOKEN", token),
+                                                 ("engine.extra_args", f'["--api-key", "{KEY_SECRET}"]'))))
+    plan = Plan(sweep_name="s", groups=(tiny_group(server, specs),),
+                base_config={"engine": {"env": {"HF_TOKEN": SHORT}, "extra_args": ["--api-key", KEY_SECRET]}},
+                overrides=(f"engine.env.HF_TOKEN={SHORT},{SHORT2}", f"+engine.env.DB_PASSWORD={SHORT}"))
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tracker = Tracker(uri, "s")  # no literal secrets given: the structure alone must mask them
+    with tracker.start_parent(plan, work_dir=tmp_path):
+        for spec in specs:
+            tracker.log_result(RunResult(run=spec, state=RunState.FINISHED, metrics={"x": 1.0}))
+    assert tracker.axes == ("engine.env.HF_TOKEN",)
+    assert_absent(tmp_path, [SHORT, SHORT2, KEY_SECRET])
+    runs = mlflow.MlflowClient(uri).search_runs([tracker.experiment_id])
+    child = next(r for r in runs if r.data.tags.get("specsweep.role") == "child")
+    assert child.data.params["cfg.engine.env.HF_TOKEN"] == MASK and child.data.tags["axis.engine.env.HF_TOKEN"] == MASK
+    assert child.data.params["axis.engine.env.HF_TOKEN"] == MASK
+    assert child.info.run_name.endswith(f"engine.env.HF_TOKEN={MASK}")
+
+
+# Every module that writes to MLflow, and what it writes. The Tracker is the boundary for what comes from the plan;
+# the others write only what they read back from the store (already redacted) or constants. A new writer must be
+# reviewed and listed here, or write through the Tracker.
+MLFLOW_WRITERS = {
+    "orchestrator/results/tracking.py": "the boundary: names, params, tags and artifacts of the plan, redacted",
+    "orchestrator/results/report/build.py": "the report's files, built from the runs read back from the store",
+    "orchestrator/results/regress/section.py": "regression verdicts of runs read back from the store",
+    "orchestrator/results/mlflow_ui.py": "the experiment's kind and saved view (axis names, constants)",
+}
+_MLFLOW_WRITE = ("log_batch(", "log_text(", "log_param(", "log_params(", "set_tag(", "set_tags(", "create_run(",
+                 "log_artifact(", "log_artifacts(", "log_metric(", "log_dict(", "log_figure(", "log_image(",
+                 "set_experiment_tag(", "start_run(")
+
+
+def test_only_the_listed_modules_write_to_mlflow():
+    writers = set()
+    for package in ("orchestrator", "workers", "hydra_plugins", "specsweep_vocab"):
+        for path in (ROOT / package).rglob("*.py"):
+            text = path.read_text()
+            if any(f".{call}" in text for call in _MLFLOW_WRITE):
+                writers.add(path.relative_to(ROOT).as_posix())
+    assert writers == set(MLFLOW_WRITERS), "a module writes to MLflow outside the Tracker: review it, list it here"
+
+
 def assert_absent(root: Path, secrets: list[str], skip=lambda path: False) -> int:
     """No file under `root` (SQLite databases as their SQL dump) holds any of `secrets`; returns files read."""
     seen = 0

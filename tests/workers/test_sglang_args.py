@@ -32,8 +32,9 @@ from orchestrator.config.plan import build_server
 from specsweep_vocab.spec import Algorithm, AttentionKind, ModelSpec
 from tests.workers.sglang_argcache import check_argv
 from tools.testing import compose_run
-from orchestrator.config.validate import REFERENCE_MODEL_PATHS, validate_run
-from orchestrator.config.validate_startup import min_tp_size
+from orchestrator.config.validate import validate_run
+from workers.reference.rules import REFERENCE_MODEL_PATHS
+from workers.registry import adapter_for
 from workers.sglang.args import (LONGER_CONTEXT_ENV, SERVER_ARG_KEYS, build_sglang_argv, expected_server_args,
                             reported_server_args, sglang_env)
 
@@ -149,9 +150,9 @@ def _grid(tmp: Path, versions=("0.5.23", "0.5.10"), *, null_paths: bool = False)
 
 
 def _fitting(rc):
-    """At the smallest power-of-two tp_size whose weights fit a GPU (deepseek-v3: 4; orchestrator/config/validate_startup.py),
+    """At the smallest power-of-two tp_size whose weights fit a GPU (deepseek-v3: 4; workers/sglang/startup_rules.py),
     so that the grid checks SGLang's verdict on the model and not our weights rule."""
-    return dataclasses.replace(rc, tp_size=max(rc.tp_size, 1 << (min_tp_size(rc) - 1).bit_length()))
+    return dataclasses.replace(rc, tp_size=max(rc.tp_size, 1 << (adapter_for(rc.engine.kind).resource_estimate(rc).min_tp_size - 1).bit_length()))
 
 
 def _point(rc, name: str, version: str, tmp: Path, dirs: dict) -> Point:
@@ -203,7 +204,7 @@ OURS_ONLY = [  # (key, words of its `allowed`)
     ("drafter.draft_model_path", "draft with the target itself"),  # that would be the oracle, unlabelled
     ("attention.draft_backend", "draft worker does not support"),  # EAGLE draft worker: fails at start-up
     ("drafter.draft_num_layers", "SGLang has no such flag"),  # layer skipping is the reference engine's
-    # orchestrator/config/validate_startup.py: the parser accepts them, the server dies at start-up
+    # workers/sglang/startup_rules.py: the parser accepts them, the server dies at start-up
     ("attention.backend", "dies at its own warm-up"),  # torch_native cannot run TARGET_VERIFY
     ("attention.prefill_backend", "dies at its own warm-up"),
     ("attention.decode_backend", "dies at its own warm-up"),
@@ -293,7 +294,7 @@ BAD = [
      "engine.sglang.mem_fraction_static", False),
     (Q + ("drafter=eagle3", DRAFT, "attention=triton", "drafter.num_draft_tokens=9"), "0.5.23",
      "drafter.num_draft_tokens", False),  # topk 1: SGLang would silently use num_steps + 1
-    # start-up only (orchestrator/config/validate_startup.py; tests/workers/test_sglang_startup_rules.py runs SGLang's code)
+    # start-up only (workers/sglang/startup_rules.py; tests/workers/test_sglang_startup_rules.py runs SGLang's code)
     (Q + ("drafter=ngram", "attention=torch_native", "page_size=1"), "0.5.23", "attention.backend", False),
     (Q + ("drafter=none", "attention=fa3", "cluster.accelerator=sm_120"), "0.5.23", "attention.backend", False),
     (Q + ("drafter=ngram", "attention=triton", "+attention.backend=hpc_ops", "page_size=64"), "0.5.23",

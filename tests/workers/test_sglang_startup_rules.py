@@ -1,4 +1,4 @@
-"""The rules of orchestrator/config/validate_startup.py against SGLang 0.5.23's own code, on CPU.
+"""The rules of workers/sglang/startup_rules.py against SGLang 0.5.23's own code, on CPU.
 
 SGLang's parser and resolver accept every one of these points (`prepare_server_args` + `resolve_once()` +
 `check_server_args()`: the OURS_ONLY rules of tests/workers/test_sglang_args.py); they fail later, at start-up.
@@ -26,7 +26,7 @@ from hydra import compose, initialize_config_module
 from orchestrator.config.run_config import RunConfig
 from orchestrator.config.schema import register_configs, to_run_config
 from orchestrator.config.settings import ClusterSettings
-from orchestrator.config.validate_startup import fa3_problems, speculation_problems
+from workers.sglang.startup_rules import fa3_problems, speculation_problems
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,6 +1,8 @@
 """The SGLang engine, all its pieces together (one folder behind the `workers.adapter.EngineAdapter` interface):
 
-    adapter.py          SGLangAdapter: the EngineAdapter for EngineKind.SGLANG (argv, env, observer)
+    adapter.py          SGLangAdapter: the EngineAdapter for EngineKind.SGLANG (argv, env, observer, plan-time rules)
+    rules.py            what SGLang refuses or silently overrides, checked at plan time; its context accounting
+    startup_rules.py    what its parser lets through but its start-up refuses (fa3 arch, torch_native verify, weights)
     args.py             the one argv builder (`build_sglang_argv`), env, and the server args /server_info reports
     observe.py          what is read around each run: /server_info tags, accept-length cross-check, plugin counters
     metrics.py          meta_info -> speculative metrics (`spec_metrics_from_meta_info`, every engine's answers)

@@ -17,7 +17,7 @@ backends fall back to --attention-backend; TARGET_VERIFY runs on the prefill bac
 
 `engine.version` picks the flag names (`specsweep_vocab.sglang_facts.SGLANG_VERSIONS`; docs/sglang.md has the table).
 Cross-field rules (what SGLang itself would reject at start-up) are checked at plan time by
-`orchestrator.config.validate.sglang_problems`; this module assumes a validated spec and only spells it.
+`workers.sglang.rules.sglang_problems`; this module assumes a validated spec and only spells it.
 
 With `attention=specsweep_verify` the server starts through `workers.sglang.launch`, which registers the
 kernel plugin in every SGLang process before parsing (0.5.10 has no plugin entry points; on newer versions the
@@ -30,9 +30,8 @@ import sys
 from typing import Any, Mapping
 
 from specsweep_vocab.spec import Algorithm, ServerSpec, SGLangOptions
-from workers.engine_counters import DEVICE_TIMER_ENV
-from specsweep_vocab.sglang_facts import (SGLANG_PLUGIN_BACKENDS, SPEC_MAX_RUNNING_REQUESTS, SGLangFacts,
-                                          resolved_backends, sglang_draft_backend, sglang_facts)
+from specsweep_vocab.sglang_facts import (DEVICE_TIMER_ENV, SGLANG_PLUGIN_BACKENDS, SPEC_MAX_RUNNING_REQUESTS,
+                                          SGLangFacts, resolved_backends, sglang_draft_backend, sglang_facts)
 
 LONGER_CONTEXT_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
 
@@ -86,7 +85,7 @@ def _option_flags(opts: SGLangOptions, flags: SGLangFacts) -> list[str]:
 
 
 def build_sglang_argv(server: ServerSpec, port: int, *, python: str = sys.executable) -> list[str]:
-    """The full argv (interpreter first). Assumes `orchestrator.config.validate.sglang_problems(...)` found nothing."""
+    """The full argv (interpreter first). Assumes `workers.sglang.rules.sglang_problems(...)` found nothing."""
     flags = sglang_facts(server.engine.version)
     m, a = server.model, server.attention
     module = "workers.sglang.launch" if uses_plugin(server) else "sglang.launch_server"

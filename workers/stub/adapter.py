@@ -1,12 +1,17 @@
 """`StubAdapter`: the `workers.adapter.EngineAdapter` for EngineKind.STUB (workers/stub/server.py). Timing comes
-from `engine.extra_args` (`--stub-token-s`, `--stub-prefill-s`, `--stub-startup-s`)."""
+from `engine.extra_args` (`--stub-token-s`, `--stub-prefill-s`, `--stub-startup-s`); its plan-time rules are
+workers/stub/rules.py."""
 
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
-from specsweep_vocab.spec import EngineKind, ServerSpec
+from specsweep_vocab.plan_point import PlanPoint
+from specsweep_vocab.problem import Problem
+from specsweep_vocab.spec import EngineKind, EngineSpec, ServerSpec
 from workers.adapter import EngineAdapter, NodeRank, common_flags, node_rank_argv
+from workers.stub.rules import stub_problems
 
 
 class StubAdapter(EngineAdapter):
@@ -26,3 +31,12 @@ class StubAdapter(EngineAdapter):
 
     def prompt_model(self, server: ServerSpec) -> str | None:
         return None  # byte ids, no model to load
+
+    def server_engine(self, engine: EngineSpec) -> EngineSpec:
+        """`engine.stub` prepended to `extra_args` as the `--stub-*` flags the server takes."""
+        if engine.stub is not None:
+            return replace(engine, extra_args=engine.stub.argv() + engine.extra_args)
+        return engine
+
+    def plan_problems(self, point: PlanPoint) -> list[Problem]:
+        return super().plan_problems(point) + stub_problems(point)

@@ -82,6 +82,44 @@ def test_declared_domain_refused_naming_key_value_allowed(override, key, allowed
     assert "Traceback" not in str(err)
 
 
+# The range checks the rules used to repeat (validate.py, the engines' rules: "an integer >= 1", "a number of
+# seconds >= 0", "null or a fraction in (0, 1)", ...): each of these values is refused by its declared domain at
+# conversion, before any rule runs, so the rules no longer check them (#33). (extra overrides, override, key)
+DOMAIN_ONLY = [
+    ((), "page_size=0", "page_size"), ((), "context_len=0", "context_len"), ((), "gen_tokens=0", "gen_tokens"),
+    ((), "probe.concurrency=0", "probe.concurrency"), ((), "tp_size=0", "tp_size"), ((), "nnodes=0", "nnodes"),
+    ((), "server_context_len=0", "server_context_len"), ((), "model.max_context_len=0", "model.max_context_len"),
+    ((), "model.num_layers=0", "model.num_layers"), ((), "model.hidden_size=0", "model.hidden_size"),
+    ((), "model.num_q_heads=0", "model.num_q_heads"), ((), "model.num_kv_heads=0", "model.num_kv_heads"),
+    ((), "model.head_dim=0", "model.head_dim"), ((), "model.v_head_dim=0", "model.v_head_dim"),
+    (("drafter=layer_skip",), "drafter.draft_num_layers=0", "drafter.draft_num_layers"),
+    (("engine=sglang", "model=qwen3-8b"), "attention.speculative_attention_mode=verify",
+     "attention.speculative_attention_mode"),
+    (("engine=sglang", "model=qwen3-8b"), "engine.sglang.mem_fraction_static=1.0", "engine.sglang.mem_fraction_static"),
+    (("engine=sglang", "model=qwen3-8b"), "engine.sglang.cuda_graph_max_bs=0", "engine.sglang.cuda_graph_max_bs"),
+    (("engine=sglang", "model=qwen3-8b"), "engine.sglang.max_running_requests=0",
+     "engine.sglang.max_running_requests"),
+    (("engine=sglang", "model=qwen3-8b"), "cluster.gpu_memory_gib=0", "cluster.gpu_memory_gib"),
+    (("engine=stub",), "engine.stub.token_s=-1", "engine.stub.token_s"),
+    (("engine=stub",), "engine.stub.startup_s=nan", "engine.stub.startup_s"),
+    (("engine=stub",), "engine.stub.rendezvous_timeout_s=0", "engine.stub.rendezvous_timeout_s"),
+    (("job=kernel",), "kernel.prefix=0", "kernel.prefix"), (("job=kernel",), "kernel.tokens=0", "kernel.tokens"),
+    (("job=kernel",), "kernel.num_q_heads=0", "kernel.num_q_heads"),
+    (("job=kernel",), "kernel.head_dim=0", "kernel.head_dim"),
+]
+
+
+@pytest.mark.parametrize("extra,override,key", DOMAIN_ONLY, ids=[o for _, o, _ in DOMAIN_ONLY])
+def test_ranges_the_rules_no_longer_check_are_refused_by_their_domain_at_conversion(extra, override, key):
+    register_configs()
+    with initialize_config_module("conf", version_base="1.3"):
+        cfg = compose("config", overrides=[*extra, override])
+    with pytest.raises(ConfigError) as e:
+        to_run_config(cfg, (*extra, override), cwd="/tmp")  # the conversion alone: no rule has run
+    (p,) = [p for p in e.value.problems if p.key == key]
+    assert p.allowed.startswith(("an integer in [", "a finite number in ", "one of ")), p
+
+
 def test_every_grid_point_is_checked():
     register_configs()
     with initialize_config_module("conf", version_base="1.3"):

@@ -9,9 +9,10 @@ import pytest
 from hydra import compose, initialize_config_module
 
 from orchestrator.config.jobs import convert_and_validate
-from orchestrator.config.model_facts import model_file
 from orchestrator.config.schema import register_configs
 from orchestrator.config.validate import ConfigError
+from specsweep_vocab.spec import EngineKind
+from workers.registry import adapter_for
 
 
 def _problems(*overrides: str, cwd: str = "/tmp"):
@@ -37,7 +38,7 @@ def test_a_context_longer_than_the_model_was_trained_for_is_refused():
 
 
 def test_truncated_gguf_and_garbage_folder_refused(tmp_path):
-    real = model_file("smollm2-135m")
+    real = adapter_for(EngineKind.REFERENCE).model_file("smollm2-135m")
     assert real is not None
     cut = tmp_path / "cut.gguf"
     with open(real, "rb") as f:
@@ -52,7 +53,7 @@ def test_truncated_gguf_and_garbage_folder_refused(tmp_path):
 
 
 def test_a_real_gguf_copy_is_read(tmp_path):
-    real = model_file("smollm2-135m")
+    real = adapter_for(EngineKind.REFERENCE).model_file("smollm2-135m")
     copy = tmp_path / "m.gguf"
     shutil.copyfile(real, copy)
     assert _problems(f"model.path={copy}") == {}

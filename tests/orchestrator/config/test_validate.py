@@ -387,11 +387,11 @@ def test_draft_model_must_share_the_targets_vocabulary():
 
 
 # ---------------------------------------------------------------- rules SGLang checks only at start-up
-# (orchestrator/config/validate_startup.py; the parser accepts these points: tests/workers/test_sglang_args.py OURS_ONLY)
+# (workers/sglang/startup_rules.py; the parser accepts these points: tests/workers/test_sglang_args.py OURS_ONLY)
 
 
 def test_fa3_refused_on_architectures_its_factory_asserts_against(caplog):
-    from orchestrator.config import validate_startup
+    from workers.sglang import startup_rules
 
     fa3 = ("engine=sglang", "model=qwen3-8b", "attention=fa3", "drafter=ngram")
     for arch in ("sm_120", "sm_100"):
@@ -405,8 +405,8 @@ def test_fa3_refused_on_architectures_its_factory_asserts_against(caplog):
     draft = ("engine=sglang", "model=qwen3-8b", "attention=triton", "drafter=eagle3", "drafter.draft_model_path=x",
              "attention.draft_backend=fa3", "cluster.accelerator=sm_120")
     assert problems(*draft)["attention.draft_backend"].value == "fa3"
-    validate_startup._warned.clear()
-    with caplog.at_level("WARNING", logger="orchestrator.config.validate_startup"):
+    startup_rules._warned.clear()
+    with caplog.at_level("WARNING", logger="workers.sglang.startup_rules"):
         assert problems(*fa3) == {}  # not judged without an accelerator: a warning says so
     assert "attention.backend=fa3 with cluster.accelerator=None" in caplog.text and "set cluster.accelerator" in caplog.text
 

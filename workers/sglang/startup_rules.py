@@ -1,10 +1,11 @@
 """SGLang 0.5.23 rules that its parser does not check: the point parses, then the server dies at start-up (or in
-its own warm-up request). Checked at plan time, before Ray starts, by `orchestrator.config.validate.sglang_problems`.
+its own warm-up request). Checked at plan time, before Ray starts, by `workers.sglang.rules.sglang_problems`
+(`SGLangAdapter.plan_problems`).
 
-    startup_problems(rc, bad)     bad(key, value, allowed) for each rule a grid point breaks
+    startup_problems(point, bad)  bad(key, value, allowed) for each rule a grid point (a `PlanPoint`) breaks
     weight_bytes(model) -> (bytes, how) | None     the checkpoint's weights, declared or a lower bound from the shape
     gpu_memory(cluster) -> (GiB, how)               one GPU's memory: declared, or the largest of the architecture
-    min_tp_size(rc) -> int                          the smallest tp_size at which the weights fit (1: they do)
+    min_tp_size(point) -> int                       the smallest tp_size at which the weights fit (1: they do)
 
 The rules (docs/sglang.md, "Rules SGLang checks only at start-up"):
 - attention `fa3` needs SM 8.x without MLA, or SM 9.x: the FA3 factory asserts it
@@ -28,14 +29,11 @@ from __future__ import annotations
 import logging
 import math
 import re
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
+from specsweep_vocab.plan_point import ClusterFacts, PlanPoint
 from specsweep_vocab.sglang_facts import resolved_backends
 from specsweep_vocab.spec import Algorithm, AttentionKind, ModelSpec
-
-if TYPE_CHECKING:
-    from orchestrator.config.run_config import RunConfig
-    from orchestrator.config.settings import ClusterSettings
 
 logger = logging.getLogger(__name__)
 
@@ -73,12 +71,12 @@ def _warn_once(message: str) -> None:
         logger.warning(message)
 
 
-def fa3_problems(rc: RunConfig, bad: Bad) -> None:
-    a, arch = rc.attention, rc.cluster.accelerator
+def fa3_problems(point: PlanPoint, bad: Bad) -> None:
+    a, arch = point.attention, point.cluster.accelerator
     keys = [k for k in ("backend", "decode_backend", "prefill_backend", "draft_backend") if getattr(a, k) == "fa3"]
     if not keys:
         return
-    major, mla = sm_major(arch), rc.model.attention_kind is AttentionKind.MLA
+    major, mla = sm_major(arch), point.model.attention_kind is AttentionKind.MLA
     if major is None:
         _warn_once(f"attention.{keys[0]}=fa3 with cluster.accelerator={arch!r}: SGLang's FA3 backend runs only on "
                    "SM 8.x (no MLA) and SM 9.x (attention_registry.py:238-246); set cluster.accelerator (e.g. sm_90) "
@@ -92,8 +90,8 @@ def fa3_problems(rc: RunConfig, bad: Bad) -> None:
             f"triton): SGLang's FA3 backend asserts SM 8.x without MLA or SM 9.x at start-up and {why}")
 
 
-def speculation_problems(rc: RunConfig, bad: Bad) -> None:
-    a, d = rc.attention, rc.drafter
+def speculation_problems(point: PlanPoint, bad: Bad) -> None:
+    a, d = point.attention, point.drafter
     if d.algorithm is Algorithm.NONE:
         return
     verify = resolved_backends(a, d.algorithm).verify
@@ -126,7 +124,7 @@ def weight_bytes(m: ModelSpec) -> tuple[float, str] | None:
     return attention * per, f"at least the attention projections of its shape ({attention:.3g} x {per:g} B, {dtype})"
 
 
-def gpu_memory(cluster: ClusterSettings) -> tuple[float, str]:
+def gpu_memory(cluster: ClusterFacts) -> tuple[float, str]:
     """One GPU's memory in GiB, and where the figure comes from."""
     if cluster.gpu_memory_gib is not None:
         return cluster.gpu_memory_gib, f"cluster.gpu_memory_gib={cluster.gpu_memory_gib:g}"
@@ -139,48 +137,45 @@ def gpu_memory(cluster: ClusterSettings) -> tuple[float, str]:
                  f"{cluster.accelerator!r} does not say; set cluster.accelerator or cluster.gpu_memory_gib")
 
 
-def _budget(rc: RunConfig) -> tuple[float, float, str, str] | None:
+def _budget(point: PlanPoint) -> tuple[float, float, str, str] | None:
     """(weight bytes of one replica, bytes one GPU may hold, how the weights were counted, how the memory)."""
-    counted = weight_bytes(rc.model)
+    counted = weight_bytes(point.model)
     if counted is None:
         return None
     total, how = counted
-    d = rc.drafter
-    if d.algorithm is Algorithm.STANDALONE and d.draft_model_path == rc.model.path:
+    d = point.drafter
+    if d.algorithm is Algorithm.STANDALONE and d.draft_model_path == point.model.path:
         total, how = 2 * total, how + ", twice: the draft worker loads the target again"
-    gib, where = gpu_memory(rc.cluster)
-    opts = rc.engine.sglang
+    gib, where = gpu_memory(point.cluster)
+    opts = point.engine.sglang
     fraction = opts.mem_fraction_static if opts is not None and opts.mem_fraction_static else 1.0
     return total, gib * GIB * fraction, how, where + (f", x mem_fraction_static {fraction:g}" if fraction < 1 else "")
 
 
-def min_tp_size(rc: RunConfig) -> int:
+def min_tp_size(point: PlanPoint) -> int:
     """The smallest tp_size whose weights per GPU fit (1 when they fit on one GPU, or cannot be counted)."""
-    b = _budget(rc)
+    b = _budget(point)
     return max(1, math.ceil(b[0] / b[1])) if b is not None and b[1] > 0 else 1
 
 
-def weights_problems(rc: RunConfig, bad: Bad) -> None:
-    if rc.cluster.gpu_memory_gib is not None and not rc.cluster.gpu_memory_gib > 0:
-        bad("cluster.gpu_memory_gib", rc.cluster.gpu_memory_gib, "null or a number of GiB > 0")
+def weights_problems(point: PlanPoint, bad: Bad) -> None:
+    if point.model.weight_dtype is not None and point.model.weight_dtype not in WEIGHT_BYTES:
+        bad("model.weight_dtype", point.model.weight_dtype, "null or one of " + ", ".join(WEIGHT_BYTES))
         return
-    if rc.model.weight_dtype is not None and rc.model.weight_dtype not in WEIGHT_BYTES:
-        bad("model.weight_dtype", rc.model.weight_dtype, "null or one of " + ", ".join(WEIGHT_BYTES))
-        return
-    b = _budget(rc)
-    if b is None or rc.tp_size < 1:
+    b = _budget(point)
+    if b is None:
         return
     total, budget, how, where = b
-    per_gpu = total / rc.tp_size
+    per_gpu = total / point.tp_size
     if per_gpu >= budget:
-        bad("tp_size", rc.tp_size,
-            f">= {min_tp_size(rc)} for model {rc.model.name}: its weights ({total / GIB:.1f} GiB: {how}) over tp_size "
-            f"{rc.tp_size} are {per_gpu / GIB:.1f} GiB per GPU, not under {budget / GIB:.1f} GiB ({where}), "
+        bad("tp_size", point.tp_size,
+            f">= {min_tp_size(point)} for model {point.model.name}: its weights ({total / GIB:.1f} GiB: {how}) over tp_size "
+            f"{point.tp_size} are {per_gpu / GIB:.1f} GiB per GPU, not under {budget / GIB:.1f} GiB ({where}), "
             "and SGLang would refuse to start with no memory left for the KV cache")
 
 
-def startup_problems(rc: RunConfig, bad: Bad) -> None:
+def startup_problems(point: PlanPoint, bad: Bad) -> None:
     """Every rule of this module for one SGLang grid point."""
-    fa3_problems(rc, bad)
-    speculation_problems(rc, bad)
-    weights_problems(rc, bad)
+    fa3_problems(point, bad)
+    speculation_problems(point, bad)
+    weights_problems(point, bad)
