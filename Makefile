@@ -90,7 +90,7 @@ bench-badinput:
 # regression check: false alarms over identical sweeps, detection on exactly the changed points, smallest drop
 # found at 1/3/5 repeats (stub engine), and the reference engine on the real model; then the change-point libraries
 bench-regress:
-	$(BIN)/python -m tools.bench_regress --sweeps 10 --reference 5
+	$(BIN)/python -m tools.bench_regress --sweeps 10 --reference 10
 	$(BIN)/python -m tools.bench_changepoints
 
 clean:

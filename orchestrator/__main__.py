@@ -6,11 +6,15 @@ every override key is checked against the schema: a typo'd key exits 1 naming th
 (Hydra would suggest `+key=...`, which the schema then refuses anyway).
 
 Ctrl-C exits by SIGINT (130 in a shell) and SIGTERM 143, each with one line on stderr (no traceback). Both first stop every engine and
-close the runs (orchestrator.execution.execute).
+close the runs (orchestrator.execution.execute). A signal sent to the whole process group stops the Ray this driver
+started as well; Ray is then abandoned (orchestrator.execution.ray_session) and the process ends with `os._exit`
+once the runs are closed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import sys
 from typing import Sequence
@@ -65,10 +69,28 @@ def main() -> None:
         term = isinstance(interrupt, Terminated)  # SIGTERM, cleaned up like Ctrl-C: exit 143, not as SIGINT
         print(f"specsweep: {'terminated (SIGTERM)' if term else 'interrupted (Ctrl-C)'}: what had started was "
               "stopped and its runs closed as KILLED; the same command resumes the rest", file=sys.stderr)
+        if _ray_abandoned():  # Ray's GCS went with the signal: Ray's own exit would wait 60 s for it
+            _exit_now(Terminated.exit_code if term else -signal.SIGINT)
         if term:
             sys.exit(Terminated.exit_code)
         sys.excepthook = _quiet_interrupt(sys.excepthook)
         raise  # Python then exits by SIGINT, as a shell expects of Ctrl-C (130)
+
+
+def _ray_abandoned() -> bool:
+    ray_session = sys.modules.get("orchestrator.execution.ray_session")
+    return ray_session is not None and ray_session.ray_abandoned()
+
+
+def _exit_now(code: int) -> None:
+    """Exit without the interpreter's shutdown (Ray's atexit and its C++ threads): the MLflow runs are closed."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    if code < 0:  # by the signal itself, as a shell expects of Ctrl-C
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    os._exit(code)
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:

@@ -48,6 +48,10 @@ class Algorithm(str, enum.Enum):
     DFLASH = "DFLASH"
 
 
+# probe.repeats: at most this many prompts a point (the t-interval is already within 2 % of the normal one at 30)
+MAX_REPEATS = 64
+
+
 class ProbeKind(str, enum.Enum):
     PREDICTABLE = "predictable"
     NOVEL = "novel"
@@ -120,6 +124,8 @@ class FailureReason(str, enum.Enum):
     BAD_RESPONSE = "bad_response"
     INTERRUPTED = "interrupted"
     WORKER_ERROR = "worker_error"  # an unexpected exception inside the worker (a bug, not the engine)
+    ENGINE_HUNG = "engine_hung"  # alive but its health path unanswered for engine.health_timeout_s: killed, restarted
+    DISK_FULL = "disk_full"  # the tracking store's disk filled up while the sweep recorded (closed once writable)
 
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -242,6 +248,10 @@ class EngineSpec:
     device: str = field(default="cpu", metadata=domain(Choice(*DEVICES)))  # reference engine: cpu | cuda
     startup_timeout_s: float = field(default=300.0, metadata=domain(SECONDS))
     request_timeout_s: float = field(default=600.0, metadata=domain(SECONDS))
+    # while a run is in flight, an engine whose health path answers nothing for this long is hung: killed and
+    # restarted like a crashed one, and only that run fails (workers/health_watch.py). Longer than SGLang's own
+    # health-generation wait (SGLANG_HEALTH_CHECK_TIMEOUT, 20 s: sglang/srt/entrypoints/http_server.py:218).
+    health_timeout_s: float = field(default=60.0, metadata=domain(SECONDS, NOT_IDENTITY))
     extra_args: tuple[str, ...] = field(default=(), metadata=domain(ARGV))
     env: tuple[tuple[str, str], ...] = ()
     sglang: SGLangOptions | None = field(default=None, metadata=IDENTITY_IF_SET)  # kind=sglang only
@@ -290,6 +300,9 @@ class ProbeSpec:
     temperature: float = 0.0
     # requests in flight at once (one client thread each)
     concurrency: int = field(default=1, metadata=domain(Int(1, 1024), IDENTITY_IF_NOT_DEFAULT))
+    # prompts per point, one after another: the same kind, a different text each (workers/prompts.py); the run
+    # records each metric's mean and 95 % interval over them (workers/repeats.py)
+    repeats: int = field(default=1, metadata=domain(Int(1, MAX_REPEATS), IDENTITY_IF_NOT_DEFAULT))
 
 
 @dataclass(frozen=True)

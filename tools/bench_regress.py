@@ -1,58 +1,78 @@
 """`make bench-regress`: does the regression check (orchestrator/results/regress) stay quiet on identical sweeps and
 flag a real change on exactly the points it touches?
 
-    python -m tools.bench_regress [--sweeps 10] [--gen-tokens 32]
+    python -m tools.bench_regress [--sweeps 10] [--reference 10] [--repeats 1,3,5] [--lock FILE]
 
-Each "sweep" here is a parent run with one child per grid point in a fresh SQLite MLflow store, recorded by the real
-`Tracker` from real probes (`workers.probe.run_probe`) of real stub-engine processes (workers/stub/server.py; its noise
-is the machine's: sleep granularity, HTTP, the other processes), then judged by the report's own
-`changes_section`. The grid: drafter ngram | oracle (one stub server each) x context 64 | 256 x probe predictable |
-novel = 8 points.
+Every sweep is a parent run with one child per grid point in a fresh SQLite MLflow store: each point run by the real
+`workers.runners.GroupRunner` (engine process, probe.repeats prompts, /metrics counters, derived figures) and
+recorded by the real `Tracker`, then judged by the report's own `changes_section`. `--lock FILE`: the sweeps run under an
+flock on FILE, given back between sweeps every `--hold-s` seconds, so other jobs on a shared machine interleave.
 
-1. False alarms: `--sweeps` identical sweeps in a row; every point and metric judged against the history so far.
-2. Detection: one more sweep whose ngram server's stub runs with a slower token time than its RunSpec says (a change
-   that is not part of the grid point): flagged must be exactly the 4 ngram points.
-3. The reference engine on the real model (SmolLM2-135M, `--reference N`): N identical sweeps of ngram | oracle x
-   predictable | novel at one context, then one with `SPECSWEEP_BENCH_NGRAM_MAX_STEPS=1` in the engine's
-   environment (workers/reference/speculative.py: a worse n-gram matcher that no flag or grid point shows).
-4. Smallest throughput drop detected on exactly the affected points, at N = 1, 3 and 5 repeats per point (N probes
-   of the same kind with different seeds; the values go to the `<metric>.repeats` tag, as `probe.repeats` records
-   them), against 5 baseline sweeps.
+1. Stub engine (workers/stub/server.py; its noise is the machine's: sleep granularity, HTTP, other processes),
+   drafter ngram | oracle (one server each) x context 64 | 256 x probe predictable | novel = 8 points:
+   `--sweeps` identical sweeps, every point and metric judged against the history so far (false alarms); then one
+   sweep whose ngram server runs x1.3 slower (`SPECSWEEP_BENCH_STUB_SLOWDOWN`, a change no flag, config or grid
+   point shows): flagged must be exactly the 4 ngram points.
+2. Reference engine on the real model (SmolLM2-135M, the default `model`), ngram | oracle x predictable | novel at
+   one context: `--reference` identical sweeps, then one with `SPECSWEEP_BENCH_NGRAM_MAX_STEPS=1` in the ngram
+   engine's environment (workers/reference/speculative.py: a worse n-gram matcher no flag or grid point shows).
+3. The smallest decode_tok_s drop detected on exactly the 4 stub ngram points, at probe.repeats N = 1, 3 and 5 (N
+   prompts a point, each a different text of its kind: workers/prompts.py), with 5 baseline sweeps and with 1 (where
+   the verdict has no history spread and uses the run's own 95 % interval over its repeats), at the default 3 %
+   `min_rel_change` and at 0 (what the noise alone allows).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
-import json
+import fcntl
 import logging
+import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from typing import IO
 from pathlib import Path
 
 from orchestrator.config.plan import Plan
-from orchestrator.results.regress.compare import Comparison
+from orchestrator.config.settings import RegressSettings
+from orchestrator.results.regress.compare import Comparison, compare
+from orchestrator.results.regress.history import load_history, select_baseline
 from orchestrator.results.regress.section import changes_section
 from orchestrator.results.tracking import Tracker
-from specsweep_vocab.spec import (EngineKind, ProbeKind, ProbeSpec, RunResult, RunSpec, RunState, ServerGroup,
-                                  stable_hash)
+from specsweep_vocab.spec import ProbeKind, ProbeSpec, RunSpec, RunState, ServerGroup, stable_hash
 from tools.testing import stub_server
-from workers.engine import EngineProcess
-from workers.probe import run_probe
+from workers.reference.speculative import ENV_WORSE_NGRAM
+from workers.runners import GroupRunner
+from workers.stub.server import ENV_BENCH_SLOWDOWN
 
 log = logging.getLogger("bench_regress")
 
 TOKEN_S = 0.004
 DROPS = (0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.08, 0.12, 0.2, 0.3)
 NOISY = ("decode_tok_s", "throughput_tok_s", "verify_step_ms")
+Env = dict[str, dict[str, str]]  # drafter name -> extra environment of its engine
 
 
-def grid(gen_tokens: int) -> tuple[ServerGroup, ...]:
-    groups = []
-    job = 0
+def with_repeats(groups: tuple[ServerGroup, ...], repeats: int) -> tuple[ServerGroup, ...]:
+    """The same grid with probe.repeats=`repeats` (another point_key when not 1, as in a real sweep)."""
+    out = []
+    for g in groups:
+        runs = []
+        for spec in g.runs:
+            probe = dataclasses.replace(spec.probe, repeats=repeats)
+            params = tuple(p for p in spec.params if p[0] != "probe.repeats") + (("probe.repeats", str(repeats)),)
+            runs.append(dataclasses.replace(spec, probe=probe, run_hash=stable_hash(g.server, probe), params=params))
+        out.append(ServerGroup(g.server, tuple(runs)))
+    return tuple(out)
+
+
+def stub_grid(gen_tokens: int) -> tuple[ServerGroup, ...]:
+    groups, job = [], 0
     for drafter in ("ngram", "oracle"):
         server = stub_server(drafter=drafter, token_s=TOKEN_S, startup_s=0.1)
         runs = []
@@ -69,78 +89,82 @@ def grid(gen_tokens: int) -> tuple[ServerGroup, ...]:
     return tuple(groups)
 
 
-def _stub_argv(group: ServerGroup, slow: float):
-    s = group.server
-    token_s = TOKEN_S * slow  # the change under test: not in the RunSpec, so not in run_hash or point_key
-
-    def argv(port: int) -> list[str]:
-        return [sys.executable, "-m", "workers.stub.server", "--port", str(port), "--stub-token-s", repr(token_s),
-                "--stub-startup-s", "0.1", "--speculative-algorithm", s.drafter.algorithm.value.upper(),
-                "--speculative-num-steps", str(s.drafter.num_steps)]
-    return argv
-
-
-def sweep(tracker: Tracker, groups: tuple[ServerGroup, ...], work: Path, *, repeats: int = 1,
-          slow: dict[str, float] | None = None, regress: dict | None = None) -> tuple[str, Comparison | None]:
-    plan = Plan(sweep_name=tracker.experiment, groups=groups, base_config={"regress": regress or {}})
-    parent = tracker.begin_parent(plan, work_dir=work)
-    for g in groups:
-        factor = (slow or {}).get(g.server.drafter.name, 1.0)
-        with EngineProcess(_stub_argv(g, factor), work / f"{g.server.key}.log", startup_timeout_s=60) as engine:
-            url = f"http://127.0.0.1:{engine.port}"
-            for spec in g.runs:
-                t0 = time.time()
-                values: dict[str, list[float]] = {}
-                for r in range(repeats):
-                    m = run_probe(url, dataclasses.replace(spec.probe, seed=r), EngineKind.STUB, expect_spec=True)
-                    for k, v in m.metrics.items():
-                        values.setdefault(k, []).append(v)
-                tags = {f"{k}.repeats": json.dumps(vs) for k, vs in values.items() if repeats > 1 and k in NOISY}
-                tracker.log_result(RunResult(run=spec, state=RunState.FINISHED, tags=tags, started_at=t0,
-                                             ended_at=time.time(),
-                                             metrics={k: statistics.fmean(vs) for k, vs in values.items()}))
-    changes = changes_section(tracker.client, parent, work)
-    tracker.end_parent(RunState.FINISHED)
-    return parent, changes.comparison
-
-
-def reference_sweep(tracker: Tracker, plan: Plan, work: Path, env: dict[str, str] | None = None
-                    ) -> Comparison | None:
-    parent = tracker.begin_parent(plan, work_dir=work)
-    for g in plan.groups:
-        with EngineProcess.for_server(g.server, work / f"ref-{g.server.key}.log", env=env or {}) as engine:
-            url = f"http://127.0.0.1:{engine.port}"
-            for spec in g.runs:
-                t0 = time.time()
-                m = run_probe(url, spec.probe, EngineKind.REFERENCE, expect_spec=True,
-                              timeout_s=g.server.engine.request_timeout_s, model_path=g.server.model.path)
-                tracker.log_result(RunResult(run=spec, state=RunState.FINISHED, metrics=m.metrics, started_at=t0,
-                                             ended_at=time.time()))
-    changes = changes_section(tracker.client, parent, work)
-    tracker.end_parent(RunState.FINISHED)
-    return changes.comparison
-
-
-def reference_rows(uri: str, work: Path, sweeps: int) -> list[tuple[str, str, str]]:
+def reference_grid(work: Path) -> tuple[ServerGroup, ...]:
     from orchestrator.config.jobs import expand_grid, plan_jobs
-    from workers.reference.speculative import ENV_WORSE_NGRAM
 
     plan, _ = plan_jobs(expand_grid({"drafter": ["ngram", "oracle"], "probe": ["predictable", "novel"]},
                                     "context_len=512", "gen_tokens=32", "sweep_name=bench-ref"), cwd=str(work))
-    tracker = Tracker(uri, "bench-ref")
-    alarms, judged = [], 0
-    for i in range(sweeps):
-        c = reference_sweep(tracker, plan, work)
-        alarms += [(i + 1, *f) for f in sorted(flagged(c))]
-        judged += sum(1 for p in (c.points if c else ()) for v in p.verdicts if v.n_baseline > 0)
-    c = reference_sweep(tracker, plan, work, env={ENV_WORSE_NGRAM: "1"})
-    hit = sorted(flagged(c, ("commit_len_mean",)))
-    notes = "; ".join(c.patterns + c.notes) if c else ""
-    return [("false alarms: reference engine, SmolLM2-135M, identical sweeps", f"{sweeps} sweeps x 4 points",
-             f"{len(alarms)} flagged of {judged} verdicts" + (f": {alarms[:4]}" if alarms else "")),
-            ("detection: reference ngram matcher capped at 1 token (env, not in the point)",
-             "expected: commit_len_mean on the ngram points whose commit was above 2",
-             f"commit_len_mean flagged on {[n for n, _ in hit]}; {notes}")]
+    return plan.groups
+
+
+class PieceLock:
+    """An flock on a file, held in pieces: taken before a sweep, given back after the first sweep that ends more than
+    `hold_s` after it was taken, so other jobs on a shared machine interleave (a lock queue costs minutes per
+    acquisition there: a stub sweep of 3 s each behind its own acquisition would take hours). No file: no lock."""
+
+    def __init__(self, path: str | None, hold_s: float):
+        self.path, self.hold_s = path, hold_s
+        self.f: IO[str] | None = None
+        self.since = 0.0
+        self.waited = 0.0
+
+    @contextlib.contextmanager
+    def sweep(self) -> Iterator[None]:
+        if self.path is not None and self.f is None:
+            t0 = time.monotonic()
+            self.f = open(self.path, "a")
+            fcntl.flock(self.f, fcntl.LOCK_EX)
+            self.since = time.monotonic()
+            self.waited += self.since - t0
+        try:
+            yield
+        finally:
+            if self.f is not None and time.monotonic() - self.since > self.hold_s:
+                self.release()
+
+    def release(self) -> None:
+        if self.f is not None:
+            fcntl.flock(self.f, fcntl.LOCK_UN)
+            self.f.close()
+            self.f = None
+
+
+@contextlib.contextmanager
+def environment(extra: dict[str, str]) -> Iterator[None]:
+    """`extra` in os.environ while an engine starts (EngineProcess passes the environment on), then as before."""
+    old = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def sweep(tracker: Tracker, groups: tuple[ServerGroup, ...], work: Path, *, env: Env | None = None,
+          regress: dict | None = None, lock: PieceLock | None = None) -> tuple[str, Comparison | None]:
+    """One sweep of `groups`, each point by a real GroupRunner; `env`: the engine environment per drafter."""
+    with (lock or PieceLock(None, 0.0)).sweep():
+        plan = Plan(sweep_name=tracker.experiment, groups=groups, base_config={"regress": regress or {}})
+        parent = tracker.begin_parent(plan, work_dir=work)
+        for g in groups:
+            with environment((env or {}).get(g.server.drafter.name, {})):
+                runner = GroupRunner(g.server, work)
+                runner.start()
+            try:
+                for spec in g.runs:
+                    result = runner.run(spec)
+                    if result.state is not RunState.FINISHED:
+                        raise RuntimeError(f"{spec.name}: {result.state.value} {result.message}")
+                    tracker.log_result(result)
+            finally:
+                runner.stop()
+        changes = changes_section(tracker.client, parent, work)
+        tracker.end_parent(RunState.FINISHED)
+    return parent, changes.comparison
 
 
 def flagged(c: Comparison | None, metrics=None) -> set[tuple[str, str]]:
@@ -150,64 +174,145 @@ def flagged(c: Comparison | None, metrics=None) -> set[tuple[str, str]]:
     return {(p.run.name, v.metric) for p in c.points for v in p.flagged if metrics is None or v.metric in metrics}
 
 
+def identical(tracker: Tracker, groups, work: Path, n: int, lock: PieceLock) -> tuple[list, int]:
+    alarms, judged = [], 0
+    for i in range(n):
+        _, c = sweep(tracker, groups, work, lock=lock)
+        alarms += [(i + 1, *f) for f in sorted(flagged(c))]
+        judged += sum(1 for p in (c.points if c else ()) for v in p.verdicts if v.n_baseline > 0)
+        log.warning("%s sweep %d/%d: %d flagged so far", tracker.experiment, i + 1, n, len(alarms))
+    return alarms, judged
+
+
+def rejudge(client, experiment: str, settings: RegressSettings, last: int | None = None) -> tuple[list, int]:
+    """The experiment's sweeps judged again, each against the ones before it, with `settings` (no new sweep: what
+    another min_rel_change or max_z would have said of the same measurements). `last`: leave out the last sweeps
+    from this index on (a detection sweep)."""
+    history = load_history(client, client.get_experiment_by_name(experiment).experiment_id)
+    alarms, judged = [], 0
+    for i, parent in enumerate(history.parents[:last]):
+        c = compare(history, parent.run_id, select_baseline(client, history, parent.run_id, settings), settings)
+        alarms += [(i + 1, *f) for f in sorted(flagged(c))]
+        judged += sum(1 for p in c.points for v in p.verdicts if v.n_baseline > 0)
+    return alarms, judged
+
+
+def rejudge_rows(client, experiment: str, what: str, last: int | None) -> list[tuple[str, str, str]]:
+    rows = []
+    for min_rel, max_z in ((0.03, 4.0), (0.1, 4.0), (0.2, 4.0), (0.3, 4.0)):
+        alarms, judged = rejudge(client, experiment, RegressSettings(min_rel_change=min_rel, max_z=max_z), last)
+        rows.append((f"false alarms: {what}, the same sweeps re-judged", f"min_rel_change={min_rel:g}, "
+                     f"max_z={max_z:g}", alarm_text(alarms, judged)))
+    return rows
+
+
+def alarm_text(alarms: list, judged: int) -> str:
+    return f"{len(alarms)} flagged of {judged} verdicts" + (f": {alarms[:4]}" if alarms else "")
+
+
+def detection_text(c: Comparison | None, expected: set[str]) -> str:
+    points = {n for n, _ in flagged(c)}
+    by_point = {}
+    for p in (c.points if c else ()):
+        vs = [f"{v.metric} {v.change_text()}" for v in p.flagged]
+        if vs:
+            by_point[p.run.name] = ", ".join(vs)
+    verdict = "exactly the expected points" if points == expected else \
+        f"MISSED {sorted(expected - points)}, EXTRA {sorted(points - expected)}"
+    return (f"flagged {len(points & expected)}/{len(expected)} expected points, {len(points - expected)} other "
+            f"points ({verdict}); " + "; ".join(f"{k}: {v}" for k, v in sorted(by_point.items())))
+
+
+def stub_rows(uri: str, work: Path, sweeps: int, gen_tokens: int, lock: PieceLock) -> list[tuple[str, str, str]]:
+    groups = stub_grid(gen_tokens)
+    ngram = {r.name for r in groups[0].runs}
+    tracker = Tracker(uri, "bench-identical")
+    alarms, judged = identical(tracker, groups, work, sweeps, lock)
+    _, c = sweep(tracker, groups, work, env={"ngram": {ENV_BENCH_SLOWDOWN: "1.3"}}, lock=lock)
+    return [("false alarms: stub, identical sweeps", f"{sweeps} sweeps x 8 points", alarm_text(alarms, judged)),
+            ("detection: ngram stub token time x1.3 (env, not in the point)", "expected: the 4 ngram points",
+             detection_text(c, ngram) + f"; regression tag: {c.tag() if c else '?'}")]
+
+
+def reference_rows(uri: str, work: Path, sweeps: int, lock: PieceLock) -> list[tuple[str, str, str]]:
+    groups = reference_grid(work)
+    ngram = {r.name for g in groups for r in g.runs if g.server.drafter.name == "ngram"}
+    tracker = Tracker(uri, "bench-ref")
+    alarms, judged = identical(tracker, groups, work, sweeps, lock)
+    _, c = sweep(tracker, groups, work, env={"ngram": {ENV_WORSE_NGRAM: "1"}}, lock=lock)
+    return [("false alarms: reference engine, SmolLM2-135M, identical sweeps",
+             f"{sweeps} sweeps x 4 points (ctx 512, 32 tokens)", alarm_text(alarms, judged)),
+            ("detection: reference ngram matcher capped at 1 draft token (env, not in the point)",
+             "expected: the 2 ngram points", detection_text(c, ngram) + f"; regression tag: {c.tag() if c else '?'}"),
+            *rejudge_rows(tracker.client, tracker.experiment, "reference engine", last=sweeps)]
+
+
+def smallest_drop(uri: str, work: Path, gen_tokens: int, repeats: int, history: int, min_rel: float,
+                  lock: PieceLock) -> str:
+    """The smallest ngram slowdown whose decode_tok_s drop is flagged on exactly the 4 ngram points."""
+    groups = with_repeats(stub_grid(gen_tokens), repeats)
+    ngram = {r.name for r in groups[0].runs}
+    tr = Tracker(uri, f"bench-drop-n{repeats}-h{history}-m{min_rel:g}")
+    regress = {"min_rel_change": min_rel}
+    for _ in range(history):
+        sweep(tr, groups, work, regress=regress, lock=lock)
+    for drop in DROPS:
+        parent, c = sweep(tr, groups, work, env={"ngram": {ENV_BENCH_SLOWDOWN: repr(1 / (1 - drop))}},
+                          regress=regress, lock=lock)
+        hit = {name for name, _ in flagged(c, ("decode_tok_s",))}
+        tr.client.delete_run(parent)  # out of the next one's history
+        for p in (c.points if c else ()):
+            tr.client.delete_run(p.run.run_id)
+        if hit == ngram:
+            return f"{drop:.1%}"
+        log.warning("N=%d history=%d min_rel=%g: %.1f%% not detected exactly (flagged %d points, %d ngram)",
+                    repeats, history, min_rel, 100 * drop, len(hit), len(hit & ngram))
+    return f"none up to {DROPS[-1]:.0%}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sweeps", type=int, default=10)
+    ap.add_argument("--sweeps", type=int, default=10, help="identical stub sweeps (0: skip the stub rows)")
     ap.add_argument("--gen-tokens", type=int, default=32)
-    ap.add_argument("--repeats", default="1,3,5", help="repeats to find the smallest drop at ('': skip)")
+    ap.add_argument("--repeats", default="1,3,5", help="probe.repeats to find the smallest drop at ('': skip)")
+    ap.add_argument("--histories", default="5,1", help="baseline sweeps for the smallest drop")
     ap.add_argument("--reference", type=int, default=0, help="identical reference-engine sweeps (0: skip)")
+    ap.add_argument("--lock", default=None, help="flock this file around the sweeps, in pieces (a shared machine)")
+    ap.add_argument("--hold-s", type=float, default=60.0, help="give the lock back after a sweep past this long")
+    ap.add_argument("--rejudge", default=None, metavar="DB",
+                    help="only re-judge the identical reference sweeps of a saved store (sqlite file)")
     args = ap.parse_args()
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    groups = grid(args.gen_tokens)
-    ngram = {r.name for r in groups[0].runs}
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.rejudge:
+        tracker = Tracker(f"sqlite:///{args.rejudge}", "bench-ref")
+        for r in rejudge_rows(tracker.client, "bench-ref", "reference engine", last=args.reference or None):
+            print("| " + " | ".join(r) + " |")
+        return 0
     rows = []
+    lock = PieceLock(args.lock, args.hold_s)
     with tempfile.TemporaryDirectory(prefix="bench-regress-") as tmp:
         work = Path(tmp)
         uri = f"sqlite:///{work}/mlflow.db"
-        t0 = time.perf_counter()
-        tracker = Tracker(uri, "bench-identical")
-        alarms, judged = [], 0
-        for i in range(args.sweeps):
-            _, c = sweep(tracker, groups, work)
-            alarms += [(i + 1, *f) for f in sorted(flagged(c))]
-            judged += sum(1 for p in (c.points if c else ()) for v in p.verdicts if v.n_baseline > 0)
-        rows.append(("false alarms: stub, identical sweeps", f"{args.sweeps} sweeps x 8 points",
-                     f"{len(alarms)} flagged of {judged} verdicts" + (f": {alarms[:4]}" if alarms else "")))
-        _, c = sweep(tracker, groups, work, slow={"ngram": 1.3})
-        hit = {n for n, m in flagged(c, NOISY)}
-        exact = flagged(c) - {(n, m) for n, m in flagged(c) if m in NOISY}
-        rows.append(("detection: ngram stub token time x1.3 (not in the point)",
-                     "expected: the 4 ngram points",
-                     f"flagged {len(hit & ngram)}/4 ngram points, {len(hit - ngram)} other points, "
-                     f"{len(exact)} exact-metric flags; regression tag: {c.tag() if c else '?'}"))
-        log.warning("false alarms and detection took %.0f s", time.perf_counter() - t0)
+        if args.sweeps:
+            t0 = time.perf_counter()
+            rows += stub_rows(uri, work, args.sweeps, args.gen_tokens, lock)
+            log.warning("stub false alarms and detection took %.0f s", time.perf_counter() - t0)
         if args.reference:
-            t1 = time.perf_counter()
-            rows += reference_rows(uri, work, args.reference)
-            log.warning("reference engine took %.0f s", time.perf_counter() - t1)
-        for n in (int(x) for x in args.repeats.split(",") if x):
+            t0 = time.perf_counter()
+            rows += reference_rows(uri, work, args.reference, lock)
+            log.warning("reference engine took %.0f s", time.perf_counter() - t0)
+        for history in (int(h) for h in args.histories.split(",") if h):
             for min_rel in (0.03, 0.0):  # the default floor, and none: what the noise alone allows
-                t1 = time.perf_counter()
-                tr = Tracker(uri, f"bench-repeats-{n}-{min_rel}")
-                regress = {"min_rel_change": min_rel}
-                for _ in range(5):
-                    sweep(tr, groups, work, repeats=n, regress=regress)
-                smallest = None
-                for drop in DROPS:
-                    parent, c = sweep(tr, groups, work, repeats=n, slow={"ngram": 1 / (1 - drop)}, regress=regress)
-                    hit = {name for name, m in flagged(c, ("decode_tok_s",))}
-                    tr.client.delete_run(parent)  # out of the next one's history
-                    for p in (c.points if c else ()):
-                        tr.client.delete_run(p.run.run_id)
-                    if hit == ngram:
-                        smallest = drop
-                        break
-                rows.append((f"smallest decode_tok_s drop detected, N={n} repeats, min_rel_change={min_rel:g}",
-                             "on exactly the 4 ngram points, 5 baseline sweeps",
-                             f"{smallest:.1%}" if smallest is not None else f"none up to {DROPS[-1]:.0%}"))
-                log.warning("N=%d min_rel_change=%g took %.0f s", n, min_rel, time.perf_counter() - t1)
+                for n in (int(x) for x in args.repeats.split(",") if x):
+                    t0 = time.perf_counter()
+                    found = smallest_drop(uri, work, args.gen_tokens, n, history, min_rel, lock)
+                    rows.append((f"smallest decode_tok_s drop detected, probe.repeats={n}, {history} baseline "
+                                 f"sweep(s), min_rel_change={min_rel:g}", "on exactly the 4 stub ngram points", found))
+                    log.warning("%s (%.0f s)", rows[-1], time.perf_counter() - t0)
+    lock.release()
+    log.warning("waited %.0f s for the lock in all", lock.waited)
     print(f"bench-regress {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {platform.node()} "
-          f"({platform.machine()}, {platform.processor() or 'cpu'}), stub token time {TOKEN_S * 1000:.0f} ms, "
+          f"({platform.machine()}, {os.cpu_count()} cpus), stub token time {TOKEN_S * 1000:.0f} ms, "
           f"{args.gen_tokens} tokens per probe")
     print("| check | setup | result |\n|---|---|---|")
     for r in rows:

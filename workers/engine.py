@@ -233,6 +233,16 @@ class EngineProcess:
             self._http.close()
             return proc.returncode
 
+    def kill(self) -> None:
+        """SIGKILL to the process group at once (a hung or stopped engine cannot act on SIGTERM); reaped by stop()."""
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            _signal_group(proc.pid, signal.SIGKILL)
+            try:
+                proc.wait(timeout=self.grace_s)
+            except subprocess.TimeoutExpired:
+                logger.warning("engine pid %d still there %.0f s after SIGKILL", proc.pid, self.grace_s)
+
     # -- state
 
     @property

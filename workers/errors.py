@@ -5,6 +5,7 @@ engine's log tail, so the run that hit it becomes a FAILED record with the reaso
     ├── EngineStartFailed       the process exited, or never became healthy, during start
     │   └── EngineTimeout       /health did not answer 200 within the startup timeout
     ├── EngineDied              the process exited after it was healthy (e.g. mid-probe)
+    │   └── EngineHung          alive, but its health path unanswered for engine.health_timeout_s: killed
     ├── BadResponse             an HTTP error status, or a body missing required fields
     └── ProbeTimeout            a request ran past its timeout
 """
@@ -37,6 +38,12 @@ class EngineStartFailed(WorkerError):
 
 class EngineDied(WorkerError):
     reason = FailureReason.ENGINE_DIED
+
+
+class EngineHung(EngineDied):
+    """Killed by workers.health_watch: the run fails as engine_hung, the next run restarts the engine."""
+
+    reason = FailureReason.ENGINE_HUNG
 
 
 class EngineTimeout(EngineStartFailed):

@@ -358,23 +358,23 @@ def generate_all(base_url: str, prompts: list[Prompt], gen_tokens: int, temperat
 def run_probe(base_url: str, probe: ProbeSpec, engine: EngineKind, *, expect_spec: bool,
               timeout_s: float = 600.0, model_path: str | None = None, flush: bool = True,
               prompt: Prompt | None = None, version: str | None = None,
-              max_depth: int | None = None) -> Measurement:
+              max_depth: int | None = None, repeat: int = 0) -> Measurement:
     """Flush, build the prompt(s), generate (probe.concurrency requests at once), measure. `version`: SGLang's
     meta_info names (specsweep_vocab.sglang_facts.SGLANG_VERSIONS; None: told apart by the names); `max_depth`: the most
-    drafts one verify step can accept, for depth_accept_rate."""
+    drafts one verify step can accept, for depth_accept_rate; `repeat`: which of probe.repeats texts (workers.prompts)."""
     client = ProbeClient(base_url, timeout_s)
     try:
         if flush:
             client.flush_cache()
         if probe.concurrency == 1:
-            prompts = [prompt or build_prompt(probe, engine, model_path)]
+            prompts = [prompt or build_prompt(probe, engine, model_path, repeat=repeat)]
             t0 = time.perf_counter()
             gens = [client.generate(prompts[0], probe.gen_tokens, probe.temperature)]
             wall = time.perf_counter() - t0
     finally:
         client.close()
     if probe.concurrency > 1:
-        prompts = build_prompts(probe, engine, model_path)
+        prompts = build_prompts(probe, engine, model_path, repeat=repeat)
         gens, wall = generate_all(base_url, prompts, probe.gen_tokens, probe.temperature, timeout_s)
     out = measure_all(gens, expect_spec, wall, version=version, max_depth=max_depth)
     for i, (p, gen) in enumerate(zip(prompts, gens)):

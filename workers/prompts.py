@@ -9,6 +9,8 @@
         engine's reported prompt_tokens is what gets recorded. Which encoding an engine gets is its adapter's
         `prompt_kind` (the stub engine takes the reference engine's bytes; `workers.adapter.EngineAdapter`).
     build_prompts(probe, engine, model_path) -> [Prompt, ...]   one per request of a run (probe.concurrency)
+    repeat=r (both): the r-th of probe.repeats texts of the same kind: predictable = another seeded sentence of as
+        many words, repeated; novel = another seed; file = the file from r/repeats of its length on, wrapped
     Prompt(input_ids | text).body()                             the /generate request's prompt field
 """
 
@@ -29,6 +31,7 @@ logger = logging.getLogger(__name__)
 
 NOVEL_NGRAM = 3  # no word trigram appears twice in novel text
 CHARS_PER_TOKEN = 4  # SGLang without a local tokenizer: a rough text length per requested token
+LINE_REACH = 2000  # a file probe's repeat starts at a line start this near, else at a word start
 MAX_TEXT_DOUBLINGS = 6  # a tokenizer giving < 1 token per 256 chars is not a text tokenizer
 
 _BYTE_TOKENIZER = ByteTokenizer()
@@ -131,14 +134,43 @@ def file_text(path: str | Path) -> str:
     return raw
 
 
-def probe_text(probe: ProbeSpec, min_chars: int) -> str:
+def repeat_sentence(sentence: str, repeat: int) -> str:
+    """Repeat 0: `sentence`; repeat r > 0: a seeded sentence of as many words (at least 2), so the predictable probe's
+    repeats are each a different sentence repeated (the same kind of text: a short period, prompt lookup finds it)."""
+    if repeat == 0:
+        return sentence
+    words = novel_words(random.Random(f"predictable/{repeat}").getrandbits(31))
+    return " ".join(next(words) for _ in range(max(2, len(sentence.split())))).capitalize() + ". "
+
+
+def repeat_seed(seed: int, repeat: int) -> int:
+    """Repeat 0: `seed`; repeat r > 0: a seed drawn from (seed, r), so no repeat of one point reuses another's text
+    and seed s's repeats are not seed s+1's."""
+    return seed if repeat == 0 else random.Random(f"novel/{seed}/{repeat}").getrandbits(31)
+
+
+def rotate_file_text(text: str, repeat: int, repeats: int) -> str:
+    """Repeat r of `repeats`: the file's text from r/repeats of its length on (from the next line start within
+    LINE_REACH chars, else the next word), wrapping to its beginning: each repeat is another window of the file."""
+    if repeat == 0:
+        return text
+    at = repeat * len(text) // repeats
+    line, word = text.find("\n", at, at + LINE_REACH), text.find(" ", at)
+    cut = next((i + 1 for i in (line, word) if 0 <= i < len(text) - 1), at)
+    return text[cut:] + text[:cut]
+
+
+def probe_text(probe: ProbeSpec, min_chars: int, repeat: int = 0) -> str:
+    """The probe's text (`repeat`: which of its probe.repeats prompts, each a different text of the same kind)."""
+    if not 0 <= repeat < max(1, probe.repeats):
+        raise ValueError(f"repeat {repeat} of probe.repeats={probe.repeats}: allowed 0 .. {probe.repeats - 1}")
     if probe.kind is ProbeKind.PREDICTABLE:
-        return predictable_text(probe.sentence, min_chars)
+        return predictable_text(repeat_sentence(probe.sentence, repeat), min_chars)
     if probe.kind is ProbeKind.NOVEL:
-        return novel_text(probe.seed, min_chars)
+        return novel_text(repeat_seed(probe.seed, repeat), min_chars)
     if probe.path is None:
         raise ValueError(f"probe kind={probe.kind.value} needs probe.path, got None")
-    text = file_text(probe.path)
+    text = rotate_file_text(file_text(probe.path), repeat, probe.repeats)
     if len(text) < min_chars:
         logger.warning("probe file %s has %d chars, fewer than the %d needed; repeating it",
                        probe.path, len(text), min_chars)
@@ -167,13 +199,14 @@ class Prompt:
         return {"input_ids": list(self.input_ids)} if self.input_ids is not None else {"text": self.text}
 
 
-def build_prompt(probe: ProbeSpec, engine: EngineKind, model_path: str | None = None, request: int = 0) -> Prompt:
+def build_prompt(probe: ProbeSpec, engine: EngineKind, model_path: str | None = None, request: int = 0,
+                 repeat: int = 0) -> Prompt:
     """`request` i > 0 (probe.concurrency): the text starts with "Request i. ", so no two requests of a run share
-    a prefix."""
+    a prefix. `repeat` r (probe.repeats): the r-th text of the probe's kind (`probe_text`)."""
     n = probe.context_len
 
     def text(min_chars: int) -> str:
-        return (f"Request {request}. " if request else "") + probe_text(probe, min_chars)
+        return (f"Request {request}. " if request else "") + probe_text(probe, min_chars, repeat)
 
     if engine is EngineKind.REFERENCE:
         tokenizer = reference_tokenizer(model_path)
@@ -193,9 +226,10 @@ def build_prompt(probe: ProbeSpec, engine: EngineKind, model_path: str | None = 
     return Prompt(text=text(n * CHARS_PER_TOKEN)[:n * CHARS_PER_TOKEN])
 
 
-def build_prompts(probe: ProbeSpec, engine: EngineKind, model_path: str | None = None) -> list[Prompt]:
+def build_prompts(probe: ProbeSpec, engine: EngineKind, model_path: str | None = None,
+                  repeat: int = 0) -> list[Prompt]:
     """One prompt per request of a run (probe.concurrency); request 0's is `build_prompt`'s."""
-    return [build_prompt(probe, engine, model_path, request=i) for i in range(probe.concurrency)]
+    return [build_prompt(probe, engine, model_path, request=i, repeat=repeat) for i in range(probe.concurrency)]
 
 
 def _encode_exactly(text_of, n: int, encode) -> tuple[int, ...] | None:

@@ -15,6 +15,8 @@ Failure policy, per run:
 - the engine could not start (exit, timeout): every run of the group FAILED `engine_start_failed`, log tail;
 - the engine died during a run: that run FAILED `engine_died`, log tail; the next run restarts the engine
   (at most `restarts` times per group; after that the remaining runs are FAILED `engine_died`);
+- the engine hung during a run (alive, its health path unanswered for `engine.health_timeout_s`:
+  workers.health_watch): killed, that run FAILED `engine_hung`, and the next run restarts it as above;
 - an HTTP timeout: `timeout`; a response without the fields we need: `bad_response`.
 
 Multi-node servers: the driver gives rank 0's runner `node_rank=NodeRank(0, n, addr)` (its engine serves HTTP
@@ -55,9 +57,11 @@ from typing import Protocol, runtime_checkable
 from specsweep_vocab.spec import Algorithm, FailureReason, JobKind, RunResult, RunSpec, RunState, ServerSpec
 from workers.derived import derived_metrics
 from workers.engine import EngineProcess, NodeRank, adapter_for
-from workers.errors import EngineDied, EngineStartFailed, WorkerError
+from workers.errors import EngineDied, EngineHung, EngineStartFailed, WorkerError
+from workers.health_watch import HealthWatch
 from workers.log_patterns import apply_log_patterns, file_size, follow_log, wait_quiet
-from workers.probe import run_probe
+from workers.probe import Measurement, run_probe
+from workers.repeats import combine
 from workers.telemetry import GpuSampler, gpu_identity
 
 logger = logging.getLogger(__name__)
@@ -122,6 +126,7 @@ class GroupRunner:
         self.startup_s = 0.0
         self.start_error: EngineStartFailed | None = None
         self.dead_error: EngineDied | None = None  # the engine died and the restart budget is spent
+        self.watch: HealthWatch | None = None  # the latest run's (workers.health_watch)
         self.host = socket.gethostname()
         # GPU engines: NVML telemetry over the GPUs Ray gave this actor (CUDA_VISIBLE_DEVICES)
         self.on_gpu = server.on_gpu
@@ -175,6 +180,7 @@ class GroupRunner:
         result = RunResult(run=spec, state=RunState.FINISHED, started_at=time.time(),
                            tags=self._tags(attempt))
         log_offset: int | None = None
+        self.watch = None
         try:
             self._ensure_engine()
             engine = self.engine
@@ -182,20 +188,20 @@ class GroupRunner:
             if engine is None or pid is None:
                 raise RuntimeError(f"group {self.group_id}: no spawned engine after _ensure_engine()")
             result.tags.update(engine_start=str(self.engine_starts), engine_pid=str(pid))
-            self.observer.before_run(engine.base_url, pid)
-            if spec.log_patterns:  # the run's own lines: from just before its flush
-                log_offset = file_size(self.log_path)
-            sampler = self._sampler() if self.on_gpu else None
-            try:
-                m = run_probe(engine.base_url, spec.probe, self.adapter.prompt_kind,
-                              expect_spec=self.server.drafter.algorithm is not Algorithm.NONE,
-                              timeout_s=self.server.engine.request_timeout_s,
-                              model_path=self.adapter.prompt_model(self.server), **self.observer.probe_kwargs())
-            finally:
-                samples = sampler.stop() if sampler else None
-            m.notes += self.observer.after_run(engine.base_url, m.metrics, result.tags)
+            self.watch = HealthWatch(engine, self.server.engine.health_timeout_s)
+            with self.watch:  # a hung engine is killed (and the run fails engine_hung): never a wait for ever
+                if spec.log_patterns:  # the run's own lines: from just before its flush
+                    log_offset = file_size(self.log_path)
+                sampler = self._sampler() if self.on_gpu else None
+                try:
+                    m, repeat_tags = combine([self._probe(engine.base_url, pid, spec, r, result.tags)
+                                              for r in range(spec.probe.repeats)])
+                finally:
+                    samples = sampler.stop() if sampler else None
+            if self.watch.hung:  # killed while the run's last reads were answered in time: the run is still lost
+                raise EngineHung(self.watch.hung, self.engine.log_tail() if self.engine else "")
             result.metrics, result.series, result.engine_time_s = m.metrics, m.series, m.engine_time_s
-            result.metrics.update(derived_metrics(result.metrics, self.server.model, on_gpu=self.on_gpu))
+            result.tags.update(repeat_tags)
             if sampler is not None and samples is not None and sampler.available:  # NVML missing or no GPU: nothing recorded
                 result.metrics.update(samples.metrics())
                 result.series.update(samples.series())
@@ -216,6 +222,18 @@ class GroupRunner:
             result.tags["failure_reason"] = result.reason.value
         result.ended_at = time.time()
         return result
+
+    def _probe(self, base_url: str, pid: int, spec: RunSpec, repeat: int, tags: dict[str, str]) -> Measurement:
+        """One of the run's probe.repeats prompts, measured as a whole run is: the observer's counters around it
+        (verify_step_ms of this prompt alone) and the derived figures."""
+        self.observer.before_run(base_url, pid)
+        m = run_probe(base_url, spec.probe, self.adapter.prompt_kind,
+                      expect_spec=self.server.drafter.algorithm is not Algorithm.NONE,
+                      timeout_s=self.server.engine.request_timeout_s, model_path=self.adapter.prompt_model(self.server),
+                      repeat=repeat, **self.observer.probe_kwargs())
+        m.notes += self.observer.after_run(base_url, m.metrics, tags)
+        m.metrics.update(derived_metrics(m.metrics, self.server.model, on_gpu=self.on_gpu))
+        return m
 
     def _log_series(self, spec: RunSpec, offset: int, result: RunResult) -> None:
         """`metrics.log_patterns` over the log lines this run produced; never fails the run it observes."""
@@ -252,9 +270,12 @@ class GroupRunner:
             raise self.start_error
 
     def _explain(self, e: WorkerError) -> WorkerError:
-        """A broken request to an engine that has exited (or is exiting) is the engine dying."""
+        """A broken request to an engine that has exited (or is exiting) is the engine dying, or its being killed as
+        hung (workers.health_watch)."""
         if isinstance(e, EngineStartFailed) or self.engine is None:
             return e
+        if self.watch is not None and self.watch.hung and not isinstance(e, EngineHung):
+            return EngineHung(f"{self.watch.hung} (the run's request: {e.message})", self.engine.log_tail())
         deadline = time.monotonic() + 2.0
         while self.engine.alive and time.monotonic() < deadline and not isinstance(e, EngineDied):
             time.sleep(0.05)

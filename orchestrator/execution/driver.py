@@ -35,7 +35,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from orchestrator.execution.actors import NodeWorker, ServerWorker
 from orchestrator.execution.preflight import Preflight, expected_work
-from orchestrator.execution.ray_session import bundle_nodes
+from orchestrator.execution.ray_session import bounded_ray_call, bundle_nodes
 from orchestrator.config.settings import ExecutionSettings
 from orchestrator.execution.signals import Shield
 from orchestrator.execution.stats import ExecutionStats, SlotRecord
@@ -169,8 +169,9 @@ class Driver:
 
     def handle(self, ref: ray.ObjectRef) -> None:
         slot, kind = self.refs.pop(ref)
+        wait_s = slot.group.server.engine.request_timeout_s  # a ready result (ray.wait): only its transfer is waited
         try:
-            value = ray.get(ref, timeout=60)
+            value = ray.get(ref, timeout=wait_s)
         except RayActorError as e:
             if kind == "fstop":  # a follower that died while stopping: nothing is lost
                 self._follower_stopped(slot)
@@ -178,6 +179,8 @@ class Driver:
                 self.lost(slot, e)
             return
         except (RayTaskError, GetTimeoutError) as e:  # a bug in the worker, not the engine
+            if isinstance(e, GetTimeoutError):
+                e = GetTimeoutError(f"the {kind} result was not fetched within engine.request_timeout_s={wait_s:g}")
             if kind == "run":
                 spec = slot.runs.pop(ref)
                 self.emit(RunResult(run=spec, state=RunState.FAILED, reason=FailureReason.WORKER_ERROR,
@@ -325,7 +328,8 @@ class Driver:
             raise
 
     def interrupt(self) -> None:
-        """Kill every actor (engines die with them); every unfinished or queued run becomes KILLED."""
+        """Kill every actor (engines die with them; within RAY_STOP_WAIT_S, else Ray is abandoned and its processes
+        killed: the engines die with their actors' workers), every unfinished or queued run becomes KILLED."""
         now = time.time()
 
         def killed(spec: RunSpec, attempt: int, gid: str) -> None:
@@ -333,12 +337,18 @@ class Driver:
                                 message="the sweep was interrupted", started_at=now, ended_at=now,
                                 tags={"attempt": str(attempt), "server_group": gid}))
 
-        for slot in self.slots:
-            for actor in (slot.actor, *slot.followers):
+        slots = list(self.slots)
+
+        def kill_all() -> None:  # a Ray whose GCS the same signal stopped would hold each call 60 s: bounded
+            for slot in slots:
+                for actor in (slot.actor, *slot.followers):
+                    with contextlib.suppress(Exception):
+                        ray.kill(actor, no_restart=True)
                 with contextlib.suppress(Exception):
-                    ray.kill(actor, no_restart=True)
-            with contextlib.suppress(Exception):
-                remove_placement_group(slot.pg)
+                    remove_placement_group(slot.pg)
+
+        bounded_ray_call(kill_all, f"killing {len(slots)} server(s)")
+        for slot in self.slots:
             for spec in sorted(slot.runs.values(), key=lambda r: r.job_index):
                 killed(spec, slot.attempt, slot.group.group_id)
             slot.runs.clear()

@@ -8,9 +8,22 @@ started it.
         to `run_plan`; `run_plan` called on its own opens its own.
     connect_ray(cluster, gpus_needed=0) -> bool   True when this call started Ray (and must shut it down); an
                                                   embedded Ray that times out starting is retried once, then
-                                                  RayStartFailed (one line: what happened, what to do)
-    shutdown_ray()                                `ray.shutdown()` without its 1 s stall on the autoscaler monitor
+                                                  RayStartFailed (one line: what happened, what to do); a Ctrl-C or
+                                                  SIGTERM during the start ends it, even one Ray's start swallowed
+    shutdown_ray(interrupted=False)               `ray.shutdown()` without its 1 s stall on the autoscaler monitor;
+                                                  interrupted: bounded by RAY_STOP_WAIT_S, else Ray is abandoned
+    bounded_ray_call(fn, what) -> bool            fn() in a thread, waited for RAY_STOP_WAIT_S; False (and Ray
+                                                  abandoned) when it did not return: its GCS is gone
+    ray_abandoned() -> bool                       Ray stopped answering while the sweep stopped: the process must
+                                                  exit without Ray's own shutdown (`os._exit`, see __main__)
     bundle_nodes(pg) -> [node_id, ...]            where a placement group's bundles landed
+
+Interrupts: a SIGTERM sent to the driver's process group (a batch system, `kill -- -PGID`) reaches the Ray
+processes this driver started too, and its GCS is gone at once: every Ray call then blocks for Ray's 60 s GCS
+reconnection and the process is ended by Ray's C++ (exit 1, runs left RUNNING). So every Ray call made while the
+sweep stops is bounded (RAY_STOP_WAIT_S); past it, Ray is abandoned: its local processes are killed, its own
+shutdown (atexit included) is skipped, and `python -m orchestrator` ends with `os._exit` after the MLflow runs are
+closed.
 
 An existing connection is used as is; otherwise `cluster.kind=local` starts an embedded Ray of its own, listening
 on 127.0.0.1 only (`orchestrator.execution.local_ray`; logical GPUs when the machine has none but a server asks for
@@ -20,6 +33,7 @@ some),
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -27,7 +41,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group_table
@@ -47,6 +61,11 @@ LOCAL_OBJECT_STORE_MB = 128  # results are small; Ray's default (30% of RAM) onl
 # any setting) for the raylet to register, then raises this message (node.py:439-444): a busy host misses it once.
 RAYLET_START_WAIT_S = 30
 RAY_START_TIMEOUT = "timed out during startup"
+# How long a Ray call made while the sweep stops (killing actors, shutting Ray down) may take before Ray is taken to
+# be gone (its GCS stopped by the same signal). Ray answers these in well under a second when it is alive (2-core VM).
+RAY_STOP_WAIT_S = 5.0
+RESIGNAL_S = 0.5  # an interrupt Ray's start swallowed is raised again this often until the start is left
+_abandoned = threading.Event()
 
 
 class RayStartFailed(RuntimeError):
@@ -73,7 +92,11 @@ def ray_session(cluster: ClusterSettings, groups: Sequence[ServerGroup],
         preflight = check_placement(groups, cluster)
         check_plugin_nodes(groups, cluster, preflight)  # attention=specsweep_verify: SGLang's interpreter, per node
         yield RaySession(preflight, started)
-    finally:
+    except BaseException as e:
+        if started:
+            shutdown_ray(interrupted=isinstance(e, KeyboardInterrupt))
+        raise
+    else:
         if started:
             logger.info("stopping Ray")
             t = time.perf_counter()
@@ -110,21 +133,27 @@ def connect_ray(cluster: ClusterSettings, gpus_needed: int = 0) -> bool:
     num_gpus = cluster.num_gpus if cluster.num_gpus is not None else max(_visible_gpus(), gpus_needed)
     mb = cluster.object_store_memory_mb or LOCAL_OBJECT_STORE_MB
     # its own Ray on loopback, never one already on the machine (orchestrator.execution.local_ray)
-    # ray.init replaces the SIGTERM handler by its own `sys.exit(signum)` (ray/_private/worker.py:1675-1679): ours
-    # (an interrupt, cleaned up) comes back after each attempt; a SIGTERM during the start is an interrupt too
-    on_sigterm = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+    # ray.init replaces the SIGTERM handler by its own `sys.exit(signum)` (ray/_private/worker.py:1675-1679) and its
+    # start path can swallow a KeyboardInterrupt raised inside it: `_signals_seen` keeps our handlers and remembers
+    # every SIGINT/SIGTERM of the start, which then ends it however Ray took it
     for attempt in (1, 2):
+        seen: list[int] = []
         try:
-            _start_once(on_sigterm, num_cpus=cluster.num_cpus, num_gpus=num_gpus, object_store_memory=mb * 2**20,
-                        include_dashboard=cluster.include_dashboard, **common)
+            with _signals_seen(seen):
+                init_local_ray(num_cpus=cluster.num_cpus, num_gpus=num_gpus, object_store_memory=mb * 2**20,
+                               include_dashboard=cluster.include_dashboard, **common)
+            if seen:  # an interrupt Ray's start swallowed
+                raise interrupt_for(seen[0])
             return True
-        except (KeyboardInterrupt, SystemExit) as e:  # Ctrl-C or SIGTERM while Ray starts: stop what of it started
-            with contextlib.suppress(Exception):
-                shutdown_ray()
-            if isinstance(e, SystemExit) and e.code == signal.SIGTERM:
-                raise interrupt_for(signal.SIGTERM) from None
+        except (KeyboardInterrupt, SystemExit) as e:  # Ctrl-C or SIGTERM while Ray starts: stop what started
+            shutdown_ray(interrupted=True)
+            if isinstance(e, SystemExit):
+                raise interrupt_for(seen[0] if seen else signal.SIGTERM) from None
             raise
         except Exception as e:
+            if seen:
+                shutdown_ray(interrupted=True)
+                raise interrupt_for(seen[0]) from None
             if RAY_START_TIMEOUT not in str(e):
                 raise
             with contextlib.suppress(Exception):
@@ -142,12 +171,42 @@ def connect_ray(cluster: ClusterSettings, gpus_needed: int = 0) -> bool:
     return True
 
 
-def _start_once(on_sigterm: Any, **kwargs: Any) -> None:
+@contextlib.contextmanager
+def _signals_seen(seen: list[int]) -> Iterator[None]:
+    """While Ray starts (main thread only): SIGINT and SIGTERM raise as usual (`interrupt_for`) and are also listed,
+    so that an interrupt Ray's start swallowed still ends it; Ray's own SIGTERM handler is not installed meanwhile
+    (`ray._private.utils.set_sigterm_handler`, called by ray.init, is a no-op for the duration). A swallowed
+    interrupt is raised again every RESIGNAL_S until one leaves Ray's start: a signal to the whole process group
+    stops the raylet too, and Ray would otherwise wait its fixed 30 s for the raylet before giving up. The repeats
+    and our handlers end as soon as the start is left."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    from ray._private import utils as ray_utils
+
+    left = threading.Event()
+
+    def handler(signum: int, frame: object) -> None:
+        seen.append(signum)
+        if not left.is_set():
+            raise interrupt_for(signum)
+
+    def again() -> None:
+        while not left.wait(RESIGNAL_S):
+            if seen:
+                os.kill(os.getpid(), seen[0])
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    ray_set = ray_utils.set_sigterm_handler
+    ray_utils.set_sigterm_handler = lambda _handler: None
+    threading.Thread(target=again, name="ray-start-interrupt", daemon=True).start()
     try:
-        init_local_ray(**kwargs)
+        yield
     finally:
-        if on_sigterm is not None:
-            signal.signal(signal.SIGTERM, on_sigterm)
+        left.set()
+        ray_utils.set_sigterm_handler = ray_set
+        for sig, h in previous.items():
+            signal.signal(sig, h)
 
 
 def _load() -> str:
@@ -157,7 +216,92 @@ def _load() -> str:
         return "unknown"
 
 
-def shutdown_ray() -> None:
+def ray_abandoned() -> bool:
+    """Ray stopped answering while the sweep stopped (bounded_ray_call): exit without Ray's shutdown."""
+    return _abandoned.is_set()
+
+
+def bounded_ray_call(fn: Callable[[], object], what: str, *, watch_node: bool = True) -> bool:
+    """`fn()` (Ray calls made while the sweep stops) in a daemon thread, waited for RAY_STOP_WAIT_S, or only until a
+    process of the Ray node this process started is seen to exit (`_node_hit`; `watch_node`: not for Ray's own
+    shutdown, which stops them). False when it did not return in time, or Ray was abandoned already: Ray is then abandoned (`_abandon_ray`)."""
+    if _abandoned.is_set():
+        return False
+    if _node_hit():
+        _abandon_ray()
+        return False
+    done = threading.Event()
+
+    def call() -> None:
+        try:
+            fn()
+        except Exception as e:  # a Ray error while stopping changes nothing of what is closed
+            logger.debug("%s: %s", what, e)
+        finally:
+            done.set()
+
+    threading.Thread(target=call, name=f"ray-stop:{what}", daemon=True).start()
+    deadline = time.monotonic() + RAY_STOP_WAIT_S
+    while time.monotonic() < deadline and not (watch_node and _node_hit()):
+        if done.wait(0.1):
+            return True
+    logger.warning("Ray did not answer %s (the signal reached Ray's own processes too, as a signal to the whole "
+                   "process group does; waited at most %.0f s); leaving Ray without its shutdown", what,
+                   RAY_STOP_WAIT_S)
+    _abandon_ray()
+    return False
+
+
+def _node_hit() -> bool:
+    """A process of the Ray node this process started has exited: the signal that stops the sweep reached Ray too
+    (on SIGTERM its dashboard and log monitor exit at once, while its GCS and raylet stay up but answer nothing;
+    2-core VM, Ray 2.60). A Ray this process connected to: never known here, False."""
+    with contextlib.suppress(Exception):
+        from ray._private.worker import _global_node as node
+
+        if node is not None and node.head:
+            return any(info.process.poll() is not None for infos in node.all_processes.values() for info in infos)
+    return False
+
+
+def _abandon_ray() -> None:
+    """Kill the Ray processes this driver started, without a word to its GCS, and keep Ray's own shutdown (which
+    would wait for the GCS) from running at exit."""
+    _abandoned.set()
+    with contextlib.suppress(Exception):
+        atexit.unregister(ray.shutdown)
+    with contextlib.suppress(Exception):
+        from ray._private.worker import _global_node as node
+
+        if node is not None and node.head:
+            procs = [info.process for infos in node.all_processes.values() for info in infos]
+            _kill_trees([p.pid for p in procs if p.poll() is None])
+            for p in procs:
+                with contextlib.suppress(Exception):
+                    p.wait(timeout=1)
+
+
+def _kill_trees(pids: list[int]) -> None:
+    """SIGKILL these processes and everything below them (the raylet's workers and agents, and below the workers the
+    engines), read from /proc (Linux; elsewhere only the roots)."""
+    children: dict[int, list[int]] = {}
+    with contextlib.suppress(OSError):
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                with contextlib.suppress(OSError, IndexError, ValueError):
+                    with open(f"/proc/{entry}/stat") as f:
+                        children.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+    todo, victims = list(pids), []
+    while todo:
+        pid = todo.pop()
+        victims.append(pid)
+        todo += children.get(pid, [])
+    for pid in victims:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def shutdown_ray(interrupted: bool = False) -> None:
     """`ray.shutdown()`, without Ray's 1 s stall on its autoscaler monitor when this process started the Ray.
 
     Ray stops the processes of the node it started one after another, raylet and GCS first, each with SIGTERM
@@ -165,7 +309,16 @@ def shutdown_ray() -> None:
     GCS, which is gone by then, so it never exits within the grace and is SIGKILLed after a full second (Ray
     2.60: 1.0 of the 1.4 s of `ray.shutdown()` on a 2-core VM). The monitor holds no state and a single-node
     embedded Ray never autoscales: it gets that SIGKILL up front (and is reaped), then `ray.shutdown()` stops
-    everything else exactly as before. Connected to a Ray started elsewhere, this is plain `ray.shutdown()`."""
+    everything else exactly as before. Connected to a Ray started elsewhere, this is plain `ray.shutdown()`.
+
+    `interrupted`: the sweep is stopping on a signal that may have stopped Ray's GCS too: bounded (bounded_ray_call)."""
+    if interrupted:
+        bounded_ray_call(_shutdown_ray, "ray.shutdown()", watch_node=False)
+        return
+    _shutdown_ray()
+
+
+def _shutdown_ray() -> None:
     with contextlib.suppress(Exception):  # Ray internals: if they are not as expected, plain ray.shutdown()
         from ray._private import ray_constants
         from ray._private.worker import _global_node as node

@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 from orchestrator.config.settings import ExecutionSettings
 from orchestrator.execution.signals import Shield, sigterm_as_interrupt
 from orchestrator.execution.stats import ExecutionStats, parent_metrics
+from orchestrator.results import fault_notes
+from orchestrator.results.fault_notes import is_disk_full
 from specsweep_vocab.spec import FailureReason, RunResult, RunState
 
 if TYPE_CHECKING:
@@ -49,6 +51,22 @@ logger = logging.getLogger(__name__)
 WARM_IMPORTS = ("pyarrow", "pyarrow.json", "pydantic", "starlette.datastructures")
 
 
+MLFLOW_DB_LOGGER = "mlflow.store.db.utils"  # logs every SQLAlchemy error with its traceback before raising it
+
+
+def _not_disk_full(record: logging.LogRecord) -> bool:
+    """A logging filter: MLflow's own traceback of a full disk goes; the sweep reports it in one line (StoreFull)."""
+    error = record.exc_info[1] if record.exc_info else None
+    return not ((error is not None and is_disk_full(error)) or "database or disk is full" in record.getMessage())
+
+
+class StoreFull(RuntimeError):
+    """The tracking store's disk is full: the sweep stops (engines included) and its runs are closed `disk_full` as
+    soon as the store takes a write again (`closed`: at once; else by the next driver, from the fault note)."""
+
+    closed = False
+
+
 class Recorder:
     def __init__(self, plan: Plan, settings: ExecutionSettings, stats: ExecutionStats, progress: SweepProgress,
                  on_result: Callable[[RunResult], None] | None, *, track: bool, tracker: Tracker | None,
@@ -58,6 +76,10 @@ class Recorder:
         self.results: dict[int, RunResult] = {}
         self.backlog: list[RunResult] = []  # results that came before MLflow was ready
         self.status = RunState.FINISHED
+        self.store_full: StoreFull | None = None  # the store's disk filled up: nothing more is recorded
+        mlflow_db = logging.getLogger(MLFLOW_DB_LOGGER)
+        if _not_disk_full not in mlflow_db.filters:
+            mlflow_db.addFilter(_not_disk_full)
         self.report_job: Future | None = None  # the report, written in `pool` once every run has its result
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="sweep-bg")  # imports, MLflow set-up, report
         self.pool.submit(_warm_imports)  # while Ray starts
@@ -109,7 +131,7 @@ class Recorder:
             yield
         except BaseException as e:
             self.gate.open(False)
-            self.status = RunState.KILLED if isinstance(e, KeyboardInterrupt) else RunState.FAILED
+            self.status = RunState.KILLED if isinstance(e, KeyboardInterrupt) else RunState.FAILED  # StoreFull too
             raise
 
     def close(self) -> Report | None:
@@ -124,7 +146,7 @@ class Recorder:
                 if self.status is not RunState.FINISHED:
                     logger.warning("writing the report of the runs that ended (Ctrl-C again skips it; the MLflow "
                                    "runs are closed either way)")
-                if self.report_job is None and self.results:  # not every run has a result (interrupted, failed)
+                if self.report_job is None and self.results and self.store_full is None:  # interrupted, failed
                     self.report_job = self.pool.submit(_timed_report, self.tracker, self.plan, self.settings,
                                                        self.stats)
                 report = self.report_job.result() if self.report_job is not None else None
@@ -135,23 +157,37 @@ class Recorder:
             raise
         finally:
             with sigterm_as_interrupt() as shield, shield():  # a third Ctrl-C waits for the runs to be closed
-                close_tracking(self.tracker, self.status, self.results.values(), self.stats)
+                closed = close_tracking(self.tracker, self.status, self.results.values(), self.stats,
+                                        store_full=self.store_full)
+                if self.store_full is not None:
+                    self.store_full.closed = closed
             self.pool.shutdown(wait=False)
         return report
 
     def _record(self, result: RunResult) -> None:
         assert self.tracker is not None
+        if self.store_full is not None:
+            return  # its claim is closed disk_full with the others (close_tracking)
         t = time.perf_counter()
+        claim = self.tracker.claims.get(result.run.job_index)
         try:
             self.tracker.log_result(result)
-        except Exception:  # MLflow trouble must not lose the other results; loud, not silent
+        except Exception as e:  # MLflow trouble must not lose the other results; loud, not silent
+            if claim is not None:  # closed at the end with the other claims, never left RUNNING
+                self.tracker.claims.setdefault(result.run.job_index, claim)
+            if is_disk_full(e):
+                self.store_full = StoreFull(f"{self.tracker.redact(self.settings.tracking_uri)}: {_first_line(e)}")
+                logger.error("the tracking store's disk is full (%s): stopping the sweep", self.store_full)
+                raise self.store_full from None
             logger.exception("could not record run %d (%s) in MLflow", result.run.job_index, result.run.name)
-        self.stats.tracking_s += time.perf_counter() - t
+        finally:
+            self.stats.tracking_s += time.perf_counter() - t
 
     def _start_report(self) -> None:
         """Every run has its result and is recorded: nothing more can reach the child runs the report reads, so
         it is written now, in the background thread, while the engines stop and Ray shuts down."""
-        if self.report_job is None and self.tracker is not None and len(self.results) == self.plan.num_runs:
+        if self.report_job is None and self.tracker is not None and self.store_full is None and \
+                len(self.results) == self.plan.num_runs:
             self.stats.mark("runs_recorded")
             self.report_job = self.pool.submit(_timed_report, self.tracker, self.plan, self.settings, self.stats)
 
@@ -210,14 +246,19 @@ def open_tracker(plan: Plan, settings: ExecutionSettings, multirun_yaml: str | N
 
 
 def close_tracking(tracker: Tracker | None, status: RunState, results: Iterable[RunResult],
-                   stats: ExecutionStats) -> None:
+                   stats: ExecutionStats, store_full: StoreFull | None = None) -> bool:
     """Parent metrics, claims left without a result, the parent's status: each attempted, none masks the sweep's
-    own outcome."""
+    own outcome. A full disk (now or earlier: `store_full`) closes them FAILED `disk_full` if the store takes a
+    write now, else leaves the reason in this driver's fault note for the next driver. False: left RUNNING."""
     if tracker is None:
-        return
+        return True
+    if store_full is not None:
+        return _close_disk_full(tracker, store_full)
     try:
         tracker.log_parent_metrics(parent_metrics(results, stats))
-    except Exception:
+    except Exception as e:
+        if is_disk_full(e):
+            return _close_disk_full(tracker, StoreFull(_first_line(e)))
         logger.exception("could not log the parent run's metrics in MLflow")
     try:
         if status is RunState.FINISHED:
@@ -225,8 +266,37 @@ def close_tracking(tracker: Tracker | None, status: RunState, results: Iterable[
         else:
             tracker.release_claims(status, FailureReason.INTERRUPTED, "the sweep was interrupted")
         tracker.end_parent(status)
-    except Exception:
+        fault_notes.discard(tracker.uri)
+    except Exception as e:
+        if is_disk_full(e):
+            return _close_disk_full(tracker, StoreFull(_first_line(e)))
         logger.exception("could not close the parent run in MLflow")
+    return True
+
+
+def _close_disk_full(tracker: Tracker, full: StoreFull) -> bool:
+    """The parent and every claim without a recorded result FAILED `disk_full`, once the store takes a write."""
+    message = (f"the tracking store's disk filled up while the sweep recorded ({full}); the sweep stopped and "
+               "this run's result was not recorded")
+    try:
+        if tracker.parent_run_id:  # a write that fails while the disk is still full, before anything is closed
+            tracker.client.set_tag(tracker.parent_run_id, "failure_reason", FailureReason.DISK_FULL.value)
+    except Exception as e:
+        noted = fault_notes.record(tracker.uri, FailureReason.DISK_FULL.value, message)
+        logger.error("the tracking store still cannot be written (%s): %d run(s) stay RUNNING until the next run of "
+                     "this command closes them FAILED %s", _first_line(e), len(tracker.claims) + 1,
+                     FailureReason.DISK_FULL.value if noted else "driver_lost (no fault note could be kept)")
+        return False
+    tracker.release_claims(RunState.FAILED, FailureReason.DISK_FULL, message)
+    with contextlib.suppress(Exception):
+        tracker.client.set_tag(tracker.parent_run_id, "message", message[:5000])
+        tracker.end_parent(RunState.FAILED)
+    fault_notes.discard(tracker.uri)
+    return True
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
 
 
 def _timed_report(tracker: Tracker, plan: Plan, settings: ExecutionSettings, stats: ExecutionStats) -> Report | None:

@@ -68,6 +68,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence
 from orchestrator.config.params import CONFIG_PREFIX, recorded
 from orchestrator.config.schema import param_value, to_params  # noqa: F401  (param_value: re-exported)
 from orchestrator.config.settings import ExecutionSettings
+from orchestrator.results import fault_notes
 from orchestrator.results.drivers import HEARTBEAT_S, DriverId
 from orchestrator.results.mlflow_ui import (AXES_TAG, CHILD_UI_TAGS, axis_key, axis_params, axis_tags,
                                            prepare_experiment, publish_view)
@@ -201,13 +202,14 @@ class Tracker:
 
     def reap_lost_drivers(self) -> int:
         """Mark every RUNNING run of this experiment whose driver is gone FAILED `driver_lost` (see
-        `DriverId.gone_reason`); a child whose parent is no longer RUNNING is an orphan claim and gone too. Runs
+        `DriverId.gone_reason`), or with the reason that driver left in its fault note (`disk_full`:
+        orchestrator.results.fault_notes); a child whose parent is no longer RUNNING is an orphan claim and gone too. Runs
         without driver tags (older versions) are left alone. Returns how many were closed."""
         running = self._search("attributes.status = 'RUNNING'")
         heartbeats = {r.info.run_id: float(r.data.tags["driver_heartbeat"]) for r in running
                       if r.data.tags.get("driver_heartbeat", "").replace(".", "", 1).isdigit()}
         running_ids = {r.info.run_id for r in running}
-        closed = 0
+        closed, lost = 0, set()
         for r in running:
             tags = r.data.tags
             driver = DriverId.from_tags(tags)
@@ -221,11 +223,15 @@ class Tracker:
                 why = driver.gone_reason(heartbeats.get(parent or r.info.run_id))
             if why is None:
                 continue
-            self.client.log_batch(r.info.run_id, tags=_run_tags({"failure_reason": DRIVER_LOST, "message": why,
+            reason, why = fault_notes.recorded(self.uri, driver) or (DRIVER_LOST, why)  # e.g. disk_full
+            self.client.log_batch(r.info.run_id, tags=_run_tags({"failure_reason": reason, "message": why,
                                                                   "state": RunState.FAILED.value}))
             self.client.set_terminated(r.info.run_id, status=RunState.FAILED.value)
-            logger.warning("run %s (%s) FAILED %s: %s", r.info.run_id, r.info.run_name, DRIVER_LOST, why)
+            logger.warning("run %s (%s) FAILED %s: %s", r.info.run_id, r.info.run_name, reason, why)
             closed += 1
+            lost.add(driver)
+        for driver in lost:
+            fault_notes.discard(self.uri, driver)
         return closed
 
     def live_claims(self) -> dict[str, str]:

@@ -44,6 +44,11 @@ class TrackingUnreachable(CompactHydraException):
     """tracking.uri does not answer: exit 1 before Ray, MLflow or any engine starts."""
 
 
+class StoreDiskFull(CompactHydraException):
+    """The tracking store's disk filled up while the sweep recorded (orchestrator.execution.recording.StoreFull):
+    the sweep stopped, exit 1, one line saying where its runs stand."""
+
+
 class ResourceUnusable(CompactHydraException):
     """The working directory or cluster.address cannot serve the sweep: exit 1 before Ray starts."""
 
@@ -107,7 +112,7 @@ def sweep_plan(plan: Plan, settings: ExecutionSettings) -> SweepResult:
     from orchestrator.execution.progress import set_phase
     from orchestrator.execution.preflight import PreflightError
     from orchestrator.execution.ray_session import RayStartFailed, ray_session
-    from orchestrator.execution.recording import warm_mlflow
+    from orchestrator.execution.recording import StoreFull, warm_mlflow
 
     threading.Thread(target=warm_mlflow, args=(settings.tracking_uri,), name="mlflow-import", daemon=True).start()
     set_phase("starting Ray")
@@ -124,6 +129,8 @@ def sweep_plan(plan: Plan, settings: ExecutionSettings) -> SweepResult:
                 return SweepResult([], skipped, todo, held)
             try:
                 results = execute_plan(todo, settings, tracker=tracker, session=session)
+            except StoreFull as e:  # execute_plan closed its runs disk_full, or left the reason to the next driver
+                raise StoreDiskFull(_disk_full_line(e, experiment)) from None
             except BaseException as e:  # execute_plan closes what it was given; this covers a failure before it began
                 _abandon(tracker, e)
                 raise
@@ -143,6 +150,8 @@ def _claim(plan: Plan, settings: ExecutionSettings, tracker: Tracker,
     """Under the store's lock: close lost drivers' runs, leave out FINISHED (with `resume`) and held points, begin
     the parent and claim the rest. Returns the plan to run, how many FINISHED runs it skips, and the runs another
     live driver holds (job index -> which driver)."""
+    from orchestrator.results import fault_notes
+
     with tracker.store_lock():
         tracker.reap_lost_drivers()
         todo, skipped = plan_resume(plan, tracker.finished_run_hashes()) if settings.resume else (plan, 0)
@@ -156,12 +165,21 @@ def _claim(plan: Plan, settings: ExecutionSettings, tracker: Tracker,
         log_held(plan.runs, held)
         try:
             if todo.groups:
+                fault_notes.prepare(settings.tracking_uri)  # room for why its runs may stay RUNNING (a full disk)
                 tracker.begin_parent(todo, work_dir=settings.work_dir)
                 tracker.claim(todo.runs)
         except BaseException as e:  # e.g. Ctrl-C while claiming: nothing of this driver stays RUNNING
             _abandon(tracker, e)
             raise
     return todo, skipped, held
+
+
+def _disk_full_line(e: BaseException, experiment: str) -> str:
+    where = (f"its runs are closed FAILED {FailureReason.DISK_FULL.value}" if getattr(e, "closed", False) else
+             f"the store could not be written again before this driver ended: its runs stay RUNNING until the next "
+             f"run of this command, which closes them FAILED {FailureReason.DISK_FULL.value}")
+    return (f"the tracking store's disk is full ({e}): the sweep stopped, its engines too; {where}; free space, then "
+            f"run the same command again to resume (experiment {experiment!r})")
 
 
 def _abandon(tracker: Tracker, error: BaseException) -> None:

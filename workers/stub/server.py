@@ -39,6 +39,9 @@ from specsweep_vocab.spec import ProbeSpec, StubOptions
 
 SENTENCE = ProbeSpec.sentence.encode()  # the predictable probe's default text, as bytes
 CHARS_PER_TOKEN = 4  # text prompts (no input_ids): a rough token count, as the probe assumes
+# tools/bench_regress.py only: the token time multiplied by this factor, a slower build that no flag, config or grid
+# point shows (what the regression check must catch on exactly the points this engine serves).
+ENV_BENCH_SLOWDOWN = "SPECSWEEP_BENCH_STUB_SLOWDOWN"
 
 logger = logging.getLogger("stub_engine")
 
@@ -215,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, format="%(asctime)s stub: %(message)s")
     args = parse_args(argv)
+    if slowdown := os.environ.get(ENV_BENCH_SLOWDOWN):
+        args.stub_token_s *= float(slowdown)
+        logger.info("%s=%s: token time %g s", ENV_BENCH_SLOWDOWN, slowdown, args.stub_token_s)
     log_start(args)
     if args.nnodes > 1 and args.node_rank > 0:
         conn = join_rank0(args.dist_init_addr, args.node_rank, args.stub_rendezvous_timeout_s)

@@ -13,7 +13,8 @@ from orchestrator.config.settings import RegressSettings
 from orchestrator.results.regress.attribution import (GridPoint, differences, drafter_or_pipeline, grid_pattern,
                                                       node_of)
 from orchestrator.results.regress.history import Baseline, History, PointRun, means
-from orchestrator.results.regress.verdict import METRICS, REGRESSION, Interval, Verdict, interval, judge
+from orchestrator.results.regress.verdict import METRICS, REGRESSION, Verdict, judge
+from specsweep_vocab.stats import Interval, interval
 
 
 @dataclass(frozen=True)

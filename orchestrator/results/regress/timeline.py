@@ -12,7 +12,8 @@ from collections.abc import Sequence
 
 from orchestrator.results.regress.changepoints import change_points
 from orchestrator.results.regress.history import History, PointRun
-from orchestrator.results.regress.verdict import METRICS, interval
+from orchestrator.results.regress.verdict import METRICS
+from specsweep_vocab.stats import interval
 
 STUB_SUFFIX = "-stub"  # orchestrator/results/tracking.py STUB_EXPERIMENT_SUFFIX
 

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from orchestrator.config.settings import RegressSettings
+from specsweep_vocab.stats import interval
 
 # metric -> +1 when higher is better, -1 when lower is better
 EXACT_METRICS = {"commit_len_mean": +1, "accept_rate": +1}
@@ -32,34 +33,6 @@ GROSS_FACTOR = 5.0
 EXACT_TOLERANCE = 1e-9  # relative: float formatting through MLflow, never a measured difference
 
 REGRESSION, IMPROVEMENT, UNCHANGED, NO_BASELINE = "regression", "improvement", "unchanged", "no baseline"
-
-# Student's t, two-sided 95 %, by degrees of freedom (1..30); above 30 the normal 1.96 is within 2 %.
-_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-
-
-@dataclass(frozen=True)
-class Interval:
-    """Mean and 95 % confidence interval (Student's t) of one run's repeats; half_width 0 for a single value."""
-
-    mean: float
-    half_width: float
-    n: int
-
-    def __str__(self) -> str:
-        return f"{self.mean:.4g} ± {self.half_width:.2g} (n={self.n})" if self.n > 1 else f"{self.mean:.4g}"
-
-
-def interval(values: Sequence[float]) -> Interval:
-    if not values:
-        raise ValueError("interval of no values")
-    mean = statistics.fmean(values)
-    if len(values) == 1:
-        return Interval(mean, 0.0, 1)
-    df = len(values) - 1
-    t = _T95[df - 1] if df <= len(_T95) else 1.96
-    return Interval(mean, t * statistics.stdev(values) / math.sqrt(len(values)), len(values))
-
 
 @dataclass(frozen=True)
 class Verdict:

@@ -69,7 +69,7 @@ def write_report(client, parent_run_id: str, thresholds: Thresholds = Thresholds
         out = Path(tmp)
         changes = changes_section(client, parent_run_id, out)  # "Changes since <baseline>": orchestrator/results/regress
         diagnosis_md = changes.markdown + ("\n" if changes.markdown else "") + diagnosis_md
-        (out / "summary.csv").write_text(render_csv(rows))
+        (out / "summary.csv").write_text(render_csv(table_rows(engine_children, ci=False)))
         (out / "summary.md").write_text(summary_md)
         plots = [*changes.plots, *build_plots(out, client, engine_children)]
         (out / "summary.html").write_text(render_html(summary_md.split("## Every run")[0], rows, sweep,

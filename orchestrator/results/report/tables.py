@@ -35,14 +35,25 @@ def fmt(v) -> str:
     return str(v)
 
 
-def table_rows(children: Sequence[ChildRun]) -> list[list[str]]:
+def metric_cell(r: RunRow, key: str, ci: bool = True) -> str:
+    """A metric's cell: its value; with `ci` and probe.repeats > 1 (workers/repeats.py), `mean ± half-width` of its
+    95 % interval over the repeats (the value alone when every repeat measured the same)."""
+    v, lo, hi = r.metric(key), r.metric(f"{key}.ci95_lo"), r.metric(f"{key}.ci95_hi")
+    if not ci or v is None or lo is None or hi is None or hi == lo or (r.metric(f"{key}.n") or 0) < 2:
+        return fmt(v)
+    return f"{v:.4g} ± {(hi - lo) / 2:.2g}"
+
+
+def table_rows(children: Sequence[ChildRun], ci: bool = True) -> list[list[str]]:
+    """One row per run; `ci`: metrics measured over probe.repeats show their 95 % interval (False: numbers only,
+    for the CSV, whose `<metric>.ci95_lo/hi` stay in MLflow)."""
     out = []
     for c in children:
         r = c.row
         status = c.status if not c.reason else f"{c.status} ({c.reason})"
         out.append([r.name, status, c.invocation, str(r.context_len), r.probe, r.drafter, r.attention,
                     str(r.page_size), str(r.concurrency)]
-                   + [fmt(r.metric(k)) for k in TABLE_METRICS])
+                   + [metric_cell(r, k, ci) for k in TABLE_METRICS])
     return out
 
 

@@ -63,6 +63,8 @@ def _refusal(*overrides: str):
     (f"seed={2 ** 64}", "seed", "[0, 4294967295]"),
     ("page_size=100000000", "page_size", "[1, 4096]"),
     ("probe.concurrency=5000", "probe.concurrency", "[1, 1024]"),
+    ("probe.repeats=0", "probe.repeats", "[1, 64]"),
+    ("probe.repeats=65", "probe.repeats", "[1, 64]"),
     ("sweep_name=../../x", "sweep_name", "no path separator"),
     ("sweep_name=''", "sweep_name", "a name of 1 to 100"),
     ("tracking.experiment_name=a/b", "tracking.experiment_name", "no path separator"),

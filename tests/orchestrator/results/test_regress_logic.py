@@ -9,10 +9,10 @@ import pytest
 from orchestrator.config.settings import RegressSettings
 from orchestrator.results.regress.attribution import GridPoint, differences, drafter_or_pipeline, grid_pattern
 from orchestrator.results.regress.changepoints import change_points
-from orchestrator.results.regress.verdict import (GROSS_FACTOR, IMPROVEMENT, NO_BASELINE, REGRESSION, UNCHANGED,
-                                                  interval, judge)
+from orchestrator.results.regress.verdict import GROSS_FACTOR, IMPROVEMENT, NO_BASELINE, REGRESSION, UNCHANGED, judge
 from specsweep_vocab.point_key import point_key
 from specsweep_vocab.spec import ProbeKind, ProbeSpec, stable_hash
+from specsweep_vocab.stats import interval
 from tools.testing import tiny_server
 
 S = RegressSettings()

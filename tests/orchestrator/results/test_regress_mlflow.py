@@ -210,3 +210,23 @@ def test_a_run_recorded_before_the_cfg_prefix_is_the_same_point_with_the_same_se
     baseline = select_baseline(tracker.client, history, new, settings)
     assert [p.run_id for p in baseline.parents] == [old]
     assert all(baseline.runs_of(key) for key in by_parent[new])
+
+
+def test_default_baseline_is_the_last_history_finished_parents_of_the_sweep(store, tmp_path):
+    from orchestrator.results.regress.section import changes_section
+
+    uri, tracker = store
+    record(tracker, grid(), lambda s: {**BASE, "commit_len_mean": 3.0})  # older than the last 2
+    kept = [record(tracker, grid(), lambda s: BASE) for _ in range(2)]
+    failed = record(tracker, grid(), lambda s: {**BASE, "commit_len_mean": 9.9}, finish=False)
+    tracker.end_parent(RunState.FAILED)  # never a baseline
+    time.sleep(0.01)
+    parent = record(tracker, grid(), lambda s: BASE, base_config={"regress": {"history": 2}}, finish=False)
+    c = changes_section(tracker.client, parent, tmp_path).comparison
+    assert c is not None and [p.run_id for p in c.baseline.parents] == kept and failed not in kept
+    assert c.baseline.label.startswith("the last 2 FINISHED run(s) of this sweep")
+    assert c.tag() == "none" and all(v.n_baseline == 2 for p in c.points for v in p.verdicts)
+    tracker.end_parent(RunState.FINISHED)
+    pinned = record(tracker, grid(), lambda s: BASE, base_config={"regress": {"baseline": kept[0]}}, finish=False)
+    c = changes_section(tracker.client, pinned, tmp_path).comparison  # pinned by parent run id
+    assert c is not None and [p.run_id for p in c.baseline.parents] == kept[:1]

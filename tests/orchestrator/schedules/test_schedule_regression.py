@@ -16,7 +16,7 @@ import time
 from orchestrator.config.jobs import plan_jobs
 from orchestrator.results.regress.alert import REGRESSION_MARK
 from orchestrator.results.tracking import Tracker
-from orchestrator.schedule import EXIT_REGRESSION, regression_exit
+from orchestrator.schedule import EXIT_REGRESSION, _wait, regression_exit
 from orchestrator.schedules.definition import UTC, Schedule
 from orchestrator.schedules.ray_jobs import RayJobBackend, job_server
 from orchestrator.schedules.scheduler import Scheduler
@@ -64,6 +64,9 @@ def test_cron_firing_runs_the_comparison_and_on_regression_once(tmp_path, monkey
             time.sleep(2)
         logs = client.get_job_logs(jobs[0])
         assert client.get_job_status(jobs[0]).value == "SUCCEEDED", logs[-3000:]
+        # what `specsweep-schedule fire NAME --fail-on-regression` returns once the job has ended
+        assert _wait(backend, jobs[0], fail_on_regression=True) == EXIT_REGRESSION
+        assert _wait(backend, jobs[0]) == 0
     assert REGRESSION_MARK in logs and regression_exit(logs) == EXIT_REGRESSION, logs[-4000:]
     (path,) = called.read_text().splitlines()  # exactly once
     assert path.endswith("diagnosis.md") and open(path).read().startswith("# Changes since the last 1 FINISHED")
