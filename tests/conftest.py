@@ -3,18 +3,13 @@ real headless Chromium."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import requests
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
@@ -26,7 +21,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from tools.testing import RayProcess, ray_process, scaled  # noqa: E402
-from workers.engine import free_port  # noqa: E402
+from tools.ui_pages import mlflow_server  # noqa: E402
 
 # --- tiers: `make test` runs `not slow`; what is slow comes from measured cost (tools/test_tiers.py) ---------------
 TIER_COSTS = Path(__file__).with_name("tier_costs.json")
@@ -69,9 +64,6 @@ def session_ray(tmp_path_factory) -> Iterator[RayProcess]:
         yield r
 
 
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--virtual-time-budget=10000", "--window-size=1400,900"]
 TEST_ARTIFACTS = Path(os.environ.get("SPECSWEEP_TEST_ARTIFACTS", "test-artifacts"))
 
 
@@ -86,66 +78,19 @@ def chromium() -> str:
     return path
 
 
-@contextlib.contextmanager
-def mlflow_server(backend_store_uri: str, artifacts: Path) -> Iterator[str]:
-    """`mlflow server` on loopback, one worker, no job runners; stopped (TERM, then KILL) on exit."""
-    port = free_port()
-    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
-    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_store_uri,
-           "--default-artifact-root", str(artifacts), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
-    log = open(artifacts.parent / "mlflow-server.log", "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"mlflow server exited {proc.returncode}: "
-                                   + (artifacts.parent / "mlflow-server.log").read_text()[-2000:])
-            with contextlib.suppress(requests.RequestException):
-                if requests.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise TimeoutError("mlflow server not healthy within 90 s")
-            time.sleep(0.5)
-        yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, 15)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait()
-        log.close()
-
-
-def chromium_dom(chromium: str, url: str, profile: Path) -> str:
-    """The page's DOM after its scripts ran (virtual time budget)."""
-    out = subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--dump-dom", url],
-                         capture_output=True, text=True, timeout=120)
-    return out.stdout
-
-
-def chromium_screenshot(chromium: str, url: str, path: Path, profile: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--screenshot={path}", url],
-                   capture_output=True, timeout=120)
-    return path
+@pytest.fixture
+def test_artifacts() -> Path:
+    """Where tests leave files for a person to look at (screenshots): ./test-artifacts/ or $SPECSWEEP_TEST_ARTIFACTS."""
+    return TEST_ARTIFACTS
 
 
 @pytest.fixture
 def browser(chromium, tmp_path):
-    """(dom(url), screenshot(url, name)) bound to a fresh profile; screenshots go to ./test-artifacts/."""
-    counter = iter(range(1000))
+    """A headless Chromium driven over DevTools (tools/browser.py), fresh profile; closed after the test."""
+    from tools.browser import Browser
 
-    def dom(url: str) -> str:
-        return chromium_dom(chromium, url, tmp_path / f"profile-{next(counter)}")
-
-    def screenshot(url: str, name: str) -> Path:
-        return chromium_screenshot(chromium, url, TEST_ARTIFACTS / name, tmp_path / f"profile-{next(counter)}")
-
-    return dom, screenshot
+    with Browser(chromium, tmp_path / "chromium-profile") as b:
+        yield b
 
 
 @pytest.fixture

@@ -1,12 +1,20 @@
 """MLflow params, written and read back through the config schema (one encoding, both directions).
 
     to_params(config) -> {"context_len": "1024", "drafter.is_oracle": "true", "engine.env": "{}", ...}
+    recorded(params) -> {"cfg.context_len": "1024", ...}   as MLflow records them: the config under one prefix
+    config_params(run_params) -> {"context_len": "1024", ...}   back to schema keys (old runs: as they are)
     RunParams.read(params) -> RunParams      the typed values the report needs, decoded by the schema's types
 
 Writing: the resolved config (checked against `SpecsweepConf`, the schema generated from the typed specs) as dotted
 keys; strings as they are, every other value as JSON (`1024`, `true`, `null`, `["a", "b"]`). Reading: each key is
 decoded by the type its schema field declares (`schema_types`), so the report never guesses (no fallback keys, no
 `int(float(...))`). Params recorded before this encoding (Python's `True` / `None`) still decode.
+
+In MLflow the resolved config sits under one prefix, `cfg.` (`cfg.context_len`, `cfg.drafter.name`, ...), so that a
+run's ~100 config params sort behind the sweep's axes (`axis.<key>` params and tags, orchestrator/results/
+mlflow_ui.py) and `overrides`. Every reader goes through `config_params`, which also reads runs recorded before the
+prefix (2026-12-03 and earlier: plain schema keys). The prefix is MLflow's layout only: `RunSpec.params`, run_hash and
+point_key never see it.
 """
 
 from __future__ import annotations
@@ -21,9 +29,23 @@ from typing import Any
 
 from orchestrator.config.schema import SpecsweepConf, _unwrap, param_value, to_params
 
-__all__ = ["RunParams", "decode", "param_value", "schema_types", "to_params"]
+__all__ = ["CONFIG_PREFIX", "RunParams", "config_params", "decode", "param_value", "recorded", "schema_types",
+           "to_params"]
 
 MISSING_VALUES = ("", "None", "null")
+CONFIG_PREFIX = "cfg."
+
+
+def recorded(params: Mapping[str, str]) -> dict[str, str]:
+    """Config params as MLflow records them: each key under `CONFIG_PREFIX`."""
+    return {CONFIG_PREFIX + k: v for k, v in params.items()}
+
+
+def config_params(params: Mapping[str, str]) -> dict[str, str]:
+    """A run's recorded params back as schema keys: the `cfg.` ones with the prefix removed; a run recorded before
+    the prefix (no `cfg.` key at all) as it is."""
+    config = {k[len(CONFIG_PREFIX):]: v for k, v in params.items() if k.startswith(CONFIG_PREFIX)}
+    return config if config else dict(params)
 
 
 @cache
@@ -77,6 +99,8 @@ class RunParams:
 
     @classmethod
     def read(cls, params: Mapping[str, str]) -> "RunParams":
+        """From a run's recorded params (with or without the `cfg.` prefix)."""
+        params = config_params(params)
         values = {f: decode(k, params.get(k)) for f, k in cls.KEYS.items()}
         backends = tuple(b for k in ("attention.backend", "attention.decode_backend", "attention.prefill_backend")
                          if (b := decode(k, params.get(k))))

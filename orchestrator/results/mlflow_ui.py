@@ -3,7 +3,9 @@
     prepare_experiment(client, experiment_id)                 the training/runs view, not GenAI mode
     publish_view(client, experiment_id, axes) -> str           a saved view; returns its share key
     view_url(base_url, experiment_id) -> str                  the experiment's link with that view
-    axis_tags(overrides) -> {"axis.context_len": "1024", ...} a child run's position on the grid
+    axis_tags(overrides) -> {"axis.context_len": "1024", ...} a child run's position on the grid (tags)
+    axis_params(overrides) -> {"axis.context_len": "1024", ...} the same as params: they sort before `cfg.*`
+    CHILD_UI_TAGS                                              on every child: its parent opens expanded
 
 What MLflow 3.17 reads (its UI bundle, mlflow/server/js/build/static/js/ in the installed wheel):
 - The experiment-kind tag `mlflow.experimentKind` picks the experiment page's mode. Its values are the enum in
@@ -16,8 +18,16 @@ What MLflow 3.17 reads (its UI bundle, mlflow/server/js/build/static/js/ in the 
   `$="mlflow.sharedViewState."`; 3878.0467b2c4.chunk.js parses a plain JSON value). Of the state it keeps
   `selectedColumns` and `searchFilter` among others, but never `runsExpanded` (dropped when a shared view loads).
   Column ids are `<type>.`<key>``, type one of attributes / params / metrics / tags.
-MLflow cannot set an experiment's default columns; the saved view is the documented link instead. It shows the
-child runs (the grid's points) as rows, since a parent row's children open collapsed and that cannot be saved.
+- Child runs nest under their parent (tag `mlflow.parentRunId`) when the table is sorted by start time, the
+  default (3878.0467b2c4.chunk.js: `q=!O&&!P||O===d.T8.DATE`, nestChildren), and a parent opens collapsed. On the
+  first visit of an experiment (no UI state stored in the browser yet) the UI expands the parent of every run tagged
+  `mlflow.runType=evaluation` (3878.0467b2c4.chunk.js `Ra`, with main.c2f5f8d4.js `_="mlflow.runType"`,
+  `M="evaluation"`). So each child carries that tag (`CHILD_UI_TAGS`) and the experiment's page opens with the
+  sweep's points under their parent; a parent the user collapsed stays collapsed (the browser keeps that state).
+- The saved view sorts by run name instead, so it lists the points themselves as rows (no nesting, nothing to
+  expand, whatever the browser stored), ordered by their name (`ctx=... probe=... drafter=...`).
+Both are checked in Chromium, from the DOM, by tests/orchestrator/test_e2e_smoke.py.
+MLflow cannot set an experiment's default columns; the saved view is the documented link instead.
 """
 
 from __future__ import annotations
@@ -34,6 +44,8 @@ AXES_TAG = "sweep.axes"  # the parent's (and each child's) list of swept keys, s
 # The columns that answer the question, in this order; verify ms and roofline fraction only show values where a run
 # measured them (MLflow leaves the cell empty otherwise).
 ANSWER_METRICS = ("commit_len_mean", "decode_tok_s", "verify_step_ms", "roofline_frac")
+RUN_TYPE_TAG = "mlflow.runType"
+CHILD_UI_TAGS = {RUN_TYPE_TAG: "evaluation"}  # a child's parent opens expanded (see above)
 
 
 def axis_key(override: str) -> str:
@@ -49,12 +61,18 @@ def axis_tags(overrides: Iterable[str]) -> dict[str, str]:
     return tags
 
 
+def axis_params(overrides: Iterable[str]) -> dict[str, str]:
+    """`axis.<key>` params of one grid point (the tags less `sweep.axes`): first in the run page's params table."""
+    return {k: v for k, v in axis_tags(overrides).items() if k != AXES_TAG}
+
+
 def view_state(axes: Sequence[str]) -> dict:
-    """The saved view: the points (child runs) with the axes and the answering metrics as columns."""
+    """The saved view: the points (child runs, a row each, by name) with the axes and the answering metrics as
+    columns."""
     columns = ["attributes.`Run Name`"] + [f"tags.`{AXIS_PREFIX}{a}`" for a in axes]
     columns += [f"metrics.`{m}`" for m in ANSWER_METRICS]
     return {"selectedColumns": columns, "searchFilter": "tags.`specsweep.role` = 'child'",
-            "orderByKey": "attributes.start_time", "orderByAsc": False}
+            "orderByKey": "tags.`mlflow.runName`", "orderByAsc": True}
 
 
 def prepare_experiment(client, experiment_id: str) -> None:

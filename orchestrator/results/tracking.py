@@ -36,13 +36,16 @@ artifact written here goes through `specsweep_vocab.redact` (structure, and the 
 to `from_settings`, or given as `secrets`, or found in the tracking URI). The other modules that write to MLflow
 write only what they read back from it, or constants (tests/orchestrator/test_secrets.py lists them).
 
-Layout. Parent: params = resolved base config flattened (`a.b.c`), `overrides`; tags = `specsweep.role=parent`,
+Layout. Parent: params = resolved base config flattened under `cfg.` (`cfg.a.b.c`: orchestrator/config/params.py
+`recorded`, read back by `config_params`), `overrides`; tags = `specsweep.role=parent`,
 git sha, host, sweep, the schedule that fired it (`orchestrator.results.provenance`); metrics `runs_planned` (this
 invocation), `runs_resumed` (skipped: FINISHED earlier); artifacts = `config.yaml`, `overrides.txt`,
 `run_hashes.txt` (every point of the sweep, one run_hash a line, resumed ones included: what the report covers),
 `multirun.yaml` (given, or found in Hydra's sweep dir); `sweep.axes` = the keys the sweep varies. Experiment tags:
 the runs view and a saved view of the axes and answering columns (`orchestrator.results.mlflow_ui`). Child:
-`mlflow.parentRunId`, run name = RunSpec.name, params = RunSpec.params, tags = run_hash, point_key (the
+`mlflow.parentRunId`, run name = RunSpec.name, params = `axis.<key>` per swept key, then RunSpec.params under `cfg.`,
+and `overrides`; tags = `mlflow.runType` (the UI opens the parent expanded: orchestrator.results.mlflow_ui),
+run_hash, point_key (the
 point's identity across engine versions and nodes: specsweep_vocab.point_key), job_index,
 server_group, engine, engine_version, host, git sha, attempt, engine_start, failure_reason, `axis.<key>` per
 swept key (and `sweep.axes`); metrics in
@@ -62,11 +65,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence
 
+from orchestrator.config.params import CONFIG_PREFIX, recorded
 from orchestrator.config.schema import param_value, to_params  # noqa: F401  (param_value: re-exported)
 from orchestrator.config.settings import ExecutionSettings
 from orchestrator.results import fault_notes
 from orchestrator.results.drivers import HEARTBEAT_S, DriverId
-from orchestrator.results.mlflow_ui import AXES_TAG, axis_key, axis_tags, prepare_experiment, publish_view
+from orchestrator.results.mlflow_ui import (AXES_TAG, CHILD_UI_TAGS, axis_key, axis_params, axis_tags,
+                                           prepare_experiment, publish_view)
 from orchestrator.results.provenance import git_sha, hydra_multirun_yaml, redact_multirun_yaml, schedule_tags
 from orchestrator.results.store_lock import StoreLock
 from specsweep_vocab.point_key import point_key
@@ -243,7 +248,7 @@ class Tracker:
         """A RUNNING child run per RunSpec, tagged with this driver: other drivers skip these run_hashes."""
         for spec in runs:  # the fewest tags here (a claim is on the critical path); log_result adds the rest
             tags = {ROLE_TAG: "child", "run_hash": spec.run_hash, "job_index": str(spec.job_index),
-                    **self.driver.tags(), "state": "RUNNING"}
+                    **self.driver.tags(), "state": "RUNNING", **CHILD_UI_TAGS}
             if self.parent_run_id:
                 tags[PARENT_TAG] = self.parent_run_id
             run = self.client.create_run(self.experiment_id, run_name=self.redact(spec.name), tags=_redacted(
@@ -300,7 +305,7 @@ class Tracker:
         publish_view(self.client, self.experiment_id, self.axes)
         rid = self.parent_run_id
         base = redact_config(plan.base_config) if plan.base_config else None
-        params = to_params(base or {})
+        params = recorded(to_params(base or {}))  # the config under `cfg.` (orchestrator/config/params.py)
         params["overrides"] = " ".join(plan.overrides)
         self._log_batch(rid, params=params, metrics={"runs_planned": float(plan.num_runs),
                                                      "runs_resumed": float(len(plan.resumed))})
@@ -338,7 +343,8 @@ class Tracker:
     def _child_tags(self, spec: RunSpec) -> dict[str, str]:
         tags = {ROLE_TAG: "child", "run_hash": spec.run_hash, "point_key": point_key(spec.server, spec.probe),
                 "job_index": str(spec.job_index), "server_group": spec.server.key, "engine": spec.server.engine.kind.value,
-                "engine_version": spec.server.engine.version, "host": self.host, "git_sha": self.git_sha}
+                "engine_version": spec.server.engine.version, "host": self.host, "git_sha": self.git_sha,
+                **CHILD_UI_TAGS}
         if self.parent_run_id:
             tags[PARENT_TAG] = self.parent_run_id
         return tags
@@ -346,8 +352,8 @@ class Tracker:
     def log_result(self, result: RunResult) -> str:
         """One child run: the RunSpec's claim when it has one (a retried attempt always gets its own run)."""
         spec = result.run
-        tags = {**self._child_tags(spec), "state": result.state.value, **result.tags,
-                **axis_tags(redact_override(o) for o in spec.overrides if axis_key(o) in self.axes)}
+        swept = [redact_override(o) for o in spec.overrides if axis_key(o) in self.axes]
+        tags = {**self._child_tags(spec), "state": result.state.value, **result.tags, **axis_tags(swept)}
         if result.reason:
             tags["failure_reason"] = result.reason.value
         if result.message:
@@ -361,7 +367,7 @@ class Tracker:
             run = self.client.create_run(self.experiment_id, run_name=self.redact(spec.name), start_time=start_ms,
                                          tags=_redacted(tags, self))
             rid = run.info.run_id
-        params = {k: v for k, v in spec.params}
+        params = {**axis_params(swept), **recorded(dict(spec.params))}  # the axes, then the config under `cfg.`
         if spec.overrides:
             params.setdefault("overrides", " ".join(spec.overrides))
         self._log_batch(rid, params=params, metrics={**result.metrics, "engine_time_s": result.engine_time_s},
@@ -381,7 +387,7 @@ class Tracker:
         ms = [Metric(k, float(v), ts, 0) for k, v in (metrics or {}).items()]
         for key, values in (series or {}).items():
             ms += [Metric(key, float(v), ts, i) for i, v in enumerate(values)]
-        ps = [Param(k[:250], redact_param(k, str(v), self.secrets)[:MAX_PARAM_VALUE])
+        ps = [Param(k[:250], redact_param(k.removeprefix(CONFIG_PREFIX), str(v), self.secrets)[:MAX_PARAM_VALUE])
               for k, v in (params or {}).items()]
         for chunk in _chunks(_run_tags(tags or {}), BATCH_TAGS):
             self.client.log_batch(run_id, tags=chunk)

@@ -38,7 +38,7 @@ def test_concurrency_sweep_records_aggregate_and_per_request_figures(sweep):
     children = df[df["tags.specsweep.role"] == "child"]
     assert len(children) == 4 and (children["status"] == "FINISHED").all()
     assert children["tags.server_group"].nunique() == 2  # concurrency is a probe axis: one engine per drafter
-    conc = children["params.probe.concurrency"].astype(int)
+    conc = children["params.cfg.probe.concurrency"].astype(int)
     assert sorted(conc) == [1, 1, 4, 4]
     for m in ("throughput_tok_s", "decode_tok_s", "commit_len_mean", "completion_tokens", "batch_size_mean"):
         assert children[f"metrics.{m}"].notna().all(), m
@@ -47,8 +47,8 @@ def test_concurrency_sweep_records_aggregate_and_per_request_figures(sweep):
     # the engine batched the 4 requests (one step serves several), and ran the single request alone
     assert (children.loc[conc == 4, "metrics.batch_size_mean"] > 1).all()
     assert (children.loc[conc == 1, "metrics.batch_size_mean"] == 1).all()
-    oracle = children[children["params.drafter.is_oracle"].str.lower() == "true"]
-    steps = oracle["params.drafter.num_steps"].astype(int)
+    oracle = children[children["params.cfg.drafter.is_oracle"].str.lower() == "true"]
+    steps = oracle["params.cfg.drafter.num_steps"].astype(int)
     assert (oracle["metrics.commit_len_mean"] == steps + 1).all()  # batching loses no draft
     # aggregate throughput counts every request's tokens: N requests in about the time of a few
     assert (children["metrics.throughput_tok_s"] > 0).all()

@@ -12,9 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-import requests
 
-from tools.testing import engines_under, pid_alive, scaled, wait_for_request
+from tools.testing import engines_under, pid_alive, wait_for_request
 
 
 SMOKE_RUNS = 8  # 2 contexts x 2 probes x 2 drafters (conf/sweep/smoke.yaml)
@@ -67,9 +66,9 @@ def test_smoke_sweep_records_every_point_then_resumes(smoke_sweep):
     for m in METRICS:
         assert children[f"metrics.{m}"].notna().all(), m
     assert (children["metrics.commit_len_mean"] >= 1).all()
-    oracle = children[children["params.drafter.is_oracle"].str.lower() == "true"]
+    oracle = children[children["params.cfg.drafter.is_oracle"].str.lower() == "true"]
     assert len(oracle) == SMOKE_RUNS // 2
-    steps = oracle["params.drafter.num_steps"].astype(int)
+    steps = oracle["params.cfg.drafter.num_steps"].astype(int)
     assert (oracle["metrics.commit_len_mean"] == steps + 1).all(), oracle["metrics.commit_len_mean"].tolist()
     # exactly one engine start per distinct ServerSpec
     servers = children["tags.server_group"].nunique()
@@ -104,7 +103,7 @@ def test_log_patterns_become_series_on_each_child_run(smoke_sweep):
         message = child.get("tags.message")
         assert "metrics.log_patterns" not in (message if isinstance(message, str) else "")  # every pattern matched
         assert "metrics.log_patterns" not in child["tags.mlflow.runName"]  # not a result-changing key
-    assert (children["params.metrics.log_patterns"] == json.dumps(list(LOG_PATTERNS))).all()  # JSON: config/params.py
+    assert (children["params.cfg.metrics.log_patterns"] == json.dumps(list(LOG_PATTERNS))).all()  # JSON: config/params.py
 
 
 def test_smoke_parent_carries_report_and_diagnosis(smoke_sweep):
@@ -133,43 +132,48 @@ def test_smoke_parent_carries_report_and_diagnosis(smoke_sweep):
     assert "Diagnosis: smoke" in out.stdout + out.stderr  # printed at the end of the sweep
 
 
-def test_mlflow_ui_shows_the_sweep_in_a_real_browser(smoke_sweep, browser, mlflow_ui):
-    """Headless Chromium against `mlflow server` on the sweep's store: the runs view (not GenAI mode), the saved view
-    with the axes and the commit column with its values, a run's metric, and the parent's report; screenshots of the
-    runs table and the report (copied to docs/img/ for the README)."""
-    import re
-
-    from orchestrator.results.mlflow_ui import view_url
+def test_mlflow_ui_shows_the_sweep_in_a_real_browser(smoke_sweep, browser, mlflow_ui, test_artifacts):
+    """Headless Chromium (driven over DevTools, tools/browser.py) against `mlflow server` on the sweep's store, the
+    DOM read as the page shows it: the experiment's runs page shows the parent expanded with its 8 points under it;
+    the saved view lists the points, its columns are the answering metrics and the axes, and every point's
+    commit_len_mean / decode_tok_s cell shows MLflow's value; the parent's report renders in MLflow's artifact view
+    with its pivot. Screenshots of both pages go to test-artifacts/ (`make screenshots` makes docs/img/'s)."""
+    from tools.ui_pages import quiet_assistant, report_text, runs_table
 
     cwd, out = smoke_sweep
     assert out.returncode == 0, out.stderr[-3000:]
-    dom, screenshot = browser
     parents, children = _runs(cwd)
-    exp_id = parents.iloc[0]["experiment_id"]
-    oracle = children[children["params.drafter.is_oracle"].str.lower() == "true"].iloc[0]
-    def text(html: str) -> str:
-        html = re.sub(r"<style.*?</style>", " ", html, flags=re.S)
-        return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
-
+    parent = parents.sort_values("start_time").iloc[0]
+    exp_id, total = parents.iloc[0]["experiment_id"], len(parents) + len(children)
+    points = children[children["tags.mlflow.parentRunId"] == parent["run_id"]].set_index("run_id")
     with mlflow_ui(f"sqlite:///{cwd}/mlflow.db", cwd / "mlartifacts") as url:
-        runs_page = text(dom(f"{url}/#/experiments/{exp_id}/runs"))
-        assert parents.iloc[0]["tags.mlflow.runName"] in runs_page  # the sweep's parent run is listed
-        assert f"{len(parents) + len(children)} matching runs" in runs_page
-        view = view_url(url, exp_id)
-        table = text(dom(view))
-        assert "smoke" in table and "does not exist" not in table and "share key is invalid" not in table
-        shot = screenshot(view, "mlflow-runs-table.png")  # the saved view (its columns: test_tracking.py)
-        run_url = f"{url}/#/experiments/{exp_id}/runs/{oracle['run_id']}"
-        run_page = text(dom(run_url))
-        assert oracle["tags.mlflow.runName"] in run_page
-        value = oracle["metrics.commit_len_mean"]
-        assert re.search(rf"commit_len_mean\s+{value:g}\b", run_page), "metric and value on the run page"
-        report_url = f"{url}/get-artifact?path=report/summary.html&run_uuid={parents.iloc[0]['run_id']}"
-        # the report page from the real server over HTTP (Chromium's --dump-dom of this artifact page did not
-        # finish within 120 s on the 2-core VM, 2026-12-03: the browser half of it is open work in issue 29)
-        report = requests.get(report_url, timeout=scaled(60)).text
-        assert "At a glance" in report and "commit length" in report and "Every run" in report
-    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+        quiet_assistant(browser, url)
+        page = runs_table(browser, url, exp_id, saved_view=False, rows=total)  # a first visit: parents expanded
+        assert "Training runs" in browser.text()  # the runs view (mlflow.experimentKind), not GenAI mode
+        nested = [r for r in page.rows if r.indent == 48]
+        top = next(r for r in page.rows if r.run_id == parent["run_id"])
+        assert top.has_toggle and top.indent == 24 and {r.run_id for r in nested} == set(points.index), page.rows
+        at = page.rows.index(top)  # its points right under it, one level in
+        assert {r.run_id for r in page.rows[at + 1:at + 1 + len(points)]} == set(points.index)
+        browser.screenshot(test_artifacts / "mlflow-runs-nested.png")
+        table = runs_table(browser, url, exp_id, rows=len(points))  # the saved view: a row per point
+        assert {r.run_id for r in table.rows} == set(points.index), table.rows
+        shot = browser.screenshot(test_artifacts / "mlflow-runs-table.png")
+        answer = ["metrics.`commit_len_mean`", "metrics.`decode_tok_s`", "metrics.`verify_step_ms`"]
+        axes = ["tags.`axis.context_len`", "tags.`axis.probe`", "tags.`axis.drafter`"]
+        assert set(answer + axes) <= set(table.columns), table.columns
+        for row in table.rows:
+            point = points.loc[row.run_id]
+            for metric in ("commit_len_mean", "decode_tok_s"):
+                assert float(row.value(metric)) == pytest.approx(point[f"metrics.{metric}"]), (row.cells, metric)
+            assert [row.cells[c] for c in axes] == [point[f"tags.{c[6:-1]}"] for c in axes]
+        report = report_text(browser, url, exp_id, parent["run_id"])
+        report_shot = browser.screenshot(test_artifacts / "mlflow-report.png")
+    assert "At a glance" in report and "Every run" in report and "Plots" in report
+    pivot = report.split("At a glance")[1].split("Plots")[0]
+    assert all(d in pivot for d in ("ngram", "oracle")) and "predictable @ 256" in pivot and "novel @ 1024" in pivot
+    for png in (shot, report_shot):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
 def test_engine_killed_mid_probe_fails_only_that_run(tmp_path):
@@ -242,16 +246,16 @@ def test_stub_engine_sweep_through_the_orchestrator(tmp_path):
     assert len(parents) == 1 and parents.iloc[0]["status"] == "FINISHED"
     assert len(children) == SMOKE_RUNS and (children["status"] == "FINISHED").all(), children["tags.message"]
     assert (children["tags.engine"] == "stub").all()
-    assert (children["params.engine.kind"] == "stub").all() and (children["params.engine.stub.token_s"] == "0.01").all()
+    assert (children["params.cfg.engine.kind"] == "stub").all() and (children["params.cfg.engine.stub.token_s"] == "0.01").all()
     assert children["tags.run_hash"].nunique() == SMOKE_RUNS
     assert all("engine=stub" in name and f"engine.stub.token_s={token_s}" in name
                for name in children["tags.mlflow.runName"])
     # one stub per (drafter) server, started once, speaking the seam: exact prompt, every requested token
     assert children["tags.server_group"].nunique() == 2 and (children["tags.engine_start"] == "1").all()
-    assert (children["metrics.prompt_tokens"] == children["params.context_len"].astype(float)).all()
+    assert (children["metrics.prompt_tokens"] == children["params.cfg.context_len"].astype(float)).all()
     assert (children["metrics.completion_tokens"] == 32).all()
     # with speculation every verify step commits num_steps + 1 (the last one what is left)
-    steps = children["params.drafter.num_steps"].astype(int)
+    steps = children["params.cfg.drafter.num_steps"].astype(int)
     assert (children["metrics.verify_steps"] == -(-31 // (steps + 1))).all()
     # 32 tokens at token_s each: the knob reached the engine
     assert (children["metrics.e2e_s"] >= 32 * token_s).all(), children["metrics.e2e_s"].tolist()

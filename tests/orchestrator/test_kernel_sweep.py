@@ -85,7 +85,7 @@ def test_kernel_sweep_through_the_orchestrator(tmp_path):
         assert m["time_us"] > 0 and m["gbs"] > 0 and m["kv_bytes"] > 0
         assert m["rel_err"] < 1e-3  # fp32 through the interpreter
         assert "floor_frac" not in m  # no measured ceiling on CPU
-        assert run.data.params["kernel.layout"] == "gqa-small" and run.data.params["job"] == "kernel"
+        assert run.data.params["cfg.kernel.layout"] == "gqa-small" and run.data.params["cfg.job"] == "kernel"
     names = sorted(r.info.run_name for r in children)
     assert names[0] == "layout=gqa-small prefix=300 T=1 page=16 dtype=float32"
     # the report ran on kernel children: a kernel table, no engine diagnosis

@@ -40,8 +40,8 @@ def probe_sweep(tmp_path_factory):
 
 
 def _commit(children, drafter: str, probe: str, ctx: int) -> float:
-    rows = children[(children["params.drafter.name"] == drafter) & (children["params.probe.kind"] == probe)
-                    & (children["params.context_len"].astype(int) == ctx)]
+    rows = children[(children["params.cfg.drafter.name"] == drafter) & (children["params.cfg.probe.kind"] == probe)
+                    & (children["params.cfg.context_len"].astype(int) == ctx)]
     assert len(rows) == 1, (drafter, probe, ctx)
     return float(rows.iloc[0]["metrics.commit_len_mean"])
 
@@ -49,9 +49,9 @@ def _commit(children, drafter: str, probe: str, ctx: int) -> float:
 def test_every_point_runs_on_the_real_model_with_exact_prompts(probe_sweep):
     _, children, parent = probe_sweep
     assert len(children) == 12 and (children["status"] == "FINISHED").all()
-    assert (children["params.model.name"] == "smollm2-135m").all()
+    assert (children["params.cfg.model.name"] == "smollm2-135m").all()
     # the prompt is exactly context_len ids of the model's own BPE tokenizer, as the engine counts them
-    assert (children["metrics.prompt_tokens"] == children["params.context_len"].astype(float)).all()
+    assert (children["metrics.prompt_tokens"] == children["params.cfg.context_len"].astype(float)).all()
     assert (children["metrics.completion_tokens"] == 32).all()
     assert parent["status"] == "FINISHED"
 

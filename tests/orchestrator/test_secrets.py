@@ -102,7 +102,8 @@ def test_the_tracker_alone_keeps_a_plans_secrets_out_of_the_store(tmp_path):
     assert_absent(tmp_path, [SHORT, SHORT2, KEY_SECRET])
     runs = mlflow.MlflowClient(uri).search_runs([tracker.experiment_id])
     child = next(r for r in runs if r.data.tags.get("specsweep.role") == "child")
-    assert child.data.params["engine.env.HF_TOKEN"] == MASK and child.data.tags["axis.engine.env.HF_TOKEN"] == MASK
+    assert child.data.params["cfg.engine.env.HF_TOKEN"] == MASK and child.data.tags["axis.engine.env.HF_TOKEN"] == MASK
+    assert child.data.params["axis.engine.env.HF_TOKEN"] == MASK
     assert child.info.run_name.endswith(f"engine.env.HF_TOKEN={MASK}")
 
 
@@ -206,9 +207,9 @@ def test_sweep_records_no_secret_and_the_engine_gets_every_one(tmp_path, mlflow_
     assert read > 20 and list(store.rglob("config.yaml")) and list(work.glob("logs/engines/*/*"))
 
     params = parent.data.params
-    assert params["engine.env.SPECSWEEP_TEST_SECRET"] == MASK
-    assert params["tracking.uri"].startswith(f"http://specsweep:{MASK}@")
-    assert MASK in children[0].data.params["engine.extra_args"]
+    assert params["cfg.engine.env.SPECSWEEP_TEST_SECRET"] == MASK
+    assert params["cfg.tracking.uri"].startswith(f"http://specsweep:{MASK}@")
+    assert MASK in children[0].data.params["cfg.engine.extra_args"]
     assert all(MASK in c.info.run_name for c in children)  # the env override is part of every run name
 
     pids = {s.pid for s in stub_starts(work / "logs")}

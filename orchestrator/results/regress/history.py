@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from orchestrator.config.params import config_params
 from orchestrator.config.settings import RegressSettings
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ class PointRun:
     name: str
     metrics: dict[str, float]
     tags: dict[str, str]
-    params: dict[str, str]
+    params: dict[str, str]  # schema keys (`config_params`: the same for runs recorded with or without `cfg.`)
 
     def values(self, metric: str) -> list[float]:
         """This run's values of `metric`: its repeats (`probe.repeats`, the `<metric>.repeats` JSON tag) or the
@@ -97,7 +98,7 @@ def _search(client, experiment_id: str, filter_string: str) -> list:
 
 def _point_run(r) -> PointRun:
     return PointRun(r.info.run_id, r.data.tags[PARENT_TAG], r.data.tags["point_key"], r.info.run_name or "",
-                    dict(r.data.metrics), dict(r.data.tags), dict(r.data.params))
+                    dict(r.data.metrics), dict(r.data.tags), config_params(r.data.params))
 
 
 def load_history(client, experiment_id: str, *, include: str | None = None) -> History:
@@ -115,8 +116,9 @@ def load_history(client, experiment_id: str, *, include: str | None = None) -> H
 
 
 def settings_of(parent_params: dict[str, str]) -> RegressSettings:
-    """The sweep's `regress.*` settings from its parent-run params (JSON values, `tracking.param_value`);
-    defaults for a parent recorded before they existed."""
+    """The sweep's `regress.*` settings from its parent-run params (JSON values, `tracking.param_value`; with or
+    without the `cfg.` prefix); defaults for a parent recorded before they existed."""
+    parent_params = config_params(parent_params)
     given: dict[str, Any] = {}
     for f in fields(RegressSettings):
         raw = parent_params.get(f"regress.{f.name}")

@@ -71,9 +71,9 @@ def write_report(client, parent_run_id: str, thresholds: Thresholds = Thresholds
         diagnosis_md = changes.markdown + ("\n" if changes.markdown else "") + diagnosis_md
         (out / "summary.csv").write_text(render_csv(table_rows(engine_children, ci=False)))
         (out / "summary.md").write_text(summary_md)
-        (out / "summary.html").write_text(render_html(summary_md.split("## Every run")[0], rows, sweep,
-                                                      diagnosis_md))
         plots = [*changes.plots, *build_plots(out, client, engine_children)]
+        (out / "summary.html").write_text(render_html(summary_md.split("## Every run")[0], rows, sweep,
+                                                      diagnosis_md, images=[p for p in plots if p.suffix == ".png"]))
         if krows:
             buf = io.StringIO()
             csv.writer(buf).writerows([list(KERNEL_COLUMNS), *krows])

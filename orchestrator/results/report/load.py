@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator.config.params import RunParams
+from orchestrator.config.params import RunParams, config_params
 from orchestrator.config.weights_scope import dummy_weights_reason
 from orchestrator.results.diagnosis import RunRow
 from specsweep_vocab.sglang_facts import SGLANG_PLUGIN_BACKENDS
@@ -49,7 +49,7 @@ def row_from_run(run) -> RunRow:
         run_id=run.info.run_id, name=run.info.run_name or run.info.run_id, context_len=p.context_len,
         probe=p.probe, drafter=p.drafter, attention=p.attention, page_size=p.page_size, is_oracle=p.is_oracle,
         num_steps=p.num_steps, metrics=dict(run.data.metrics), engine=engine, concurrency=p.concurrency,
-        dummy_weights=dummy_weights_reason(run.data.params),
+        dummy_weights=dummy_weights_reason(config_params(run.data.params)),
         plugin=engine == "sglang" and any(b in SGLANG_PLUGIN_BACKENDS for b in p.backends),
     )
 

@@ -3,12 +3,14 @@ runs' table."""
 
 from __future__ import annotations
 
+import base64
 import csv
 import html
 import io
 import math
 from collections import defaultdict
 from collections.abc import Sequence
+from pathlib import Path
 
 from orchestrator.results.diagnosis import RunRow
 from orchestrator.results.report.load import ChildRun
@@ -102,19 +104,24 @@ def render_pivot_md(rows: Sequence[RunRow]) -> str:
             "per drafter x probe @ context.\n\n" + md_table(header, body))
 
 
-def render_html(sections_md: str, rows: list[list[str]], sweep: str, diagnosis_md: str) -> str:
+def render_html(sections_md: str, rows: list[list[str]], sweep: str, diagnosis_md: str,
+                images: Sequence[Path] = ()) -> str:
+    """One self-contained page (MLflow's artifact view shows it as it is): the sections, the plots inlined as
+    data URIs, every run, the diagnosis."""
     head = "".join(f"<th>{html.escape(c)}</th>" for c in TABLE_COLUMNS)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+    plots = "".join(f"<img alt='{html.escape(p.stem)}' style='max-width:100%' src='data:image/png;base64,"
+                    f"{base64.b64encode(p.read_bytes()).decode()}'>" for p in images)
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(sweep)}</title>"
-            "<style>table{border-collapse:collapse;font:13px sans-serif}td,th{border:1px solid #ccc;"
-            "padding:2px 6px}</style></head><body>"
-            f"<h1>{html.escape(sweep)}</h1>{_md_tables_html(sections_md)}<h2>Every run</h2>"
+            "<style>body{font:14px sans-serif}table{border-collapse:collapse;font:13px sans-serif}"
+            "td,th{border:1px solid #ccc;padding:2px 6px}</style></head><body>"
+            f"{_md_tables_html(sections_md)}{'<h2>Plots</h2>' + plots if plots else ''}<h2>Every run</h2>"
             f"<table><tr>{head}</tr>{body}</table>"
             f"<pre>{html.escape(diagnosis_md)}</pre></body></html>")
 
 
 def _md_tables_html(md: str) -> str:
-    """The sections' Markdown as HTML: `## ` headings, tables and paragraphs (all the report's sections use)."""
+    """The sections' Markdown as HTML: `# ` / `## ` headings, tables and paragraphs (all the report's sections use)."""
     out, table = [], []
     for line in md.splitlines() + [""]:
         if line.startswith("|"):
@@ -125,7 +132,9 @@ def _md_tables_html(md: str) -> str:
         if table:
             out.append("<table>" + "".join(table) + "</table>")
             table = []
-        if line.startswith("## "):
+        if line.startswith("# "):
+            out.append(f"<h1>{html.escape(line[2:])}</h1>")
+        elif line.startswith("## "):
             out.append(f"<h2>{html.escape(line[3:])}</h2>")
         elif line.strip():
             out.append(f"<p>{html.escape(line)}</p>")

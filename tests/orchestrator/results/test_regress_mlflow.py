@@ -164,6 +164,54 @@ def test_on_regression_must_be_an_argv_list_in_the_schedule_file():
     assert s.on_regression == ("notify", "x")
 
 
+def record_old_layout(tracker: Tracker, groups, metrics_of, base_config) -> str:
+    """A sweep as recorded until 2026-12-03: params as plain schema keys (no `cfg.` prefix, no `axis.*`)."""
+    from mlflow.entities import Metric, Param
+
+    from orchestrator.config.schema import to_params
+
+    c, now = tracker.client, int(time.time() * 1000)
+    parent = c.create_run(tracker.experiment_id, run_name="old", tags={"specsweep.role": "parent"}).info.run_id
+    c.log_batch(parent, params=[Param(k, v) for k, v in to_params(base_config).items()])
+    for g in groups:
+        for spec in g.runs:
+            rid = c.create_run(tracker.experiment_id, run_name=spec.name, tags={
+                "specsweep.role": "child", "mlflow.parentRunId": parent, "run_hash": spec.run_hash,
+                "point_key": point_key(spec.server, spec.probe), "host": tracker.host}).info.run_id
+            c.log_batch(rid, params=[Param(k, v) for k, v in spec.params],
+                        metrics=[Metric(k, v, now, 0) for k, v in metrics_of(spec).items()])
+            c.set_terminated(rid, "FINISHED")
+    c.set_terminated(parent, "FINISHED")
+    time.sleep(0.01)
+    return parent
+
+
+def test_a_run_recorded_before_the_cfg_prefix_is_the_same_point_with_the_same_settings(store):
+    """The regression history spans the layout change: an old run (plain param keys) and a new one (`cfg.` keys)
+    of one grid point share its point_key, read back as the same grid point, and the parents' `regress.*` settings
+    read the same."""
+    from orchestrator.results.regress.compare import grid_point
+    from orchestrator.results.regress.history import load_history, select_baseline, settings_of
+
+    uri, tracker = store
+    base = {"regress": {"min_rel_change": 0.07, "history": 3}}
+    old = record_old_layout(tracker, grid(), jitter(0), base)
+    new = record(tracker, grid(), jitter(1), base_config=base)
+    params = {p: tracker.client.get_run(p).data.params for p in (old, new)}
+    assert "regress.min_rel_change" in params[old] and "cfg.regress.min_rel_change" in params[new]
+    settings = settings_of(dict(params[new]))
+    assert settings == settings_of(dict(params[old])) and (settings.min_rel_change, settings.history) == (0.07, 3)
+    history = load_history(tracker.client, tracker.experiment_id)
+    by_parent = {p.run_id: {c.point_key: c for c in p.children} for p in history.parents}
+    assert set(by_parent[old]) == set(by_parent[new]) and len(by_parent[new]) == 4
+    for key, run in by_parent[new].items():
+        assert grid_point(run) == grid_point(by_parent[old][key])
+        assert grid_point(run).context_len in (64, 256) and grid_point(run).drafter in ("ngram", "oracle")
+    baseline = select_baseline(tracker.client, history, new, settings)
+    assert [p.run_id for p in baseline.parents] == [old]
+    assert all(baseline.runs_of(key) for key in by_parent[new])
+
+
 def test_default_baseline_is_the_last_history_finished_parents_of_the_sweep(store, tmp_path):
     from orchestrator.results.regress.section import changes_section
 

@@ -47,7 +47,7 @@ def test_parent_and_children_layout(store, tmp_path):
     client = mlflow.MlflowClient(store)
     parent = client.get_run(parent_id)
     assert parent.info.status == "FINISHED" and parent.data.tags["specsweep.role"] == "parent"
-    assert parent.data.params["model.name"] == "tiny" and parent.data.params["k149"] == "149"  # > 100: batched
+    assert parent.data.params["cfg.model.name"] == "tiny" and parent.data.params["cfg.k149"] == "149"  # > 100: batched
     assert parent.data.params["overrides"] == "context_len=1,2"
     assert {f.path for f in client.list_artifacts(parent_id)} >= {"config.yaml", "overrides.txt"}
     assert parent.info.artifact_uri.startswith(str(tmp_path / "mlartifacts"))
@@ -56,7 +56,7 @@ def test_parent_and_children_layout(store, tmp_path):
     assert run.info.status == "FINISHED" and run.info.run_name == a.name
     assert run.data.tags["mlflow.parentRunId"] == parent_id and run.data.tags["run_hash"] == a.run_hash
     assert run.data.tags["server_group"] == server.key and run.data.tags["engine"] == "reference"
-    assert run.data.params["probe"] == "predictable" and run.data.metrics["commit_len_mean"] == 5.0
+    assert run.data.params["cfg.probe"] == "predictable" and run.data.metrics["commit_len_mean"] == 5.0
     history = client.get_metric_history(ok, "commit_len")
     assert [(m.step, m.value) for m in sorted(history, key=lambda m: m.step)] == [(0, 5.0), (1, 5.0), (2, 4.0)]
     assert {f.path for f in client.list_artifacts(ok)} == {"continuation.txt", "steps.csv"}
@@ -120,3 +120,36 @@ def test_experiment_opens_in_runs_view_with_axes_and_a_saved_view(store):
     assert "metrics.`commit_len_mean`" in view["selectedColumns"] and "decode_tok_s" in str(view["selectedColumns"])
     assert view_url("http://h:5000/", tracker.experiment_id).endswith(
         f"/#/experiments/{tracker.experiment_id}/runs?viewStateShareKey=specsweep")
+
+
+def test_axes_come_first_and_the_config_sits_under_one_prefix_that_old_runs_lack(store):
+    """A child's params: `axis.<key>` per swept key, the config under `cfg.`, `overrides`; nothing else. Read back
+    through the schema they give what a run recorded before the prefix gives; run_hash and point_key are the
+    RunSpec's (the prefix is MLflow's layout only)."""
+    import dataclasses
+
+    from orchestrator.config.params import RunParams, config_params
+    from orchestrator.config.weights_scope import dummy_weights_reason
+    from specsweep_vocab.point_key import point_key
+
+    server = tiny_server("ngram")
+    runs = [dataclasses.replace(
+        tiny_run(server, i, kind, context_len=ctx), overrides=(f"context_len={ctx}", f"probe={kind.value}"),
+        params=(("context_len", str(ctx)), ("probe.kind", kind.value), ("drafter.name", "ngram"),
+                ("drafter.is_oracle", "false"), ("model.path", "tiny"), ("page_size", "16")))
+        for i, (ctx, kind) in enumerate([(64, ProbeKind.PREDICTABLE), (128, ProbeKind.NOVEL)])]
+    tracker = Tracker(store, "exp")
+    with tracker.start_parent(_plan(runs)):
+        child = tracker.log_result(_result(runs[1], metrics={"commit_len_mean": 2.5}))
+    run = mlflow.MlflowClient(store).get_run(child)
+    params = run.data.params
+    assert sorted(params)[:2] == ["axis.context_len", "axis.probe"]  # first in the run page's params table
+    assert (params["axis.context_len"], params["axis.probe"]) == ("128", "novel")
+    assert set(params) == {"axis.context_len", "axis.probe", "overrides"} | {f"cfg.{k}" for k, _ in runs[1].params}
+    old_layout = dict(runs[1].params)  # as runs were recorded until 2026-12-03
+    assert config_params(params) == old_layout and config_params(old_layout) == old_layout
+    assert RunParams.read(params) == RunParams.read(old_layout) and RunParams.read(params).drafter == "ngram"
+    assert dummy_weights_reason(config_params(params)) == dummy_weights_reason(old_layout) != ""
+    tags = run.data.tags
+    assert tags["run_hash"] == runs[1].run_hash and tags["point_key"] == point_key(server, runs[1].probe)
+    assert tags["mlflow.runType"] == "evaluation"  # the UI opens the parent expanded (mlflow_ui.py)
