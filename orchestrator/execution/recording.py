@@ -279,8 +279,8 @@ def _close_disk_full(tracker: Tracker, full: StoreFull) -> bool:
     message = (f"the tracking store's disk filled up while the sweep recorded ({full}); the sweep stopped and "
                "this run's result was not recorded")
     try:
-        if tracker.parent_run_id:  # a write that fails while the disk is still full, before anything is closed
-            tracker.client.set_tag(tracker.parent_run_id, "failure_reason", FailureReason.DISK_FULL.value)
+        # a write that fails while the disk is still full, before anything is closed
+        tracker.tag_parent("failure_reason", FailureReason.DISK_FULL.value)
     except Exception as e:
         noted = fault_notes.record(tracker.uri, FailureReason.DISK_FULL.value, message)
         logger.error("the tracking store still cannot be written (%s): %d run(s) stay RUNNING until the next run of "
@@ -289,7 +289,7 @@ def _close_disk_full(tracker: Tracker, full: StoreFull) -> bool:
         return False
     tracker.release_claims(RunState.FAILED, FailureReason.DISK_FULL, message)
     with contextlib.suppress(Exception):
-        tracker.client.set_tag(tracker.parent_run_id, "message", message[:5000])
+        tracker.tag_parent("message", message)
         tracker.end_parent(RunState.FAILED)
     fault_notes.discard(tracker.uri)
     return True

@@ -332,6 +332,11 @@ class Tracker:
         if self.parent_run_id:
             self._log_batch(self.parent_run_id, metrics=metrics)
 
+    def tag_parent(self, key: str, value: str) -> None:
+        """One tag on the parent run (redacted, at most 5,000 characters); raises what the store raises."""
+        if self.parent_run_id:
+            self.client.set_tag(self.parent_run_id, key, self.redact(value)[:5000])
+
     def end_parent(self, status: RunState | str = RunState.FINISHED) -> None:
         self._heartbeat_stop.set()
         if self.parent_run_id and not self._parent_ended:
