@@ -33,6 +33,7 @@ some),
 
 from __future__ import annotations
 
+import _thread
 import atexit
 import contextlib
 import logging
@@ -192,9 +193,11 @@ def _signals_seen(seen: list[int]) -> Iterator[None]:
             raise interrupt_for(signum)
 
     def again() -> None:
+        # Python's own handler, not a new OS signal: by now Ray's C++ start may have installed its failure-signal
+        # handler, which turns a delivered SIGTERM into an abort (exit -6) instead of our clean exit 143
         while not left.wait(RESIGNAL_S):
             if seen:
-                os.kill(os.getpid(), seen[0])
+                _thread.interrupt_main(signal.Signals(seen[0]))
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     ray_set = ray_utils.set_sigterm_handler
@@ -204,6 +207,8 @@ def _signals_seen(seen: list[int]) -> Iterator[None]:
         yield
     finally:
         left.set()
+        if seen:  # the sweep ends: a Ray interrupted while it started is abandoned (its exit can abort or crash)
+            _abandon_ray()
         ray_utils.set_sigterm_handler = ray_set
         for sig, h in previous.items():
             signal.signal(sig, h)
