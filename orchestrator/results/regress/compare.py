@@ -13,7 +13,7 @@ from orchestrator.config.settings import RegressSettings
 from orchestrator.results.regress.attribution import (GridPoint, differences, drafter_or_pipeline, grid_pattern,
                                                       node_of)
 from orchestrator.results.regress.history import Baseline, History, PointRun, means
-from orchestrator.results.regress.verdict import METRICS, REGRESSION, Verdict, judge
+from orchestrator.results.regress.verdict import METRICS, REGRESSION, Noise, Verdict, judge, pooled_noise
 from specsweep_vocab.stats import Interval, interval
 
 
@@ -68,14 +68,33 @@ def grid_point(run: PointRun) -> GridPoint:
                      is_oracle=p.get("drafter.is_oracle", "False").lower() == "true")
 
 
-def judge_point(run: PointRun, baseline_runs: Sequence[PointRun], settings: RegressSettings) -> PointResult:
+def noise_group(run: PointRun) -> tuple[str, str, str]:
+    """Points whose sweep-to-sweep spread is pooled: one engine on one node at one probe.repeats (a mean of N
+    repeats has its own spread)."""
+    return (run.tags.get("engine") or run.params.get("engine.kind", "?"), node_of(run.tags),
+            run.params.get("probe.repeats", "1"))
+
+
+def pooled(runs: Sequence[PointRun], baseline: Baseline) -> dict[tuple[tuple[str, str, str], str], Noise | None]:
+    """(noise group, metric) -> the spread of the metric pooled over the group's points in the baseline."""
+    series: dict[tuple[tuple[str, str, str], str], list[list[float]]] = {}
+    for r in runs:
+        base = baseline.runs_of(r.point_key)
+        for metric in METRICS:
+            series.setdefault((noise_group(r), metric), []).append(means(base, metric))
+    return {k: pooled_noise(v) for k, v in series.items()}
+
+
+def judge_point(run: PointRun, baseline_runs: Sequence[PointRun], settings: RegressSettings,
+                noise: dict[str, Noise | None] | None = None) -> PointResult:
+    """`noise`: metric -> its pooled spread over the sweep's points (`pooled`); absent: this point's own."""
     verdicts, intervals = [], {}
     for metric in METRICS:
         current = run.values(metric)
         if not current:
             continue
         intervals[metric] = interval(current)
-        verdicts.append(judge(metric, means(baseline_runs, metric), current, settings))
+        verdicts.append(judge(metric, means(baseline_runs, metric), current, settings, (noise or {}).get(metric)))
     diffs = tuple(differences(run.tags, [b.tags for b in baseline_runs])) if baseline_runs else ()
     return PointResult(run, grid_point(run), tuple(verdicts), intervals, diffs)
 
@@ -83,7 +102,9 @@ def judge_point(run: PointRun, baseline_runs: Sequence[PointRun], settings: Regr
 def compare(history: History, current_id: str, baseline: Baseline, settings: RegressSettings) -> Comparison:
     current = history.by_id(current_id)
     runs = current.children if current else ()
-    points = tuple(judge_point(r, baseline.runs_of(r.point_key), settings) for r in runs)
+    noise = pooled(runs, baseline)
+    points = tuple(judge_point(r, baseline.runs_of(r.point_key), settings,
+                               {m: noise.get((noise_group(r), m)) for m in METRICS}) for r in runs)
     grid = [p.point for p in points]
     patterns, notes = [], []
     for metric in METRICS:

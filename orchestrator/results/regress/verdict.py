@@ -5,18 +5,23 @@ Two kinds of metric (docs/schedule.md, "Regressions"):
 - **exact**: the commit length and accept rate of a temperature-0 probe. On the same engine build they repeat to the
   last digit, so any change is real and is reported as it is (`2.85 → 2.40`). When the baseline itself is not
   constant (an engine that is not deterministic), the metric is judged as noisy instead, and the verdict says so.
-- **noisy**: throughput and verify time. Judged against the baseline's spread: the median and the MAD of the
-  baseline runs (each run's mean over its repeats). A change is flagged when it is at least `min_rel_change` of the
-  median AND, with 3 or more baseline runs, more than `max_z` robust standard deviations (1.4826 MAD) from it.
-  With fewer baseline runs there is no spread to judge by: with repeats, the baseline's median must lie outside this
-  run's 95 % interval; without, the change must be at least GROSS_FACTOR x `min_rel_change`.
+- **noisy**: throughput and verify time, judged on a log scale (a change is a factor). The sweep-to-sweep spread is
+  a `Noise`: the within-point variance of the log values, pooled over every point of one engine, node and
+  `probe.repeats` in the baseline (`pooled_noise`; 4 points x 5 runs give 16 degrees of freedom where one point's
+  5 runs give 4). A new value is flagged when it is at least `min_rel_change` from the baseline's geometric mean AND
+  outside the Student-t prediction interval for one new value: |log x - mean| > q * sd * sqrt(1 + 1/n), q the t
+  quantile (df of the pool) with the two-sided tail of a normal `max_z` (`limit_q`). With no pooled spread (every
+  point has one baseline run: a pinned baseline, the second sweep) nothing bounds the sweep-to-sweep drift: only a
+  change of GROSS_FACTOR x `min_rel_change` is flagged, and with repeats it must also leave this run's 95 % interval
+  (the repeats' interval bounds the noise within one sweep, never the drift between sweeps, so it never decides
+  alone).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from orchestrator.config.settings import RegressSettings
@@ -26,13 +31,49 @@ from specsweep_vocab.stats import interval
 EXACT_METRICS = {"commit_len_mean": +1, "accept_rate": +1}
 NOISY_METRICS = {"decode_tok_s": +1, "throughput_tok_s": +1, "verify_step_ms": -1}
 METRICS = {**EXACT_METRICS, **NOISY_METRICS}
-MAD_TO_SIGMA = 1.4826  # MAD of a normal sample x this = its standard deviation
-MIN_RUNS_FOR_SPREAD = 3  # with fewer baseline runs the MAD means nothing: min_rel_change alone decides
-# with too few baseline runs for a spread and no repeats, only a change this many times min_rel_change is flagged
+# with no pooled spread (one baseline run per point), only a change this many times min_rel_change is flagged
 GROSS_FACTOR = 5.0
 EXACT_TOLERANCE = 1e-9  # relative: float formatting through MLflow, never a measured difference
 
 REGRESSION, IMPROVEMENT, UNCHANGED, NO_BASELINE = "regression", "improvement", "unchanged", "no baseline"
+
+
+@dataclass(frozen=True)
+class Noise:
+    """Sweep-to-sweep spread of one metric: the standard deviation of its log values around each point's own mean,
+    pooled over `points` points (the classical pooled variance, `df` = sum over points of runs - 1)."""
+
+    sd: float
+    df: int
+    points: int
+
+    def __str__(self) -> str:
+        return f"sd {self.sd:.1%} (log, pooled over {self.points} point(s), df {self.df})"
+
+
+def pooled_noise(series: Iterable[Sequence[float]]) -> Noise | None:
+    """`series`: per point, its baseline values (one per run). None when no point has 2 positive values (no
+    spread), or a point has a non-positive value (no log scale: the point is left out of the pool)."""
+    ss, df, points = 0.0, 0, 0
+    for values in series:
+        if len(values) < 2 or min(values) <= 0:
+            continue
+        logs = [math.log(v) for v in values]
+        m = statistics.fmean(logs)
+        ss += sum((y - m) ** 2 for y in logs)
+        df += len(logs) - 1
+        points += 1
+    return Noise(math.sqrt(ss / df), df, points) if df else None
+
+
+def limit_q(max_z: float, df: int) -> float:
+    """The Student-t quantile (df degrees of freedom) with the two-sided tail of a normal at `max_z`: the same
+    false-alarm rate per verdict as a z of max_z with a known spread, honest about a spread estimated from few
+    values (df 4: 17.4 for max_z 4; df 16: 5.4; df 32: 4.6)."""
+    from scipy.special import ndtr, stdtrit
+
+    return float(stdtrit(df, ndtr(max_z)))
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -40,11 +81,12 @@ class Verdict:
     kind: str  # exact | noisy
     status: str  # regression | improvement | unchanged | no baseline
     current: float
-    baseline: float  # exact: the baseline's value; noisy: its median
+    baseline: float  # exact: the baseline's value; noisy: its geometric mean (median when not all positive)
     n_baseline: int  # baseline runs
     rel_change: float  # (current - baseline) / |baseline|
-    z: float | None  # noisy with a spread: robust z
+    z: float | None  # noisy with a pooled spread: log change / prediction sd
     why: str
+    limit: float | None = None  # the |z| above which it is flagged (`limit_q`)
 
     @property
     def flagged(self) -> bool:
@@ -64,8 +106,21 @@ def _constant(values: Sequence[float]) -> bool:
     return max(values) - min(values) <= EXACT_TOLERANCE * max(1.0, abs(max(values)))
 
 
-def judge(metric: str, baseline: Sequence[float], current: Sequence[float], settings: RegressSettings) -> Verdict:
-    """`baseline`: one value per baseline run (its mean over repeats), oldest first; `current`: this run's repeats."""
+def _exact(metric: str, baseline: Sequence[float], x: float) -> Verdict:
+    b = baseline[-1]
+    delta = x - b
+    rel = delta / abs(b) if b else (math.inf if delta else 0.0)
+    if abs(delta) <= EXACT_TOLERANCE * max(1.0, abs(b)):
+        return Verdict(metric, "exact", UNCHANGED, x, b, len(baseline), 0.0, None, "identical (deterministic)")
+    return Verdict(metric, "exact", _direction(metric, delta), x, b, len(baseline), rel, None,
+                   f"exact: {b:.6g} in all {len(baseline)} baseline run(s), now {x:.6g} (temperature 0 repeats "
+                   "exactly on one engine build: any change is real)")
+
+
+def judge(metric: str, baseline: Sequence[float], current: Sequence[float], settings: RegressSettings,
+          noise: Noise | None = None) -> Verdict:
+    """`baseline`: one value per baseline run (its mean over repeats), oldest first; `current`: this run's repeats;
+    `noise`: the metric's pooled spread over the baseline's points (`pooled_noise`); None: this point's own."""
     if not current:
         raise ValueError(f"{metric}: no current value to judge")
     x = statistics.fmean(current)
@@ -73,36 +128,33 @@ def judge(metric: str, baseline: Sequence[float], current: Sequence[float], sett
         return Verdict(metric, "exact" if metric in EXACT_METRICS else "noisy", NO_BASELINE, x, math.nan, 0, math.nan,
                        None, "no earlier run of this point")
     if metric in EXACT_METRICS and _constant(baseline):
-        b = baseline[-1]
-        delta = x - b
-        rel = delta / abs(b) if b else (math.inf if delta else 0.0)
-        if abs(delta) <= EXACT_TOLERANCE * max(1.0, abs(b)):
-            return Verdict(metric, "exact", UNCHANGED, x, b, len(baseline), 0.0, None, "identical (deterministic)")
-        return Verdict(metric, "exact", _direction(metric, delta), x, b, len(baseline), rel, None,
-                       f"exact: {b:.6g} in all {len(baseline)} baseline run(s), now {x:.6g} (temperature 0 repeats "
-                       "exactly on one engine build: any change is real)")
-    med = statistics.median(baseline)
-    mad = statistics.median(abs(v - med) for v in baseline)
-    sigma = MAD_TO_SIGMA * mad
-    delta = x - med
-    rel = delta / abs(med) if med else (math.inf if delta else 0.0)
+        return _exact(metric, baseline, x)
     note = "" if metric in NOISY_METRICS else " (baseline not constant: judged as noisy)"
-    z = delta / sigma if sigma > 0 else None
+    positive = min(baseline) > 0 and x > 0
+    center = math.exp(statistics.fmean(math.log(v) for v in baseline)) if positive else statistics.median(baseline)
+    delta = x - center
+    rel = delta / abs(center) if center else (math.inf if delta else 0.0)
     big = abs(rel) >= settings.min_rel_change
-    if len(baseline) >= MIN_RUNS_FOR_SPREAD and sigma > 0:
-        flagged = big and abs(delta) > settings.max_z * sigma
-        why = (f"median {med:.4g} of {len(baseline)} runs, robust sd {sigma:.3g}: z={delta / sigma:+.1f} "
-               f"(limit {settings.max_z:g}), change {rel:+.1%} (min {settings.min_rel_change:.0%}){note}")
-    elif len(current) > 1:  # no spread in the baseline: this run's own repeats give one
-        ci = interval(current)
-        flagged = big and abs(delta) > ci.half_width
-        why = (f"median {med:.4g} of {len(baseline)} run(s) (too few for a spread); this run {ci}: change "
-               f"{rel:+.1%} (min {settings.min_rel_change:.0%}), baseline {'outside' if flagged else 'inside'} "
-               f"its 95 % interval{note}")
+    noise = noise if noise is not None else pooled_noise([baseline])
+    z = q = None
+    if positive and noise is not None and noise.sd > 0:
+        pred = noise.sd * math.sqrt(1 + 1 / len(baseline))
+        z = math.log(x / center) / pred
+        q = limit_q(settings.max_z, noise.df)
+        flagged = big and abs(z) > q
+        why = (f"geometric mean {center:.4g} of {len(baseline)} run(s), spread {noise}: change {rel:+.1%} = "
+               f"{z:+.1f} prediction sd (limit {q:.2f}: t, df {noise.df}, tail of z {settings.max_z:g}; "
+               f"min {settings.min_rel_change:.0%}){note}")
     else:
-        flagged = abs(rel) >= GROSS_FACTOR * settings.min_rel_change
-        why = (f"median {med:.4g} of {len(baseline)} run(s), too few for a spread and no repeats: change "
-               f"{rel:+.1%}, flagged from {GROSS_FACTOR * settings.min_rel_change:.0%} "
-               f"({GROSS_FACTOR:g} x min_rel_change){note}")
+        gross = abs(rel) >= GROSS_FACTOR * settings.min_rel_change
+        why = (f"baseline {center:.4g} of {len(baseline)} run(s), no spread between sweeps to judge by: change "
+               f"{rel:+.1%}, flagged from {GROSS_FACTOR * settings.min_rel_change:.0%} ({GROSS_FACTOR:g} x "
+               f"min_rel_change)")
+        flagged = gross
+        if len(current) > 1:  # the repeats bound the noise within this sweep, not the drift between sweeps
+            ci = interval(current)
+            flagged = gross and abs(delta) > ci.half_width
+            why += f" and outside this run's 95 % interval {ci}"
+        why += note
     status = _direction(metric, delta) if flagged else UNCHANGED
-    return Verdict(metric, "noisy", status, x, med, len(baseline), rel, z, why)
+    return Verdict(metric, "noisy", status, x, center, len(baseline), rel, z, why, q)
