@@ -75,13 +75,22 @@ def noise_group(run: PointRun) -> tuple[str, str, str]:
             run.params.get("probe.repeats", "1"))
 
 
-def pooled(runs: Sequence[PointRun], baseline: Baseline) -> dict[tuple[tuple[str, str, str], str], Noise | None]:
-    """(noise group, metric) -> the spread of the metric pooled over the group's points in the baseline."""
+def noise_parents(history: History, current_id: str, baseline: Baseline, settings: RegressSettings) -> Baseline:
+    """The parents whose spread judges the noisy metrics: the baseline's, and the sweep's last `regress.history`
+    FINISHED parents before this one (a pinned baseline is one run: its spread comes from the recent history)."""
+    current = history.by_id(current_id)
+    earlier = [p for p in history.parents if p.run_id != current_id
+               and (current is None or p.start_time < current.start_time)][-settings.history:]
+    chosen = {p.run_id: p for p in (*baseline.parents, *earlier)}
+    return Baseline("noise", tuple(chosen.values()))
+
+
+def pooled(runs: Sequence[PointRun], parents: Baseline) -> dict[tuple[tuple[str, str, str], str], Noise | None]:
+    """(noise group, metric) -> the metric's spread pooled over the group's points in `parents`."""
     series: dict[tuple[tuple[str, str, str], str], list[list[float]]] = {}
     for r in runs:
-        base = baseline.runs_of(r.point_key)
         for metric in METRICS:
-            series.setdefault((noise_group(r), metric), []).append(means(base, metric))
+            series.setdefault((noise_group(r), metric), []).append(means(parents.runs_of(r.point_key), metric))
     return {k: pooled_noise(v) for k, v in series.items()}
 
 
@@ -102,7 +111,7 @@ def judge_point(run: PointRun, baseline_runs: Sequence[PointRun], settings: Regr
 def compare(history: History, current_id: str, baseline: Baseline, settings: RegressSettings) -> Comparison:
     current = history.by_id(current_id)
     runs = current.children if current else ()
-    noise = pooled(runs, baseline)
+    noise = pooled(runs, noise_parents(history, current_id, baseline, settings))
     points = tuple(judge_point(r, baseline.runs_of(r.point_key), settings,
                                {m: noise.get((noise_group(r), m)) for m in METRICS}) for r in runs)
     grid = [p.point for p in points]

@@ -19,7 +19,7 @@ from orchestrator.results.regress.changepoints import change_points
 from orchestrator.results.regress.compare import Comparison, PointResult, compare
 from orchestrator.results.regress.history import BaselineError, History, load_history, point_series, select_baseline
 from orchestrator.results.regress.history import settings_of
-from orchestrator.results.regress.verdict import NO_BASELINE
+from orchestrator.results.regress.verdict import NO_BASELINE, NO_SPREAD
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,10 @@ def render(c: Comparison, history: History, plots: list[Path]) -> str:
                  + (f"{len(c.regressions)} regression(s), "
                     f"{sum(len(p.flagged) for p in flagged) - len(c.regressions)} improvement(s)."
                     if flagged else "no change beyond the noise."))
+    unjudged = sorted({v.metric for p in c.points for v in p.verdicts if v.status == NO_SPREAD})
+    if unjudged:
+        lines.append(f"Not judged: {', '.join(unjudged)} (noisy; no point has 2 earlier runs yet, so there is no "
+                     "spread between sweeps to judge them by; the exact metrics are judged).")
     lines.append("")
     if flagged:
         lines += ["| point | metric | kind | baseline | now | change | verdict | why |", "|---|---|---|---|---|---|---|---|"]

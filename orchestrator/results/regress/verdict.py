@@ -7,14 +7,14 @@ Two kinds of metric (docs/schedule.md, "Regressions"):
   constant (an engine that is not deterministic), the metric is judged as noisy instead, and the verdict says so.
 - **noisy**: throughput and verify time, judged on a log scale (a change is a factor). The sweep-to-sweep spread is
   a `Noise`: the within-point variance of the log values, pooled over every point of one engine, node and
-  `probe.repeats` in the baseline (`pooled_noise`; 4 points x 5 runs give 16 degrees of freedom where one point's
-  5 runs give 4). A new value is flagged when it is at least `min_rel_change` from the baseline's geometric mean AND
-  outside the Student-t prediction interval for one new value: |log x - mean| > q * sd * sqrt(1 + 1/n), q the t
-  quantile (df of the pool) with the two-sided tail of a normal `max_z` (`limit_q`). With no pooled spread (every
-  point has one baseline run: a pinned baseline, the second sweep) nothing bounds the sweep-to-sweep drift: only a
-  change of GROSS_FACTOR x `min_rel_change` is flagged, and with repeats it must also leave this run's 95 % interval
-  (the repeats' interval bounds the noise within one sweep, never the drift between sweeps, so it never decides
-  alone).
+  `probe.repeats` in the recent history (`pooled_noise`; 4 points x 5 runs give 16 degrees of freedom where one
+  point's 5 runs give 4). A new value is flagged when it is at least `min_rel_change` from the baseline's geometric
+  mean AND outside the Student-t prediction interval for one new value: |log x - mean| > q * sd * sqrt(1 + 1/n), n
+  the point's baseline runs, q the t quantile (df of the pool) with the two-sided tail of a normal `max_z`
+  (`limit_q`). With no spread between sweeps (no point has 2 earlier runs: the second sweep ever) a noisy metric is
+  not judged (status `no spread`): its change is shown, never flagged. This run's repeats do not replace it: their
+  95 % interval bounds the noise within one sweep, not the drift between sweeps (a loaded host moves every value of
+  a sweep together), so on a shared machine it would flag the drift.
 """
 
 from __future__ import annotations
@@ -25,17 +25,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from orchestrator.config.settings import RegressSettings
-from specsweep_vocab.stats import interval
 
 # metric -> +1 when higher is better, -1 when lower is better
 EXACT_METRICS = {"commit_len_mean": +1, "accept_rate": +1}
 NOISY_METRICS = {"decode_tok_s": +1, "throughput_tok_s": +1, "verify_step_ms": -1}
 METRICS = {**EXACT_METRICS, **NOISY_METRICS}
-# with no pooled spread (one baseline run per point), only a change this many times min_rel_change is flagged
-GROSS_FACTOR = 5.0
 EXACT_TOLERANCE = 1e-9  # relative: float formatting through MLflow, never a measured difference
 
 REGRESSION, IMPROVEMENT, UNCHANGED, NO_BASELINE = "regression", "improvement", "unchanged", "no baseline"
+NO_SPREAD = "no spread"  # a noisy metric with no sweep-to-sweep spread to judge it by: shown, never flagged
 
 
 @dataclass(frozen=True)
@@ -79,7 +77,7 @@ def limit_q(max_z: float, df: int) -> float:
 class Verdict:
     metric: str
     kind: str  # exact | noisy
-    status: str  # regression | improvement | unchanged | no baseline
+    status: str  # regression | improvement | unchanged | no baseline | no spread
     current: float
     baseline: float  # exact: the baseline's value; noisy: its geometric mean (median when not all positive)
     n_baseline: int  # baseline runs
@@ -120,7 +118,7 @@ def _exact(metric: str, baseline: Sequence[float], x: float) -> Verdict:
 def judge(metric: str, baseline: Sequence[float], current: Sequence[float], settings: RegressSettings,
           noise: Noise | None = None) -> Verdict:
     """`baseline`: one value per baseline run (its mean over repeats), oldest first; `current`: this run's repeats;
-    `noise`: the metric's pooled spread over the baseline's points (`pooled_noise`); None: this point's own."""
+    `noise`: the metric's pooled spread over the sweep's points (`pooled_noise`); None: this point's own baseline's."""
     if not current:
         raise ValueError(f"{metric}: no current value to judge")
     x = statistics.fmean(current)
@@ -146,15 +144,9 @@ def judge(metric: str, baseline: Sequence[float], current: Sequence[float], sett
                f"{z:+.1f} prediction sd (limit {q:.2f}: t, df {noise.df}, tail of z {settings.max_z:g}; "
                f"min {settings.min_rel_change:.0%}){note}")
     else:
-        gross = abs(rel) >= GROSS_FACTOR * settings.min_rel_change
-        why = (f"baseline {center:.4g} of {len(baseline)} run(s), no spread between sweeps to judge by: change "
-               f"{rel:+.1%}, flagged from {GROSS_FACTOR * settings.min_rel_change:.0%} ({GROSS_FACTOR:g} x "
-               f"min_rel_change)")
-        flagged = gross
-        if len(current) > 1:  # the repeats bound the noise within this sweep, not the drift between sweeps
-            ci = interval(current)
-            flagged = gross and abs(delta) > ci.half_width
-            why += f" and outside this run's 95 % interval {ci}"
-        why += note
+        return Verdict(metric, "noisy", NO_SPREAD, x, center, len(baseline), rel, None,
+                       f"not judged: baseline {center:.4g} of {len(baseline)} run(s) and no point of this engine with 2 "
+                       f"earlier runs, so no spread between sweeps to judge a noisy metric by (change {rel:+.1%}; this "
+                       f"run's repeats bound the noise within one sweep, not the drift between sweeps){note}")
     status = _direction(metric, delta) if flagged else UNCHANGED
     return Verdict(metric, "noisy", status, x, center, len(baseline), rel, z, why, q)
