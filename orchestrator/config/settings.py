@@ -54,7 +54,8 @@ class RegressSettings:
     history: int = field(default=5, metadata=domain(Int(1, 1000)))
     # noisy metrics: a change under this fraction of the baseline is never flagged
     min_rel_change: float = field(default=0.03, metadata=domain(Num(0, 1)))
-    # noisy metrics: flagged when |x - median| > max_z * 1.4826 * MAD of the baseline
+    # noisy metrics: flagged outside the Student-t prediction interval whose two-sided tail is a normal's at max_z,
+    # with the spread between sweeps pooled over the points (regress/verdict.py; docs/schedule.md, "Noise model")
     max_z: float = field(default=4.0, metadata=domain(Num(0, 1000, lo_open=True)))
 
 

@@ -1,19 +1,28 @@
 """Compare one parent run's points with their baseline: verdicts per point and metric, attribution, patterns.
 Pure over a loaded `History` (orchestrator/results/regress/history.py): no MLflow here.
 
+A noisy metric outside its limit on one point only is a **single excursion** until something confirms it (`confirm`):
+a stall of a loaded host hits one probe of one point, a real change (an engine build, a driver, a drafter) hits every
+point it touches and stays. Confirmed by: the same metric moving the same way on another point of the sweep; an
+exact metric of the point changing; the median of the point's repeats (3 or more) outside the limit too; or the
+point's previous run outside the same band the same way (two sweeps in a row). Unconfirmed: status `excursion`,
+shown, never flagged.
+
     compare(history, current_id, baseline, settings) -> Comparison
 """
 
 from __future__ import annotations
 
+import dataclasses
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from orchestrator.config.settings import RegressSettings
 from orchestrator.results.regress.attribution import (GridPoint, differences, drafter_or_pipeline, grid_pattern,
                                                       node_of)
-from orchestrator.results.regress.history import Baseline, History, PointRun, means
-from orchestrator.results.regress.verdict import METRICS, REGRESSION, Noise, Verdict, judge, pooled_noise
+from orchestrator.results.regress.history import Baseline, History, PointRun, means, select_baseline
+from orchestrator.results.regress.verdict import EXCURSION, METRICS, REGRESSION, Noise, Verdict, judge, pooled_noise
 from specsweep_vocab.stats import Interval, interval
 
 
@@ -24,6 +33,8 @@ class PointResult:
     verdicts: tuple[Verdict, ...]
     intervals: dict[str, Interval]  # this run's mean and 95 % interval per metric (repeats)
     differences: tuple[str, ...]  # attribution tags that differ from the baseline runs
+    # flagged noisy metrics whose median over 3+ repeats is outside the limit too (a stall moves one repeat)
+    repeats_agree: frozenset[str] = frozenset()
 
     @property
     def flagged(self) -> tuple[Verdict, ...]:
@@ -97,23 +108,93 @@ def pooled(runs: Sequence[PointRun], parents: Baseline) -> dict[tuple[tuple[str,
 def judge_point(run: PointRun, baseline_runs: Sequence[PointRun], settings: RegressSettings,
                 noise: dict[str, Noise | None] | None = None) -> PointResult:
     """`noise`: metric -> its pooled spread over the sweep's points (`pooled`); absent: this point's own."""
-    verdicts, intervals = [], {}
+    verdicts, intervals, agree = [], {}, set()
     for metric in METRICS:
         current = run.values(metric)
         if not current:
             continue
         intervals[metric] = interval(current)
-        verdicts.append(judge(metric, means(baseline_runs, metric), current, settings, (noise or {}).get(metric)))
+        base, spread = means(baseline_runs, metric), (noise or {}).get(metric)
+        v = judge(metric, base, current, settings, spread)
+        verdicts.append(v)
+        if v.flagged and len(current) >= 3 and \
+                judge(metric, base, [statistics.median(current)], settings, spread).status == v.status:
+            agree.add(metric)
     diffs = tuple(differences(run.tags, [b.tags for b in baseline_runs])) if baseline_runs else ()
-    return PointResult(run, grid_point(run), tuple(verdicts), intervals, diffs)
+    return PointResult(run, grid_point(run), tuple(verdicts), intervals, diffs, frozenset(agree))
+
+
+def raw_points(history: History, ref_id: str, runs: Sequence[PointRun], baseline: Baseline,
+               settings: RegressSettings) -> tuple[PointResult, ...]:
+    """`runs` judged against `baseline` with the spread `ref_id`'s comparison uses, before any confirmation."""
+    noise = pooled(runs, noise_parents(history, ref_id, baseline, settings))
+    return tuple(judge_point(r, baseline.runs_of(r.point_key), settings,
+                             {m: noise.get((noise_group(r), m)) for m in METRICS}) for r in runs)
+
+
+def _previous(history: History, current_id: str) -> str | None:
+    current = history.by_id(current_id)
+    earlier = [p for p in history.parents if p.run_id != current_id
+               and (current is None or p.start_time < current.start_time)]
+    return earlier[-1].run_id if earlier else None
+
+
+def confirm(history: History, current_id: str, points: tuple[PointResult, ...],
+            settings: RegressSettings) -> tuple[PointResult, ...]:
+    """Each flagged noisy verdict confirmed (module docstring) or turned into an `excursion` (not flagged)."""
+    moved: dict[tuple[str, str], int] = {}
+    for p in points:
+        for v in p.flagged:
+            moved[(v.metric, v.status)] = moved.get((v.metric, v.status), 0) + 1
+    persistent: set[tuple[str, str, str]] | None = None
+    out = []
+    for p in points:
+        exact = [v.metric for v in p.flagged if v.kind == "exact"]
+        verdicts = []
+        for v in p.verdicts:
+            if not v.flagged or v.kind == "exact":
+                verdicts.append(v)
+                continue
+            why = None
+            if moved[(v.metric, v.status)] > 1:
+                why = f"confirmed: {v.metric} moved the same way on {moved[(v.metric, v.status)] - 1} other point(s)"
+            elif exact:
+                why = f"confirmed: the exact {', '.join(exact)} of this point changed too"
+            elif v.metric in p.repeats_agree:
+                why = f"confirmed: the median of its {len(p.run.values(v.metric))} repeats is outside the limit too"
+            if why is None:
+                if persistent is None:
+                    persistent = _persistent(history, current_id, points, settings)
+                if (p.run.point_key, v.metric, v.status) in persistent:
+                    why = "confirmed: its previous run was outside the same band the same way (two sweeps in a row)"
+            verdicts.append(dataclasses.replace(v, why=f"{v.why}; {why}") if why else dataclasses.replace(
+                v, status=EXCURSION, why=f"{v.why}; NOT confirmed: one point, one sweep, no exact metric moved "
+                "(a stall of a loaded host looks like this; flagged when the next sweep repeats it)"))
+        out.append(dataclasses.replace(p, verdicts=tuple(verdicts)))
+    return tuple(out)
+
+
+def _persistent(history: History, current_id: str, points: tuple[PointResult, ...],
+                settings: RegressSettings) -> set[tuple[str, str, str]]:
+    """(point_key, metric, status) where the previous sweep's run and this one are both outside the band of the
+    previous sweep's baseline, the same way."""
+    prev_id = _previous(history, current_id)
+    prev = history.by_id(prev_id) if prev_id is not None else None
+    if prev_id is None or prev is None:
+        return set()
+    base = select_baseline(None, history, prev_id, settings)
+    if not base.parents:
+        return set()
+    before = raw_points(history, prev_id, prev.children, base, settings)
+    now = raw_points(history, prev_id, [p.run for p in points], base, settings)
+    flagged_before = {(p.run.point_key, v.metric, v.status) for p in before for v in p.flagged}
+    return {(p.run.point_key, v.metric, v.status) for p in now for v in p.flagged} & flagged_before
 
 
 def compare(history: History, current_id: str, baseline: Baseline, settings: RegressSettings) -> Comparison:
     current = history.by_id(current_id)
     runs = current.children if current else ()
-    noise = pooled(runs, noise_parents(history, current_id, baseline, settings))
-    points = tuple(judge_point(r, baseline.runs_of(r.point_key), settings,
-                               {m: noise.get((noise_group(r), m)) for m in METRICS}) for r in runs)
+    points = confirm(history, current_id, raw_points(history, current_id, runs, baseline, settings), settings)
     grid = [p.point for p in points]
     patterns, notes = [], []
     for metric in METRICS:

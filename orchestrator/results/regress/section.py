@@ -19,7 +19,7 @@ from orchestrator.results.regress.changepoints import change_points
 from orchestrator.results.regress.compare import Comparison, PointResult, compare
 from orchestrator.results.regress.history import BaselineError, History, load_history, point_series, select_baseline
 from orchestrator.results.regress.history import settings_of
-from orchestrator.results.regress.verdict import NO_BASELINE, NO_SPREAD
+from orchestrator.results.regress.verdict import EXCURSION, NO_BASELINE, NO_SPREAD
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,11 @@ def render(c: Comparison, history: History, plots: list[Path]) -> str:
     if unjudged:
         lines.append(f"Not judged: {', '.join(unjudged)} (noisy; no point has 2 earlier runs yet, so there is no "
                      "spread between sweeps to judge them by; the exact metrics are judged).")
+    excursions = [f"{p.run.name} {v.metric} {v.rel_change:+.1%}" for p in c.points for v in p.verdicts
+                  if v.status == EXCURSION]
+    if excursions:
+        lines.append(f"Not confirmed (one point, one sweep, nothing else moved: not flagged; flagged if the next sweep "
+                     f"repeats it): {'; '.join(excursions)}.")
     lines.append("")
     if flagged:
         lines += ["| point | metric | kind | baseline | now | change | verdict | why |", "|---|---|---|---|---|---|---|---|"]

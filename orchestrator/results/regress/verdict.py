@@ -34,6 +34,7 @@ EXACT_TOLERANCE = 1e-9  # relative: float formatting through MLflow, never a mea
 
 REGRESSION, IMPROVEMENT, UNCHANGED, NO_BASELINE = "regression", "improvement", "unchanged", "no baseline"
 NO_SPREAD = "no spread"  # a noisy metric with no sweep-to-sweep spread to judge it by: shown, never flagged
+EXCURSION = "excursion"  # outside the limit on one point, one sweep, unconfirmed (compare.confirm): never flagged
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ def limit_q(max_z: float, df: int) -> float:
 class Verdict:
     metric: str
     kind: str  # exact | noisy
-    status: str  # regression | improvement | unchanged | no baseline | no spread
+    status: str  # regression | improvement | unchanged | no baseline | no spread | excursion
     current: float
     baseline: float  # exact: the baseline's value; noisy: its geometric mean (median when not all positive)
     n_baseline: int  # baseline runs
