@@ -21,8 +21,10 @@ from dataclasses import dataclass
 from orchestrator.config.settings import RegressSettings
 from orchestrator.results.regress.attribution import (GridPoint, differences, drafter_or_pipeline, grid_pattern,
                                                       node_of)
-from orchestrator.results.regress.history import Baseline, History, PointRun, means, select_baseline
-from orchestrator.results.regress.verdict import EXCURSION, METRICS, REGRESSION, Noise, Verdict, judge, pooled_noise
+from orchestrator.results.regress.history import (Baseline, BaselineError, History, PointRun, means,
+                                                  select_baseline)
+from orchestrator.results.regress.verdict import (EXCURSION, METRICS, NO_BASELINE, NO_SPREAD, REGRESSION, Noise,
+                                                  Verdict, judge, pooled_noise)
 from specsweep_vocab.stats import Interval, interval
 
 
@@ -141,54 +143,64 @@ def _previous(history: History, current_id: str) -> str | None:
 
 def confirm(history: History, current_id: str, points: tuple[PointResult, ...],
             settings: RegressSettings) -> tuple[PointResult, ...]:
-    """Each flagged noisy verdict confirmed (module docstring) or turned into an `excursion` (not flagged)."""
+    """Each flagged noisy verdict confirmed (module docstring) or turned into an `excursion` (not flagged); a noisy
+    metric outside the band of the previous sweep's baseline in this sweep and the previous one, the same way, is
+    flagged as judged against that baseline (the previous excursion would otherwise widen its own band)."""
     moved: dict[tuple[str, str], int] = {}
     for p in points:
         for v in p.flagged:
             moved[(v.metric, v.status)] = moved.get((v.metric, v.status), 0) + 1
-    persistent: set[tuple[str, str, str]] | None = None
+    persistent = _persistent(history, current_id, points, settings)
     out = []
     for p in points:
         exact = [v.metric for v in p.flagged if v.kind == "exact"]
         verdicts = []
         for v in p.verdicts:
-            if not v.flagged or v.kind == "exact":
+            if v.kind == "exact" or v.status in (NO_BASELINE, NO_SPREAD):
                 verdicts.append(v)
                 continue
             why = None
-            if moved[(v.metric, v.status)] > 1:
+            if v.flagged and moved[(v.metric, v.status)] > 1:
                 why = f"confirmed: {v.metric} moved the same way on {moved[(v.metric, v.status)] - 1} other point(s)"
-            elif exact:
+            elif v.flagged and exact:
                 why = f"confirmed: the exact {', '.join(exact)} of this point changed too"
-            elif v.metric in p.repeats_agree:
+            elif v.flagged and v.metric in p.repeats_agree:
                 why = f"confirmed: the median of its {len(p.run.values(v.metric))} repeats is outside the limit too"
-            if why is None:
-                if persistent is None:
-                    persistent = _persistent(history, current_id, points, settings)
-                if (p.run.point_key, v.metric, v.status) in persistent:
-                    why = "confirmed: its previous run was outside the same band the same way (two sweeps in a row)"
-            verdicts.append(dataclasses.replace(v, why=f"{v.why}; {why}") if why else dataclasses.replace(
-                v, status=EXCURSION, why=f"{v.why}; NOT confirmed: one point, one sweep, no exact metric moved "
-                "(a stall of a loaded host looks like this; flagged when the next sweep repeats it)"))
+            if why is not None:
+                verdicts.append(dataclasses.replace(v, why=f"{v.why}; {why}"))
+            elif (twice := persistent.get((p.run.point_key, v.metric))) is not None:
+                verdicts.append(dataclasses.replace(twice, why=f"{twice.why}; confirmed: its previous run was outside "
+                                                    "this band the same way (two sweeps in a row, judged against the "
+                                                    "baseline before the first)"))
+            elif v.flagged:
+                verdicts.append(dataclasses.replace(v, status=EXCURSION, why=f"{v.why}; NOT confirmed: one point, one "
+                                                    "sweep, no exact metric moved (a stall of a loaded host looks "
+                                                    "like this; flagged when the next sweep repeats it)"))
+            else:
+                verdicts.append(v)
         out.append(dataclasses.replace(p, verdicts=tuple(verdicts)))
     return tuple(out)
 
 
 def _persistent(history: History, current_id: str, points: tuple[PointResult, ...],
-                settings: RegressSettings) -> set[tuple[str, str, str]]:
-    """(point_key, metric, status) where the previous sweep's run and this one are both outside the band of the
-    previous sweep's baseline, the same way."""
+                settings: RegressSettings) -> dict[tuple[str, str], Verdict]:
+    """(point_key, metric) -> this run's verdict against the previous sweep's baseline, where the previous sweep's
+    run and this one are both outside that band, the same way."""
     prev_id = _previous(history, current_id)
     prev = history.by_id(prev_id) if prev_id is not None else None
     if prev_id is None or prev is None:
-        return set()
-    base = select_baseline(None, history, prev_id, settings)
+        return {}
+    try:
+        base = select_baseline(None, history, prev_id, settings)
+    except BaselineError:  # the previous sweep is the pinned baseline itself
+        return {}
     if not base.parents:
-        return set()
+        return {}
     before = raw_points(history, prev_id, prev.children, base, settings)
     now = raw_points(history, prev_id, [p.run for p in points], base, settings)
-    flagged_before = {(p.run.point_key, v.metric, v.status) for p in before for v in p.flagged}
-    return {(p.run.point_key, v.metric, v.status) for p in now for v in p.flagged} & flagged_before
+    flagged_before = {(p.run.point_key, v.metric, v.status) for p in before for v in p.flagged if v.kind == "noisy"}
+    return {(p.run.point_key, v.metric): v for p in now for v in p.flagged
+            if (p.run.point_key, v.metric, v.status) in flagged_before}
 
 
 def compare(history: History, current_id: str, baseline: Baseline, settings: RegressSettings) -> Comparison:

@@ -8,14 +8,16 @@ points changed (the worse n-gram matcher), 4 of 8 quiet stub points slower."""
 
 from __future__ import annotations
 
+import json
 import statistics
+from typing import Any
 
 import pytest
 
 from orchestrator.config.settings import RegressSettings
 from orchestrator.results.regress.compare import Comparison, compare
 from orchestrator.results.regress.history import History, ParentRun, PointRun, select_baseline
-from orchestrator.results.regress.verdict import NO_SPREAD, Noise, judge, limit_q, pooled_noise
+from orchestrator.results.regress.verdict import EXCURSION, NO_SPREAD, REGRESSION, Noise, judge, limit_q, pooled_noise
 
 S = RegressSettings()
 REF = ("novel/ngram", "novel/oracle", "predictable/ngram", "predictable/oracle")
@@ -32,12 +34,17 @@ COMMIT = {"novel/ngram": 1.333, "novel/oracle": 5.0, "predictable/ngram": 5.0, "
 
 
 def point(parent: str, name: str, metrics: dict[str, float], node: str = "vm", engine: str = "reference") -> PointRun:
-    return PointRun(f"{parent}-{name}", parent, name, name, metrics, {"host": node, "engine": engine},
+    """`metrics` values: a number, or a list (the run's repeats, as the `<metric>.repeats` tag carries them)."""
+    tags = {"host": node, "engine": engine}
+    tags |= {f"{k}.repeats": json.dumps(v) for k, v in metrics.items() if isinstance(v, list)}
+    means = {k: statistics.fmean(v) if isinstance(v, list) else v for k, v in metrics.items()}
+    return PointRun(f"{parent}-{name}", parent, name, name, means, tags,
                     {"probe.kind": name.split("/")[0], "drafter.name": name.split("/")[-1],
-                     "drafter.is_oracle": str(name.endswith("oracle"))})
+                     "drafter.is_oracle": str(name.endswith("oracle")),
+                     "probe.repeats": str(max([len(v) for v in metrics.values() if isinstance(v, list)] or [1]))})
 
 
-def history(sweeps: list[dict[str, dict[str, float]]], nodes: dict[str, str] | None = None) -> History:
+def history(sweeps: list[dict[str, dict[str, Any]]], nodes: dict[str, str] | None = None) -> History:
     return History(tuple(ParentRun(f"p{i}", 1000 * i, "FINISHED", {},
                                     tuple(point(f"p{i}", n, m, (nodes or {}).get(n, "vm")) for n, m in pts.items()))
                          for i, pts in enumerate(sweeps)))
@@ -152,3 +159,43 @@ def test_pooled_noise_and_the_small_sample_limit():
     z5 = judge("decode_tok_s", [100.0] * 5, [90.0], S, noise).z
     assert z1 is not None and z5 is not None and abs(z1) < abs(z5)
     assert z5 / z1 == pytest.approx((2 / 1.2) ** 0.5)
+
+
+def status_of(c: Comparison, name: str, metric: str) -> str:
+    return next(v.status for p in c.points if p.run.name == name for v in p.verdicts if v.metric == metric)
+
+
+def test_a_lone_excursion_is_shown_not_flagged_until_the_next_sweep_repeats_it():
+    """The stall shape of this loaded VM (stub, 2026-12-03: one point's throughput 0.90x in one sweep, nothing else
+    moved): not flagged; the same change again in the next sweep is flagged."""
+    sweeps = stub_sweeps(7)
+    lone = "novel256/ngram"
+    stalled = {n: ({"decode_tok_s": m["decode_tok_s"] * 0.9} if n == lone else m) for n, m in sweeps[5].items()}
+    c = judged(history(sweeps[:5] + [stalled]), 5)
+    assert flagged(c) == set() and status_of(c, lone, "decode_tok_s") == EXCURSION
+    assert "NOT confirmed" in next(v.why for p in c.points for v in p.verdicts if v.status == EXCURSION)
+    back = judged(history(sweeps[:5] + [stalled, sweeps[6]]), 6)  # a stall: the next sweep is normal again
+    assert flagged(back) == set()
+    again = {n: ({"decode_tok_s": m["decode_tok_s"] * 0.9} if n == lone else m) for n, m in sweeps[6].items()}
+    c = judged(history(sweeps[:5] + [stalled, again]), 6)  # a real change of one point: two sweeps in a row
+    assert flagged(c) == {(lone, "decode_tok_s")} and status_of(c, lone, "decode_tok_s") == REGRESSION
+    assert "two sweeps in a row" in next(v.why for p in c.points for v in p.flagged)
+
+
+def test_a_lone_change_is_confirmed_by_an_exact_metric_of_the_point_or_by_the_median_of_its_repeats():
+    sweeps = stub_sweeps(6)
+    lone = "novel64/ngram"
+    exact = [{n: {**m, "commit_len_mean": 3.0} for n, m in s.items()} for s in sweeps]
+    exact[5][lone] = {"decode_tok_s": exact[5][lone]["decode_tok_s"] * 0.9, "commit_len_mean": 2.5}
+    assert flagged(judged(history(exact), 5)) == {(lone, "decode_tok_s"), (lone, "commit_len_mean")}
+
+    def repeats(sweep: dict[str, dict[str, float]], scale: tuple[float, float, float]) -> dict[str, dict[str, Any]]:
+        return {n: {"decode_tok_s": [m["decode_tok_s"] * (f if n == lone else 1.0) for f in scale]}
+                for n, m in sweep.items()}
+
+    base = [repeats(s, (1.0, 1.001, 0.999)) for s in sweeps[:5]]
+    slower = judged(history(base + [repeats(sweeps[5], (0.9, 0.91, 0.89))]), 5)  # every repeat slower
+    assert flagged(slower) == {(lone, "decode_tok_s")}
+    assert "median of its 3 repeats" in next(v.why for p in slower.points for v in p.flagged)
+    stall = judged(history(base + [repeats(sweeps[5], (0.7, 1.0, 1.0))]), 5)  # one repeat stalled: mean -10 %
+    assert flagged(stall) == set() and status_of(stall, lone, "decode_tok_s") == EXCURSION
