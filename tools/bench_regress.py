@@ -17,9 +17,12 @@ flock on FILE, given back between sweeps every `--hold-s` seconds, so other jobs
    one context: `--reference` identical sweeps, then one with `SPECSWEEP_BENCH_NGRAM_MAX_STEPS=1` in the ngram
    engine's environment (workers/reference/speculative.py: a worse n-gram matcher no flag or grid point shows).
 3. The smallest decode_tok_s drop detected on exactly the 4 stub ngram points, at probe.repeats N = 1, 3 and 5 (N
-   prompts a point, each a different text of its kind: workers/prompts.py), with 5 baseline sweeps and with 1 (where
-   the verdict has no history spread and uses the run's own 95 % interval over its repeats), at the default 3 %
-   `min_rel_change` and at 0 (what the noise alone allows).
+   prompts a point, each a different text of its kind: workers/prompts.py), with 5, 2 and 1 baseline sweeps (with 1
+   there is no spread between sweeps: the noisy metrics are not judged), at the default 3 % `min_rel_change` and at
+   0 (what the noise alone allows).
+
+`--rejudge DB` judges a kept store's identical reference sweeps again (`--store DB` keeps one): flagged, not judged,
+unconfirmed excursions and the largest |z| / limit, at several max_z.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from orchestrator.config.settings import RegressSettings
 from orchestrator.results.regress.compare import Comparison, compare
 from orchestrator.results.regress.history import load_history, select_baseline
 from orchestrator.results.regress.section import changes_section
-from orchestrator.results.regress.verdict import NO_SPREAD
+from orchestrator.results.regress.verdict import EXCURSION, NO_SPREAD
 from orchestrator.results.tracking import Tracker
 from specsweep_vocab.spec import ProbeKind, ProbeSpec, RunSpec, RunState, ServerGroup, stable_hash
 from tools.testing import stub_server
@@ -175,48 +178,53 @@ def flagged(c: Comparison | None, metrics=None) -> set[tuple[str, str]]:
     return {(p.run.name, v.metric) for p in c.points for v in p.flagged if metrics is None or v.metric in metrics}
 
 
-def identical(tracker: Tracker, groups, work: Path, n: int, lock: PieceLock) -> tuple[list, int, int]:
-    alarms, judged, unjudged = [], 0, 0
+def identical(tracker: Tracker, groups, work: Path, n: int, lock: PieceLock) -> tuple[list, int, int, list]:
+    alarms, judged, unjudged, excursions = [], 0, 0, []
     for i in range(n):
         _, c = sweep(tracker, groups, work, lock=lock)
         alarms += [(i + 1, *f) for f in sorted(flagged(c))]
         judged += sum(1 for p in (c.points if c else ()) for v in p.verdicts if v.n_baseline > 0)
         unjudged += sum(1 for p in (c.points if c else ()) for v in p.verdicts if v.status == NO_SPREAD)
+        excursions += [(i + 1, p.run.name, v.metric, f"{v.rel_change:+.1%}") for p in (c.points if c else ())
+                       for v in p.verdicts if v.status == EXCURSION]
         log.warning("%s sweep %d/%d: %d flagged so far", tracker.experiment, i + 1, n, len(alarms))
-    return alarms, judged, unjudged
+    return alarms, judged, unjudged, excursions
 
 
 def rejudge(client, experiment: str, settings: RegressSettings,
-            last: int | None = None) -> tuple[list, int, int, float]:
+            last: int | None = None) -> tuple[list, int, int, list, float]:
     """The experiment's sweeps judged again, each against the ones before it, with `settings` (no new sweep: what
     another min_rel_change or max_z would have said of the same measurements). `last`: leave out the last sweeps
     from this index on (a detection sweep). Also the closest call: the largest |z| / limit of a noisy verdict."""
     history = load_history(client, client.get_experiment_by_name(experiment).experiment_id)
-    alarms, judged, unjudged, closest = [], 0, 0, 0.0
+    alarms, judged, unjudged, excursions, closest = [], 0, 0, [], 0.0
     for i, parent in enumerate(history.parents[:last]):
         c = compare(history, parent.run_id, select_baseline(client, history, parent.run_id, settings), settings)
         alarms += [(i + 1, *f) for f in sorted(flagged(c))]
         judged += sum(1 for p in c.points for v in p.verdicts if v.n_baseline > 0)
         unjudged += sum(1 for p in c.points for v in p.verdicts if v.status == NO_SPREAD)
+        excursions += [(i + 1, p.run.name, v.metric, f"{v.rel_change:+.1%}") for p in c.points for v in p.verdicts
+                       if v.status == EXCURSION]
         closest = max([closest] + [abs(v.z) / v.limit for p in c.points for v in p.verdicts
                                    if v.z is not None and v.limit])
-    return alarms, judged, unjudged, closest
+    return alarms, judged, unjudged, excursions, closest
 
 
 def rejudge_rows(client, experiment: str, what: str, last: int | None) -> list[tuple[str, str, str]]:
     rows = []
     for min_rel, max_z in ((0.03, 3.0), (0.03, 3.5), (0.03, 4.0), (0.1, 4.0)):
-        alarms, judged, unjudged, closest = rejudge(client, experiment,
-                                                    RegressSettings(min_rel_change=min_rel, max_z=max_z), last)
+        alarms, judged, unjudged, excursions, closest = rejudge(
+            client, experiment, RegressSettings(min_rel_change=min_rel, max_z=max_z), last)
         rows.append((f"false alarms: {what}, the same sweeps re-judged", f"min_rel_change={min_rel:g}, "
-                     f"max_z={max_z:g}", alarm_text(alarms, judged, unjudged) + f"; closest call |z|/limit "
+                     f"max_z={max_z:g}", alarm_text(alarms, judged, unjudged, excursions) + f"; largest |z|/limit "
                      f"{closest:.2f}"))
     return rows
 
 
-def alarm_text(alarms: list, judged: int, unjudged: int = 0) -> str:
+def alarm_text(alarms: list, judged: int, unjudged: int = 0, excursions: list | None = None) -> str:
     return (f"{len(alarms)} flagged of {judged} verdicts" + (f" ({unjudged} noisy ones not judged: no spread between "
-            "sweeps yet)" if unjudged else "") + (f": {alarms[:4]}" if alarms else ""))
+            "sweeps yet)" if unjudged else "") + (f": {alarms[:4]}" if alarms else "")
+            + (f"; {len(excursions)} unconfirmed excursion(s), not flagged: {excursions[:4]}" if excursions else ""))
 
 
 def detection_text(c: Comparison | None, expected: set[str]) -> str:
@@ -236,10 +244,10 @@ def stub_rows(uri: str, work: Path, sweeps: int, gen_tokens: int, lock: PieceLoc
     groups = stub_grid(gen_tokens)
     ngram = {r.name for r in groups[0].runs}
     tracker = Tracker(uri, "bench-identical")
-    alarms, judged, unjudged = identical(tracker, groups, work, sweeps, lock)
+    alarms, judged, unjudged, excursions = identical(tracker, groups, work, sweeps, lock)
     _, c = sweep(tracker, groups, work, env={"ngram": {ENV_BENCH_SLOWDOWN: "1.3"}}, lock=lock)
     return [("false alarms: stub, identical sweeps", f"{sweeps} sweeps x 8 points",
-             alarm_text(alarms, judged, unjudged)),
+             alarm_text(alarms, judged, unjudged, excursions)),
             ("detection: ngram stub token time x1.3 (env, not in the point)", "expected: the 4 ngram points",
              detection_text(c, ngram) + f"; regression tag: {c.tag() if c else '?'}")]
 
@@ -248,10 +256,10 @@ def reference_rows(uri: str, work: Path, sweeps: int, lock: PieceLock) -> list[t
     groups = reference_grid(work)
     ngram = {r.name for g in groups for r in g.runs if g.server.drafter.name == "ngram"}
     tracker = Tracker(uri, "bench-ref")
-    alarms, judged, unjudged = identical(tracker, groups, work, sweeps, lock)
+    alarms, judged, unjudged, excursions = identical(tracker, groups, work, sweeps, lock)
     _, c = sweep(tracker, groups, work, env={"ngram": {ENV_WORSE_NGRAM: "1"}}, lock=lock)
     return [("false alarms: reference engine, SmolLM2-135M, identical sweeps",
-             f"{sweeps} sweeps x 4 points (ctx 512, 32 tokens)", alarm_text(alarms, judged, unjudged)),
+             f"{sweeps} sweeps x 4 points (ctx 512, 32 tokens)", alarm_text(alarms, judged, unjudged, excursions)),
             ("detection: reference ngram matcher capped at 1 draft token (env, not in the point)",
              "expected: the 2 ngram points", detection_text(c, ngram) + f"; regression tag: {c.tag() if c else '?'}"),
             *rejudge_rows(tracker.client, tracker.experiment, "reference engine", last=sweeps)]
@@ -285,7 +293,7 @@ def main() -> int:
     ap.add_argument("--sweeps", type=int, default=10, help="identical stub sweeps (0: skip the stub rows)")
     ap.add_argument("--gen-tokens", type=int, default=32)
     ap.add_argument("--repeats", default="1,3,5", help="probe.repeats to find the smallest drop at ('': skip)")
-    ap.add_argument("--histories", default="5,1", help="baseline sweeps for the smallest drop")
+    ap.add_argument("--histories", default="5,2,1", help="baseline sweeps for the smallest drop")
     ap.add_argument("--reference", type=int, default=0, help="identical reference-engine sweeps (0: skip)")
     ap.add_argument("--lock", default=None, help="flock this file around the sweeps, in pieces (a shared machine)")
     ap.add_argument("--hold-s", type=float, default=60.0, help="give the lock back after a sweep past this long")

@@ -199,3 +199,23 @@ def test_a_lone_change_is_confirmed_by_an_exact_metric_of_the_point_or_by_the_me
     assert "median of its 3 repeats" in next(v.why for p in slower.points for v in p.flagged)
     stall = judged(history(base + [repeats(sweeps[5], (0.7, 1.0, 1.0))]), 5)  # one repeat stalled: mean -10 %
     assert flagged(stall) == set() and status_of(stall, lone, "decode_tok_s") == EXCURSION
+
+
+@pytest.mark.parametrize("override, allowed", [("regress.max_z=0", "(0, 1000]"),
+                                               ("regress.min_rel_change=1.5", "[0, 1]"),
+                                               ("regress.history=0", "[1, 1000]")])
+def test_regress_settings_keep_their_declared_domains(override, allowed):
+    from hydra import compose, initialize_config_module
+
+    from orchestrator.config.jobs import convert_and_validate
+    from orchestrator.config.schema import register_configs
+    from orchestrator.config.validate import ConfigError
+
+    register_configs()
+    with initialize_config_module("conf", version_base="1.3"):
+        cfg = compose("config", overrides=[override])
+    with pytest.raises(ConfigError) as e:
+        convert_and_validate([(cfg, [override])], sweep=False, cwd="/tmp")
+    key, value = override.split("=")
+    (p,) = [p for p in e.value.problems if p.key == key]
+    assert allowed in p.allowed and str(p).startswith(f"{key}=") and float(p.value) == float(value)

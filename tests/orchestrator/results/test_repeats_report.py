@@ -1,6 +1,7 @@
 """`probe.repeats` end to end below Ray: the real stub engine probed by GroupRunner, recorded by the real Tracker in
 a real MLflow store, read back by the report (mean ± 95 % interval in its tables, numbers in the CSV) and by the
-regression check (with one baseline run, this run's own interval over its repeats judges the noisy metrics)."""
+regression check (with one baseline run there is no spread between sweeps: the noisy metrics are shown, not judged,
+however tight this run's own interval over its repeats)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 
 from orchestrator.config.plan import Plan
 from orchestrator.results.regress.section import changes_section
+from orchestrator.results.regress.verdict import NO_SPREAD
 from orchestrator.results.report import write_report
 from orchestrator.results.tracking import Tracker
 from specsweep_vocab.spec import ProbeKind, ProbeSpec, RunSpec, RunState, ServerGroup, stable_hash
@@ -58,7 +60,8 @@ def test_repeats_reach_mlflow_the_report_tables_and_the_verdicts(tmp_path):
     assert changes.comparison is not None
     (point,) = changes.comparison.points
     verdict = next(v for v in point.verdicts if v.metric == "decode_tok_s")
-    assert verdict.n_baseline == 1 and "(n=3)" in verdict.why and "95 % interval" in verdict.why
+    assert verdict.n_baseline == 1 and verdict.status == NO_SPREAD and "repeats bound the noise within one sweep" \
+        in verdict.why
 
     report = write_report(client, parent, print_summary=False)
     summary = (tmp_path / "dl").mkdir() or client.download_artifacts(parent, "report/summary.md", str(tmp_path / "dl"))
@@ -70,3 +73,4 @@ def test_repeats_reach_mlflow_the_report_tables_and_the_verdicts(tmp_path):
     assert float(row["decode_tok_s"]) == float(f"{m['decode_tok_s']:.4g}")  # the CSV keeps numbers
     assert "| 64 |" in every_run  # a metric equal on every repeat (prompt_tokens) shows no interval
     assert report.diagnosis_md.startswith("# Changes since the last 1 FINISHED run(s) of this sweep")
+    assert "decode_tok_s" in report.diagnosis_md.split("Not judged: ")[1].splitlines()[0]
