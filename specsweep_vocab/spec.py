@@ -297,6 +297,10 @@ class ProbeSpec:
     path: str | None = field(default=None, metadata=domain(Text(4096, empty=True, what="a path"), NOT_IDENTITY))
     content_sha256: str | None = None  # file probe: identity is the file's content, not its path
     seed: int = 0  # novel text
+    # an instruction closing the prompt: context text + this, as one user turn in the model's chat template, with the
+    # assistant's turn opened (workers/prompts.py). Empty: the context text alone (a plain continuation).
+    task: str = field(default="", metadata=domain(Text(2000, empty=True, what="an instruction"),
+                                                  IDENTITY_IF_NOT_DEFAULT))
     temperature: float = 0.0
     # requests in flight at once (one client thread each)
     concurrency: int = field(default=1, metadata=domain(Int(1, 1024), IDENTITY_IF_NOT_DEFAULT))

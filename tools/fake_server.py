@@ -2,9 +2,11 @@
 real GroupRunner or probe against one.
 
     FakeServer: subclass it with get(path) -> Reply | None and post(path, body: bytes) -> Reply | None
-        (Reply = (status, body, content type); a dict/list body is sent as JSON; None is a 404); .base_url, .close(),
-        a context manager. A threaded http.server on 127.0.0.1, on a port the OS picks.
-    runner_on(server, base_url, work_dir) -> GroupRunner   its engine already running at base_url
+        (Reply = (status, body, content type); a dict/list body is sent as JSON; None is a 404, except GET /health,
+        which answers 200 as SGLang's does while it serves); .base_url, .close(), a context manager. A threaded
+        http.server on 127.0.0.1, on a port the OS picks.
+    runner_on(server, base_url, work_dir) -> GroupRunner   its engine already running at base_url, shown to the
+        runner as EngineProcess shows one (pid, alive, base_url, health_path: the runner's health watch polls it)
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from specsweep_vocab.spec import ServerSpec
 Reply = tuple[int, "str | bytes | dict | list", str]  # (status, body: a dict/list is sent as JSON, content type)
 JSON = "application/json"
 PROMETHEUS = "text/plain; version=0.0.4"
+HEALTH = "/health"  # SGLang's liveness route (workers.adapter.EngineAdapter.health_path)
 
 
 class FakeServer:
@@ -66,7 +69,8 @@ class FakeServer:
                 self.wfile.write(data)
 
             def do_GET(self):
-                self._send(fake.get(self.path))
+                reply = fake.get(self.path)
+                self._send(reply if reply is not None or self.path != HEALTH else (200, "", "text/plain"))
 
             def do_POST(self):
                 self._send(fake.post(self.path, self.rfile.read(int(self.headers.get("Content-Length") or 0))))
@@ -79,11 +83,17 @@ def runner_on(server: ServerSpec, base_url: str, work_dir: str | os.PathLike) ->
     runner's run path without an engine process."""
     from workers.runners import GroupRunner
 
+    runner = GroupRunner(server, Path(work_dir))
+
     class Engine:  # the running engine, as EngineProcess shows it to the runner
         pid, alive = os.getpid(), True
+        health_path = runner.adapter.health_path
 
         def __init__(self) -> None:
             self.base_url = base_url
+
+        def kill(self) -> None:  # the health watch's verdict on a server that stopped answering
+            self.alive = False
 
         def log_tail(self) -> str:
             return ""
@@ -94,6 +104,5 @@ def runner_on(server: ServerSpec, base_url: str, work_dir: str | os.PathLike) ->
         def stop(self) -> None:
             pass
 
-    runner = GroupRunner(server, Path(work_dir))
     runner.engine, runner.engine_starts = cast(Any, Engine()), 1
     return runner

@@ -11,6 +11,9 @@
     build_prompts(probe, engine, model_path) -> [Prompt, ...]   one per request of a run (probe.concurrency)
     repeat=r (both): the r-th of probe.repeats texts of the same kind: predictable = another seeded sentence of as
         many words, repeated; novel = another seed; file = the file from r/repeats of its length on, wrapped
+    probe.task (both): a closing instruction. The prompt is then one user turn of the model's chat template: the
+        probe's text, a blank line, the task; the assistant's turn opened. Still exactly context_len tokens (the
+        text is cut to fit between the template's frame). A model with no chat template is a ValueError.
     Prompt(input_ids | text).body()                             the /generate request's prompt field
 """
 
@@ -25,6 +28,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from specsweep_vocab.spec import EngineKind, ProbeKind, ProbeSpec
+from workers.reference.chat_template import reference_chat_frame, split_frame, task_messages
 from workers.reference.tokenizer import ByteTokenizer
 
 logger = logging.getLogger(__name__)
@@ -210,20 +214,31 @@ def build_prompt(probe: ProbeSpec, engine: EngineKind, model_path: str | None = 
 
     if engine is EngineKind.REFERENCE:
         tokenizer = reference_tokenizer(model_path)
-        if isinstance(tokenizer, ByteTokenizer):
-            return Prompt(input_ids=tuple(byte_encode(text(n))[:n]))  # every char is >= 1 byte
-        ids = _encode_exactly(text, n, tokenizer.encode)
-        if ids is None:
+        encode = byte_encode if isinstance(tokenizer, ByteTokenizer) else tokenizer.encode
+        frame = reference_chat_frame(model_path, probe.task) if probe.task else None
+    else:
+        hf = _hf_tokenizer(model_path)
+        if hf is None:
+            if probe.task:
+                raise ValueError(f"probe.task={probe.task!r} needs the chat template of {model_path}, and no "
+                                 "tokenizer for it loads on this host (transformers AutoTokenizer)")
+            return Prompt(text=text(n * CHARS_PER_TOKEN)[:n * CHARS_PER_TOKEN])
+        encode = functools.partial(hf.encode, add_special_tokens=False)
+        frame = split_frame(hf.apply_chat_template(task_messages(probe.task), tokenize=False,
+                                                   add_generation_prompt=True)) if probe.task else None
+    head, tail = (encode(frame[0]), encode(frame[1])) if frame else ([], [])
+    room = n - len(head) - len(tail)
+    if room < 1:
+        raise ValueError(f"context_len={n} leaves no room for the probe text: the chat template and probe.task "
+                         f"take {len(head) + len(tail)} tokens; allowed: context_len > {len(head) + len(tail)}")
+    ids = _encode_exactly(text, room, encode)
+    if ids is None:
+        if engine is EngineKind.REFERENCE:
             raise ValueError(f"the tokenizer of {model_path} gives fewer than {n} tokens for any probe text")
-        return Prompt(input_ids=ids)
-    tokenizer = _hf_tokenizer(model_path)
-    if tokenizer is not None:
-        ids = _encode_exactly(text, n, lambda t: tokenizer.encode(t, add_special_tokens=False))
-        if ids is not None:
-            return Prompt(input_ids=ids)
         logger.warning("the tokenizer of %s gives fewer than %d tokens for any probe text; sending text",
                        model_path, n)
-    return Prompt(text=text(n * CHARS_PER_TOKEN)[:n * CHARS_PER_TOKEN])
+        return Prompt(text=text(n * CHARS_PER_TOKEN)[:n * CHARS_PER_TOKEN])
+    return Prompt(input_ids=(*head, *ids, *tail))
 
 
 def build_prompts(probe: ProbeSpec, engine: EngineKind, model_path: str | None = None,

@@ -41,7 +41,7 @@ import torch
 from specsweep_kernels.bench import _rel_err, bench_layout, graph_us, ragged_mixes
 from specsweep_kernels.problems import make_problem
 from specsweep_kernels.reference import verify_attention_reference
-from specsweep_kernels.roofline import ReadStream, matmul_peak_tflops, verify_cost
+from specsweep_kernels.roofline import ReadStream, copy_gbps, matmul_peak_tflops, verify_cost
 from specsweep_kernels.verify_attention import VerifyConfig, allocate_workspace, verify_attention, verify_kernel
 from specsweep_kernels.verify_config import pick_config
 from specsweep_kernels.verify_targets import SM120
@@ -296,13 +296,14 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"warm {row.layout} T={row.tokens} page={row.page}: {type(exc).__name__}: {exc}", flush=True)
         return
     peak, runs = matmul_peak_tflops()
+    copy = copy_gbps()
     max_bytes = max(sum(verify_cost(layout=bench_layout(r.layout), prefix_len=n, num_tokens=r.tokens,
                                     page_size=r.page)[0] for n in r.lens) for r in rows)
     reader = ReadStream(int(max_bytes) + (1 << 20))
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     header = (f"{stamp} · {torch.cuda.get_device_name(0)} · torch {torch.__version__} · triton "
               f"{__import__('triton').__version__} · bf16 matmul peak {peak:.0f} TFLOP/s (median of "
-              f"{', '.join(f'{x:.0f}' for x in runs)}) · read stream: the fastest of {'/'.join(map(str, reader.program_counts))} programs a row · portable tiles for "
+              f"{', '.join(f'{x:.0f}' for x in runs)}) · copy {copy:.0f} GB/s (2 GiB, read + write) · read stream: the fastest of {'/'.join(map(str, reader.program_counts))} programs a row · portable tiles for "
               f"{args.portable_smem} B of shared memory a block · L2 flush clean · "
               f"graph replays")
     print(header, flush=True)

@@ -28,18 +28,24 @@ class Ceilings:
     matmul_tflops: float  # bf16 dense
 
 
-def measure_ceilings(device: torch.device | str = "cuda", copy_bytes: int = 2 << 30, n: int = 8192) -> Ceilings:
+def copy_gbps(device: torch.device | str = "cuda", copy_bytes: int = 2 << 30) -> float:
+    """Device-to-device copy bandwidth (GB/s, bytes read + written): the median of a copy_bytes copy."""
     from triton.testing import do_bench
 
     src = torch.randn(copy_bytes // 4, device=device, dtype=torch.float32)
     dst = torch.empty_like(src)
-    t_copy_ms = do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")  # noqa: F821 (del below)
-    del src, dst
+    t_copy_ms = do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
+    return 2 * copy_bytes / t_copy_ms / 1e6
+
+
+def measure_ceilings(device: torch.device | str = "cuda", copy_bytes: int = 2 << 30, n: int = 8192) -> Ceilings:
+    from triton.testing import do_bench
+
+    copy = copy_gbps(device, copy_bytes)
     a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     t_mm_ms = do_bench(lambda: a @ b, warmup=25, rep=200, return_mode="median")
-    return Ceilings(device=torch.cuda.get_device_name(device), copy_gbps=2 * copy_bytes / t_copy_ms / 1e6,
-                    matmul_tflops=2 * n**3 / t_mm_ms / 1e9)
+    return Ceilings(device=torch.cuda.get_device_name(device), copy_gbps=copy, matmul_tflops=2 * n**3 / t_mm_ms / 1e9)
 
 
 def load_or_measure_ceilings(device: torch.device | str = "cuda", cache: Path | None = DEFAULT_CACHE,

@@ -48,12 +48,22 @@ def outcomes(all_runs: Sequence[RunSpec], plan: Plan, ran: Plan, results: Sequen
     return by_index
 
 
+DRY_RUN_LISTED = 200  # a larger plan lists each server's first DRY_RUN_PER_SERVER runs at INFO, every run at DEBUG
+DRY_RUN_PER_SERVER = 3
+
+
 def dry_run_outcomes(plan: Plan) -> dict[int, RunResult | NotRun]:
-    """Log the plan server by server; every job's outcome is NotRun."""
+    """Log the plan server by server (a plan of more than DRY_RUN_LISTED runs: each server's first few at INFO,
+    the rest at DEBUG, so an 8,000-point grid answers in a second); every job's outcome is NotRun."""
+    listed = len(plan.runs) if len(plan.runs) <= DRY_RUN_LISTED else DRY_RUN_PER_SERVER
     for g in plan.groups:
         log.info("server %s (%d runs)", g.group_id, len(g.runs))
-        for r in g.runs:
-            log.info("  #%d %s  run_hash=%s", r.job_index, r.name, r.run_hash[:12])
+        for i, r in enumerate(g.runs):
+            log.log(logging.INFO if i < listed else logging.DEBUG, "  #%d %s  run_hash=%s", r.job_index, r.name,
+                    r.run_hash[:12])
+        if len(g.runs) > listed:
+            log.info("  ... and %d more run(s) of this server (all %d runs of the plan: hydra.verbose=%s)",
+                     len(g.runs) - listed, len(plan.runs), log.name)
     by_index: dict[int, RunResult | NotRun] = {r.job_index: NotRun(r, "dry run") for r in plan.runs}
     by_index.update({r.job_index: NotRun(r, f"dropped: {why}") for r, why in plan.dropped if r})
     return by_index

@@ -81,5 +81,17 @@ def test_diagnosis_names_drafter_quality_for_novel_text(probe_sweep):
 
     client = mlflow.MlflowClient(f"sqlite:///{cwd}/mlflow.db")
     diagnosis = Path(client.download_artifacts(parent["run_id"], "diagnosis.md", str(cwd / "dl"))).read_text()
-    assert "drafter quality" in diagnosis
+    # a finding of its own (not only the "(b) ... (drafter quality)" line of what was checked): the novel text of
+    # probe=story is new prose, so no continuation is set aside as looping easy text (docs/orchestrator.md)
+    assert "## drafter quality" in diagnosis and "left out as easy text" not in diagnosis
     assert "## pipeline bug" not in diagnosis and "Healthy" not in diagnosis
+
+
+def test_the_story_probe_continuations_do_not_loop(probe_sweep):
+    """probe=story's continuations are new prose (continuation_repeat_frac below the diagnosis' loop limit); the
+    predictable text's repeat the sentence (what makes it predictable)."""
+    _, children, _ = probe_sweep
+    frac = children.set_index(["params.cfg.probe.kind"])["metrics.continuation_repeat_frac"]
+    assert (frac.loc["novel"] < 0.5).all() and (frac.loc["predictable"] >= 0.5).all()
+    assert (children[children["params.cfg.probe.kind"] == "novel"]["params.cfg.probe.task"].str.startswith(
+        "Ignore the text above.")).all()

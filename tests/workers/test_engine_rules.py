@@ -87,3 +87,13 @@ def test_every_engine_kind_has_an_adapter_with_the_plan_time_interface(kind):
     for method in ("plan_problems", "context_problem", "draft_path_allowed", "resource_estimate", "owned_flags",
                    "argv_problem", "model_file"):
         assert callable(getattr(adapter, method))
+
+
+def test_a_probe_task_is_checked_against_the_models_chat_frame_at_plan_time():
+    """probe.task (conf/probe/story.yaml) on the reference engine: a context too short for the chat template's frame
+    is refused before any work, naming context_len and the frame's size; the story probe as `make run` uses it is
+    accepted, and a task-free probe is never asked about a template."""
+    short = keys(run_config("model=smollm2-135m", "probe=story", "context_len=40"))
+    assert "chat template and probe.task" in short["context_len"].allowed
+    assert "context_len" not in keys(run_config("model=smollm2-135m", "probe=story", "context_len=1024"))
+    assert "probe.task" not in keys(run_config("model=tiny", "probe=novel", "context_len=16"))

@@ -223,3 +223,53 @@ def test_a_tokenizer_without_a_vocabulary_falls_back_to_text(tmp_path):
     p = build_prompt(ProbeSpec(kind=ProbeKind.PREDICTABLE, context_len=100, gen_tokens=1), EngineKind.SGLANG,
                      model_path=str(tmp_path))
     assert p.input_ids is None and len(p.text) == 400
+
+
+STORY = "Ignore the text above. Write a short story about a lighthouse keeper."
+
+
+@pytest.mark.parametrize("n", [200, 1024, 8160])
+def test_a_task_prompt_is_one_chat_turn_of_exactly_context_len_tokens(n):
+    """probe.task on smollm2-135m: the GGUF's ChatML frame (as transformers renders it) around the novel text and the
+    task, the assistant's turn opened, n ids in all; the text part is the probe text's own start."""
+    transformers = pytest.importorskip("transformers")
+    from workers.reference.tokenizer_export import hf_tokenizer_dir
+
+    probe = ProbeSpec(kind=ProbeKind.NOVEL, context_len=n, gen_tokens=4, task=STORY)
+    ids = build_prompt(probe, REF, "smollm2-135m").input_ids
+    assert ids is not None and len(ids) == n
+    tok = transformers.AutoTokenizer.from_pretrained(hf_tokenizer_dir("smollm2-135m", 2048))
+    text = tok.decode(list(ids))
+    rendered = tok.apply_chat_template([{"role": "user", "content": "@@\n\n" + STORY}], tokenize=False,
+                                       add_generation_prompt=True)
+    head, tail = rendered.split("@@")
+    assert text.startswith(head) and text.endswith(tail) and tail.endswith("<|im_start|>assistant\n")
+    body = text[len(head):len(text) - len(tail)]
+    assert probe_text(probe, len(body) + 100).startswith(body[:-20]) and len(body) > 2 * (n - 60)
+    # without a task the same probe is a plain continuation (what every earlier run measured)
+    assert build_prompt(ProbeSpec(kind=ProbeKind.NOVEL, context_len=n, gen_tokens=4), REF, "smollm2-135m") \
+        .input_ids != ids
+
+
+def test_a_task_on_the_byte_models_uses_their_chatml_and_the_identity_only_moves_with_a_task():
+    from specsweep_vocab.spec import stable_hash
+
+    probe = ProbeSpec(kind=ProbeKind.NOVEL, context_len=300, gen_tokens=4, task="Say hi.")
+    ids = build_prompt(probe, REF).input_ids
+    assert ids is not None and len(ids) == 300
+    text = bytes(ids).decode()
+    assert text.startswith("<|im_start|>user\n") and text.endswith("Say hi.<|im_end|>\n<|im_start|>assistant\n")
+    plain = ProbeSpec(kind=ProbeKind.NOVEL, context_len=300, gen_tokens=4)
+    assert stable_hash(plain) == stable_hash(ProbeSpec(kind=ProbeKind.NOVEL, context_len=300, gen_tokens=4, task=""))
+    assert stable_hash(plain) != stable_hash(probe)
+
+
+def test_a_task_that_leaves_no_room_is_refused_with_the_frame_size():
+    with pytest.raises(ValueError, match=r"context_len=20 leaves no room .* allowed: context_len > \d+"):
+        build_prompt(ProbeSpec(kind=ProbeKind.NOVEL, context_len=20, gen_tokens=4, task=STORY), REF, "smollm2-135m")
+
+
+def test_sglang_with_a_task_and_no_tokenizer_is_refused_not_sent_without_its_frame(tmp_path):
+    with pytest.raises(ValueError, match="probe.task=.*needs the chat template"):
+        build_prompt(ProbeSpec(kind=ProbeKind.NOVEL, context_len=100, gen_tokens=4, task="Say hi."),
+                     EngineKind.SGLANG, model_path=str(tmp_path / "absent"))

@@ -2,6 +2,8 @@
 
     load_chat_template(model_path) -> ChatTemplate | None
     render_chat(template, messages, add_generation_prompt=True, **kwargs) -> str
+    reference_chat_frame(model_path, task) -> (head, tail)   a probe.task prompt's frame (workers/prompts.py)
+    frame_tokens(model_path, task) -> int                    its size in the engine's tokens (plan-time check)
 
 Where the template comes from, as SGLang takes it from the tokenizer (`TemplateManager.load_chat_template`,
 sglang/srt/parser/template_manager.py:165-208):
@@ -122,3 +124,38 @@ def render_chat(template: ChatTemplate, messages: list[dict], add_generation_pro
                                                 **variables)
     except jinja2.exceptions.TemplateError as exc:
         raise ChatTemplateError(f"the chat template cannot render these messages: {exc}") from exc
+
+
+# ---------------------------------------------------------------- probe.task: the probe text inside a chat turn
+
+FILLER = "\x00specsweep-probe-text\x00"  # where the probe's text goes in the rendered user turn
+
+
+def task_messages(task: str) -> list[dict]:
+    """One user turn: the probe text (FILLER), a blank line, the task."""
+    return [{"role": "user", "content": f"{FILLER}\n\n{task}"}]
+
+
+def split_frame(rendered: str) -> tuple[str, str]:
+    """The rendered chat turn around the probe text: (before, after)."""
+    head, sep, tail = rendered.partition(FILLER)
+    if not sep:
+        raise ValueError("the chat template dropped the user message's text")
+    return head, tail
+
+
+def reference_chat_frame(model_path: str | None, task: str) -> tuple[str, str]:
+    """The frame of the template this engine serves /v1/chat/completions with (a byte model's: its ChatML)."""
+    template = load_chat_template(model_path) if model_path else ChatTemplate(BYTE_CHAT_TEMPLATE)
+    if template is None:
+        raise ValueError(f"probe.task={task!r} needs a chat template, and the model {model_path} has none")
+    return split_frame(render_chat(template, task_messages(task)))
+
+
+@functools.cache
+def frame_tokens(model_path: str | None, task: str) -> int:
+    """Tokens the frame takes in the engine's own tokenizer: context_len must leave room for the probe text."""
+    from .tokenizer import ByteTokenizer, load_tokenizer
+
+    tokenizer = load_tokenizer(model_path) if model_path else ByteTokenizer()
+    return sum(len(tokenizer.encode(part)) for part in reference_chat_frame(model_path, task))

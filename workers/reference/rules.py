@@ -78,7 +78,25 @@ def reference_problems(point: PlanPoint) -> list[Problem]:
                            f"a draft model with the target's vocabulary ({REFERENCE_MODEL_VOCABS[point.model.path]}: "
                            f"{', '.join(same)}; drafter=layer_skip drafts with the target's own layers)",
                            point.overrides))
-    return out + concurrency_problems(point)
+    return out + concurrency_problems(point) + task_problems(point)
+
+
+def task_problems(point: PlanPoint) -> list[Problem]:
+    """probe.task wraps the prompt in the model's chat template (workers/prompts.py): the model must have one, and
+    context_len must leave room for the probe text beside the frame."""
+    task = point.probe.task
+    if not task:
+        return []
+    from .chat_template import frame_tokens
+
+    try:
+        frame = frame_tokens(point.model.path, task)
+    except ValueError as exc:
+        return [Problem("probe.task", task, f"empty on model.path={point.model.path} ({exc})", point.overrides)]
+    if point.probe.context_len <= frame:
+        return [Problem("context_len", point.probe.context_len,
+                        f"more than the {frame} tokens of the chat template and probe.task", point.overrides)]
+    return []
 
 
 @dataclass(frozen=True)

@@ -176,7 +176,7 @@ def test_each_section_is_its_dataclass():
     conf_keys = lambda c: [f.name for f in dataclasses.fields(c)]
     assert conf_keys(EngineConf) == conf_keys(EngineSpec)
     assert conf_keys(ClusterConf) == conf_keys(ClusterSettings)
-    assert conf_keys(ProbeConf) == ["kind", "sentence", "path", "concurrency", "repeats"]
+    assert conf_keys(ProbeConf) == ["kind", "sentence", "path", "task", "concurrency", "repeats"]
     cfg = OmegaConf.structured(SpecsweepConf)
     assert OmegaConf.is_missing(cfg, "drafter") and OmegaConf.structured(DrafterConf).algorithm == "NONE"
     assert cfg.cluster.max_retries == ClusterSettings().max_retries == 2 and cfg.job == "engine"

@@ -166,3 +166,28 @@ def test_stub_engine_sweeps_get_their_own_experiment_and_never_mix_with_real_eng
     with pytest.raises(ConfigError) as e:
         plan_jobs(expand_grid({"engine": ["stub", "reference"]}), cwd=str(tmp_path))
     assert "engine.kind=['reference', 'stub']" in str(e.value) and "<sweep_name>-stub" in str(e.value)
+
+
+def test_a_large_dry_run_lists_each_servers_first_runs_and_counts_the_rest(tmp_path, caplog, monkeypatch):
+    """Past DRY_RUN_LISTED runs the plan is summarised per server at INFO (every run still at DEBUG); below it every
+    run is listed. Each job is NotRun either way."""
+    import logging
+
+    from orchestrator.session import outcomes
+
+    jobs = expand_grid({"context_len": [256, 512, 1024], "drafter": ["ngram", "oracle"]}, "sweep_name=dry",
+                       "gen_tokens=4")
+    plan, _ = plan_jobs(jobs, cwd=str(tmp_path))
+    assert [len(g.runs) for g in plan.groups] == [3, 3]
+    with caplog.at_level(logging.INFO, logger=outcomes.__name__):
+        assert {o.reason for o in outcomes.dry_run_outcomes(plan).values()} == {"dry run"}
+    assert sum("run_hash=" in m for m in caplog.messages) == 6 and "more run(s)" not in caplog.text
+    caplog.clear()
+    monkeypatch.setattr(outcomes, "DRY_RUN_LISTED", 5)  # the 6-run plan now counts as large
+    monkeypatch.setattr(outcomes, "DRY_RUN_PER_SERVER", 1)
+    with caplog.at_level(logging.DEBUG, logger=outcomes.__name__):
+        outcomes.dry_run_outcomes(plan)
+    info = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert sum("run_hash=" in m for m in info) == 2  # one a server
+    assert sum("and 2 more run(s) of this server (all 6 runs" in m for m in info) == 2
+    assert sum("run_hash=" in r.getMessage() for r in caplog.records) == 6  # the rest at DEBUG
