@@ -233,7 +233,7 @@ def build_prompt(probe: ProbeSpec, engine: EngineKind, model_path: str | None = 
                          f"take {len(head) + len(tail)} tokens; allowed: context_len > {len(head) + len(tail)}")
     ids = _encode_exactly(text, room, encode)
     if ids is None:
-        if engine is EngineKind.REFERENCE:
+        if engine is EngineKind.REFERENCE or probe.task:  # a task's prompt is never sent without its frame
             raise ValueError(f"the tokenizer of {model_path} gives fewer than {n} tokens for any probe text")
         logger.warning("the tokenizer of %s gives fewer than %d tokens for any probe text; sending text",
                        model_path, n)
