@@ -215,6 +215,12 @@ def _verify_attention_launch(
     return config, num_splits
 
 
+# A call that plans itself (batch >= 2, no plan= given; on sm_90 with the Gluon kernel) launches the attention kernel
+# as the plan kernel's programmatic dependent: its programs are scheduled while the plan runs and wait for it in
+# griddepcontrol.wait. False launches it after the plan has drained (the A/B's other arm, H200 2026-12-03).
+PLAN_PDL = True
+
+
 @functools.lru_cache(maxsize=None)
 def _pdl_supported(device_index: int) -> bool:
     """Whether the merge is launched as a programmatic dependent launch (PDL) of the attention kernel: compiled
@@ -287,16 +293,18 @@ def _mla_sm90_launch(q: Tensor, k_buffer: Tensor, k_new: Tensor, tree_mask: Tens
     if not launch:
         return config, num_splits
     single = not step_needs_plan(batch)  # equal slices, no plan launch (a given plan is checked, not needed)
+    plan_pdl = False
     if plan is None and not single:
+        plan_pdl = PLAN_PDL and _pdl_supported(_device_index(q.device))
         plan = _launch_plan(workspace, kv_indptr if use_indptr else prefix_lens, use_indptr, batch, gluon.BLOCK_N,
-                            num_splits)
+                            num_splits, pdl=plan_pdl)
     global _last_compiled
     _last_compiled = gluon.launch_mla_sm90(
         q=q, kv_buffer=k_buffer, k_new=k_new, tree_mask=tree_mask, indices=kv_indices, kv_indptr=kv_indptr,
         prefix_lens=prefix_lens, page_table_stride=page_table_stride, items=workspace.items, order=workspace.order,
         part_out=workspace.part_out, part_lse=workspace.part_lse,
         num_items=num_splits if single else plan.num_items, sm_scale=sm_scale, page_size=page_size,
-        use_indptr=use_indptr, single=single)
+        use_indptr=use_indptr, single=single, wait_plan=plan_pdl, pdl=_pdl_supported(_device_index(q.device)))
     _launch_merge(workspace, out, kv_indptr, prefix_lens, num_splits=num_splits, block_n=gluon.BLOCK_N,
                   use_indptr=use_indptr, single=single)
     return config, num_splits

@@ -19,7 +19,8 @@ for the new tokens k_new under the tree mask) through a two-stage shared-memory 
   wgmma is waited for inside the iteration that issued
   it: one in flight across the loop's back edge made ptxas serialise every wgmma of the kernel (C7514), which cost
   10-20% (ptxas's own report; all figures H200, 2026-12-01, journal in docs/measurements/2026-12-01-h200/).
-- calls of at most 32 rows (16 heads at T = 1 / 2, DeepSeek's decode under TP 8): _mla_verify_sm90_narrow_kernel,
+- calls of at most 32 rows (16 heads at T = 1 / 2, DeepSeek's decode under TP 8), and at batch 1 the last <= 32 rows
+  of a call past its full 64-row m-blocks (REMAINDER_BESIDE: 8 heads x a 9-node tree = 64 + 8): _mla_verify_sm90_narrow_kernel,
   the products swapped so that a tile's 64 keys fill wgmma's 64-row side instead of 16 rows padded to 64
   (S^T = K Q^T, O^T = V^T P^T: at 16 rows the 64-row product computed 4x the FLOPs, and at 128k that alone
   took longer than reading the latent rows).
@@ -31,7 +32,6 @@ kernel (verify_triton.py) stays the path for GQA, for sm_120 and other GPUs, and
 from __future__ import annotations
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -58,6 +58,13 @@ def _signal_dependents():
     programs take SMs as this kernel's programs leave them and wait in griddepcontrol.wait until it has completed."""
     gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
                               pack=1)
+
+
+@gluon.jit
+def _wait_prerequisite():
+    """griddepcontrol.wait: until the kernel this one is a programmatic dependent of (the plan) has completed and
+    its writes are visible; launched without that attribute it returns at once."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -234,12 +241,15 @@ def _mla_verify_sm90_kernel(
     CHUNK: gl.constexpr,
     UNDER_S: gl.constexpr,  # first tile's rescale and P exchange after S of the second is issued (under_s)
     MASK_IN_BRANCH: gl.constexpr,  # the tree mask loaded per tile in the new-token programs' branch (_online_softmax)
+    WAIT_PLAN: gl.constexpr,  # launched as the plan kernel's programmatic dependent: wait for it before reading it
     num_warps: gl.constexpr,
 ):
     gl.static_assert(num_warps == 8, "two warpgroups: the Dv halves")
     gl.static_assert(DPE == CHUNK, "the rope part is one chunk")
     gl.static_assert(T <= BLOCK_N, "the new tokens are one tile")
     _signal_dependents()
+    if WAIT_PLAN:
+        _wait_prerequisite()
     pid_m = gl.program_id(0)
     pid_z = gl.program_id(1)
     b, lo, hi, slot, is_new = _program_item(pid_z, num_items, items_ptr, order_ptr, indptr_ptr, lens_ptr, T,
@@ -360,11 +370,14 @@ def _mla_verify_sm90_narrow_kernel(
     PAGE_SIZE: gl.constexpr,
     USE_INDPTR: gl.constexpr,
     SINGLE: gl.constexpr,
-    BLOCK_R: gl.constexpr,  # 16 or 32 rows (draft token x query head): all of them, one m-block
+    BLOCK_R: gl.constexpr,  # 16 or 32 rows (draft token x query head): rows ROW0 .. T * HQ - 1, one m-block
     BLOCK_N: gl.constexpr,
     DV: gl.constexpr,
     DPE: gl.constexpr,
     CHUNK: gl.constexpr,
+    WAIT_PLAN: gl.constexpr,
+    ROW0: gl.constexpr,  # 0, or (the remainder beside the 64-row kernel) the first row past its full m-blocks
+    WAIT_END: gl.constexpr,  # the remainder: griddepcontrol.wait before exiting (see launch_mla_sm90)
     num_warps: gl.constexpr,
 ):
     """The same work and workspace layout as _mla_verify_sm90_kernel for calls of at most 32 rows, with the
@@ -379,8 +392,10 @@ def _mla_verify_sm90_narrow_kernel(
     gl.static_assert(num_warps == 8, "two warpgroups")
     gl.static_assert(DPE == CHUNK, "the rope part is one chunk")
     gl.static_assert(T <= BLOCK_N, "the new tokens are one tile")
-    gl.static_assert(T * HQ <= BLOCK_R, "one m-block holds every row")
+    gl.static_assert(T * HQ - ROW0 <= BLOCK_R, "one m-block holds every row from ROW0 on")
     _signal_dependents()
+    if WAIT_PLAN:
+        _wait_prerequisite()
     pid_z = gl.program_id(1)
     b, lo, hi, slot, is_new = _program_item(pid_z, num_items, items_ptr, order_ptr, indptr_ptr, lens_ptr, T,
                                             USE_INDPTR, SINGLE, BLOCK_N)
@@ -403,7 +418,7 @@ def _mla_verify_sm90_narrow_kernel(
         p_smem = gl.allocate_shared_memory(dtype, [BLOCK_R, BLOCK_N], smem_layout)
 
         q_cols = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, q_ld_layout))
-        q_rows = gl.arange(0, BLOCK_R, layout=gl.SliceLayout(1, q_ld_layout))
+        q_rows = ROW0 + gl.arange(0, BLOCK_R, layout=gl.SliceLayout(1, q_ld_layout))
         idx_base, new_base = _request_setup(q_nope, q_pe, q_ptr, q_rows, q_cols, b, stride_qb, stride_qt, stride_qh,
                                             indices_ptr, indptr_ptr, stride_ptb, k_new_ptr, stride_knb, T, HQ,
                                             USE_INDPTR, CHUNK, DV)
@@ -415,7 +430,7 @@ def _mla_verify_sm90_narrow_kernel(
                        stride_kvs, stride_knt, kv_rows, cols, PAGE_SIZE, CHUNK, DV)
 
         keys = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
-        r_cols = gl.arange(0, BLOCK_R, layout=gl.SliceLayout(0, s_layout))
+        r_cols = ROW0 + gl.arange(0, BLOCK_R, layout=gl.SliceLayout(0, s_layout))
         # the tree mask of the new tokens: S^T[key j, row r] needs tree_mask[b, token of r, j]
         visible = _tree_visible(tree_mask_ptr, b, stride_mb, stride_mt, gl.expand_dims(r_cols, 0),
                                 gl.expand_dims(keys, 1), is_new, T, HQ)
@@ -453,11 +468,13 @@ def _mla_verify_sm90_narrow_kernel(
                        hi, stride_kvs, stride_knt, kv_rows, cols, PAGE_SIZE, CHUNK, DV)
         async_copy.wait_group(0)  # the masked refills past the end
 
-        o_rows = gl.arange(0, BLOCK_R, layout=gl.SliceLayout(0, o_layout))
+        o_rows = ROW0 + gl.arange(0, BLOCK_R, layout=gl.SliceLayout(0, o_layout))
         o_dims = gl.arange(0, DV, layout=gl.SliceLayout(1, o_layout))
         _store_partial(part_out_ptr, part_lse_ptr, slot, acc, gl.sum(l_acc, axis=0), m_i, gl.expand_dims(o_rows, 0),
                        gl.expand_dims(o_dims, 1), r_cols, stride_pos, stride_pot, stride_poh, stride_pls, stride_plt,
                        T, HQ, 1)
+    if WAIT_END:  # not complete before the 64-row kernel beside it: the merge waits for this kernel alone
+        _wait_prerequisite()
 
 
 # The 64-row kernel's tree mask: loaded per tile in a branch only the new-token programs take, not once before the
@@ -468,6 +485,12 @@ def _mla_verify_sm90_narrow_kernel(
 # rows; slower on one row, 16 heads x a 9-node tree at 185k (+2.7%: 178.1 -> 182.9 us); batch-1 grid of run 44 within
 # -3.7% .. +0.9% (run 10). False restores the old order (the A/B's other arm).
 MASK_IN_BRANCH = True
+
+# Batch-1 calls whose last 64-row m-block would hold at most 32 real rows (72 = 8 heads x a 9-node tree, 80, 96,
+# 136, 144 rows) run their full m-blocks on the 64-row kernel and the rest on the narrow kernel beside it, each
+# program streaming the same slice of the prefix, instead of one more 64-row m-block of mostly padding (see
+# launch_mla_sm90 and remainder_beside). False: every row on the 64-row kernel (the A/B's other arm).
+REMAINDER_BESIDE = False  # until measured (session 15, run 18)
 
 
 def under_s(num_tokens: int) -> bool:
@@ -487,22 +510,34 @@ def mla_sm90_supported(q: torch.Tensor, *, v_is_k: bool, dk: int, dv: int) -> bo
             and q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9)
 
 
+def remainder_beside(num_tokens: int, num_q_heads: int, batch: int) -> int:
+    """Rows run by the narrow kernel beside the 64-row kernel's full m-blocks, or 0: at batch 1 (no plan), when a
+    call has more than 64 rows and its last m-block would hold at most NARROW_MAX_ROWS real rows (8 heads x a 9..12-
+    node tree, 16 heads at T = 5, 8 heads at T = 17: that m-block is mostly padding, yet a second 64-row pass)."""
+    rows = num_tokens * num_q_heads
+    rest = rows % BLOCK_M
+    return rest if REMAINDER_BESIDE and batch == 1 and rows > BLOCK_M and 0 < rest <= NARROW_MAX_ROWS else 0
+
+
 def launch_mla_sm90(*, q, kv_buffer, k_new, tree_mask, indices, kv_indptr, prefix_lens, page_table_stride: int,
                     items, order, part_out, part_lse, num_items: int, sm_scale: float, page_size: int,
-                    use_indptr: bool, single: bool = False):
+                    use_indptr: bool, single: bool = False, wait_plan: bool = False, pdl: bool = True):
     """One launch over (m-blocks, num_items + B): the plan's items (program p runs item order[p]), then each
     request's new tokens; single (batch 1, no plan): num_items = P equal slices of the prefix in slots 0..P-1, the
     new tokens in slot P. q [B, T, Hq, 576], kv_buffer [slots, 1, 576], k_new [B, T, 1, 576], tree_mask [B, T, T]
     uint8, indices: kv_indices (use_indptr) or the page table; part_out / part_lse: the workspace's partials.
-    Returns the compiled kernel."""
+    wait_plan: launched as the programmatic dependent of the plan kernel launched just before it (which then must
+    have been launched with pdl=True), so its programs are scheduled while the plan runs and wait for it.
+    A remainder (remainder_beside) is a second launch, of the narrow kernel over the rows past the full m-blocks,
+    as the 64-row kernel's programmatic dependent: its programs take the SMs beside the 64-row kernel's at once
+    (neither reads what the other writes) and wait for the 64-row kernel before they exit, so the merge after it
+    (a programmatic dependent of the narrow kernel) sees both kernels' partials; without pdl (a caller whose merge
+    is a normal launch) the narrow kernel runs after the 64-row kernel has drained.
+    Returns the (first) compiled kernel."""
     batch, num_tokens, num_q_heads, _ = q.shape
     rows = num_tokens * num_q_heads
-    if rows <= NARROW_MAX_ROWS:  # S^T / O^T: the keys fill wgmma's 64-row side (one m-block: grid dim 0 is 1)
-        kernel, m_blocks, shape = _mla_verify_sm90_narrow_kernel, 1, dict(BLOCK_R=16 if rows <= 16 else 32)
-    else:
-        kernel, m_blocks = _mla_verify_sm90_kernel, triton.cdiv(rows, BLOCK_M)
-        shape = dict(BLOCK_M=BLOCK_M, UNDER_S=under_s(num_tokens), MASK_IN_BRANCH=MASK_IN_BRANCH)
-    return kernel[(m_blocks, num_items + batch)](
+    rest = remainder_beside(num_tokens, num_q_heads, batch)
+    args = (
         q, kv_buffer, k_new, tree_mask, indices, kv_indptr, prefix_lens, items, order, part_out, part_lse,
         sm_scale * _LOG2E,
         num_items,
@@ -513,7 +548,17 @@ def launch_mla_sm90(*, q, kv_buffer, k_new, tree_mask, indices, kv_indptr, prefi
         page_table_stride,
         part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1),
-        HQ=num_q_heads, T=num_tokens, PAGE_SIZE=page_size, USE_INDPTR=use_indptr, SINGLE=single,
-        BLOCK_N=BLOCK_N, DV=_DV, DPE=_DPE, CHUNK=_CHUNK, **shape,
-        num_warps=8,
     )
+    common = dict(HQ=num_q_heads, T=num_tokens, PAGE_SIZE=page_size, USE_INDPTR=use_indptr, SINGLE=single,
+                  BLOCK_N=BLOCK_N, DV=_DV, DPE=_DPE, CHUNK=_CHUNK, WAIT_PLAN=wait_plan, num_warps=8)
+    pdl = {"launch_pdl": True} if wait_plan else {}
+    if rows <= NARROW_MAX_ROWS:  # S^T / O^T: the keys fill wgmma's 64-row side (one m-block: grid dim 0 is 1)
+        return _mla_verify_sm90_narrow_kernel[(1, num_items + batch)](
+            *args, BLOCK_R=16 if rows <= 16 else 32, ROW0=0, WAIT_END=False, **common, **pdl)
+    compiled = _mla_verify_sm90_kernel[((rows - rest) // BLOCK_M, num_items + batch)](
+        *args, BLOCK_M=BLOCK_M, UNDER_S=under_s(num_tokens), MASK_IN_BRANCH=MASK_IN_BRANCH, **common, **pdl)
+    if rest:
+        _mla_verify_sm90_narrow_kernel[(1, num_items + batch)](
+            *args, BLOCK_R=16 if rest <= 16 else 32, ROW0=rows - rest, WAIT_END=pdl, **common,
+            **({"launch_pdl": True} if pdl else {}))
+    return compiled

@@ -40,12 +40,16 @@ def _plan_kernel(
     BLOCK_I: tl.constexpr,  # empty items written per step
     BLOCK_N: tl.constexpr,
     USE_INDPTR: tl.constexpr,
+    PDL: tl.constexpr,  # the attention kernel is its programmatic dependent: let it be scheduled now
 ):
     """The plan (one program): cut every request's prefix tiles into items of at most `chunk` tiles,
     chunk = ceil(tiles / P), so there are at most P + B items and no item
     crosses a request. items[i] = (b, lo, hi, 0) in request order (slot i); req[b] = (first item, items);
     order[p] = the item program p runs: full items first, then the requests' last partial items by size,
-    largest first, then the empty items (lo = hi = 0, b = 0) up to P + B."""
+    largest first, then the empty items (lo = hi = 0, b = 0) up to P + B.
+    PDL: the attention kernel after it may start now; it waits (griddepcontrol.wait) before it reads the plan."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     offs_b = tl.arange(0, BLOCK_B)
     mask_b = offs_b < batch
     lens = _prefix_lens_vec(kv_indptr_ptr, prefix_lens_ptr, offs_b, mask_b, USE_INDPTR)
@@ -144,14 +148,16 @@ def allocate_workspace(
 
 
 def _launch_plan(workspace: VerifyWorkspace, lens_or_indptr: Tensor, use_indptr: bool, batch: int, block_n: int,
-                 num_splits: int) -> VerifyPlan:
+                 num_splits: int, pdl: bool = False) -> VerifyPlan:
+    """The plan kernel into the workspace; pdl: the next launch is its programmatic dependent (it waits for the
+    plan before reading it)."""
     num_items = num_splits + batch
     plan = VerifyPlan(items=workspace.items[:num_items], req=workspace.req[:batch], order=workspace.order[:num_items],
                       batch=batch, block_n=block_n, num_splits=num_splits)
     _plan_kernel[(1,)](
         lens_or_indptr, lens_or_indptr, plan.items, plan.req, plan.order, batch, num_splits,
         BLOCK_B=max(2, triton.next_power_of_2(batch)), BLOCK_K=32, BLOCK_I=128, BLOCK_N=block_n,
-        USE_INDPTR=use_indptr, num_warps=4,
+        USE_INDPTR=use_indptr, PDL=pdl, num_warps=4,
     )
     return plan
 

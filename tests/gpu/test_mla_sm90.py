@@ -99,11 +99,20 @@ def check_item_partials(num_q_heads: int, num_tokens: int, page_size: int, indpt
 
 @pytest.mark.parametrize("prefix_len,num_splits", [(5000, 7), (64, 3), (1, 1), (0, 4), (131072, 132)])
 @pytest.mark.parametrize("indptr", [False, True], ids=["table", "indptr"])
-@pytest.mark.parametrize("num_q_heads,num_tokens", [(64, 5), (16, 1)])
-def test_batch_one_slices_match_fp32_truth(prefix_len, num_splits, indptr, num_q_heads, num_tokens):
+@pytest.mark.parametrize("num_q_heads,num_tokens", [(64, 5), (16, 1), (8, 9), (16, 5), (8, 12), (8, 17)])
+@pytest.mark.parametrize("pdl", [True, False], ids=["pdl", "serial"])
+def test_batch_one_slices_match_fp32_truth(prefix_len, num_splits, indptr, num_q_heads, num_tokens, pdl,
+                                          monkeypatch):
     """single=True (batch 1, no plan): slice s = positions [s * per, (s + 1) * per) with per = the prefix / P
-    rounded up to whole tiles, in slot s; slices past the prefix write nothing; the new tokens in slot P."""
-    from specsweep_kernels.verify_mla_sm90 import BLOCK_N, launch_mla_sm90
+    rounded up to whole tiles, in slot s; slices past the prefix write nothing; the new tokens in slot P.
+    8 heads x 9 / 12 / 17 tokens and 16 heads x 5: the rows past the full 64-row m-blocks run on the narrow kernel
+    beside the 64-row one (remainder_beside), launched as its programmatic dependent (pdl) or after it."""
+    from specsweep_kernels import verify_mla_sm90
+    from specsweep_kernels.verify_mla_sm90 import BLOCK_N, launch_mla_sm90, remainder_beside
+
+    monkeypatch.setattr(verify_mla_sm90, "REMAINDER_BESIDE", True)
+    if not pdl and not remainder_beside(num_tokens, num_q_heads, 1):
+        pytest.skip("pdl changes only how a remainder is launched")
 
     page_size = 16
     problem = make_problem(layout=Layout(num_q_heads, 1, 576, 512, True), prefix_lens=[prefix_len],
@@ -122,7 +131,7 @@ def test_batch_one_slices_match_fp32_truth(prefix_len, num_splits, indptr, num_q
     launch_mla_sm90(q=t["q"], kv_buffer=t["k_buffer"], k_new=t["k_new"], tree_mask=t["tree_mask"].view(torch.uint8),
                     indices=indices, kv_indptr=lens, prefix_lens=lens, page_table_stride=table_stride,
                     items=unused, order=unused[:, 0], part_out=part_out, part_lse=part_lse, num_items=num_splits,
-                    sm_scale=problem.sm_scale, page_size=ps, use_indptr=indptr, single=True)
+                    sm_scale=problem.sm_scale, page_size=ps, use_indptr=indptr, single=True, pdl=pdl)
     torch.cuda.synchronize()
     slots = prefix_slots(batch=1, **addressing)[0]
     per = math.ceil(math.ceil(prefix_len / num_splits) / BLOCK_N) * BLOCK_N

@@ -12,6 +12,7 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 BF16_TOL = 1e-2
+MLA_8 = Layout(8, 1, 576, 512, True)  # a Kimi / GLM-class MLA model at TP 8
 
 
 def rel_err(out, ref):
@@ -177,22 +178,30 @@ def test_cuda_graph_batch_one_slices():
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="programmatic dependent launch needs sm_90 or newer")
-@pytest.mark.parametrize("layout,prefix_lens", [(MLA_16, [70_001]), (MLA_16, [5000, 64, 0, 1300]),
-                                                (GQA_32_8, [5000, 64, 0, 1300])], ids=["mla-b1", "mla-b4", "gqa-b4"])
-def test_merge_as_dependent_launch_equals_normal_launch(layout, prefix_lens, monkeypatch):
+@pytest.mark.parametrize("layout,prefix_lens,num_tokens", [
+    (MLA_16, [70_001], 3), (MLA_16, [5000, 64, 0, 1300], 3), (MLA_16, [5000, 64, 0, 1300], 2),
+    (MLA_8, [70_001], 9), (GQA_32_8, [5000, 64, 0, 1300], 3)],
+    ids=["mla-b1", "mla-b4", "mla-b4-narrow", "mla8-b1-remainder", "gqa-b4"])
+def test_merge_as_dependent_launch_equals_normal_launch(layout, prefix_lens, num_tokens, monkeypatch):
     """On sm_90+ the merge is a programmatic dependent launch (PDL) of the attention kernel, its programs started
-    before the attention kernel ends and held in griddepcontrol.wait: replayed from a CUDA graph while the inputs
-    change, it gives the same output bit for bit as normal launches (a merge reading partials before they are
-    written would differ)."""
+    before the attention kernel ends and held in griddepcontrol.wait, (batches, the Gluon kernel) the attention
+    kernel one of the plan kernel the call launched (PLAN_PDL), and (batch 1, 8 heads x 9 tokens) the narrow kernel
+    over the last 8 rows one of the 64-row kernel (REMAINDER_BESIDE), the merge one of the narrow kernel: replayed from a CUDA graph while the inputs and
+    the prefix lengths change, it gives the same output bit for bit as normal launches (a merge reading partials
+    before they are written, or an attention kernel reading the plan before it is written, would differ: both are
+    poisoned before each replay)."""
     from specsweep_kernels import verify_attention as va
+    from specsweep_kernels import verify_mla_sm90
 
     assert va._pdl_supported(torch.cuda.current_device())
-    problem = make_problem(layout=layout, prefix_lens=prefix_lens, num_tokens=3, page_size=16,
+    problem = make_problem(layout=layout, prefix_lens=prefix_lens, num_tokens=num_tokens, page_size=16,
                            dtype=torch.bfloat16, device="cuda", tree="random", seed=77)
     args, addressing = problem.attention_args(), problem.table_args()
     b, t, hq, _ = args["q"].shape
     ws = allocate_workspace(max_batch=b, max_tokens=t, num_q_heads=hq, v_head_dim=layout.v_head_dim, device="cuda")
     outs = {}
+    assert va.PLAN_PDL
+    monkeypatch.setattr(verify_mla_sm90, "REMAINDER_BESIDE", True)
     for pdl in (True, False):
         if not pdl:
             monkeypatch.setattr(va, "_pdl_supported", lambda index: False)
@@ -200,10 +209,13 @@ def test_merge_as_dependent_launch_equals_normal_launch(layout, prefix_lens, mon
         graph = captured(functools.partial(verify_attention, **args, **addressing, out=out, workspace=ws))
         gen = torch.Generator(device="cuda").manual_seed(3)
         results = []
-        for _ in range(3):
+        for step in range(3):
             args["q"].copy_(torch.randn(args["q"].shape, generator=gen, device="cuda"))
+            addressing["prefix_lens"].copy_(torch.tensor([max(0, n - 997 * step) for n in prefix_lens]))
             out.fill_(float("nan"))
             ws.part_out.fill_(float("nan"))  # a merge that ran early would read these
+            for plan_words in (ws.items, ws.req, ws.order):  # an attention kernel that ran early would read these
+                plan_words.zero_()
             graph.replay()
             torch.cuda.synchronize()
             results.append(out.clone())
@@ -213,3 +225,44 @@ def test_merge_as_dependent_launch_equals_normal_launch(layout, prefix_lens, mon
         assert torch.equal(with_pdl, without)
     ref = verify_attention_reference(**args, **addressing, v_head_dim=layout.v_head_dim)
     assert rel_err(outs[True][-1], ref) < BF16_TOL
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="the Gluon MLA kernels need an sm_90 GPU")
+@pytest.mark.parametrize("num_q_heads,num_tokens,prefix_len,page_size", [
+    (8, 9, 185_000, 1), (8, 12, 70_001, 64), (16, 5, 9000, 16), (8, 17, 70_001, 1), (8, 9, 0, 1), (8, 9, 100, 16)])
+def test_remainder_beside_matches_reference_and_the_padded_m_block(num_q_heads, num_tokens, prefix_len, page_size,
+                                                                   monkeypatch):
+    """Batch 1, rows past the full 64-row m-blocks <= 32 (8 heads x a 9 / 12 / 17-node tree, 16 heads x 5): the
+    narrow kernel runs them beside the 64-row kernel. Under graph replay with the workspace poisoned, the output
+    matches the fp32 reference, and matches the output of the padded 64-row m-block (REMAINDER_BESIDE off) to bf16
+    rounding; empty and short prefixes too."""
+    from specsweep_kernels import verify_mla_sm90
+
+    monkeypatch.setattr(verify_mla_sm90, "REMAINDER_BESIDE", True)
+    assert verify_mla_sm90.remainder_beside(num_tokens, num_q_heads, 1) > 0
+    problem = make_problem(layout=Layout(num_q_heads, 1, 576, 512, True), prefix_lens=[prefix_len],
+                           num_tokens=num_tokens, page_size=page_size, dtype=torch.bfloat16, device="cuda",
+                           tree="random", seed=prefix_len + num_tokens)
+    args, addressing = problem.attention_args(), problem.table_args()
+    ws = allocate_workspace(max_batch=1, max_tokens=num_tokens, num_q_heads=num_q_heads, v_head_dim=512,
+                            device="cuda")
+    ref = verify_attention_reference(**args, **addressing, v_head_dim=512)
+    outs = {}
+    for beside in (True, False):
+        monkeypatch.setattr(verify_mla_sm90, "REMAINDER_BESIDE", beside)
+        out = problem.new_out()
+        graph = captured(functools.partial(verify_attention, **args, **addressing, out=out, workspace=ws))
+        out.fill_(float("nan"))
+        ws.part_out.fill_(float("nan"))
+        ws.part_lse.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert not out.isnan().any(), f"beside={beside}: rows left unwritten"
+        assert rel_err(out, ref) < BF16_TOL, f"beside={beside}: {rel_err(out, ref):.2e}"
+        outs[beside] = out.float()
+    rows = num_tokens * num_q_heads
+    rest = rows % 64
+    last = outs[True].reshape(rows, 512)[rows - rest:]
+    assert rel_err(last, outs[False].reshape(rows, 512)[rows - rest:]) < BF16_TOL
+    assert torch.equal(outs[True].reshape(rows, 512)[:rows - rest], outs[False].reshape(rows, 512)[:rows - rest])
