@@ -19,8 +19,8 @@ for the new tokens k_new under the tree mask) through a two-stage shared-memory 
   wgmma is waited for inside the iteration that issued
   it: one in flight across the loop's back edge made ptxas serialise every wgmma of the kernel (C7514), which cost
   10-20% (ptxas's own report; all figures H200, 2026-12-01, journal in docs/measurements/2026-12-01-h200/).
-- calls of at most 32 rows (16 heads at T = 1 / 2, DeepSeek's decode under TP 8), and at batch 1 the last <= 32 rows
-  of a call past its full 64-row m-blocks (REMAINDER_BESIDE: 8 heads x a 9-node tree = 64 + 8): _mla_verify_sm90_narrow_kernel,
+- calls of at most 32 rows (16 heads at T = 1 / 2, DeepSeek's decode under TP 8), and at batch 1, page 1 the last <= 32
+  rows of a call past its full 64-row m-blocks (REMAINDER_BESIDE: 8 heads x a 9-node tree = 64 + 8): _mla_verify_sm90_narrow_kernel,
   the products swapped so that a tile's 64 keys fill wgmma's 64-row side instead of 16 rows padded to 64
   (S^T = K Q^T, O^T = V^T P^T: at 16 rows the 64-row product computed 4x the FLOPs, and at 128k that alone
   took longer than reading the latent rows).
@@ -486,11 +486,12 @@ def _mla_verify_sm90_narrow_kernel(
 # -3.7% .. +0.9% (run 10). False restores the old order (the A/B's other arm).
 MASK_IN_BRANCH = True
 
-# Batch-1 calls whose last 64-row m-block would hold at most 32 real rows (72 = 8 heads x a 9-node tree, 80, 96,
-# 136, 144 rows) run their full m-blocks on the 64-row kernel and the rest on the narrow kernel beside it, each
+# Batch-1 page-1 calls whose last 64-row m-block would hold at most 32 real rows (72 = 8 heads x a 9-node tree, 80,
+# 96, 136, 144 rows) run their full m-blocks on the 64-row kernel and the rest on the narrow kernel beside it, each
 # program streaming the same slice of the prefix, instead of one more 64-row m-block of mostly padding (see
-# launch_mla_sm90 and remainder_beside). False: every row on the 64-row kernel (the A/B's other arm).
-REMAINDER_BESIDE = False  # until measured (session 15, run 18)
+# launch_mla_sm90 and remainder_beside: 1.4-3.3% on those rows, H200 2026-12-03). False: every row on the 64-row
+# kernel (the A/B's other arm).
+REMAINDER_BESIDE = True
 
 
 def under_s(num_tokens: int) -> bool:
@@ -510,13 +511,17 @@ def mla_sm90_supported(q: torch.Tensor, *, v_is_k: bool, dk: int, dv: int) -> bo
             and q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9)
 
 
-def remainder_beside(num_tokens: int, num_q_heads: int, batch: int) -> int:
-    """Rows run by the narrow kernel beside the 64-row kernel's full m-blocks, or 0: at batch 1 (no plan), when a
-    call has more than 64 rows and its last m-block would hold at most NARROW_MAX_ROWS real rows (8 heads x a 9..12-
-    node tree, 16 heads at T = 5, 8 heads at T = 17: that m-block is mostly padding, yet a second 64-row pass)."""
+def remainder_beside(num_tokens: int, num_q_heads: int, batch: int, page_size: int) -> int:
+    """Rows run by the narrow kernel beside the 64-row kernel's full m-blocks, or 0: at batch 1 (no plan) and page
+    size 1, when a call has more than 64 rows and its last m-block would hold at most NARROW_MAX_ROWS real rows
+    (8 heads x a 9..12-node tree or T = 17, 16 heads x T = 5 / 9 / 13 / 17: that m-block is mostly padding, yet a
+    second pass over the prefix). Measured (H200, 2026-12-03, run 18 of docs/measurements/2026-12-03-h200/): page 1
+    1.4-3.3% faster on all 15 such rows (64k-256k); page 64 -0.6% .. +3.7% (slower at 8 heads x 9), so not there;
+    page 16 not measured, so not there."""
     rows = num_tokens * num_q_heads
     rest = rows % BLOCK_M
-    return rest if REMAINDER_BESIDE and batch == 1 and rows > BLOCK_M and 0 < rest <= NARROW_MAX_ROWS else 0
+    return (rest if REMAINDER_BESIDE and batch == 1 and page_size == 1 and rows > BLOCK_M
+            and 0 < rest <= NARROW_MAX_ROWS else 0)
 
 
 def launch_mla_sm90(*, q, kv_buffer, k_new, tree_mask, indices, kv_indptr, prefix_lens, page_table_stride: int,
@@ -536,7 +541,7 @@ def launch_mla_sm90(*, q, kv_buffer, k_new, tree_mask, indices, kv_indptr, prefi
     Returns the (first) compiled kernel."""
     batch, num_tokens, num_q_heads, _ = q.shape
     rows = num_tokens * num_q_heads
-    rest = remainder_beside(num_tokens, num_q_heads, batch)
+    rest = remainder_beside(num_tokens, num_q_heads, batch, page_size)
     args = (
         q, kv_buffer, k_new, tree_mask, indices, kv_indptr, prefix_lens, items, order, part_out, part_lse,
         sm_scale * _LOG2E,
@@ -551,12 +556,12 @@ def launch_mla_sm90(*, q, kv_buffer, k_new, tree_mask, indices, kv_indptr, prefi
     )
     common = dict(HQ=num_q_heads, T=num_tokens, PAGE_SIZE=page_size, USE_INDPTR=use_indptr, SINGLE=single,
                   BLOCK_N=BLOCK_N, DV=_DV, DPE=_DPE, CHUNK=_CHUNK, WAIT_PLAN=wait_plan, num_warps=8)
-    pdl = {"launch_pdl": True} if wait_plan else {}
+    after_plan = {"launch_pdl": True} if wait_plan else {}
     if rows <= NARROW_MAX_ROWS:  # S^T / O^T: the keys fill wgmma's 64-row side (one m-block: grid dim 0 is 1)
         return _mla_verify_sm90_narrow_kernel[(1, num_items + batch)](
-            *args, BLOCK_R=16 if rows <= 16 else 32, ROW0=0, WAIT_END=False, **common, **pdl)
-    compiled = _mla_verify_sm90_kernel[((rows - rest) // BLOCK_M, num_items + batch)](
-        *args, BLOCK_M=BLOCK_M, UNDER_S=under_s(num_tokens), MASK_IN_BRANCH=MASK_IN_BRANCH, **common, **pdl)
+            *args, BLOCK_R=16 if rows <= 16 else 32, ROW0=0, WAIT_END=False, **common, **after_plan)
+    compiled = _mla_verify_sm90_kernel[(-(-(rows - rest) // BLOCK_M), num_items + batch)](  # the rest: whole m-blocks
+        *args, BLOCK_M=BLOCK_M, UNDER_S=under_s(num_tokens), MASK_IN_BRANCH=MASK_IN_BRANCH, **common, **after_plan)
     if rest:
         _mla_verify_sm90_narrow_kernel[(1, num_items + batch)](
             *args, BLOCK_R=16 if rest <= 16 else 32, ROW0=rows - rest, WAIT_END=pdl, **common,

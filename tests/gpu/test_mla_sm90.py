@@ -105,16 +105,16 @@ def test_batch_one_slices_match_fp32_truth(prefix_len, num_splits, indptr, num_q
                                           monkeypatch):
     """single=True (batch 1, no plan): slice s = positions [s * per, (s + 1) * per) with per = the prefix / P
     rounded up to whole tiles, in slot s; slices past the prefix write nothing; the new tokens in slot P.
-    8 heads x 9 / 12 / 17 tokens and 16 heads x 5: the rows past the full 64-row m-blocks run on the narrow kernel
-    beside the 64-row one (remainder_beside), launched as its programmatic dependent (pdl) or after it."""
+    8 heads x 9 / 12 / 17 tokens and 16 heads x 5: in the indptr form (page 1) the rows past the full 64-row
+    m-blocks run on the narrow kernel beside the 64-row one (remainder_beside), launched as its programmatic
+    dependent (pdl) or after it; in the page-table form (page 16) on a padded 64-row m-block."""
     from specsweep_kernels import verify_mla_sm90
     from specsweep_kernels.verify_mla_sm90 import BLOCK_N, launch_mla_sm90, remainder_beside
 
     monkeypatch.setattr(verify_mla_sm90, "REMAINDER_BESIDE", True)
-    if not pdl and not remainder_beside(num_tokens, num_q_heads, 1):
-        pytest.skip("pdl changes only how a remainder is launched")
-
     page_size = 16
+    if not pdl and not remainder_beside(num_tokens, num_q_heads, 1, 1 if indptr else page_size):
+        pytest.skip("pdl changes only how a remainder is launched")
     problem = make_problem(layout=Layout(num_q_heads, 1, 576, 512, True), prefix_lens=[prefix_len],
                            num_tokens=num_tokens, page_size=page_size, dtype=torch.bfloat16, device="cuda",
                            tree="random", seed=prefix_len + num_splits)

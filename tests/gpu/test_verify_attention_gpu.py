@@ -178,11 +178,11 @@ def test_cuda_graph_batch_one_slices():
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="programmatic dependent launch needs sm_90 or newer")
-@pytest.mark.parametrize("layout,prefix_lens,num_tokens", [
-    (MLA_16, [70_001], 3), (MLA_16, [5000, 64, 0, 1300], 3), (MLA_16, [5000, 64, 0, 1300], 2),
-    (MLA_8, [70_001], 9), (GQA_32_8, [5000, 64, 0, 1300], 3)],
+@pytest.mark.parametrize("layout,prefix_lens,num_tokens,page_size", [
+    (MLA_16, [70_001], 3, 16), (MLA_16, [5000, 64, 0, 1300], 3, 16), (MLA_16, [5000, 64, 0, 1300], 2, 16),
+    (MLA_8, [70_001], 9, 1), (GQA_32_8, [5000, 64, 0, 1300], 3, 16)],
     ids=["mla-b1", "mla-b4", "mla-b4-narrow", "mla8-b1-remainder", "gqa-b4"])
-def test_merge_as_dependent_launch_equals_normal_launch(layout, prefix_lens, num_tokens, monkeypatch):
+def test_merge_as_dependent_launch_equals_normal_launch(layout, prefix_lens, num_tokens, page_size, monkeypatch):
     """On sm_90+ the merge is a programmatic dependent launch (PDL) of the attention kernel, its programs started
     before the attention kernel ends and held in griddepcontrol.wait, (batches, the Gluon kernel) the attention
     kernel one of the plan kernel the call launched (PLAN_PDL), and (batch 1, 8 heads x 9 tokens) the narrow kernel
@@ -194,7 +194,7 @@ def test_merge_as_dependent_launch_equals_normal_launch(layout, prefix_lens, num
     from specsweep_kernels import verify_mla_sm90
 
     assert va._pdl_supported(torch.cuda.current_device())
-    problem = make_problem(layout=layout, prefix_lens=prefix_lens, num_tokens=num_tokens, page_size=16,
+    problem = make_problem(layout=layout, prefix_lens=prefix_lens, num_tokens=num_tokens, page_size=page_size,
                            dtype=torch.bfloat16, device="cuda", tree="random", seed=77)
     args, addressing = problem.attention_args(), problem.table_args()
     b, t, hq, _ = args["q"].shape
@@ -230,17 +230,17 @@ def test_merge_as_dependent_launch_equals_normal_launch(layout, prefix_lens, num
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                     reason="the Gluon MLA kernels need an sm_90 GPU")
 @pytest.mark.parametrize("num_q_heads,num_tokens,prefix_len,page_size", [
-    (8, 9, 185_000, 1), (8, 12, 70_001, 64), (16, 5, 9000, 16), (8, 17, 70_001, 1), (8, 9, 0, 1), (8, 9, 100, 16)])
+    (8, 9, 185_000, 1), (8, 12, 70_001, 1), (16, 5, 9000, 1), (8, 17, 70_001, 1), (8, 9, 0, 1), (8, 9, 100, 1)])
 def test_remainder_beside_matches_reference_and_the_padded_m_block(num_q_heads, num_tokens, prefix_len, page_size,
                                                                    monkeypatch):
-    """Batch 1, rows past the full 64-row m-blocks <= 32 (8 heads x a 9 / 12 / 17-node tree, 16 heads x 5): the
+    """Batch 1, page 1, rows past the full 64-row m-blocks <= 32 (8 heads x a 9 / 12 / 17-node tree, 16 heads x 5): the
     narrow kernel runs them beside the 64-row kernel. Under graph replay with the workspace poisoned, the output
     matches the fp32 reference, and matches the output of the padded 64-row m-block (REMAINDER_BESIDE off) to bf16
     rounding; empty and short prefixes too."""
     from specsweep_kernels import verify_mla_sm90
 
     monkeypatch.setattr(verify_mla_sm90, "REMAINDER_BESIDE", True)
-    assert verify_mla_sm90.remainder_beside(num_tokens, num_q_heads, 1) > 0
+    assert verify_mla_sm90.remainder_beside(num_tokens, num_q_heads, 1, page_size) > 0
     problem = make_problem(layout=Layout(num_q_heads, 1, 576, 512, True), prefix_lens=[prefix_len],
                            num_tokens=num_tokens, page_size=page_size, dtype=torch.bfloat16, device="cuda",
                            tree="random", seed=prefix_len + num_tokens)

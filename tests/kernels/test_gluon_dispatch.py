@@ -1,5 +1,6 @@
-"""Which Gluon MLA kernel runs which rows (sm_90; the rule itself is host code and runs here): a batch-1 call whose
-last 64-row m-block would hold at most 32 real rows runs those rows on the narrow kernel beside the 64-row one."""
+"""Which Gluon MLA kernel runs which rows (sm_90; the rule itself is host code and runs here): a batch-1 page-1 call
+whose last 64-row m-block would hold at most 32 real rows runs those rows on the narrow kernel beside the 64-row
+one (the page sizes where that was measured faster)."""
 from __future__ import annotations
 
 import pytest
@@ -22,12 +23,18 @@ from specsweep_kernels import verify_mla_sm90 as gluon
 ])
 def test_remainder_rows(num_tokens, num_q_heads, batch, rest, monkeypatch):
     monkeypatch.setattr(gluon, "REMAINDER_BESIDE", True)
-    assert gluon.remainder_beside(num_tokens, num_q_heads, batch) == rest
+    assert gluon.remainder_beside(num_tokens, num_q_heads, batch, 1) == rest
+
+
+@pytest.mark.parametrize("page_size", [16, 64])
+def test_no_remainder_where_it_was_not_measured_faster(page_size, monkeypatch):
+    monkeypatch.setattr(gluon, "REMAINDER_BESIDE", True)
+    assert gluon.remainder_beside(9, 8, 1, page_size) == 0
 
 
 def test_remainder_off_pads_the_last_m_block(monkeypatch):
     monkeypatch.setattr(gluon, "REMAINDER_BESIDE", False)
-    assert gluon.remainder_beside(9, 8, 1) == 0
+    assert gluon.remainder_beside(9, 8, 1, 1) == 0
 
 
 def test_the_remainder_fits_the_narrow_kernel(monkeypatch):
@@ -35,6 +42,6 @@ def test_the_remainder_fits_the_narrow_kernel(monkeypatch):
     monkeypatch.setattr(gluon, "REMAINDER_BESIDE", True)
     for heads in (1, 2, 4, 8, 16, 32, 64, 128):
         for tokens in range(1, 65):
-            rest = gluon.remainder_beside(tokens, heads, 1)
+            rest = gluon.remainder_beside(tokens, heads, 1, 1)
             assert 0 <= rest <= gluon.NARROW_MAX_ROWS
             assert rest == 0 or (tokens * heads > gluon.BLOCK_M and (tokens * heads - rest) % gluon.BLOCK_M == 0)
