@@ -293,9 +293,10 @@ def _mla_sm90_launch(q: Tensor, k_buffer: Tensor, k_new: Tensor, tree_mask: Tens
     if not launch:
         return config, num_splits
     single = not step_needs_plan(batch)  # equal slices, no plan launch (a given plan is checked, not needed)
+    pdl = _pdl_supported(_device_index(q.device))
     plan_pdl = False
     if plan is None and not single:
-        plan_pdl = PLAN_PDL and _pdl_supported(_device_index(q.device))
+        plan_pdl = PLAN_PDL and pdl
         plan = _launch_plan(workspace, kv_indptr if use_indptr else prefix_lens, use_indptr, batch, gluon.BLOCK_N,
                             num_splits, pdl=plan_pdl)
     global _last_compiled
@@ -304,7 +305,7 @@ def _mla_sm90_launch(q: Tensor, k_buffer: Tensor, k_new: Tensor, tree_mask: Tens
         prefix_lens=prefix_lens, page_table_stride=page_table_stride, items=workspace.items, order=workspace.order,
         part_out=workspace.part_out, part_lse=workspace.part_lse,
         num_items=num_splits if single else plan.num_items, sm_scale=sm_scale, page_size=page_size,
-        use_indptr=use_indptr, single=single, wait_plan=plan_pdl, pdl=_pdl_supported(_device_index(q.device)))
+        use_indptr=use_indptr, single=single, wait_plan=plan_pdl, pdl=pdl)
     _launch_merge(workspace, out, kv_indptr, prefix_lens, num_splits=num_splits, block_n=gluon.BLOCK_N,
                   use_indptr=use_indptr, single=single)
     return config, num_splits
