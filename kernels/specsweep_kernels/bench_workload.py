@@ -41,6 +41,7 @@ import torch
 from specsweep_kernels.bench import _rel_err, bench_layout, graph_us, ragged_mixes
 from specsweep_kernels.problems import make_problem
 from specsweep_kernels.reference import verify_attention_reference
+from specsweep_kernels.sglang_peer import zero_verify_scratch
 from specsweep_kernels.roofline import ReadStream, copy_gbps, matmul_peak_tflops, verify_cost
 from specsweep_kernels.verify_attention import VerifyConfig, allocate_workspace, verify_attention, verify_kernel
 from specsweep_kernels.verify_config import pick_config
@@ -110,7 +111,10 @@ def workload_rows(grids: list[str], pages: tuple[int, ...] = (1, 64), prefixes: 
 
 
 def _peer_call(peers, problem, out: torch.Tensor):
-    """SGLang 0.5.23's verify kernel for this chain problem (extend_attention_fwd's arguments), or None."""
+    """SGLang 0.5.23's verify kernel for this chain problem (extend_attention_fwd's arguments): a call returning
+    False where the kernel refuses the shape. The first call has made the kernel's scratch; call
+    sglang_peer.zero_verify_scratch before the call whose output counts (an unrun split's stale NaN leaks into the
+    GQA kernel's output, see sglang_peer)."""
     shared_kv_fwd, splitkv_fwd = peers
     args = problem.attention_args()
     batch, t, hq, dk = args["q"].shape
@@ -168,6 +172,11 @@ def run_row(row: Row, *, peak_tflops: float, reader: ReadStream | None, peers, w
         if not call():
             row.note = "SGLang 0.5.23 verify: can_handle refused"
         elif not warm_only:
+            if out.isnan().any():
+                row.note = "SGLang 0.5.23 verify: NaN from its unzeroed scratch on the first call (zeroed, then checked)"
+            zero_verify_scratch(peers)
+            out.fill_(math.nan)
+            call()
             row.err["sglang"] = _rel_err(out, ref)
             row.us["sglang"], _ = graph_us(call)
     if warm_only:

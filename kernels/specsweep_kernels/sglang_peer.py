@@ -23,6 +23,14 @@ way, under a temporary `sglang` of their own:
     verify_shared_kv_fwd, verify_splitkv_fwd = load_verify_peers(".../sglang/kernels/ops/attention")
 
 Both take `extend_attention_fwd`'s arguments and return False (writing nothing) for a shape they do not serve.
+
+Their scratch (split partials and LSEs) is `torch.empty`, made on the first call of a shape and kept in a module
+cache (verify_splitkv.py:461-470, :626-648; verify_mla.py:419-428, :602-631). The GQA kernel's combine reads every
+split's partial and weights a split that did not run (a sequence shorter than the split count asks for) by
+exp(-inf) = 0 (verify_splitkv.py:265-277, :330-357), so a NaN or Inf left in that memory by an earlier tensor gives
+0 x NaN = NaN rows; the MLA kernel's combine reads only the splits that ran (verify_mla.py:280-314).
+`zero_verify_scratch(peers)` fills every cached scratch with zeros, so a bench column measures the kernel's
+arithmetic rather than what its memory held (tests/kernels/test_sglang_peer.py shows both).
 """
 
 from __future__ import annotations
@@ -101,6 +109,18 @@ def load_verify_peers(folder: str | Path) -> tuple[Callable[..., Any], Callable[
     from sglang.kernels.ops.attention.verify_splitkv import verify_splitkv_fwd
 
     return verify_shared_kv_fwd, verify_splitkv_fwd
+
+
+def zero_verify_scratch(peers: tuple[Callable[..., Any], Callable[..., Any]]) -> int:
+    """Zero the split scratch of every shape the two verify peers have run (their modules' caches); returns how
+    many scratch sets were zeroed."""
+    zeroed = 0
+    for fn, cache in zip(peers, ("_VMLA_CACHE", "_VK_CACHE")):
+        for runner in getattr(sys.modules[fn.__module__], cache).values():
+            runner.att_out.zero_()
+            runner.att_lse.zero_()
+            zeroed += 1
+    return zeroed
 
 
 def load_peer_kernels(wheel: str | Path) -> tuple[Callable[..., Any], Callable[..., Any]]:

@@ -58,33 +58,67 @@ def _installed_verify_ops() -> Path | None:
     return folder if all((folder / name).is_file() for name in VERIFY_FILES) else None
 
 
-@pytest.mark.skipif(_installed_verify_ops() is None, reason="needs SGLang 0.5.23's source (make setup installs it)")
-def test_verify_peers_load_from_the_two_files_and_match_the_reference():
-    """The 0.5.23 split-KV verify kernels import from a copy of their two files alone, and called the way the bench
-    calls them (extend_attention_fwd's arguments, a chain) they give the reference's output (GQA, interpreter)."""
-    code = (
-        "import sys, torch\n"
-        "from specsweep_kernels.sglang_peer import load_verify_peers\n"
-        "from specsweep_kernels.bench_workload import _peer_call\n"
-        "from specsweep_kernels.bench import _rel_err, bench_layout\n"
-        "from specsweep_kernels.problems import make_problem\n"
-        "from specsweep_kernels.reference import verify_attention_reference\n"
-        f"peers = load_verify_peers({str(_installed_verify_ops())!r})\n"
-        "lay = bench_layout('gqa-small')\n"
-        "p = make_problem(layout=lay, prefix_lens=[70, 130], num_tokens=3, page_size=1, dtype=torch.float32,"
-        " device='cpu')\n"
-        "ref = verify_attention_reference(**p.attention_args(), **p.table_args(), v_head_dim=lay.v_head_dim)\n"
-        "out = p.new_out()\n"
-        "ran = _peer_call(peers, p, out)()\n"
-        "print(ran, _rel_err(out, ref), sys.modules[peers[1].__module__].__file__)\n")
+_PEER_SCRIPT = """
+import sys, torch
+torch.use_deterministic_algorithms(True)  # torch.empty fills floats with NaN: the scratch starts as NaN, not as luck
+from specsweep_kernels.sglang_peer import load_verify_peers, zero_verify_scratch
+from specsweep_kernels.bench_workload import _peer_call
+from specsweep_kernels.bench import _rel_err, bench_layout
+from specsweep_kernels.problems import make_problem
+from specsweep_kernels.reference import verify_attention_reference
+peers = load_verify_peers(sys.argv[1])
+lay = bench_layout(sys.argv[2])
+# 70 tokens over 4 splits of 32 leave split 3 unrun; 256 tokens run all 4 (verify_splitkv.py:95-121, :178-183)
+p = make_problem(layout=lay, prefix_lens=[70, 256], num_tokens=3, page_size=1, dtype=torch.float32, device='cpu')
+ref = verify_attention_reference(**p.attention_args(), **p.table_args(), v_head_dim=lay.v_head_dim)
+out = p.new_out()
+call = _peer_call(peers, p, out)
+ran = call()
+nan_rows = out.isnan().flatten(2).any(2).any(1).tolist()
+err_whole = _rel_err(out[1:], ref[1:])
+zeroed = zero_verify_scratch(peers)
+out.fill_(float('nan'))
+call()
+print(ran, *nan_rows, err_whole, zeroed, _rel_err(out, ref), sys.modules[peers[1].__module__].__file__)
+"""
+
+
+def _run_peer(layout: str) -> list[str]:
     root = Path(__file__).resolve().parents[2]
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+    proc = subprocess.run([sys.executable, "-c", _PEER_SCRIPT, str(_installed_verify_ops()), layout],
+                          capture_output=True, text=True, timeout=300,
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{root}:{root / 'kernels'}",
                                "TRITON_INTERPRET": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
-    ran, err, where = proc.stdout.split()[-3:]
-    assert ran == "True" and float(err) < 1e-4
+    return proc.stdout.split()[-7:]
+
+
+@pytest.mark.skipif(_installed_verify_ops() is None, reason="needs SGLang 0.5.23's source (make setup installs it)")
+def test_gqa_peer_leaks_an_unrun_splits_stale_scratch_and_matches_once_zeroed():
+    """SGLang 0.5.23's GQA verify kernel (verify_splitkv_fwd), imported from a copy of its file and called as the
+    bench calls it, over a NaN-filled scratch: the sequence with an unrun split comes out NaN (its combine weights
+    that split's partial by 0, and 0 x NaN is NaN), the sequence whose splits all ran matches the reference; after
+    zero_verify_scratch the whole batch matches. This is SGLang's behaviour, not ours: on a GPU the scratch holds
+    whatever the caching allocator hands it."""
+    ran, nan_short, nan_long, err_long, zeroed, err_all, where = _run_peer("gqa-small")
+    assert ran == "True"
+    assert (nan_short, nan_long) == ("True", "False")
+    assert float(err_long) < 1e-4
+    assert zeroed == "1" and float(err_all) < 1e-4
     assert "specsweep-sglang-verify-" in where and where.endswith("kernels/ops/attention/verify_splitkv.py")
+
+
+@pytest.mark.skipif(_installed_verify_ops() is None, reason="needs SGLang 0.5.23's source (make setup installs it)")
+def test_mla_peer_reads_only_the_splits_that_ran():
+    """SGLang 0.5.23's MLA verify kernel (verify_shared_kv_fwd) over the same NaN-filled scratch matches the
+    reference on both sequences before any zeroing: its combine loops over the active splits only
+    (verify_mla.py:280-314)."""
+    ran, nan_short, nan_long, err_long, zeroed, err_all, _ = _run_peer("mla:8")
+    assert ran == "True"
+    assert (nan_short, nan_long) == ("False", "False")
+    # its split partials are stored in bf16 whatever the inputs (verify_mla.py:418-422): bf16-sized error on fp32
+    assert float(err_long) < 1e-2 and float(err_all) < 1e-2
+    assert zeroed == "1"
 
 
 def test_a_folder_without_the_verify_files_is_refused(tmp_path):
