@@ -13,7 +13,6 @@ and its siblings pin those lines by their text)."""
 from __future__ import annotations
 
 import collections
-import importlib.util
 import os
 import re
 import sys
@@ -21,21 +20,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.workers.sglang_source import package_dir, sglang_root
+
 ROOT = Path(__file__).resolve().parents[1]
 CITING = ("README.md", "docs", "orchestrator", "workers", "kernels", "specsweep_vocab", "tools", "tests", "conf")
 SUFFIXES = {".md", ".py", ".yaml", ".toml", ".txt"}
 CITATION = re.compile(r"(?<![\w/.\-])((?:[\w.\-]+/)*[\w\-]+\.py):(\d+(?:[-–]\d+)?(?:,\d+(?:[-–]\d+)?)*)")
 
 
-def _package_dir(name: str) -> Path | None:
-    spec = importlib.util.find_spec(name)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0])
-
-
 def _trees() -> list[Path]:
-    trees = [p for p in map(_package_dir, ("sglang", "ray", "mlflow", "hydra", "omegaconf", "triton")) if p]
+    trees = [p for p in map(package_dir, ("sglang", "ray", "mlflow", "hydra", "omegaconf", "triton")) if p]
     old = Path(sys.prefix) / "sglang-0.5.10" / "sglang"
     return trees + ([old] if old.is_dir() else []) + [ROOT]
 
@@ -78,7 +72,7 @@ def _citations() -> list[tuple[str, str, int]]:
     return found
 
 
-@pytest.mark.skipif(_package_dir("sglang") is None, reason="needs the pinned SGLang source (make setup installs it)")
+@pytest.mark.skipif(sglang_root() is None, reason="needs the pinned SGLang source (make setup installs it)")
 def test_every_cited_file_and_line_exists():
     index = _index(_trees())
     lengths: dict[Path, int] = {}

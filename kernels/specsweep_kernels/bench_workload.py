@@ -41,8 +41,8 @@ import torch
 from specsweep_kernels.bench import _rel_err, bench_layout, graph_us, ragged_mixes
 from specsweep_kernels.problems import make_problem
 from specsweep_kernels.reference import verify_attention_reference
-from specsweep_kernels.sglang_peer import zero_verify_scratch
 from specsweep_kernels.roofline import ReadStream, copy_gbps, matmul_peak_tflops, verify_cost
+from specsweep_kernels.sglang_peer import zero_verify_scratch
 from specsweep_kernels.verify_attention import VerifyConfig, allocate_workspace, verify_attention, verify_kernel
 from specsweep_kernels.verify_config import pick_config
 from specsweep_kernels.verify_targets import SM120

@@ -5,7 +5,6 @@ import the same two helpers as 0.5.10.post1's); the import runs in a fresh inter
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import zipfile
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from specsweep_kernels.sglang_peer import TRITON_OPS, VERIFY_FILES, copy_verify_ops, unpack_triton_ops
+from tests.workers.sglang_source import sglang_root
 
 SGLANG_0_5_10 = Path(sys.prefix) / "sglang-0.5.10"
 
@@ -51,10 +51,10 @@ def test_a_wheel_without_the_triton_ops_is_refused(tmp_path):
 
 def _installed_verify_ops() -> Path | None:
     """SGLang 0.5.23's kernels/ops/attention folder in this environment, found without importing sglang."""
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.submodule_search_locations:
+    root = sglang_root()
+    if root is None:
         return None
-    folder = Path(list(spec.submodule_search_locations)[0]) / "kernels" / "ops" / "attention"
+    folder = root / "kernels" / "ops" / "attention"
     return folder if all((folder / name).is_file() for name in VERIFY_FILES) else None
 
 
@@ -75,11 +75,11 @@ out = p.new_out()
 call = _peer_call(peers, p, out)
 ran = call()
 nan_rows = out.isnan().flatten(2).any(2).any(1).tolist()
-err_whole = _rel_err(out[1:], ref[1:])
+err_long = _rel_err(out[1:], ref[1:])
 zeroed = zero_verify_scratch(peers)
 out.fill_(float('nan'))
 call()
-print(ran, *nan_rows, err_whole, zeroed, _rel_err(out, ref), sys.modules[peers[1].__module__].__file__)
+print(ran, *nan_rows, err_long, zeroed, _rel_err(out, ref), sys.modules[peers[1].__module__].__file__)
 """
 
 

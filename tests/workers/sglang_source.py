@@ -23,11 +23,16 @@ from pathlib import Path
 from typing import Any, Iterable
 
 
-def sglang_root() -> Path | None:
-    spec = importlib.util.find_spec("sglang")  # finds the package without importing it
+def package_dir(name: str) -> Path | None:
+    """The installed package's folder, found without importing it (None where it is not installed)."""
+    spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(list(spec.submodule_search_locations)[0])
+
+
+def sglang_root() -> Path | None:
+    return package_dir("sglang")
 
 
 def _source(rel: str) -> tuple[str, ast.Module]:
