@@ -281,6 +281,16 @@ def _type_hints(spec: type) -> dict[str, Any]:
     return typing.get_type_hints(spec)
 
 
+def _engine_sections(e: Mapping[str, Any]) -> dict[str, Any]:
+    """EngineSpec's per-engine sections (a field named after an engine kind: `engine.sglang`, `engine.stub`): the
+    configured kind's, built from its keys; the others None (they are no part of that engine's server)."""
+    out: dict[str, Any] = {}
+    for name, hint in _type_hints(EngineSpec).items():
+        if EngineKind.named(name) is not None:
+            out[name] = _unwrap(hint)[0](**e[name]) if e["kind"] == name else None
+    return out
+
+
 @functools.cache
 def schema_tree(schema: type = SpecsweepConf) -> Mapping[str, Any]:
     """The schema's keys: name -> subtree (a section), LEAF (a value) or OPEN (a dict: any sub-key is legal).
@@ -361,9 +371,7 @@ def to_run_config(cfg: DictConfig | Mapping[str, Any], overrides: tuple[str, ...
     if p.items:
         raise ConfigError(p.items)
     e, pr = c["engine"], c["probe"]
-    engine = _from_conf(EngineSpec, "engine", e, p,
-                        sglang=SGLangOptions(**e["sglang"]) if e["kind"] == EngineKind.SGLANG.value else None,
-                        stub=StubOptions(**e["stub"]) if e["kind"] == EngineKind.STUB.value else None)
+    engine = _from_conf(EngineSpec, "engine", e, p, **_engine_sections(e))
     model = _from_conf(ModelSpec, "model", c["model"], p)
     drafter = _from_conf(DrafterSpec, "drafter", c["drafter"], p)
     attention = _from_conf(AttentionSpec, "attention", c["attention"], p)

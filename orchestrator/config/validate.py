@@ -22,15 +22,11 @@ from orchestrator.config.probe_file import probe_file_problem as probe_file_prob
 from orchestrator.config.log_pattern_rules import LOG_PATTERN_ALLOWED as LOG_PATTERN_ALLOWED, log_pattern_problems
 from orchestrator.config.context import (check_context, every_point_over_context as every_point_over_context,
                                          server_context_len as server_context_len)
-from specsweep_vocab.spec import Algorithm, AttentionKind, JobKind, ProbeKind
+from specsweep_vocab.spec import EAGLE_FAMILY, NEEDS_DRAFT_PATH, Algorithm, AttentionKind, JobKind, ProbeKind
 from workers.registry import adapter_for
 
 if TYPE_CHECKING:
     from orchestrator.config.run_config import RunConfig
-
-
-EAGLE_FAMILY = (Algorithm.EAGLE, Algorithm.EAGLE3, Algorithm.STANDALONE)
-NEEDS_DRAFT_PATH = (Algorithm.STANDALONE, Algorithm.EAGLE3, Algorithm.DFLASH)
 
 
 def validate_run(rc: RunConfig, *, check_max_context: bool = True) -> list[Problem]:

@@ -76,7 +76,7 @@ from orchestrator.results.provenance import git_sha, hydra_multirun_yaml, redact
 from orchestrator.results.store_lock import StoreLock
 from specsweep_vocab.point_key import point_key
 from specsweep_vocab.redact import plan_secrets, redact_config, redact_override, redact_param, redact_text, uri_secrets
-from specsweep_vocab.spec import EngineKind, FailureReason, RunResult, RunSpec, RunState
+from specsweep_vocab.spec import FailureReason, RunResult, RunSpec, RunState, engine_mix_allowed
 
 if TYPE_CHECKING:
     from orchestrator.config.plan import Plan
@@ -107,10 +107,9 @@ def experiment_for(settings: ExecutionSettings, plan: Plan | None = None) -> str
     """The MLflow experiment of `plan`'s sweep: `settings.experiment_name`, plus `-stub` when every run is on the
     stub engine. Raises ValueError for a plan mixing the stub with a real engine."""
     kinds = plan.engine_kinds if plan is not None else frozenset()
-    if EngineKind.STUB in kinds and len(kinds) > 1:
-        raise ValueError(f"engine.kind={sorted(k.value for k in kinds)}: the stub engine's runs are simulated and "
-                         f"recorded in their own experiment; run stub and real engines as separate sweeps")
-    return settings.experiment_name + (STUB_EXPERIMENT_SUFFIX if kinds == {EngineKind.STUB} else "")
+    if allowed := engine_mix_allowed(kinds):
+        raise ValueError(f"engine.kind={sorted(k.value for k in kinds)}: allowed {allowed}")
+    return settings.experiment_name + (STUB_EXPERIMENT_SUFFIX if kinds and all(k.simulated for k in kinds) else "")
 
 
 def _client(uri: str):

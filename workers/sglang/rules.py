@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from specsweep_vocab.builtin_models import REFERENCE_MODEL_PATHS
 from specsweep_vocab.plan_point import PlanPoint, argv_flags, context_limit_words, server_context_len
 from specsweep_vocab.problem import Problem
 from specsweep_vocab.sglang_facts import (SGLANG_BACKEND_PAGE_SIZES, SGLANG_DRAFT_BACKENDS,
@@ -22,11 +23,8 @@ from specsweep_vocab.sglang_facts import (SGLANG_BACKEND_PAGE_SIZES, SGLANG_DRAF
                                           SGLANG_VERSIONS, SPEC_MAX_RUNNING_REQUESTS, resolved_backends,
                                           sglang_draft_backend)
 from specsweep_vocab.sglang_limits import context_need, sglang_generated
-from specsweep_vocab.spec import Algorithm, AttentionKind
-from workers.reference.rules import REFERENCE_MODEL_PATHS
+from specsweep_vocab.spec import EAGLE_FAMILY, Algorithm, AttentionKind
 from workers.sglang.startup_rules import startup_problems
-
-EAGLE_FAMILY = (Algorithm.EAGLE, Algorithm.EAGLE3, Algorithm.STANDALONE)
 Bad = Callable[[str, Any, str], None]
 
 

@@ -17,6 +17,7 @@ from orchestrator.config.params import RunParams, config_params
 from orchestrator.config.weights_scope import dummy_weights_reason
 from orchestrator.results.diagnosis import RunRow
 from specsweep_vocab.sglang_facts import SGLANG_PLUGIN_BACKENDS
+from specsweep_vocab.spec import EngineKind
 
 if TYPE_CHECKING:
     from mlflow.entities import Run
@@ -50,7 +51,8 @@ def row_from_run(run) -> RunRow:
         probe=p.probe, drafter=p.drafter, attention=p.attention, page_size=p.page_size, is_oracle=p.is_oracle,
         num_steps=p.num_steps, metrics=dict(run.data.metrics), engine=engine, concurrency=p.concurrency,
         dummy_weights=dummy_weights_reason(config_params(run.data.params)),
-        plugin=engine == "sglang" and any(b in SGLANG_PLUGIN_BACKENDS for b in p.backends),
+        plugin=bool((kind := EngineKind.named(engine)) and kind.loads_kernel_plugin
+                    and any(b in SGLANG_PLUGIN_BACKENDS for b in p.backends)),
     )
 
 
