@@ -44,13 +44,26 @@ class ModelShape(Protocol):
     """What the weight count reads of a model's config: the reference engine's `ModelConfig` has these fields, and
     `hf_shape` reads them from an HF config.json."""
 
-    hidden_size: int
-    head_dim: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    intermediate_size: int
-    num_hidden_layers: int
-    vocab_size: int
+    @property
+    def hidden_size(self) -> int: ...
+
+    @property
+    def head_dim(self) -> int: ...
+
+    @property
+    def num_attention_heads(self) -> int: ...
+
+    @property
+    def num_key_value_heads(self) -> int: ...
+
+    @property
+    def intermediate_size(self) -> int: ...
+
+    @property
+    def num_hidden_layers(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int: ...
 
 
 def model_weight_bytes(cfg: ModelShape, dtype: str) -> float:
