@@ -70,9 +70,12 @@ from orchestrator.config.schema import param_value, to_params  # noqa: F401  (pa
 from orchestrator.config.settings import ExecutionSettings
 from orchestrator.results import fault_notes
 from orchestrator.results.drivers import HEARTBEAT_S, DriverId
-from orchestrator.results.mlflow_ui import (AXES_TAG, CHILD_UI_TAGS, axis_key, axis_params, axis_tags,
+from orchestrator.results.mlflow_ui import (axis_key, axis_params, axis_tags,
                                            prepare_experiment, publish_view)
 from orchestrator.results.provenance import git_sha, hydra_multirun_yaml, redact_multirun_yaml, schedule_tags
+from orchestrator.results.store_layout import (AXES_TAG, CHILD_UI_TAGS, PARENT_TAG, ROLE_CHILD, ROLE_PARENT, ROLE_TAG,
+                                               RUN_HASH_TAG, RUN_HASHES_ARTIFACT, STUB_EXPERIMENT_SUFFIX,
+                                               POINT_KEY_TAG, FAILURE_REASON_TAG)
 from orchestrator.results.store_lock import StoreLock
 from specsweep_vocab.point_key import point_key
 from specsweep_vocab.redact import plan_secrets, redact_config, redact_override, redact_param, redact_text, uri_secrets
@@ -83,12 +86,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-PARENT_TAG = "mlflow.parentRunId"
-ROLE_TAG = "specsweep.role"
 MAX_PARAM_VALUE = 6000  # MLflow's limit on a param value
 BATCH_METRICS, BATCH_PARAMS, BATCH_TAGS = 1000, 100, 100  # MLflow's log_batch limits
-STUB_EXPERIMENT_SUFFIX = "-stub"
-RUN_HASHES_ARTIFACT = "run_hashes.txt"
 DRIVER_LOST = "driver_lost"  # failure_reason of a RUNNING run whose driver is gone
 DEFAULT_EXPERIMENT = "specsweep"  # RunConfig.sweep_name's default (never MLflow's own `Default`)
 
@@ -182,7 +181,7 @@ class Tracker:
     # -- resume
 
     def finished_run_hashes(self) -> set[str]:
-        return {r.data.tags["run_hash"] for r in self._search("attributes.status = 'FINISHED'")
+        return {r.data.tags[RUN_HASH_TAG] for r in self._search("attributes.status = 'FINISHED'")
                 if "run_hash" in r.data.tags}
 
     def _search(self, filter_string: str) -> list:
@@ -237,16 +236,16 @@ class Tracker:
         """run_hash -> "driver pid P on H (run R)" for each RUNNING child of another live driver (after
         `reap_lost_drivers`, every RUNNING child with driver tags belongs to one)."""
         out = {}
-        for r in self._search(f"attributes.status = 'RUNNING' and tags.{ROLE_TAG} = 'child'"):
+        for r in self._search(f"attributes.status = 'RUNNING' and tags.{ROLE_TAG} = '{ROLE_CHILD}'"):
             driver = DriverId.from_tags(r.data.tags)
             if driver is not None and driver != self.driver and "run_hash" in r.data.tags:
-                out[r.data.tags["run_hash"]] = f"driver {driver} (run {r.info.run_id})"
+                out[r.data.tags[RUN_HASH_TAG]] = f"driver {driver} (run {r.info.run_id})"
         return out
 
     def claim(self, runs: Sequence[RunSpec]) -> dict[int, str]:
         """A RUNNING child run per RunSpec, tagged with this driver: other drivers skip these run_hashes."""
         for spec in runs:  # the fewest tags here (a claim is on the critical path); log_result adds the rest
-            tags = {ROLE_TAG: "child", "run_hash": spec.run_hash, "job_index": str(spec.job_index),
+            tags = {ROLE_TAG: ROLE_CHILD, RUN_HASH_TAG: spec.run_hash, "job_index": str(spec.job_index),
                     **self.driver.tags(), "state": "RUNNING", **CHILD_UI_TAGS}
             if self.parent_run_id:
                 tags[PARENT_TAG] = self.parent_run_id
@@ -293,7 +292,7 @@ class Tracker:
         self.git_sha = git_sha(work_dir)
         run = self.client.create_run(
             self.experiment_id, run_name=f"{plan.sweep_name} {time.strftime('%Y-%m-%d %H:%M:%S')}",
-            tags=_redacted({ROLE_TAG: "parent", "sweep": plan.sweep_name, "git_sha": self.git_sha, "host": self.host,
+            tags=_redacted({ROLE_TAG: ROLE_PARENT, "sweep": plan.sweep_name, "git_sha": self.git_sha, "host": self.host,
                             **self.driver.tags(), "driver_heartbeat": f"{time.time():.0f}", **schedule_tags(),
                             **dict(tags or {})}, self))
         self.parent_run_id = run.info.run_id
@@ -345,7 +344,7 @@ class Tracker:
     # -- children
 
     def _child_tags(self, spec: RunSpec) -> dict[str, str]:
-        tags = {ROLE_TAG: "child", "run_hash": spec.run_hash, "point_key": point_key(spec.server, spec.probe),
+        tags = {ROLE_TAG: ROLE_CHILD, RUN_HASH_TAG: spec.run_hash, POINT_KEY_TAG: point_key(spec.server, spec.probe),
                 "job_index": str(spec.job_index), "server_group": spec.server.key, "engine": spec.server.engine.kind.value,
                 "engine_version": spec.server.engine.version, "host": self.host, "git_sha": self.git_sha,
                 **CHILD_UI_TAGS}
@@ -359,7 +358,7 @@ class Tracker:
         swept = [redact_override(o) for o in spec.overrides if axis_key(o) in self.axes]
         tags = {**self._child_tags(spec), "state": result.state.value, **result.tags, **axis_tags(swept)}
         if result.reason:
-            tags["failure_reason"] = result.reason.value
+            tags[FAILURE_REASON_TAG] = result.reason.value
         if result.message:
             tags["message"] = result.message[:5000]
         claimed = None if result.tags.get("retried") == "true" else self.claims.pop(spec.job_index, None)
