@@ -321,7 +321,7 @@ def test_settings_is_the_bottom_of_orchestrator_and_the_clis_its_top():
     assert not bad
 
 
-# No product module outside kernels/ is longer than this (#33): past it, a module holds several jobs.
+# No product module outside kernels/ is longer than this: past it, a module holds several jobs.
 MAX_MODULE_LINES = 450
 # Known exceptions, each with its owner; remove the entry when the module is split.
 LONG_MODULES: set[str] = set()

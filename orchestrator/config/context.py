@@ -1,4 +1,4 @@
-"""Does a point's prompt and generation fit its server's context? (split from validate.py, #32)
+"""Does a point's prompt and generation fit its server's context?
 
     server_context_len(rc)        the server's --context-length
     check_context(rc) -> Problem | None             one point, as its engine counts (`EngineAdapter.context_problem`:

@@ -1,4 +1,4 @@
-"""`metrics.log_patterns`: regexes whose named groups become per-step series (split from validate.py, #32)."""
+"""`metrics.log_patterns`: regexes whose named groups become per-step series."""
 
 from __future__ import annotations
 
