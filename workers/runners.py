@@ -56,7 +56,9 @@ from typing import Protocol, runtime_checkable
 
 from specsweep_vocab.spec import Algorithm, FailureReason, JobKind, RunResult, RunSpec, RunState, ServerSpec
 from workers.derived import derived_metrics
-from workers.engine import EngineProcess, NodeRank, adapter_for
+from workers.adapter import NodeRank
+from workers.engine import EngineProcess
+from workers.registry import adapter_for
 from workers.errors import EngineDied, EngineHung, EngineStartFailed, WorkerError
 from workers.health_watch import HealthWatch
 from workers.log_patterns import apply_log_patterns, file_size, follow_log, wait_quiet

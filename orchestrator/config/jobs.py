@@ -25,7 +25,10 @@ from orchestrator.config.model_facts import model_fact_problems
 from orchestrator.config.plan import Plan, plan_sweep
 from orchestrator.config.schema import RunConfig, override_key_problems, register_configs, to_run_config
 from orchestrator.config.settings import ExecutionSettings
-from orchestrator.config.validate import ConfigError, Problem, every_point_over_context, validate_run
+from orchestrator.config.context import every_point_over_context
+from orchestrator.config.problems import ConfigError
+from orchestrator.config.validate import validate_run
+from specsweep_vocab.problem import Problem
 from specsweep_vocab.spec import JobKind, engine_mix_allowed
 
 # Keys that describe the sweep, not a point: one value per sweep.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from orchestrator.config.problems import Problem
+from specsweep_vocab.problem import Problem
 from specsweep_vocab.spec import JobKind
 
 if TYPE_CHECKING:

@@ -66,7 +66,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence
 
 from orchestrator.config.params import CONFIG_PREFIX, recorded
-from orchestrator.config.schema import param_value, to_params  # noqa: F401  (param_value: re-exported)
+from orchestrator.config.schema import to_params
 from orchestrator.config.settings import ExecutionSettings
 from orchestrator.results import fault_notes
 from orchestrator.results.drivers import HEARTBEAT_S, DriverId

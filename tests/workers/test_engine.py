@@ -15,7 +15,8 @@ import requests
 
 from specsweep_vocab.spec import EngineKind
 from tools.testing import tiny_server
-from workers.engine import EngineProcess, adapter_for, build_engine_argv
+from workers.engine import EngineProcess
+from workers.registry import adapter_for, build_engine_argv
 from workers.errors import EngineDied, EngineStartFailed, EngineTimeout
 
 

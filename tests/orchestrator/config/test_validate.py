@@ -6,7 +6,9 @@ import pytest
 from hydra import compose, initialize_config_module
 
 from orchestrator.config.schema import register_configs, to_run_config
-from orchestrator.config.validate import ConfigError, Problem, validate_run
+from orchestrator.config.problems import ConfigError
+from orchestrator.config.validate import validate_run
+from specsweep_vocab.problem import Problem
 
 
 def run_config(*overrides: str):
@@ -317,7 +319,7 @@ def test_override_keys_left_to_hydra():
 
 def test_unknown_key_problem_lists_the_level_and_finds_names_at_other_levels():
     from orchestrator.config.schema import schema_tree
-    from orchestrator.config.validate import unknown_key_problem
+    from orchestrator.config.keys import unknown_key_problem
 
     tree = schema_tree()
     assert unknown_key_problem("engine.stub.token_s", 1, tree) is None
@@ -339,7 +341,7 @@ def test_unknown_key_problem_lists_the_level_and_finds_names_at_other_levels():
     ("a.jsonl", b'{"text": "x"}\n{bad\n', "line 2 is not JSON"),
 ])
 def test_probe_file_problem(name, raw, why):
-    from orchestrator.config.validate import probe_file_problem
+    from orchestrator.config.probe_file import probe_file_problem
 
     p = probe_file_problem(name, f"/d/{name}", raw)
     assert p.key == "probe.path" and p.value == name and why in p.allowed
@@ -347,7 +349,7 @@ def test_probe_file_problem(name, raw, why):
 
 
 def test_every_point_over_context():
-    from orchestrator.config.validate import every_point_over_context
+    from orchestrator.config.context import every_point_over_context
 
     over = [run_config("context_len=40000"), run_config("context_len=32768")]
     p = every_point_over_context(over)
