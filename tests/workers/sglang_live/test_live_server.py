@@ -14,6 +14,7 @@ from specsweep_vocab.spec import EngineKind, ProbeKind, ProbeSpec
 from tools.testing import reference_process
 from workers.engine_counters import parse_scrape, read_metrics, server_limits
 from workers.probe import ProbeClient, run_probe
+from workers.registry import adapter_for
 from workers.reference.tokenizer import load_tokenizer
 from workers.sglang.args import expected_server_args, reported_server_args, server_arg_changes
 
@@ -99,7 +100,7 @@ def test_probe_measures_live_sglang_without_speculation(live):
     spec, engine = live
     probe = ProbeSpec(kind=ProbeKind.PREDICTABLE, context_len=256, gen_tokens=16)
     m = run_probe(engine.base_url, probe, EngineKind.SGLANG, expect_spec=False, timeout_s=600,
-                  model_path=spec.model.path, version=spec.engine.version)
+                  model_path=adapter_for(EngineKind.SGLANG).prompt_model(spec), version=spec.engine.version)
     assert m.notes == []
     assert m.metrics["decode_tok_s"] > 0 and m.metrics["prompt_tokens"] == 256
     assert "commit_len_mean" not in m.metrics or m.metrics["commit_len_mean"] == 1.0
