@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from orchestrator.config.plan import build_server
-from specsweep_vocab.spec import EngineKind, ProbeKind, ProbeSpec
+from specsweep_vocab.spec import EngineKind, ProbeKind, ProbeSpec, ServerSpec
 from tools.bench_engine import cpu_name
 from tools.testing import compose_run
 from workers.engine import EngineProcess
@@ -30,7 +30,7 @@ ENGINES = {"reference": ("engine=reference", "attention=torch"),
 KINDS = (ProbeKind.PREDICTABLE, ProbeKind.NOVEL)
 
 
-def _serve(name: str, context: int, log_dir: Path) -> tuple[EngineProcess, object]:
+def _serve(name: str, context: int, log_dir: Path) -> tuple[EngineProcess, ServerSpec]:
     rc = compose_run(*ENGINES[name], "drafter=none", "model=smollm2-135m", f"server_context_len={context + 64}")
     spec = build_server(rc)
     return EngineProcess.for_server(spec, log_dir / f"{name}-{context}.log"), spec
