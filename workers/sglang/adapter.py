@@ -15,6 +15,7 @@ from specsweep_vocab.spec import Algorithm, EngineKind, ServerSpec
 from workers.adapter import EngineAdapter, NodeRank, PromptEncoding, RunObserver, with_node_rank
 from workers.sglang import rules
 from workers.sglang.args import build_sglang_argv, sglang_env
+from workers.sglang.cpu import served_model_path, sglang_python
 from workers.sglang.startup_rules import min_tp_size
 
 
@@ -29,6 +30,13 @@ class SGLangAdapter(EngineAdapter):
 
     def env(self, server: ServerSpec) -> dict[str, str]:
         return sglang_env(server)
+
+    def prompt_model(self, server: ServerSpec) -> str | None:
+        """On CPU the server loads the Hugging Face directory `make setup-sglang` exported for model.path: its
+        tokenizer builds the token-exact prompt."""
+        if server.engine.device == "cpu":
+            return served_model_path(server.model.path, sglang_python(server.engine))
+        return server.model.path
 
     def prompt_encoding(self, model_path: str | None, task: str | None) -> PromptEncoding:
         """The model's tokenizer as SGLang loads it (transformers `AutoTokenizer`, no special tokens added) when it
