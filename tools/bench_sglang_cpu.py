@@ -32,7 +32,8 @@ KINDS = (ProbeKind.PREDICTABLE, ProbeKind.NOVEL)
 
 
 def _serve(name: str, context: int, log_dir: Path) -> tuple[EngineProcess, ServerSpec]:
-    rc = compose_run(*ENGINES[name], "drafter=none", "model=smollm2-135m", f"server_context_len={context + 64}")
+    rc = compose_run(*ENGINES[name], "drafter=none", "model=smollm2-135m", "page_size=1",
+                     f"server_context_len={context + 64}")
     spec = build_server(rc)
     return EngineProcess.for_server(spec, log_dir / f"{name}-{context}.log"), spec
 
