@@ -94,7 +94,8 @@ def test_sweep_points_above_max_are_not_errors():
 
 def test_sglang_rules():
     assert "triton" in problems("engine=sglang", "model=qwen3-8b", "attention=torch")["attention.backend"].allowed
-    assert "cuda" in problems(*SGLANG, "engine.device=cpu")["engine.device"].allowed
+    # engine.device=cpu is SGLang's CPU backend (engine=sglang_cpu, workers/sglang/cpu.py): its release and rules
+    assert "0.5.18" in problems(*SGLANG, "engine.device=cpu")["engine.version"].allowed
     dflash = (*SGLANG, "drafter=dflash", "drafter.draft_model_path=x")
     assert problems(*dflash, "drafter.num_steps=2")["drafter.num_steps"].allowed.startswith("1")
     assert problems(*dflash, "drafter.topk=2")["drafter.topk"].value == 2
