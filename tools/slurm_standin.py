@@ -16,8 +16,10 @@ machine has no GPU; a node without one fails as a driverless node does). An opti
 implemented here is refused, never ignored.
 
 The batch script runs on the first node with the variables sbatch sets (SLURM_JOB_ID, SLURM_JOB_NODELIST,
-SLURM_NNODES, SLURM_SUBMIT_DIR, SLURM_CPUS_PER_TASK, ...; #SBATCH lines parsed). When it exits, the processes
-still alive on each node are recorded (`BatchResult.leftovers`) before the nodes are torn down.
+SLURM_NNODES, SLURM_SUBMIT_DIR, SLURM_CPUS_PER_TASK, ...; #SBATCH lines parsed). When a step's tasks have all
+ended, srun kills what they left behind, as Slurm's process tracking does, and logs each. When the script exits,
+the processes still alive on each node and in the batch step (a step the script started in the background and
+never ended) are recorded (`BatchResult.leftovers`) before the nodes are torn down.
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ log = logging.getLogger(__name__)
 
 SUBNET = "10.77.0"  # the bridge is .1, node i is .(10 + i); private to the allocation's network namespace
 ENV_STATE = "SPECSWEEP_SLURM_STANDIN_STATE"
+STEP_MARK = "SPECSWEEP_SLURM_STANDIN_STEP"  # job.step, inherited by every process a step starts
+# A node's PID 1: it adopts every orphan of the node (a daemonised raylet's children, say) and reaps it, as init does
+_REAPER = "import os, time\nwhile True:\n    try:\n        os.wait()\n    except ChildProcessError:\n        time.sleep(0.2)"
 
 
 @dataclass(frozen=True)
@@ -115,7 +120,7 @@ def sbatch(script: Path, args: list[str], nodes: list[Node], shared_dir: Path, e
     directory every node sees (keep it outside /tmp, which is each node's own)."""
     if os.geteuid() != 0:
         raise PermissionError("the Slurm stand-in needs root (network, PID and mount namespaces)")
-    spec = {"script": str(script), "args": args, "nodes": [asdict(n) for n in nodes], "shared": str(shared_dir),
+    spec = {"script": str(script.resolve()), "args": args, "nodes": [asdict(n) for n in nodes], "shared": str(shared_dir),
             "env": env, "job_id": job_id, "result": str(shared_dir / f".standin-{job_id}.json")}
     spec_file = shared_dir / f".standin-{job_id}-spec.json"
     spec_file.write_text(json.dumps(spec))
@@ -154,7 +159,7 @@ def _allocation(spec_file: str) -> int:
         # unshare forks the node's PID 1 (sleep): its namespaces are the node; killing it ends the node
         outer = subprocess.Popen(["unshare", "--net", "--uts", "--pid", "--mount", "--fork", "--mount-proc",
                                   "--propagation", "private", "sh", "-c",
-                                  f"hostname {node.name} && mount --bind {node_tmp(node.name)} /tmp && exec sleep infinity"])
+                                  f"hostname {node.name} && mount --bind {node_tmp(node.name)} /tmp && exec {sys.executable} -c '{_REAPER}'"])
         wrappers.append(outer.pid)
         pid = _only_child(outer.pid)
         while _read_hostname(pid) != node.name:
@@ -172,8 +177,7 @@ def _allocation(spec_file: str) -> int:
     shims.mkdir()
     repo = Path(__file__).resolve().parents[1]
     for cmd in ("srun", "scontrol", "nvidia-smi"):
-        (shims / cmd).write_text(f"#!/bin/sh\ncd {repo} 2>/dev/null; PYTHONPATH={repo} exec {sys.executable} "
-                                 f"-m tools.slurm_standin {cmd} \"$@\"\n")
+        (shims / cmd).write_text(f"#!/bin/sh\nPYTHONPATH={repo} exec {sys.executable} -m tools.slurm_standin {cmd} \"$@\"\n")
         (shims / cmd).chmod(0o755)
     state = {"nodes": [asdict(n) for n in nodes], "holders": holders, "steps": 0, "job_id": spec["job_id"]}
     state_file = state_dir / "state.json"
@@ -239,7 +243,7 @@ def _processes_in(pid1: int) -> list[str]:
         if not entry.name.isdigit() or int(entry.name) in (pid1, os.getpid()):
             continue
         try:
-            if _pidns(int(entry.name)) == ns:
+            if _pidns(int(entry.name)) == ns and (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
                 cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
                 found.append(f"{entry.name} {cmdline}")
         except OSError:
@@ -318,7 +322,7 @@ def srun(argv: list[str]) -> int:
     rank = 0
     for name in chosen:
         for local in range(per_node):
-            env = {**os.environ, "SLURM_STEP_ID": str(step), "SLURM_STEPID": str(step), "SLURM_PROCID": str(rank),
+            env = {**os.environ, STEP_MARK: f"{state['job_id']}.{step}", "SLURM_STEP_ID": str(step), "SLURM_STEPID": str(step), "SLURM_PROCID": str(rank),
                    "SLURM_LOCALID": str(local), "SLURM_NODEID": str(job_nodes.index(name)),
                    "SLURMD_NODENAME": name, "SLURM_STEP_NODELIST": compress_hostlist(chosen),
                    "SLURM_STEP_NUM_NODES": str(len(chosen)), "SLURM_STEP_NUM_TASKS": str(ntasks),
@@ -341,7 +345,37 @@ def srun(argv: list[str]) -> int:
                 _signal_task(t, signal.SIGTERM)
             first_done = float("inf")
         time.sleep(0.2)
+    _end_step(f"{state['job_id']}.{step}", [state["holders"][n] for n in chosen])
     return max(t.returncode if t.returncode >= 0 else 128 - t.returncode for t in tasks)
+
+
+def _end_step(mark: str, holders: list[int], grace: float = 5.0) -> None:
+    """What Slurm's process tracking does when a step's tasks have ended: every process the step started that is
+    still alive (found by the variable each inherits, as Slurm finds them by cgroup) is killed, after `grace`
+    seconds to exit by itself. Each is logged: the job's output shows what a script left to this cleanup."""
+    namespaces = {_pidns(h) for h in holders}
+
+    def remaining() -> list[int]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                if (entry.name.isdigit() and _pidns(int(entry.name)) in namespaces
+                        and f"{STEP_MARK}={mark}".encode() in (entry / "environ").read_bytes().split(b"\0")):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+        return found
+
+    deadline = time.monotonic() + grace
+    while (pids := remaining()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in pids:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+            os.kill(pid, signal.SIGKILL)
+            log.warning("srun: step %s ended; killed pid %d left by it: %s", mark, pid, cmdline)
+        except (OSError, ProcessLookupError):
+            continue
 
 
 def _signal_task(task: subprocess.Popen, signum: int) -> None:
@@ -375,6 +409,7 @@ def nvidia_smi(argv: list[str]) -> int:
 
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `scontrol show hostnames | head -n 1`, as the real command
     cmd, rest = argv[0], argv[1:]
     if cmd == "_allocation":
         return _allocation(rest[0])
