@@ -280,13 +280,12 @@ def _shell_words(line: str, shell: str) -> list[str]:
 def test_entrypoint_reaches_the_driver_unexpanded_and_composes(name, tmp_path):
     """The entrypoint goes through two shells: the submitter's (KubeRay pastes it after `ray job submit --`;
     common/job.go BuildJobSubmitCommand) and the job supervisor's (shell=True, ray
-    dashboard/modules/job/job_supervisor.py:184), with `ray job submit` re-quoting its words in between
-    (shlex.join, dashboard/modules/job/cli.py:313-316). The MLflow URI must arrive as OmegaConf's interpolation,
+    dashboard/modules/job/job_supervisor.py:182-184), with `ray job submit` re-quoting its words in between
+    (shlex.join, dashboard/modules/job/cli.py:312-317). The MLflow URI must arrive as OmegaConf's interpolation,
     read from the driver's environment: composed by the real command, it resolves to the Secret's value."""
     doc = load(name)
     entrypoint = (doc["spec"]["jobTemplate"] if doc["kind"] == "RayCronJob" else doc["spec"])["entrypoint"]
-    submitted = _shell_words(entrypoint, "bash")
-    job_line = submitted[0] if len(submitted) == 1 else shlex.join(submitted)
+    job_line = shlex.join(_shell_words(entrypoint, "bash"))
     argv = _shell_words(job_line, "sh")
     assert "tracking.uri=${oc.env:MLFLOW_TRACKING_URI}" in argv
     uri = f"sqlite:///{tmp_path}/from-the-secret.db"

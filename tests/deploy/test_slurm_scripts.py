@@ -61,7 +61,6 @@ def _check_sweep(result, uri: str) -> None:
     assert {r.data.tags["node_ip"] for r in children} == {f"{SUBNET}.11"}
 
 
-@pytest.mark.slow
 def test_symmetric_run_script_runs_the_smoke_sweep(submit_dir):
     result, uri = _run("symmetric-run.sbatch", submit_dir, job_id=4242)
     _check_sweep(result, uri)
@@ -69,7 +68,6 @@ def test_symmetric_run_script_runs_the_smoke_sweep(submit_dir):
     assert "On head node" in result.output and "On worker node" in result.output
 
 
-@pytest.mark.slow
 def test_ray_start_script_runs_the_smoke_sweep_on_its_own_ports(submit_dir):
     job_id = 4243
     result, uri = _run("ray-start.sbatch", submit_dir, job_id=job_id)
