@@ -277,7 +277,9 @@ def _sbatch_options(text: str, nnodes: int) -> dict[str, str]:
 
 def _state() -> tuple[dict, Path]:
     path = Path(os.environ[ENV_STATE])
-    return json.loads(path.read_text()), path
+    with open(path) as f:
+        fcntl.flock(f, fcntl.LOCK_SH)  # never a half-written file while another srun counts its step
+        return json.load(f), path
 
 
 def _next_step(path: Path) -> int:

@@ -45,10 +45,20 @@ def _run(script: str, submit_dir: Path, job_id: int):
     return result, f"sqlite:///{db}"
 
 
-def _check_sweep(result, uri: str) -> None:
+def _readable(output: str) -> str:
+    """The job's output without the argv padding Ray's process titles carry (`ray stop -v` prints them)."""
+    text = re.sub(r'(?:"" ?){3,}', "", output)
+    return text if len(text) < 8000 else text[:4000] + "\n[...]\n" + text[-4000:]
+
+
+def _check_sweep(result, uri: str, name: str) -> None:
     import mlflow
 
-    assert result.returncode == 0, result.output[-4000:]
+    if result.returncode != 0:  # the whole job output, for the reader of a failure
+        out = ROOT / "test-artifacts" / "deploy" / f"{name}.out"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(re.sub(r'(?:"" ?){3,}', "", result.output))
+    assert result.returncode == 0, _readable(result.output)
     # nothing the job started outlives it: no Ray process on either node, no background step in the batch shell
     assert result.leftovers == {"node1": [], "node2": [], "batch step": []}, result.leftovers
     client = mlflow.MlflowClient(tracking_uri=uri)
@@ -63,7 +73,7 @@ def _check_sweep(result, uri: str) -> None:
 
 def test_symmetric_run_script_runs_the_smoke_sweep(submit_dir):
     result, uri = _run("symmetric-run.sbatch", submit_dir, job_id=4242)
-    _check_sweep(result, uri)
+    _check_sweep(result, uri, "symmetric-run")
     assert f"head node1 ({SUBNET}.10:6379)" in result.output
     assert "On head node" in result.output and "On worker node" in result.output
 
@@ -71,7 +81,7 @@ def test_symmetric_run_script_runs_the_smoke_sweep(submit_dir):
 def test_ray_start_script_runs_the_smoke_sweep_on_its_own_ports(submit_dir):
     job_id = 4243
     result, uri = _run("ray-start.sbatch", submit_dir, job_id=job_id)
-    _check_sweep(result, uri)
+    _check_sweep(result, uri, "ray-start")
     m = re.search(r"Ray head on node1 at ([\d.]+):(\d+) \(ports (\d+)-(\d+), temp dir (\S+)\)", result.output)
     assert m, result.output[-3000:]
     ip, port, first, last, temp_dir = m.groups()
