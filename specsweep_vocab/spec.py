@@ -218,6 +218,9 @@ class SGLangOptions:
     max_running_requests: int | None = field(default=None, metadata=domain(Int(1, 65536)))
     log_level: str | None = field(default=None, metadata=domain(Choice("debug", "info", "warning", "error",
                                                                         "critical")))
+    # --max-total-tokens, the KV pool's size in tokens (None: SGLang sizes it from the memory fraction). A CPU
+    # server sizes it from host memory: SmolLM2-135M's scheduler held 18.4 GB on the 24 GiB VM (2026-12-06)
+    max_total_tokens: int | None = field(default=None, metadata=domain(Int(16, 1 << 30)))
 
 
 # The stub engine's timing flags (workers/stub/server.py parse_args), in StubOptions field order.
@@ -254,6 +257,9 @@ class EngineSpec:
     health_timeout_s: float = field(default=60.0, metadata=domain(SECONDS, NOT_IDENTITY))
     extra_args: tuple[str, ...] = field(default=(), metadata=domain(ARGV))
     env: tuple[tuple[str, str], ...] = ()
+    # the interpreter the engine's server runs in (null: the worker's own). SGLang on CPU runs in its own
+    # environment, made by `make setup-sglang` (workers/sglang/cpu.py finds it when this is null)
+    python: str | None = field(default=None, metadata=domain(Text(4096, empty=True, what="a path"), NOT_IDENTITY))
     sglang: SGLangOptions | None = field(default=None, metadata=IDENTITY_IF_SET)  # kind=sglang only
     stub: StubOptions | None = field(default=None, metadata=IDENTITY_IF_SET)  # kind=stub only
 
@@ -282,8 +288,8 @@ class ServerSpec:
 
     @property
     def on_gpu(self) -> bool:
-        """The engine runs on GPUs: SGLang always, the others with engine.device=cuda."""
-        return self.engine.kind is EngineKind.SGLANG or self.engine.device == "cuda"
+        """The engine runs on GPUs: engine.device=cuda (SGLang's conf says cuda; engine=sglang_cpu says cpu)."""
+        return self.engine.device == "cuda"
 
 
 @dataclass(frozen=True)
