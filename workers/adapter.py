@@ -128,8 +128,10 @@ class RunObserver:
     def probe_kwargs(self) -> dict[str, Any]:
         """`version` (meta_info names) and `max_depth` (the most drafts one verify step can accept) for run_probe."""
         d = self.server.drafter
-        return {"version": None,
-                "max_depth": d.num_steps if d.algorithm is not Algorithm.NONE and d.num_steps > 0 else None}
+        # an NGRAM chain is as long as its num_draft_tokens nodes allow, whatever the steps (SGLang's
+        # ngram_worker.py:99-120; the reference engine drafts the same way)
+        depth = d.num_draft_tokens - 1 if d.algorithm is Algorithm.NGRAM and d.topk == 1 else d.num_steps
+        return {"version": None, "max_depth": depth if d.algorithm is not Algorithm.NONE and depth > 0 else None}
 
     def after_run(self, base_url: str, metrics: dict[str, float], tags: dict[str, str]) -> list[str]:
         """After the run's last answer: metrics and tags into the run's result; notes for its message."""
