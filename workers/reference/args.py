@@ -9,9 +9,9 @@ from specsweep_vocab.sglang_facts import SPEC_MAX_RUNNING_REQUESTS
 
 from .config import BUILTIN_CONFIGS
 from .gguf_checkpoint import GGUF_MODELS, resolve_gguf
+from .rules import LOAD_FORMATS
 from .spec_counters import DEFAULT_DECODE_LOG_INTERVAL
 
-LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 
 ALGORITHMS = ("NONE", "NGRAM", "STANDALONE")
 DEFAULT_MAX_RUNNING_REQUESTS = SPEC_MAX_RUNNING_REQUESTS  # SGLang's cap with speculation (validate.py plans with it)

@@ -30,6 +30,7 @@ from .gguf_checkpoint import GGUF_MODELS, locate_packaged
 
 BACKENDS = ("torch", "specsweep_verify")  # --attention-backend and the split backends it takes (args.py)
 ALGORITHMS = (Algorithm.NONE, Algorithm.NGRAM, Algorithm.STANDALONE)
+LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")  # --load-format choices (args.py); SGLang's names
 REFERENCE_MODEL_VOCABS = {**dict.fromkeys(BUILTIN_MODELS, "byte vocabulary"),
                           **dict.fromkeys(GGUF_MODELS, "SmolLM2's BPE vocabulary")}
 REFERENCE_MODEL_PATHS = tuple(REFERENCE_MODEL_VOCABS)
@@ -78,6 +79,9 @@ def reference_problems(point: PlanPoint) -> list[Problem]:
         if value is not None and value not in BACKENDS:
             out.append(Problem(f"attention.{key}", value,
                                "one of " + ", ".join(BACKENDS) + " on engine=reference", point.overrides))
+    if point.model.load_format not in LOAD_FORMATS:
+        out.append(Problem("model.load_format", point.model.load_format,
+                           "one of " + ", ".join(LOAD_FORMATS) + " on engine=reference", point.overrides))
     uses_kernel = "specsweep_verify" in (a.backend, a.decode_backend, a.prefill_backend, a.draft_backend)
     if uses_kernel and point.engine.device != "cuda":
         out.append(Problem("engine.device", point.engine.device,

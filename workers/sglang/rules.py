@@ -106,6 +106,8 @@ def sglang_problems(point: PlanPoint) -> list[Problem]:
         return out
     if point.engine.device != "cuda":
         bad("engine.device", point.engine.device, "cuda on engine=sglang")
+    if m.load_format not in rules.load_formats:
+        bad("model.load_format", m.load_format, f"one of {', '.join(rules.load_formats)} on SGLang {rules.version}")
     if m.path in REFERENCE_MODEL_PATHS:
         bad("model.path", m.path, "a checkpoint dir or HF id on engine=sglang (e.g. model=qwen3-8b); "
             f"{m.path!r} is built into the reference engine")

@@ -38,7 +38,7 @@ from typing import Any, Callable
 
 from specsweep_vocab.plan_point import ClusterFacts, PlanPoint, argv_int
 from specsweep_vocab.sglang_facts import resolved_backends
-from specsweep_vocab.spec import Algorithm, AttentionKind, ModelSpec
+from specsweep_vocab.spec import WEIGHT_BYTES, Algorithm, AttentionKind, ModelSpec
 
 logger = logging.getLogger(__name__)
 
@@ -56,9 +56,6 @@ GPU_MEMORY_GIB: dict[str, tuple[float, str]] = {
     "sm_103": (288, "B300 / GB300"),
     "sm_120": (96, "RTX PRO 6000 Blackwell (RTX 5090: 32)"),
 }
-# bytes per stored weight
-WEIGHT_BYTES = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "float8_e4m3fn": 1.0, "float8_e5m2": 1.0,
-                "int8": 1.0, "int4": 0.5, "float4_e2m1": 0.5}
 SPECULATIVE = "with speculation (drafter.algorithm != NONE)"
 GIB = 2 ** 30
 MAX_TP = 1024  # the tp_size domain's top (orchestrator/config/run_config.py)
@@ -233,9 +230,6 @@ def min_tp_size(point: PlanPoint) -> int:
 
 
 def weights_problems(point: PlanPoint, bad: Bad) -> None:
-    if point.model.weight_dtype is not None and point.model.weight_dtype not in WEIGHT_BYTES:
-        bad("model.weight_dtype", point.model.weight_dtype, "null or one of " + ", ".join(WEIGHT_BYTES))
-        return
     b = _budget(point)
     if b is None:
         return

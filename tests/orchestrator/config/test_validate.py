@@ -477,3 +477,16 @@ def test_startup_rules_refuse_before_anything_starts(monkeypatch):
     with pytest.raises(launcher.InvalidConfig) as e:
         launcher.run_single(cfg, overrides)
     assert "attention.backend='fa3'" in str(e.value) and "tp_size=1" in str(e.value)
+
+
+def test_load_format_has_a_declared_domain_and_each_engine_its_own():
+    """A closed set: refused at conversion with the key, the value and every format an engine here takes, before
+    Ray or an engine starts; then each engine's own subset (the reference engine's parser, SGLang's per version)."""
+    p = problems(TINY, "model.load_format=bogus")["model.load_format"]
+    assert p.value == "bogus" and "safetensors" in p.allowed and "runai_streamer" in p.allowed
+    p = problems(TINY, "model.load_format=pt")["model.load_format"]
+    assert p.allowed == "one of auto, safetensors, gguf, dummy on engine=reference"
+    assert problems(*SGLANG, "drafter=none", "model.load_format=pt") == {}
+    p = problems(*SGLANG, "drafter=none", "model.load_format=expert_pack", "engine.version=0.5.10")["model.load_format"]
+    assert "on SGLang 0.5.10" in p.allowed and "expert_pack" not in p.allowed
+    assert "float8_e4m3fn" in problems(*SGLANG, "model.weight_dtype=fp9")["model.weight_dtype"].allowed
