@@ -21,7 +21,7 @@ from typing import Sequence
 
 from specsweep_vocab.builtin_models import BUILTIN_MODELS
 from specsweep_vocab.plan_point import PlanPoint, argv_int, server_context_len
-from specsweep_vocab.problem import Problem
+from specsweep_vocab.problem import Problem, ProblemError
 from specsweep_vocab.sglang_facts import SPEC_MAX_RUNNING_REQUESTS
 from specsweep_vocab.sglang_limits import context_need, sglang_generated
 from specsweep_vocab.spec import Algorithm
@@ -110,6 +110,8 @@ def task_problems(point: PlanPoint) -> list[Problem]:
 
     try:
         frame = frame_tokens(point.model.path, task)
+    except ProblemError as exc:  # a file of the model that cannot be read
+        return [Problem(exc.problem.key, point.model.path, exc.problem.allowed, point.overrides)]
     except ValueError as exc:
         return [Problem("probe.task", task, f"empty on model.path={point.model.path} ({exc})", point.overrides)]
     if point.probe.context_len <= frame:

@@ -490,3 +490,16 @@ def test_load_format_has_a_declared_domain_and_each_engine_its_own():
     p = problems(*SGLANG, "drafter=none", "model.load_format=expert_pack", "engine.version=0.5.10")["model.load_format"]
     assert "on SGLang 0.5.10" in p.allowed and "expert_pack" not in p.allowed
     assert "float8_e4m3fn" in problems(*SGLANG, "model.weight_dtype=fp9")["model.weight_dtype"].allowed
+
+
+def test_a_file_that_cannot_be_read_is_a_problem_naming_key_and_path(tmp_path):
+    """Every file the plan reads goes through one reader (specsweep_vocab/problem.py read_file): an OSError (EIO from
+    /proc/self/mem: a regular, readable file whose read fails) is a problem with the key, the value and the path."""
+    p = problems("probe=file", "probe.path=/proc/self/mem")["probe.path"]
+    assert p.value == "/proc/self/mem" and p.allowed.startswith("a readable file (/proc/")  # resolved: /proc/<pid>
+    assert p.allowed.endswith("/mem: Input/output error, errno 5)")
+    from specsweep_vocab.problem import ProblemError, read_file
+
+    with pytest.raises(ProblemError) as e:
+        read_file("model.path", "m", str(tmp_path))  # a folder: EISDIR
+    assert e.value.problem.key == "model.path" and f"({tmp_path}: Is a directory, errno 21)" in e.value.problem.allowed
