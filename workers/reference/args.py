@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto = float32")
     m.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     m.add_argument("--random-seed", type=int, default=0)
+    m.add_argument("--enable-deterministic-inference", action="store_true",
+                   help="a sampled request without a seed is seeded with 42, as SGLang (sampling_batch_info.py:"
+                        "157-171); without it such requests draw from the server's generator, each its own sample")
     m.add_argument("--context-length", type=context_int, default=None,
                    help="max prompt + new tokens per request (default: the model's max_position_embeddings)")
     m.add_argument("--tokenizer-path", default=None, help="accepted; the model path's tokenizer is used")

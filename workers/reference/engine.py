@@ -43,6 +43,7 @@ class Cancelled(RuntimeError):
 
 
 CANCEL_POLL_S = 0.05  # a caller waiting for its request checks this often whether it was cancelled
+DETERMINISTIC_SEED = 42  # SGLang seeds unseeded requests with it under --enable-deterministic-inference
 
 
 @dataclass
@@ -124,6 +125,13 @@ class Engine:
         self.algorithm = (args.speculative_algorithm or "NONE").upper()
         self.num_steps, self.topk, self.num_draft_tokens = args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens
         torch.manual_seed(args.random_seed)
+        # Sampling without a seed, as SGLang: under --enable-deterministic-inference every such request is seeded
+        # with 42 (`sglang/srt/sampling/sampling_batch_info.py:157-171`); otherwise SGLang samples from the global
+        # generator, seeded once with --random-seed (`sglang/srt/layers/sampler.py:837-838`), so concurrent or
+        # repeated requests get different samples. Here each such request takes its seed from one server-wide
+        # generator, seeded with --random-seed: distinct samples, the same sequence for a server started alike.
+        self._unseeded = torch.Generator().manual_seed(args.random_seed)
+        self._unseeded_lock = threading.Lock()
         dtype = _dtype(args)
         self.model = build_model(self.config, args.model_path, args.load_format, args.random_seed, dtype, self.device,
                                  init_on_device=args.dummy_weights_on_device)
@@ -241,7 +249,7 @@ class Engine:
         Cancelled here at once; the request leaves the batch at the next step."""
         self.check(input_ids, params)
         self._check_cancelled(cancel)
-        seed = params.sampling_seed if params.sampling_seed is not None else self.args.random_seed
+        seed = params.sampling_seed if params.sampling_seed is not None else self._request_seed()
         req = Request(list(input_ids), params, torch.Generator().manual_seed(seed), on_tokens, cancel)
         with self.cond:
             if self._thread is None:
@@ -256,6 +264,13 @@ class Engine:
         if req.result is None:
             raise RuntimeError("request done without a result or an error")
         return req.result
+
+    def _request_seed(self) -> int:
+        """The seed of a request that gives none (see __init__)."""
+        if self.args.enable_deterministic_inference:
+            return DETERMINISTIC_SEED
+        with self._unseeded_lock:
+            return int(torch.randint(0, 2 ** 62, (1,), generator=self._unseeded))
 
     def _check_cancelled(self, cancel: threading.Event | None) -> None:
         if self.cancelled.is_set():

@@ -133,3 +133,18 @@ def test_ngram_verifies_the_draft_tokens_it_is_given_as_sglang_does():
     ctx = list(range(10, 20)) + list(range(10, 13))  # the suffix 10 11 12 was followed by 13 .. 19 and 10
     tree = drafter.propose_one(ctx)
     assert tree.tokens == [12, 13, 14, 15, 16, 17, 18, 19] and tree.num_nodes == 8  # 7 drafts, not 4
+
+
+@pytest.mark.parametrize("spec", [[], spec_flags("NGRAM", steps=4)], ids=["plain", "ngram"])
+def test_sampling_without_a_seed_is_a_new_sample_each_time(make_engine, spec):
+    """As SGLang: a sampled request without a seed draws from the server's generator (sglang/srt/layers/sampler.py:
+    837-838), so four of them are four samples, not four copies of one; with --enable-deterministic-inference each
+    is seeded with 42 (sglang/srt/sampling/sampling_batch_info.py:157-171) and they are one."""
+    params = SamplingParams(max_new_tokens=16, temperature=1.0, ignore_eos=True)
+    engine = make_engine(*spec)
+    samples = {tuple(engine.generate(prompt(engine), params).output_ids) for _ in range(4)}
+    assert len(samples) == 4
+    seeded = SamplingParams(max_new_tokens=16, temperature=1.0, ignore_eos=True, sampling_seed=3)
+    assert len({tuple(engine.generate(prompt(engine), seeded).output_ids) for _ in range(2)}) == 1
+    deterministic = make_engine(*spec, "--enable-deterministic-inference")
+    assert len({tuple(deterministic.generate(prompt(deterministic), params).output_ids) for _ in range(2)}) == 1
