@@ -53,12 +53,23 @@ class SamplingParams:
     ignore_eos: bool = False
     stop: list[str] = field(default_factory=list)
     sampling_seed: int | None = None
+    no_stop_trim: bool = False  # keep a matched stop string in the text (SGLang's sampling param of that name)
 
 
 @dataclass
 class Output:
     output_ids: list[int]
     meta_info: dict
+
+
+def trim_matched_stop(text: str, finish_reason: dict | None, no_stop_trim: bool) -> str:
+    """A finished request's text as SGLang returns it: cut before the stop string it matched, or after it with
+    no_stop_trim (`DetokenizerManager.trim_matched_stop`, sglang/srt/managers/detokenizer_manager.py:194-212,
+    no_stop_trim false by default). The output ids and completion_tokens keep the stop string's tokens, as there."""
+    matched = (finish_reason or {}).get("matched")
+    if not isinstance(matched, str) or (pos := text.find(matched)) == -1:
+        return text
+    return text[:pos + len(matched)] if no_stop_trim else text[:pos]
 
 
 @dataclass(eq=False)
@@ -377,7 +388,7 @@ class Engine:
 
     def _after_tokens(self, req: Request) -> None:
         req.finish = self._finish_reason(req.out, req.params)
-        if req.on_tokens:
+        if req.on_tokens and req.finish is None:  # a finished request's last tokens go out with its Output, trimmed
             req.on_tokens(req.out)
 
     def _stopped(self, req: Request) -> bool:
@@ -406,6 +417,10 @@ class Engine:
                 self._account(len(req.input_ids), len(req.out), req.steps, req.ttft, e2e)
                 req.result = Output(req.out, self._meta(req.input_ids, req.out, req.finish, req.steps, req.ttft, e2e))
             req.done.set()
+
+    def output_text(self, out: Output, params: SamplingParams) -> str:
+        """The text of a finished request, as SGLang's detokenizer returns it (`trim_matched_stop`)."""
+        return trim_matched_stop(self.decode(out.output_ids), out.meta_info.get("finish_reason"), params.no_stop_trim)
 
     def _finish_reason(self, out: list[int], params: SamplingParams) -> dict | None:
         """Trims `out` in place at the first stop string / EOS / length limit; returns SGLang's finish_reason. As

@@ -13,7 +13,7 @@ from starlette.requests import Request
 
 from .engine import Engine, RequestError, SamplingParams
 
-SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_p", "ignore_eos", "stop", "sampling_seed")
+SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_p", "ignore_eos", "stop", "sampling_seed", "no_stop_trim")
 # SGLang sampling params this engine does not implement: accepted only at SGLang's defaults
 SGLANG_DEFAULTS = {"top_k": -1, "min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
                    "repetition_penalty": 1.0, "min_new_tokens": 0, "n": 1}
@@ -100,11 +100,14 @@ def parse_sampling(raw, names: dict[str, str] | None = None) -> SamplingParams:
     stop = [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
         raise RequestError(f"{name('stop')} must be a string or a list of strings, got {raw.get('stop')!r}")
+    no_stop_trim = raw.get("no_stop_trim", False)
+    if not isinstance(no_stop_trim, bool):
+        raise RequestError(f"{name('no_stop_trim')} must be true or false, got {no_stop_trim!r}")
     seed = raw.get("sampling_seed")
     if seed is not None and not (is_int(seed) and SEED_MIN <= seed <= SEED_MAX):
         raise RequestError(f"{name('sampling_seed')} must be an integer in [-2**63, 2**63 - 1], got {seed!r}")
     return SamplingParams(max_new_tokens=n, temperature=float(temperature), ignore_eos=ignore_eos, stop=stop,
-                          sampling_seed=seed)
+                          sampling_seed=seed, no_stop_trim=no_stop_trim)
 
 
 def fill_max_new_tokens(params: SamplingParams, input_ids: list[int], engine: Engine) -> None:

@@ -217,7 +217,7 @@ def create_app(state: ServerState) -> FastAPI:
             return _error(500, f"generation failed: {type(exc).__name__}: {exc}")
         finally:
             watcher.cancel()
-        return JSONResponse({"text": engine.decode(out.output_ids), "output_ids": out.output_ids,
+        return JSONResponse({"text": engine.output_text(out, params), "output_ids": out.output_ids,
                              "meta_info": out.meta_info})
 
     return app
@@ -235,7 +235,7 @@ async def _stream(engine: Engine, input_ids: list[int], params: SamplingParams):
                          "meta_info": {"prompt_tokens": len(input_ids), "completion_tokens": len(payload),
                                        "finish_reason": None, "e2e_latency": time.perf_counter() - t0}}
             elif kind == "done":
-                chunk = {"text": engine.decode(payload.output_ids), "output_ids": payload.output_ids,
+                chunk = {"text": engine.output_text(payload, params), "output_ids": payload.output_ids,
                          "meta_info": payload.meta_info}
             else:
                 chunk = {"error": {"message": payload}}
