@@ -6,7 +6,10 @@ the server exits 1 (the traceback in its log). Concurrent requests are batched b
 (up to --max-running-requests at once); a client that goes away (streaming or not) cancels its generation,
 which leaves the batch at the next step, so /flush_cache, which answers 400 while a request waits or runs,
 works again right after. Requests are checked as SGLang does
-(`request_params.parse_sampling`): a bad field is a 400 naming it, and the keep-alive connection stays open.
+(`request_params.parse_sampling`): a bad field is a 400 naming it, and the keep-alive connection stays open. A
+/generate body follows SGLang 0.5.23's contract (`request_params.check_generate_fields`): an unknown top-level key
+is ignored, an unknown sampling_params key is a 400, and an SGLang field this engine does not serve is a 400 unless
+at its default.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from starlette.concurrency import run_in_threadpool
 from .engine import Cancelled, Engine, RequestError, SamplingParams
 from .openai_api import add_openai_routes, engine_events
 from .request_params import cancel_on_disconnect as _cancel_on_disconnect
+from .request_params import check_generate_fields
 from .request_params import fill_max_new_tokens as _fill_max_new_tokens
 from .request_params import is_int as _is_int
 from .request_params import parse_json_body as _parse_json_body
@@ -188,6 +192,7 @@ def create_app(state: ServerState) -> FastAPI:
             return _error(503, state.load_error or "not ready: the model is loading")
         try:
             body = _parse_json_body(await request.body())
+            check_generate_fields(body)
             input_ids = _parse_prompt(body, engine)
             params = _parse_sampling(body.get("sampling_params"))
             _fill_max_new_tokens(params, input_ids, engine)

@@ -361,3 +361,52 @@ def test_a_matched_stop_string_is_cut_from_the_text_and_counted_in_the_tokens(cl
         assert text == free[:cut], (text, free, stop)
     kept, kept_tokens = _text_and_tokens(client, route, stream, stop=[stop], no_stop_trim=True)
     assert kept == free[:cut + len(stop)] and kept_tokens == tokens
+
+
+def _sglang_api_types():
+    """SGLang 0.5.23's generated /generate contract (sglang/api/v1/api_types.py), loaded from its file alone."""
+    import importlib.util
+
+    from tests.workers.sglang_source import package_dir
+
+    root = package_dir("sglang")
+    if root is None:
+        pytest.skip("sglang is not installed (pip install --no-deps sglang==0.5.23)")
+    spec = importlib.util.spec_from_file_location("sglang_api_types", root / "api" / "v1" / "api_types.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_generate_takes_sglangs_contract_for_top_level_fields(client):
+    """SGLang's /generate ignores a top-level key it does not know and refuses an unknown sampling_params key
+    (its contract gate, sglang/srt/entrypoints/http_server.py:933-940); so does this engine. Of SGLang's own fields,
+    those it does not serve are refused unless at SGLang's default."""
+    from workers.reference.request_params import GENERATE_AT_DEFAULT, GENERATE_SERVED
+
+    api = _sglang_api_types()
+    import msgspec
+
+    fields = {f.name: f.default_factory() if f.default is msgspec.NODEFAULT else f.default
+              for f in msgspec.structs.fields(api.GenerateRequest)}
+    assert set(fields) == set(GENERATE_SERVED) | set(GENERATE_AT_DEFAULT)
+    assert {k: v for k, v in GENERATE_AT_DEFAULT.items() if v is not None} == {
+        k: v for k, v in fields.items() if k in GENERATE_AT_DEFAULT and v is not None}
+
+    def sglang_admits(body) -> bool:
+        try:
+            api.GenerateRequest.from_json_value(body)
+        except api.JsonContractError:
+            return False
+        return True
+
+    greedy = {"temperature": 0, "max_new_tokens": 4}
+    for body in ({"text": PROMPT, "sampling_params": greedy, "bogus_field": 1},
+                 {"text": PROMPT, "sampling_params": {**greedy, "bogus": 1}},
+                 {"text": PROMPT, "sampling_params": greedy, "return_logprob": False, "custom_labels": {}}):
+        r = client.post("/generate", json=body)
+        assert (r.status_code == 200) == sglang_admits(body), (body, r.text)
+    body = {"text": PROMPT, "sampling_params": greedy, "return_logprob": True}
+    assert sglang_admits(body)  # SGLang serves it; this engine has no logprobs and says so instead of dropping them
+    r = client.post("/generate", json=body)
+    assert r.status_code == 400 and "return_logprob=True is not supported" in r.json()["error"]["message"]
