@@ -385,10 +385,8 @@ def test_generate_takes_sglangs_contract_for_top_level_fields(client):
     from workers.reference.request_params import GENERATE_AT_DEFAULT, GENERATE_SERVED
 
     api = _sglang_api_types()
-    import msgspec
-
-    fields = {f.name: f.default_factory() if f.default is msgspec.NODEFAULT else f.default
-              for f in msgspec.structs.fields(api.GenerateRequest)}
+    fields = {name: default.factory() if hasattr(default, "factory") else default  # a msgspec default factory
+              for name, default in zip(api.GenerateRequest.__struct_fields__, api.GenerateRequest.__struct_defaults__)}
     assert set(fields) == set(GENERATE_SERVED) | set(GENERATE_AT_DEFAULT)
     assert {k: v for k, v in GENERATE_AT_DEFAULT.items() if v is not None} == {
         k: v for k, v in fields.items() if k in GENERATE_AT_DEFAULT and v is not None}
