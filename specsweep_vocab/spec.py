@@ -137,7 +137,7 @@ WEIGHT_BYTES = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "float8_e4m3fn"
                 "int8": 1.0, "int4": 0.5, "float4_e2m1": 0.5}
 # `model.load_format`: every value an engine here takes, SGLang 0.5.23's --load-format choices
 # (`LOAD_FORMAT_CHOICES`, sglang/srt/arg_groups/choices.py:3-28); the reference engine takes auto, safetensors,
-# gguf and dummy (workers/reference/rules.py LOAD_FORMATS), SGLang 0.5.10 all but three
+# gguf and dummy (workers/reference/config.py LOAD_FORMATS), SGLang 0.5.10 all but three
 # (specsweep_vocab/sglang_facts.py): the engines' rules refuse the rest per engine.
 LOAD_FORMATS = ("auto", "pt", "safetensors", "instanttensor", "npcache", "dummy", "sharded_state", "presharded",
                 "gguf", "expert_pack", "bitsandbytes", "mistral", "layered", "flash_rl", "remote", "remote_instance",

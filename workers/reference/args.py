@@ -7,9 +7,8 @@ from pathlib import Path
 
 from specsweep_vocab.sglang_facts import SPEC_MAX_RUNNING_REQUESTS
 
-from .config import BUILTIN_CONFIGS
+from .config import BUILTIN_CONFIGS, LOAD_FORMATS
 from .gguf_checkpoint import GGUF_MODELS, resolve_gguf
-from .rules import LOAD_FORMATS
 from .spec_counters import DEFAULT_DECODE_LOG_INTERVAL
 
 

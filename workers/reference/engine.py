@@ -19,6 +19,7 @@ import torch
 
 from .attention import create_attention_backend
 from .model_source import load_config
+from .finish import finish_reason, trim_matched_stop
 from .cuda_graph import make_runner  # CUDA graphs for specsweep_verify on CUDA
 from .model import build_model, layer_subset, skip_layers_kept
 from .runner import ModelRunner
@@ -60,16 +61,6 @@ class SamplingParams:
 class Output:
     output_ids: list[int]
     meta_info: dict
-
-
-def trim_matched_stop(text: str, finish_reason: dict | None, no_stop_trim: bool) -> str:
-    """A finished request's text as SGLang returns it: cut before the stop string it matched, or after it with
-    no_stop_trim (`DetokenizerManager.trim_matched_stop`, sglang/srt/managers/detokenizer_manager.py:194-212,
-    no_stop_trim false by default). The output ids and completion_tokens keep the stop string's tokens, as there."""
-    matched = (finish_reason or {}).get("matched")
-    if not isinstance(matched, str) or (pos := text.find(matched)) == -1:
-        return text
-    return text[:pos + len(matched)] if no_stop_trim else text[:pos]
 
 
 @dataclass(eq=False)
@@ -136,11 +127,8 @@ class Engine:
         self.algorithm = (args.speculative_algorithm or "NONE").upper()
         self.num_steps, self.topk, self.num_draft_tokens = args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens
         torch.manual_seed(args.random_seed)
-        # Sampling without a seed, as SGLang: under --enable-deterministic-inference every such request is seeded
-        # with 42 (`sglang/srt/sampling/sampling_batch_info.py:157-171`); otherwise SGLang samples from the global
-        # generator, seeded once with --random-seed (`sglang/srt/layers/sampler.py:837-838`), so concurrent or
-        # repeated requests get different samples. Here each such request takes its seed from one server-wide
-        # generator, seeded with --random-seed: distinct samples, the same sequence for a server started alike.
+        # A request without a seed, as SGLang: seeded with 42 under --enable-deterministic-inference
+        # (sampling/sampling_batch_info.py:157-171), else from one generator seeded by --random-seed (sampler.py:837)
         self._unseeded = torch.Generator().manual_seed(args.random_seed)
         self._unseeded_lock = threading.Lock()
         dtype = _dtype(args)
@@ -387,7 +375,7 @@ class Engine:
                 self._after_tokens(req)
 
     def _after_tokens(self, req: Request) -> None:
-        req.finish = self._finish_reason(req.out, req.params)
+        req.finish = finish_reason(req.out, req.params, self.decode, self.eos_id)
         if req.on_tokens and req.finish is None:  # a finished request's last tokens go out with its Output, trimmed
             req.on_tokens(req.out)
 
@@ -419,26 +407,8 @@ class Engine:
             req.done.set()
 
     def output_text(self, out: Output, params: SamplingParams) -> str:
-        """The text of a finished request, as SGLang's detokenizer returns it (`trim_matched_stop`)."""
+        """The text of a finished request, as SGLang's detokenizer returns it (finish.trim_matched_stop)."""
         return trim_matched_stop(self.decode(out.output_ids), out.meta_info.get("finish_reason"), params.no_stop_trim)
-
-    def _finish_reason(self, out: list[int], params: SamplingParams) -> dict | None:
-        """Trims `out` in place at the first stop string / EOS / length limit; returns SGLang's finish_reason. As
-        SGLang (`Req.update_finish_state`, sglang/srt/managers/schedule_batch.py:2007-2042): a stop string before an
-        EOS, and a stop found past max_new_tokens (a verify step can overshoot it) is a length finish."""
-        text = self.decode(out) if params.stop else ""
-        for stop in (s for s in params.stop if s and s in text):
-            for n in range(1, min(len(out), params.max_new_tokens) + 1):
-                if stop in self.decode(out[:n]):
-                    del out[n:]
-                    return {"type": "stop", "matched": stop}
-        if not params.ignore_eos and self.eos_id is not None and self.eos_id in out[:params.max_new_tokens]:
-            del out[out.index(self.eos_id) + 1:]
-            return {"type": "stop", "matched": self.eos_id}
-        if len(out) >= params.max_new_tokens:
-            del out[params.max_new_tokens:]
-            return {"type": "length", "length": params.max_new_tokens}
-        return None
 
     def _meta(self, input_ids, out, finish, steps, ttft, e2e) -> dict:
         meta = {"id": uuid.uuid4().hex, "finish_reason": finish, "prompt_tokens": len(input_ids),

@@ -36,7 +36,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from .chat_template import ChatTemplateError, load_chat_template, render_chat
-from .engine import Cancelled, Engine, Output, RequestError, SamplingParams, trim_matched_stop
+from .engine import Cancelled, Engine, Output, RequestError, SamplingParams
+from .finish import trim_matched_stop
 from .request_params import cancel_on_disconnect, fill_max_new_tokens, is_int, parse_json_body, parse_sampling
 from .tokenizer_export import hf_tokenizer_dir
 

@@ -26,11 +26,11 @@ from specsweep_vocab.sglang_facts import SPEC_MAX_RUNNING_REQUESTS
 from specsweep_vocab.sglang_limits import context_need, sglang_generated
 from specsweep_vocab.spec import Algorithm
 
+from .config import LOAD_FORMATS
 from .gguf_checkpoint import GGUF_MODELS, locate_packaged
 
 BACKENDS = ("torch", "specsweep_verify")  # --attention-backend and the split backends it takes (args.py)
 ALGORITHMS = (Algorithm.NONE, Algorithm.NGRAM, Algorithm.STANDALONE)
-LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")  # --load-format choices (args.py); SGLang's names
 REFERENCE_MODEL_VOCABS = {**dict.fromkeys(BUILTIN_MODELS, "byte vocabulary"),
                           **dict.fromkeys(GGUF_MODELS, "SmolLM2's BPE vocabulary")}
 REFERENCE_MODEL_PATHS = tuple(REFERENCE_MODEL_VOCABS)
