@@ -23,7 +23,7 @@ SGLANG_DEFAULTS = {"top_k": -1, "min_p": 0.0, "frequency_penalty": 0.0, "presenc
 # rejected"). This engine does the same; of SGLang's known fields it serves these, and takes the others only at
 # SGLang's default (null, or the default below), so a request never silently loses what it asked for.
 GENERATE_SERVED = ("text", "input_ids", "stream", "sampling_params", "rid")
-GENERATE_AT_DEFAULT = {
+GENERATE_AT_DEFAULT: dict[str, object] = {
     **dict.fromkeys((
         "return_logprob", "logprob_start_len", "top_logprobs_num", "token_ids_logprob", "return_hidden_states",
         "return_text_in_logprobs", "bootstrap_host", "bootstrap_port", "bootstrap_room", "bootstrap_pair_key",

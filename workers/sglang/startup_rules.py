@@ -162,14 +162,12 @@ def mem_fraction_static(point: PlanPoint, gib: float, tp: int | None = None) -> 
     if opts is not None and opts.mem_fraction_static:
         return opts.mem_fraction_static, f"engine.sglang.mem_fraction_static={opts.mem_fraction_static:g}"
     mib, tp = gib * 1024, tp or point.tp_size
-    chunked = argv_int(point.engine.extra_args, "--chunked-prefill-size")
-    for below, bracket_chunked, small_tp_bs, large_tp_bs in ((20, 2048, 8, 8), (35, 4096, 48, 160),
-                                                              (60, 4096, 32, 160), (90, 8192, 256, 512),
-                                                              (160, 8192, 256, 512), (math.inf, 16384, 512, 512)):
-        if mib < below * 1024:
-            chunked = chunked if chunked is not None else bracket_chunked
-            bracket_bs = small_tp_bs if tp < 4 else large_tp_bs
-            break
+    _, bracket_chunked, small_tp_bs, large_tp_bs = next(
+        bracket for bracket in ((20, 2048, 8, 8), (35, 4096, 48, 160), (60, 4096, 32, 160), (90, 8192, 256, 512),
+                                (160, 8192, 256, 512), (math.inf, 16384, 512, 512)) if mib < bracket[0] * 1024)
+    given = argv_int(point.engine.extra_args, "--chunked-prefill-size")
+    chunked = given if given is not None else bracket_chunked
+    bracket_bs = small_tp_bs if tp < 4 else large_tp_bs
     graphs = not (opts is not None and opts.disable_cuda_graph)
     decode_bs = opts.cuda_graph_max_bs if opts is not None and opts.cuda_graph_max_bs else None
     if decode_bs is None:
