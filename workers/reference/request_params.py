@@ -20,18 +20,20 @@ SGLANG_DEFAULTS = {"top_k": -1, "min_p": 0.0, "frequency_penalty": 0.0, "presenc
 # SGLang 0.5.23's /generate body (`GenerateRequest`, sglang/api/v1/api_types.py:236-277, checked by its contract
 # gate, sglang/srt/entrypoints/http_server.py:933-940): a key it does not know is ignored ("unknown keys ignored"),
 # while an unknown key in sampling_params is refused (`SamplingParams`, api_types.py:177-178, "unknown keys
-# rejected"). This engine does the same; of SGLang's known fields it serves these, and takes the others only at
-# SGLang's default (null, or the default below), so a request never silently loses what it asked for.
-GENERATE_SERVED = ("text", "input_ids", "stream", "sampling_params", "rid")
+# rejected"). This engine does the same. Of SGLang's own fields it serves the first group; the second changes
+# nothing a request returns here (routing, caching and disaggregation hints, the logprob options that only apply
+# with return_logprob: bench_serving sends logprob_start_len=-1) and is ignored; the third would change what comes
+# back, so it is taken only at SGLang's default (null, or the default given), never silently dropped.
+GENERATE_SERVED = ("text", "input_ids", "stream", "sampling_params")
+GENERATE_NO_EFFECT = ("rid", "logprob_start_len", "top_logprobs_num", "token_ids_logprob", "return_text_in_logprobs",
+                      "bootstrap_host", "bootstrap_port", "bootstrap_room", "bootstrap_pair_key", "decode_tp_size",
+                      "routed_dp_rank", "disagg_prefill_dp_rank", "mm_hashes", "extra_key", "priority", "cache_salt",
+                      "kv_hints", "routing_key", "session_id", "custom_labels", "images_config")
 GENERATE_AT_DEFAULT: dict[str, object] = {
-    **dict.fromkeys((
-        "return_logprob", "logprob_start_len", "top_logprobs_num", "token_ids_logprob", "return_hidden_states",
-        "return_text_in_logprobs", "bootstrap_host", "bootstrap_port", "bootstrap_room", "bootstrap_pair_key",
-        "decode_tp_size", "routed_dp_rank", "disagg_prefill_dp_rank", "image_data", "mm_hashes", "video_data",
-        "audio_data", "extra_key", "priority", "cache_salt", "require_reasoning", "lora_path", "session_params",
-        "kv_hints", "routing_key", "max_thinking_tokens", "session_id", "custom_logit_processor", "images_config",
-        "return_sampling_mask", "modalities")),
-    "custom_labels": {}, "return_prompt_token_ids": False, "routed_experts_start_len": 0,
+    **dict.fromkeys(("return_logprob", "return_hidden_states", "image_data", "video_data", "audio_data",
+                     "require_reasoning", "lora_path", "session_params", "max_thinking_tokens",
+                     "custom_logit_processor", "return_sampling_mask", "modalities")),
+    "return_prompt_token_ids": False, "routed_experts_start_len": 0,
 }
 SEED_MIN, SEED_MAX = -2**63, 2**63 - 1  # SGLang's sampling_seed range
 # SGLang treats 0 <= temperature < _SAMPLING_EPS as greedy (sglang/srt/sampling/sampling_params.py:42, 245-248):
@@ -67,11 +69,10 @@ def parse_json_body(raw: bytes) -> dict:
 
 
 def check_generate_fields(body: dict) -> None:
-    """A /generate body's top-level keys, as SGLang's contract takes them (GENERATE_AT_DEFAULT): a field of SGLang's
-    this engine does not serve is a 400 unless at its default (false counts as unset for a flag); unknown keys are
-    ignored, as there."""
+    """A /generate body's top-level keys, as SGLang's contract takes them: a field of GENERATE_AT_DEFAULT is a 400
+    unless at its default (false, or an empty list, counts as unset); unknown keys are ignored, as there."""
     for key, value in body.items():
-        if key not in GENERATE_AT_DEFAULT or value is None or value is False:
+        if key not in GENERATE_AT_DEFAULT or value is None or value is False or (isinstance(value, list) and not value):
             continue
         default = GENERATE_AT_DEFAULT[key]
         if default is not None and type(value) is type(default) and value == default:

@@ -382,12 +382,12 @@ def test_generate_takes_sglangs_contract_for_top_level_fields(client):
     """SGLang's /generate ignores a top-level key it does not know and refuses an unknown sampling_params key
     (its contract gate, sglang/srt/entrypoints/http_server.py:933-940); so does this engine. Of SGLang's own fields,
     those it does not serve are refused unless at SGLang's default."""
-    from workers.reference.request_params import GENERATE_AT_DEFAULT, GENERATE_SERVED
+    from workers.reference.request_params import GENERATE_AT_DEFAULT, GENERATE_NO_EFFECT, GENERATE_SERVED
 
     api = _sglang_api_types()
     fields = {name: default.factory() if hasattr(default, "factory") else default  # a msgspec default factory
               for name, default in zip(api.GenerateRequest.__struct_fields__, api.GenerateRequest.__struct_defaults__)}
-    assert set(fields) == set(GENERATE_SERVED) | set(GENERATE_AT_DEFAULT)
+    assert set(fields) == set(GENERATE_SERVED) | set(GENERATE_NO_EFFECT) | set(GENERATE_AT_DEFAULT)
     assert {k: v for k, v in GENERATE_AT_DEFAULT.items() if v is not None} == {
         k: v for k, v in fields.items() if k in GENERATE_AT_DEFAULT and v is not None}
 
@@ -401,7 +401,8 @@ def test_generate_takes_sglangs_contract_for_top_level_fields(client):
     greedy = {"temperature": 0, "max_new_tokens": 4}
     for body in ({"text": PROMPT, "sampling_params": greedy, "bogus_field": 1},
                  {"text": PROMPT, "sampling_params": {**greedy, "bogus": 1}},
-                 {"text": PROMPT, "sampling_params": greedy, "return_logprob": False, "custom_labels": {}}):
+                 {"text": PROMPT, "sampling_params": greedy, "return_logprob": False, "logprob_start_len": -1,
+                  "rid": "r1", "priority": 3}):
         r = client.post("/generate", json=body)
         assert (r.status_code == 200) == sglang_admits(body), (body, r.text)
     body = {"text": PROMPT, "sampling_params": greedy, "return_logprob": True}
