@@ -54,9 +54,9 @@ def run_tune(config: DictConfig, hydra_context: HydraContext, arguments: Sequenc
     setup_globals()
     configure_log(config.hydra.job_logging, config.hydra.verbose)
     loader = hydra_context.config_loader
-    settings = OmegaConf.to_container(config.hydra.sweeper, resolve=True)
-    assert isinstance(settings, dict)
-    settings.pop("_target_", None)
+    container = OmegaConf.to_container(config.hydra.sweeper, resolve=True)
+    assert isinstance(container, dict)
+    settings = {str(k): v for k, v in container.items() if k != "_target_"}
     cwd = config.hydra.runtime.cwd or os.getcwd()
 
     def compose(jobs: Sequence[Sequence[str]]) -> list[dict[str, Any]]:

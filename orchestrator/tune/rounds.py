@@ -103,8 +103,8 @@ class TuneRun:
         now = int(time.time() * 1000)
         for key, value in metrics.items():
             client.log_metric(self.run_id, key, value, timestamp=now)
-        for key, value in tags.items():
-            client.set_tag(self.run_id, key, value[:5000])
+        for tag, text in tags.items():
+            client.set_tag(self.run_id, tag, text[:5000])
 
     def log_figure(self, figure: object, name: str) -> None:
         self.tracker.client.log_figure(self.run_id, figure, f"tune/{name}")

@@ -109,7 +109,7 @@ def build_space(req: TuneRequest, settings: TuneSettings) -> _Space:
     if not any(not c.speculates for c in cands) and "none" not in algos:  # the baseline: no speculation
         algos["none"] = Algorithm.NONE.value
         first = {k: v[0] for k, v in settings.space.items() if not k.startswith(DRAFTER)}
-        cands.append(Candidate(candidate_overrides({**first, DRAFTER: "none"}, False), False))
+        cands.append(Candidate(candidate_overrides({**first, DRAFTER: "none"}, False), False, (), extra=True))
     base = req.compose([list(req.base_overrides)])[0]
     points = workload(settings.batch_sizes, settings.context_lens, int(base["context_len"]))
     jobs = [job_overrides(c, p, req.base_overrides) for c in cands for p in points]
@@ -322,7 +322,7 @@ def search_loop(study: "optuna.Study", settings: TuneSettings, candidates: Mappi
 
 def _search_and_answer(space: _Space, run: TuneRun, name: str, storage: str) -> TuneResult:
     s = space.settings
-    grid = [c.values for c in space.candidates.values()] if s.sampler_kind is SamplerKind.GRID else ()
+    grid = [dict(c.params) for c in space.candidates.values()] if s.sampler_kind is SamplerKind.GRID else ()
     study = open_study(s, name, len(space.points), storage, len(space.candidates), grid)
     result = TuneResult(name)
 
@@ -331,7 +331,12 @@ def _search_and_answer(space: _Space, run: TuneRun, name: str, storage: str) -> 
         records = run.run_round(configs, f"search {round_no}")
         return {k: _measured(space, k, records) for k in keys}
 
-    values = search_loop(study, s, space.candidates, space.refused, space.speculates, measure, space.points[0][1])
+    searched = {k: c for k, c in space.candidates.items() if not c.extra}
+    values = search_loop(study, s, searched, space.refused, space.speculates, measure, space.points[0][1])
+    for key in set(space.candidates) - set(searched):  # the baseline the space lacks: measured beside the search
+        got = measure([key], 0)[key]
+        if got is not None:
+            values[key] = got.values
     result.measured = len(values)
     log.info("tune search: %d configuration(s) measured of %d valid (%d child runs)", len(values),
              len(space.candidates), len(values) * len(space.points))
@@ -373,8 +378,25 @@ def _confirm_and_answer(space: _Space, run: TuneRun, result: TuneResult,
                                           {k: space.candidates[k].values for k in ks}))
     result.rows = rows
     result.runs = len(values) * len(space.points) + len(configs)
-    _record(space, run, result, values)
+    _record(space, run, result, values, _measurements(space, run, values))
     return result
+
+
+def _measurements(space: _Space, run: TuneRun, values: Mapping[str, Sequence[float]]) -> dict[str, dict[str, Any]]:
+    """Every measured configuration's search runs, read back: per workload point the run id, tok/s over its repeats
+    and the commit length (`measurements.json`, what tools/bench_tune.py replays)."""
+    hashes = {(k, p): _run_hash(space, k, p) for k in values for p in space.points}
+    records = run.records(list(hashes.values()))
+    out: dict[str, dict[str, Any]] = {}
+    for (k, p), h in hashes.items():
+        rec = records.get(h)
+        if rec is not None:
+            out.setdefault(k, {"speculates": space.candidates[k].speculates,
+                               "draft_tokens": space.candidates[k].draft_tokens,
+                               "label": space.candidates[k].label})[f"{p[0]}x{p[1]}"] = {
+                "run_id": rec.run_id, OBJECTIVE: rec.repeats(OBJECTIVE),
+                "commit_len_mean": rec.metrics.get("commit_len_mean")}
+    return out
 
 
 def _with_repeats(rc: RunConfig, repeats: int) -> RunConfig:
@@ -383,15 +405,16 @@ def _with_repeats(rc: RunConfig, repeats: int) -> RunConfig:
     return replace(rc, probe=replace(rc.probe, repeats=repeats))
 
 
-def _record(space: _Space, run: TuneRun, result: TuneResult, values: Mapping[str, Sequence[float]]) -> None:
-    s = space.settings
+def _record(space: _Space, run: TuneRun, result: TuneResult, values: Mapping[str, Sequence[float]],
+            measurements: Mapping[str, Any]) -> None:
     table = answers.answer_markdown(result.rows)
     result.table = table
     model = next(iter(space.configs.values()))[space.points[0]].model.path
     cfg, why = answers.adaptive_config(result.rows)
     files = {"answer.md": f"# Tune {result.study}\n\n{table}\n", "answer.csv": answers.answer_csv(result.rows),
              "launch.sh": answers.launch_commands(result.rows, model),
-             "trials.json": json.dumps({k: dict(zip(map(str, space.points), v)) for k, v in values.items()}, indent=1),
+             "measurements.json": json.dumps({"points": [f"{c}x{b}" for c, b in space.points],
+                                              "configurations": measurements}, indent=1),
              "refused.json": json.dumps({k: str(p) for k, p in space.refused.items()}, indent=1)}
     if cfg is not None:
         files["sglang_adaptive_config.json"] = json.dumps(cfg, indent=2) + "\n"

@@ -89,5 +89,6 @@ def settings_problems(values: Mapping[str, Any]) -> list[Problem]:
 
 def to_tune_settings(values: Mapping[str, Any]) -> TuneSettings:
     space = {str(k): tuple(v) for k, v in (values.get("space") or {}).items()}
-    return TuneSettings(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()
-                           if k in TuneSettings.__dataclass_fields__ and k != "space"}, space=space)
+    given: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()
+                             if k in TuneSettings.__dataclass_fields__ and k != "space"}
+    return TuneSettings(**given, space=space)

@@ -19,7 +19,7 @@ Which of the remaining candidates an engine refuses is the validation's business
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 DRAFTER = "drafter"
@@ -33,6 +33,9 @@ class Candidate:
 
     overrides: tuple[str, ...]
     speculates: bool
+    # the params as the sampler names them (study.suggest asks exactly these keys), in the space's own types
+    params: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
+    extra: bool = False  # not in the space: the no-speculation baseline added for the margin (never searched)
 
     @property
     def key(self) -> str:
@@ -81,7 +84,10 @@ def enumerate_space(space: Mapping[str, Sequence[Any]], speculates: Callable[[Ma
     for values in itertools.product(*(space[k] for k in keys)):
         params = dict(zip(keys, values))
         spec = speculates(params)
-        c = Candidate(candidate_overrides(params, spec), spec)  # conditions applied: equal servers collapse
+        asked = {k: v for k, v in params.items() if spec or not k.startswith(DRAFTER + ".")}
+        if spec and NUM_STEPS in asked and NUM_DRAFT_TOKENS in asked and int(asked.get(TOPK, 1)) == 1:
+            del asked[NUM_DRAFT_TOKENS]
+        c = Candidate(candidate_overrides(params, spec), spec, tuple(asked.items()))  # equal servers collapse
         seen.setdefault(c.key, c)
     return list(seen.values())
 
