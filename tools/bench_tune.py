@@ -1,6 +1,6 @@
 """`make bench-tune`: how many runs the tune needs to find the full grid's winner at each batch size.
 
-1. The full grid, measured once on the reference engine: `specsweep +tune=bench hydra.sweeper.sampler=grid` with
+1. The full grid, measured once on the reference engine: `specsweep +tune=bench hydra.sweeper.tune.sampler=grid` with
    `probe.repeats=3` (every configuration at every batch size, 3 prompts each), in `--work-dir`. Skipped when that
    directory already holds the grid's tune run (`--reuse`).
 2. The grid's winner per batch size: `orchestrator.tune.robust.pick` over every configuration's 3 values.
@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run_grid(work_dir: Path, extra: list[str]) -> None:
     work_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "orchestrator", "+tune=bench", "hydra.sweeper.sampler=grid",
-           "hydra.sweeper.trials=100000", "probe.repeats=3", "progress=false", *extra]
+    cmd = [sys.executable, "-m", "orchestrator", "+tune=bench", "hydra.sweeper.tune.sampler=grid",
+           "hydra.sweeper.tune.trials=100000", "probe.repeats=3", "progress=false", *extra]
     log.info("the full grid: %s (in %s)", " ".join(cmd), work_dir)
     env = {**os.environ, "RAY_AUTH_MODE": "disabled",
            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "kernels"), os.environ.get("PYTHONPATH", "")])}

@@ -8,6 +8,6 @@
     search.py     the loop: rounds of trials run as sweeps (one server start per configuration), pruning, the
                   leaders' repeats, the answer recorded on the tune's MLflow run
 
-The Hydra side is a sweeper plugin (`hydra_plugins/specsweep_launcher`, `hydra/sweeper=specsweep_tune`), selected
+The Hydra side is a sweeper plugin (`hydra_plugins/specsweep_launcher`, `hydra.sweeper.tune`), selected
 by a `conf/tune/<name>.yaml`: `specsweep +tune=<name>`.
 """

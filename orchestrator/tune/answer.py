@@ -53,7 +53,7 @@ def answer_markdown(rows: Sequence[AnswerRow]) -> str:
         p = r.pick
         base = (_margin_cell(p.over_baseline.rel, p.over_baseline.separable) if p.over_baseline else
                 "is no speculation" if p.baseline is p.winner else "n/a (no baseline measured)")
-        runner = p.ranked[1].label if len(p.ranked) > 1 else "-"
+        runner = (p.ranked[1].label or "no speculation") if len(p.ranked) > 1 else "-"
         over = _margin_cell(p.runner_up.rel, p.runner_up.separable) if p.runner_up else "n/a"
         if len(p.tied) > 1:
             over += f"; {len(p.tied)} within the tie band: fewest draft tokens chosen"

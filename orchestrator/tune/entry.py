@@ -1,4 +1,5 @@
-"""The work behind the `specsweep_tune` Hydra sweeper (hydra_plugins/specsweep_launcher): `specsweep +tune=NAME`.
+"""The work behind the `specsweep` Hydra sweeper with `hydra.sweeper.tune` set (hydra_plugins/specsweep_launcher):
+`specsweep +tune=NAME`.
 
     run_tune(config, hydra_context, arguments) -> TuneResult
 
@@ -40,8 +41,8 @@ class PipelineBugFound(CompactHydraException):
 def _grid_overrides(arguments: Sequence[str]) -> list[Problem]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    return [Problem(o.key_or_group, o.input_line, "one value: a tune searches hydra.sweeper.space (set values there) "
-                    "and runs hydra.sweeper.batch_sizes / context_lens as its workload", tuple(arguments))
+    return [Problem(o.key_or_group, o.input_line, "one value: a tune searches hydra.sweeper.tune.space (set values there) "
+                    "and runs hydra.sweeper.tune.batch_sizes / context_lens as its workload", tuple(arguments))
             for o in OverridesParser.create().parse_overrides(list(arguments)) if o.is_sweep_override()]
 
 
@@ -54,9 +55,9 @@ def run_tune(config: DictConfig, hydra_context: HydraContext, arguments: Sequenc
     setup_globals()
     configure_log(config.hydra.job_logging, config.hydra.verbose)
     loader = hydra_context.config_loader
-    container = OmegaConf.to_container(config.hydra.sweeper, resolve=True)
+    container = OmegaConf.to_container(config.hydra.sweeper.tune, resolve=True)
     assert isinstance(container, dict)
-    settings = {str(k): v for k, v in container.items() if k != "_target_"}
+    settings = {str(k): v for k, v in container.items()}
     cwd = config.hydra.runtime.cwd or os.getcwd()
 
     def compose(jobs: Sequence[Sequence[str]]) -> list[dict[str, Any]]:

@@ -30,12 +30,13 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from orchestrator.config.jobs import build_settings, convert_and_validate
 from orchestrator.config.problems import ConfigError, Problem
+from orchestrator.config.settings import ExecutionSettings
 from orchestrator.tune import answer as answers
 from orchestrator.tune.robust import Entry, pick
 from orchestrator.tune.rounds import Record, TuneRun
 from orchestrator.tune.settings import KEY_PREFIX, SamplerKind, TuneSettings, settings_problems
 from orchestrator.tune.space import (DRAFTER, Candidate, candidate_overrides, drafter_key, enumerate_space,
-                                     job_overrides, workload)
+                                     fmt_value, job_overrides, workload)
 from orchestrator.tune.study import (CANDIDATE_ATTR, CONSTRAINT_ATTR, MEASURED_ATTR, measured_trials, open_study,
                                      storage_url, suggest)
 from specsweep_vocab.spec import Algorithm, RunState
@@ -138,7 +139,7 @@ def _refuse_dead_values(space: _Space) -> None:
     valid = [c.values for c in space.candidates.values()]
     for key, values in space.settings.space.items():
         for v in values:
-            if not any(c.get(key) == candidate_overrides({key: v}, True)[0].split("=", 1)[1] for c in valid):
+            if not any(c.get(key) == fmt_value(v) for c in valid):
                 example = next((p for k, p in space.refused.items() if f"{key}={v}" in k.split()), None)
                 if example is None and not key.startswith(DRAFTER + "."):
                     continue
@@ -223,10 +224,25 @@ def tune(req: TuneRequest) -> TuneResult:
     exec_settings = build_settings(some, req.cwd)
     name = study_name(settings, some.sweep_name, space, req.base_overrides)
     from orchestrator.config.plan import plan_sweep
-    from orchestrator.session.sweep import preflight_before_start
+    from orchestrator.execution.preflight import PreflightError
+    from orchestrator.execution.ray_session import RayStartFailed, ray_session
+    from orchestrator.session.sweep import ClusterCannotFit, RayDidNotStart, preflight_before_start
 
-    every = [cfg for by_point in space.configs.values() for cfg in by_point.values()]
-    preflight_before_start(plan_sweep(some.sweep_name, every), exec_settings, dry_run=False)  # the whole space
+    every = plan_sweep(some.sweep_name, [cfg for by_point in space.configs.values() for cfg in by_point.values()])
+    preflight_before_start(every, exec_settings, dry_run=False)  # the whole space, before anything starts
+    try:  # one Ray for every round (each round's sweep reuses it), placement checked for every candidate's server
+        with ray_session(exec_settings.cluster, every.groups):
+            return _tune_in_ray(req, space, settings, exec_settings, name, some)
+    except PreflightError as e:
+        raise ClusterCannotFit(str(e)) from None
+    except RayStartFailed as e:
+        raise RayDidNotStart(str(e)) from None
+
+
+def _tune_in_ray(req: TuneRequest, space: _Space, settings: TuneSettings, exec_settings: ExecutionSettings,
+                 name: str, some: RunConfig) -> TuneResult:
+    from orchestrator.config.plan import plan_sweep
+
     storage = storage_url(settings, exec_settings.tracking_uri, req.cwd)
     log.info("tune: study %r in %s", name, storage)
     run = TuneRun(exec_settings, plan_sweep(some.sweep_name, [some]), name,

@@ -1,6 +1,6 @@
-"""`TuneSettings`: what a tune searches, on which workload, with what budget (Hydra: `hydra.sweeper.*` of the
-`specsweep_tune` sweeper, set by `conf/tune/<name>.yaml`). Declared once here; the sweeper's structured config is
-generated from it (hydra_plugins/specsweep_launcher).
+"""`TuneSettings`: what a tune searches, on which workload, with what budget (Hydra: `hydra.sweeper.tune.*` of the
+`specsweep` sweeper, set by `conf/tune/<name>.yaml`). Declared once here; the sweeper's `tune` section is generated
+from it (hydra_plugins/specsweep_launcher).
 
     settings_problems(values) -> [Problem]    each field in its declared domain, the space's keys, the limits
     to_tune_settings(values) -> TuneSettings  the sweeper's composed config, typed (after settings_problems)
@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from specsweep_vocab.domain import FRACTION, NAME, TOKENS, Int, Items, Num, domain
 from specsweep_vocab.problem import Problem
 
-KEY_PREFIX = "hydra.sweeper."
+KEY_PREFIX = "hydra.sweeper.tune."
 # The workload axes: never searched (the answer is per batch size and context), given as their own fields.
 WORKLOAD_KEYS = {"probe.concurrency": "batch_sizes", "context_len": "context_lens"}
 BATCH = Int(1, 1024)  # probe.concurrency's domain (specsweep_vocab/spec.py ProbeSpec)
@@ -63,7 +63,7 @@ class TuneSettings:
 
 
 def settings_problems(values: Mapping[str, Any]) -> list[Problem]:
-    """What a `hydra.sweeper` section of the tune sweeper refuses, each with its key, value and what is allowed."""
+    """What a `hydra.sweeper.tune` section refuses, each with its key, value and what is allowed."""
     from orchestrator.config.domains import domain_problems
 
     out = [Problem(KEY_PREFIX + p.key, p.value, p.allowed) for p in domain_problems(values, TuneSettings)]

@@ -64,13 +64,13 @@ class Candidate:
         return " ".join(f"{short.get(k, k + '=')}{x}" for k, x in v.items())
 
 
-def _fmt(v: Any) -> str:
+def fmt_value(v: Any) -> str:
     return ("true" if v else "false") if isinstance(v, bool) else str(v)
 
 
 def candidate_overrides(params: Mapping[str, Any], speculates: bool) -> tuple[str, ...]:
     """`params` (key -> value, as sampled) to the candidate's overrides, with the conditions applied."""
-    out = {k: _fmt(v) for k, v in params.items() if speculates or not k.startswith(DRAFTER + ".")}
+    out = {k: fmt_value(v) for k, v in params.items() if speculates or not k.startswith(DRAFTER + ".")}
     if speculates and NUM_STEPS in out and int(out.get(TOPK, "1")) == 1:
         out[NUM_DRAFT_TOKENS] = str(int(out[NUM_STEPS]) + 1)
     return tuple(f"{k}={out[k]}" for k in sorted(out))

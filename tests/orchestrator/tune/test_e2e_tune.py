@@ -41,7 +41,7 @@ def _study(cwd: Path):
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("tune")
-    return cwd, _tune(cwd, "hydra.sweeper.trials=3")
+    return cwd, _tune(cwd, "hydra.sweeper.tune.trials=3")
 
 
 def test_tune_measures_its_budget_confirms_the_leaders_and_records_the_answer(tuned):
@@ -77,7 +77,7 @@ def test_the_same_command_with_a_larger_budget_resumes_the_study(tuned):
     cwd, first = tuned
     assert first.returncode == 0
     _, _, before = _store(cwd)
-    out = _tune(cwd, "hydra.sweeper.trials=4")
+    out = _tune(cwd, "hydra.sweeper.tune.trials=4")
     assert out.returncode == 0, out.stderr[-4000:]
     tune, _, after = _store(cwd)
     assert len(tune) == 1  # the same tune run, resumed
@@ -90,9 +90,9 @@ def test_the_same_command_with_a_larger_budget_resumes_the_study(tuned):
 
 
 def test_an_invalid_tune_names_the_key_and_starts_nothing(tmp_path):
-    out = _tune(tmp_path, "hydra.sweeper.space={page_size:[0,16]}", timeout=120)
+    out = _tune(tmp_path, "hydra.sweeper.tune.space={page_size:[0,16]}", timeout=120)
     assert out.returncode == 1
-    assert "hydra.sweeper.space.page_size=0" in out.stderr, out.stderr[-2000:]
+    assert "hydra.sweeper.tune.space.page_size=0" in out.stderr, out.stderr[-2000:]
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "optuna.db").exists()
     out = _tune(tmp_path, "page_size=1,16", timeout=120)
-    assert out.returncode == 1 and "page_size" in out.stderr and "hydra.sweeper.space" in out.stderr
+    assert out.returncode == 1 and "page_size" in out.stderr and "hydra.sweeper.tune.space" in out.stderr

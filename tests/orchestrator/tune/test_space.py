@@ -55,7 +55,7 @@ def test_settings_problems_name_the_key_the_value_and_what_is_allowed():
     bad = {"space": {"probe.concurrency": [1, 2], "page_size": []}, "batch_sizes": [0], "sampler": "annealing",
            "repeats": 2}
     text = "\n".join(map(str, settings_problems(bad)))
-    assert "hydra.sweeper.space.probe.concurrency=[1, 2]: allowed no probe.concurrency in the space" in text
-    assert "hydra.sweeper.space.page_size=[]: allowed a non-empty list of distinct values" in text
-    assert "hydra.sweeper.sampler='annealing': allowed one of tpe, random, grid" in text
-    assert "hydra.sweeper.repeats=2" in text and "hydra.sweeper.batch_sizes=[0]" in text
+    assert "hydra.sweeper.tune.space.probe.concurrency=[1, 2]: allowed no probe.concurrency in the space" in text
+    assert "hydra.sweeper.tune.space.page_size=[]: allowed a non-empty list of distinct values" in text
+    assert "hydra.sweeper.tune.sampler='annealing': allowed one of tpe, random, grid" in text
+    assert "hydra.sweeper.tune.repeats=2" in text and "hydra.sweeper.tune.batch_sizes=[0]" in text
