@@ -83,6 +83,15 @@ class _Space:
     algorithm: dict[str, str]  # candidate key -> its drafter's algorithm
     speculates: Callable[[Mapping[str, Any]], bool]
     base_drafter: str
+    req: TuneRequest
+
+    def leader_configs(self, pairs: Sequence[tuple[str, Point]]) -> list[RunConfig]:
+        """The runs of (candidate, point) with `probe.repeats` prompts, composed and validated like the others (their
+        recorded params say repeats=R)."""
+        jobs = [job_overrides(self.candidates[k], p, self.req.base_overrides, repeats=self.settings.repeats)
+                for k, p in pairs]
+        return convert_and_validate(list(zip(self.req.compose(jobs), jobs)), sweep=True, cwd=self.req.cwd) if jobs \
+            else []
 
 
 def _check(req: TuneRequest) -> TuneSettings:
@@ -115,7 +124,7 @@ def build_space(req: TuneRequest, settings: TuneSettings) -> _Space:
     points = workload(settings.batch_sizes, settings.context_lens, int(base["context_len"]))
     jobs = [job_overrides(c, p, req.base_overrides) for c in cands for p in points]
     composed = req.compose(jobs)
-    space = _Space(settings, {}, {}, {}, points, {}, speculates, base_drafter)
+    space = _Space(settings, {}, {}, {}, points, {}, speculates, base_drafter, req)
     n = len(points)
     for i, c in enumerate(cands):
         mine = list(zip(composed[i * n:(i + 1) * n], jobs[i * n:(i + 1) * n]))
@@ -376,15 +385,17 @@ def _confirm_and_answer(space: _Space, run: TuneRun, result: TuneResult,
     s = space.settings
     chosen = choose_leaders(values, len(space.points), lambda k: space.candidates[k].speculates, s.leaders)
     leaders: dict[Point, list[str]] = dict(zip(space.points, chosen))
-    configs = [_with_repeats(space.configs[k][p], s.repeats) for p, ks in leaders.items() for k in ks]
+    pairs = [(k, p) for p, ks in leaders.items() for k in ks]
+    configs = space.leader_configs(pairs)
     records = run.run_round(configs, "leaders") if configs else {}
     from orchestrator.config.plan import build_run
 
+    hashes = {pair: build_run(rc, 0).run_hash for pair, rc in zip(pairs, configs)}
     rows = []
     for p, ks in leaders.items():
         entries = []
         for k in ks:
-            rec = records.get(build_run(_with_repeats(space.configs[k][p], s.repeats), 0).run_hash)
+            rec = records.get(hashes[(k, p)])
             vals = rec.repeats(OBJECTIVE) if rec else []
             if len(vals) >= 3 and all(math.isfinite(v) for v in vals):
                 c = space.candidates[k]
@@ -413,12 +424,6 @@ def _measurements(space: _Space, run: TuneRun, values: Mapping[str, Sequence[flo
                 "run_id": rec.run_id, OBJECTIVE: rec.repeats(OBJECTIVE),
                 "commit_len_mean": rec.metrics.get("commit_len_mean")}
     return out
-
-
-def _with_repeats(rc: RunConfig, repeats: int) -> RunConfig:
-    from dataclasses import replace
-
-    return replace(rc, probe=replace(rc.probe, repeats=repeats))
 
 
 def _record(space: _Space, run: TuneRun, result: TuneResult, values: Mapping[str, Sequence[float]],

@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 DRAFTER = "drafter"
 NUM_STEPS, TOPK, NUM_DRAFT_TOKENS = "drafter.num_steps", "drafter.topk", "drafter.num_draft_tokens"
-BATCH_KEY, CONTEXT_KEY = "probe.concurrency", "context_len"
+BATCH_KEY, CONTEXT_KEY, REPEATS_KEY = "probe.concurrency", "context_len", "probe.repeats"
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,9 @@ def job_overrides(candidate: Candidate, point: tuple[int, int], base: Sequence[s
                   repeats: int = 1) -> list[str]:
     """The run of `candidate` at workload `point`: the tune's own overrides (base), the candidate's, the point's."""
     ctx, batch = point
-    extra = [f"probe.repeats={repeats}"] if repeats > 1 else []
+    extra = [f"{REPEATS_KEY}={repeats}"] if repeats > 1 else []
+    if extra:  # the leaders' repeats replace the tune's own probe.repeats
+        base = [o for o in base if o.split("=", 1)[0].lstrip("+~") != REPEATS_KEY]
     return [*base, *candidate.overrides, f"{CONTEXT_KEY}={ctx}", f"{BATCH_KEY}={batch}", *extra]
 
 
