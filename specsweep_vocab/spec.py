@@ -254,6 +254,9 @@ class EngineSpec:
     health_timeout_s: float = field(default=60.0, metadata=domain(SECONDS, NOT_IDENTITY))
     extra_args: tuple[str, ...] = field(default=(), metadata=domain(ARGV))
     env: tuple[tuple[str, str], ...] = ()
+    # the interpreter the engine's server runs in (null: the worker's own). SGLang on CPU runs in its own
+    # environment, made by `make setup-sglang` (workers/sglang/cpu.py finds it when this is null)
+    python: str | None = field(default=None, metadata=domain(Text(4096, empty=True, what="a path"), NOT_IDENTITY))
     sglang: SGLangOptions | None = field(default=None, metadata=IDENTITY_IF_SET)  # kind=sglang only
     stub: StubOptions | None = field(default=None, metadata=IDENTITY_IF_SET)  # kind=stub only
 
@@ -282,8 +285,8 @@ class ServerSpec:
 
     @property
     def on_gpu(self) -> bool:
-        """The engine runs on GPUs: SGLang always, the others with engine.device=cuda."""
-        return self.engine.kind is EngineKind.SGLANG or self.engine.device == "cuda"
+        """The engine runs on GPUs: engine.device=cuda (SGLang's conf says cuda; engine=sglang_cpu says cpu)."""
+        return self.engine.device == "cuda"
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 the line inside it.
 
 The project's claims about SGLang rest on citations of the pinned SGLang 0.5.23 source (and, where a text says so,
-of the 0.5.10 copy `make setup` unpacks for the older wheel's names); a few cite Ray, MLflow, Hydra, Triton or this
+of the 0.5.10 and 0.5.18 copies `make setup` unpacks: the older wheel's names, the CPU release); a few cite Ray, MLflow, Hydra, Triton or this
 repository. Each citation is resolved by path suffix (`sglang/srt/managers/x.py`, `managers/x.py` and `x.py` all
 match `.../sglang/srt/managers/x.py`) against those trees; it holds when some match has at least as many lines as
 the largest line number cited (`x.py:12`, `x.py:12-30`, `x.py:490,522-526`). This catches a citation of a file
@@ -30,8 +30,8 @@ CITATION = re.compile(r"(?<![\w/.\-])((?:[\w.\-]+/)*[\w\-]+\.py):(\d+(?:[-–]\d
 
 def _trees() -> list[Path]:
     trees = [p for p in map(package_dir, ("sglang", "ray", "mlflow", "hydra", "omegaconf", "triton")) if p]
-    old = Path(sys.prefix) / "sglang-0.5.10" / "sglang"
-    return trees + ([old] if old.is_dir() else []) + [ROOT]
+    others = [Path(sys.prefix) / f"sglang-{v}" / "sglang" for v in ("0.5.10", "0.5.18")]
+    return trees + [old for old in others if old.is_dir()] + [ROOT]
 
 
 def _index(trees: list[Path]) -> dict[str, list[Path]]:

@@ -25,7 +25,7 @@ def test_imports_only_the_standard_library_and_the_vocabulary():
 
 
 def test_unknown_version_names_the_supported_ones():
-    with pytest.raises(ValueError, match=r"'0\.5\.16'.*0\.5\.10, 0\.5\.23"):
+    with pytest.raises(ValueError, match=r"'0\.5\.16'.*0\.5\.10, 0\.5\.18, 0\.5\.23"):
         sglang_facts("0.5.16")
 
 

@@ -30,6 +30,7 @@ import sys
 from typing import Any, Mapping
 
 from specsweep_vocab.spec import Algorithm, ServerSpec, SGLangOptions
+from workers.sglang.cpu import cpu_env, served_model_path, sglang_python
 from specsweep_vocab.sglang_facts import (DEVICE_TIMER_ENV, SGLANG_PLUGIN_BACKENDS, SPEC_MAX_RUNNING_REQUESTS,
                                           SGLangFacts, resolved_backends, sglang_draft_backend, sglang_facts)
 
@@ -47,7 +48,10 @@ def _speculative_flags(server: ServerSpec, flags: SGLangFacts) -> list[str]:
         return []
     argv = ["--speculative-algorithm", d.algorithm.value]
     if d.draft_model_path:
-        argv += ["--speculative-draft-model-path", d.draft_model_path]
+        draft = d.draft_model_path
+        if server.engine.device == "cpu":
+            draft = served_model_path(draft, sglang_python(server.engine))
+        argv += ["--speculative-draft-model-path", draft]
     if d.algorithm is Algorithm.NGRAM:
         # NGRAM's tree breadth is --speculative-ngram-max-bfs-breadth (default 10); SGLang copies it into topk.
         argv += ["--speculative-num-draft-tokens", str(d.num_draft_tokens),
@@ -89,8 +93,14 @@ def build_sglang_argv(server: ServerSpec, port: int, *, python: str = sys.execut
     flags = sglang_facts(server.engine.version)
     m, a = server.model, server.attention
     module = "workers.sglang.launch" if uses_plugin(server) else "sglang.launch_server"
+    model_path = m.path
+    if server.engine.device == "cpu":  # SGLang's own interpreter and the model's HF directory (workers/sglang/cpu.py)
+        python = sglang_python(server.engine)
+        model_path = served_model_path(m.path, python)
+    elif server.engine.python:
+        python = server.engine.python
     argv = [python, "-m", module,
-            "--model-path", m.path, "--load-format", m.load_format, "--dtype", m.dtype,
+            "--model-path", model_path, "--load-format", m.load_format, "--dtype", m.dtype,
             "--device", server.engine.device, "--tp-size", str(server.tp_size),
             "--context-length", str(server.server_context_len), "--page-size", str(server.page_size),
             "--attention-backend", a.backend]
@@ -109,7 +119,10 @@ def build_sglang_argv(server: ServerSpec, port: int, *, python: str = sys.execut
 def sglang_env(server: ServerSpec) -> dict[str, str]:
     # device time per forward into sglang:forward_execution_seconds_total (sglang/srt/environ.py:479,
     # managers/scheduler_components/metrics_reporter.py:325-341): the runs' verify_step_ms (workers.engine_counters)
-    env: dict[str, str] = {DEVICE_TIMER_ENV: "1"}
+    if server.engine.device == "cpu":  # the device timer is a torch.cuda.Event: none on CPU
+        env = cpu_env()
+    else:
+        env = {DEVICE_TIMER_ENV: "1"}
     if server.server_context_len > server.model.max_context_len:
         env[LONGER_CONTEXT_ENV] = "1"  # else SGLang refuses a context beyond the model config's
     return env

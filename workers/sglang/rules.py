@@ -24,6 +24,7 @@ from specsweep_vocab.sglang_facts import (SGLANG_BACKEND_PAGE_SIZES, SGLANG_DRAF
 from specsweep_vocab.sglang_limits import context_need, sglang_generated
 from specsweep_vocab.spec import Algorithm, AttentionKind
 from workers.reference.rules import REFERENCE_MODEL_PATHS
+from workers.sglang.cpu import SGLANG_CPU_MODELS, cpu_problems, sglang_python
 from workers.sglang.startup_rules import startup_problems
 
 EAGLE_FAMILY = (Algorithm.EAGLE, Algorithm.EAGLE3, Algorithm.STANDALONE)
@@ -104,12 +105,15 @@ def sglang_problems(point: PlanPoint) -> list[Problem]:
     if rules is None:
         bad("engine.version", point.engine.version, "one of " + ", ".join(SGLANG_VERSIONS) + " on engine=sglang")
         return out
-    if point.engine.device != "cuda":
-        bad("engine.device", point.engine.device, "cuda on engine=sglang")
-    if m.path in REFERENCE_MODEL_PATHS:
+    on_cpu = point.engine.device == "cpu"
+    if on_cpu:  # SGLang's CPU backend (engine=sglang_cpu): its own rules, then the version's
+        out += cpu_problems(point, sglang_python(point.engine))
+    elif point.engine.device != "cuda":
+        bad("engine.device", point.engine.device, "cuda, or cpu with engine=sglang_cpu, on engine=sglang")
+    if m.path in REFERENCE_MODEL_PATHS and not (on_cpu and m.path in SGLANG_CPU_MODELS):
         bad("model.path", m.path, "a checkpoint dir or HF id on engine=sglang (e.g. model=qwen3-8b); "
             f"{m.path!r} is built into the reference engine")
-    if d.draft_model_path in REFERENCE_MODEL_PATHS:
+    if d.draft_model_path in REFERENCE_MODEL_PATHS and not (on_cpu and d.draft_model_path in SGLANG_CPU_MODELS):
         bad("drafter.draft_model_path", d.draft_model_path, "a checkpoint dir or HF id on engine=sglang")
     if d.draft_num_layers is not None:
         bad("drafter.draft_num_layers", d.draft_num_layers, "null on engine=sglang (SGLang has no such flag: "
@@ -118,7 +122,7 @@ def sglang_problems(point: PlanPoint) -> list[Problem]:
     # the backend choices: sglang/srt/arg_groups/choices.py:69
     targets = {"backend": a.backend, "decode_backend": a.decode_backend, "prefill_backend": a.prefill_backend}
     for key, value in targets.items():
-        if value is not None and value not in rules.backends:
+        if value is not None and value not in rules.backends and not on_cpu:  # on CPU: cpu_problems says which
             bad(f"attention.{key}", value, f"one of {', '.join(rules.backends)} on SGLang {rules.version}")
     if a.draft_backend is not None and a.draft_backend not in SGLANG_DRAFT_BACKENDS:
         bad("attention.draft_backend", a.draft_backend, "one of " + ", ".join(SGLANG_DRAFT_BACKENDS))
