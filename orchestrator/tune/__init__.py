@@ -7,7 +7,9 @@
     study.py      the Optuna study (RDB storage beside the MLflow store): ask, tell, resume
     search.py     the loop: rounds of trials run as sweeps (one server start per configuration), pruning, the
                   leaders' repeats, the answer recorded on the tune's MLflow run
+    rounds.py     its edge: each round through session.sweep.sweep_plan, the tune's MLflow run, records read back
+    entry.py      the Hydra sweeper's hand-off (and why Optuna directly, not hydra-optuna-sweeper)
 
-The Hydra side is a sweeper plugin (`hydra_plugins/specsweep_launcher`, `hydra.sweeper.tune`), selected
-by a `conf/tune/<name>.yaml`: `specsweep +tune=<name>`.
+The Hydra side is the `specsweep` sweeper (`hydra_plugins/specsweep_launcher`) with its `tune` section set by a
+`conf/tune/<name>.yaml`: `specsweep +tune=<name>`.
 """
