@@ -60,7 +60,7 @@ def replay(grid: dict[str, Any], sampler: str, seed: int, budget_configs: int, l
     import optuna
 
     from orchestrator.tune.robust import Entry, pick
-    from orchestrator.tune.search import Measured, choose_leaders, search_loop
+    from orchestrator.tune.loop import Measured, choose_leaders, search_loop
     from orchestrator.tune.settings import TuneSettings
     from orchestrator.tune.space import Candidate
 

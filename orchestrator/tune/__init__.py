@@ -7,6 +7,7 @@
     study.py      the Optuna study (RDB storage beside the MLflow store): ask, tell, resume
     search.py     the loop: rounds of trials run as sweeps (one server start per configuration), pruning, the
                   leaders' repeats, the answer recorded on the tune's MLflow run
+    loop.py       the ask/tell loop and the leaders, engine-free (the benchmark replays it)
     rounds.py     its edge: each round through session.sweep.sweep_plan, the tune's MLflow run, records read back
     entry.py      the Hydra sweeper's hand-off (and why Optuna directly, not hydra-optuna-sweeper)
 
