@@ -59,7 +59,7 @@ def _sampler(settings: TuneSettings, n_candidates: int) -> "optuna.samplers.Base
     return optuna.samplers.RandomSampler(seed=settings.seed)
 
 
-def open_study(settings: TuneSettings, name: str, n_objectives: int, storage: str, n_candidates: int,
+def open_study(settings: TuneSettings, name: str, n_objectives: int, storage: str | None, n_candidates: int,
                grid: Sequence[Mapping[str, Any]] = ()) -> "optuna.Study":
     """Create or load the study; trials a stopped driver left RUNNING are failed and their params queued again.
     `grid` (sampler=grid): every candidate's params, queued in order on a new study."""
