@@ -103,18 +103,23 @@ def replay(grid: dict[str, Any], sampler: str, seed: int, budget_configs: int, l
         entries = [Entry(k, k, cands[k].draft_tokens, tuple(confs[k][p]["throughput_tok_s"])) for k in chosen]
         got = pick(entries, settings.tie_frac)
         same = got.winner.key == winner
-        close = not same and winner in chosen and _inseparable(got, winner)
+        close = not same and _inseparable(grid, p, got.winner.key, winner)
         picks[p] = (got.winner.key, same or close)
         picks[p + ":strict"] = (got.winner.key, same)
         found[p + ":leader_runs"] = len(chosen)
     return {"found": found, "picks": picks, "order": order}
 
 
-def _inseparable(got, key: str) -> bool:
-    from orchestrator.tune.robust import separable
+def _inseparable(grid: dict[str, Any], point: str, a: str, b: str) -> bool:
+    """Whether the grid's own repeats cannot tell configurations a and b apart at `point` (the spread pooled over
+    every configuration of the grid there)."""
+    from orchestrator.results.regress.verdict import pooled_noise
+    from orchestrator.tune.robust import Entry, separable
 
-    other = next(e for e in got.ranked if e.key == key)
-    return not separable(got.winner, other, got.noise).separable
+    confs = grid["configurations"]
+    noise = pooled_noise([c[point]["throughput_tok_s"] for c in confs.values() if point in c])
+    ea, eb = (Entry(k, k, confs[k]["draft_tokens"], tuple(confs[k][point]["throughput_tok_s"])) for k in (a, b))
+    return not separable(ea, eb, noise).separable
 
 
 def grid_winners(grid: dict[str, Any]) -> dict[str, tuple[str, float]]:
@@ -153,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
           f"budget {args.budget:.0%} of the grid = {budget_configs} configurations searched + up to {leader_runs} "
           f"leader runs; {args.seeds} seeds; grid measured + replayed in {time.time() - t0:.0f} s")
     print("\n| sampler | context x batch | grid winner | runs to first measure it: median / worst (of grid) | "
-          "wrong winner at the budget | of them not separable |")
+          "wrong winner at the budget | of them not separable from the grid's winner |")
     print("|---|---|---|---|---|---|")
     for sampler in ("tpe", "random"):
         results = [replay(grid, sampler, seed, budget_configs, args.leaders) for seed in range(args.seeds)]

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+LATENCY_CONSTRAINT = "latency"  # > 0: over a latency limit (max_ttft_s, max_tpot_ms)
+
 
 @dataclass(frozen=True)
 class Measured:
@@ -87,6 +89,7 @@ def search_loop(study: "optuna.Study", settings: TuneSettings, candidates: Mappi
                 continue
             trial.set_user_attr(MEASURED_ATTR, True)
             trial.set_user_attr(CONSTRAINT_ATTR, [m.violation])
+            trial.set_constraint(LATENCY_CONSTRAINT, m.violation)  # Optuna >= 5: the samplers read it
             c = candidates[key]
             if c.speculates and m.first_commit is not None and m.first_commit <= s.no_gain_commit_len:
                 why = (f"{drafter_key(c)} committed {m.first_commit:.3f} tokens per step at batch {first_batch} "

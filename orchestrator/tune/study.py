@@ -8,8 +8,8 @@ command resumes it after Ctrl-C or a lost driver.
     measured_trials(study) -> [FrozenTrial]            trials that measured a configuration (the budget's unit)
 
 One trial = one configuration, measured at every workload point (one objective per point, all maximised: output
-tok/s). A latency limit is an Optuna constraint (`constraints_func`, user attr `constraint`: > 0 violates), so the
-sampler learns where the feasible region is instead of reading a fake 0 tok/s.
+tok/s). A latency limit is an Optuna constraint (`Trial.set_constraint`, > 0 violates; also the user attr
+`constraint`), so the sampler learns where the feasible region is instead of reading a fake 0 tok/s.
 """
 
 from __future__ import annotations
@@ -42,10 +42,6 @@ def storage_url(settings: TuneSettings, tracking_uri: str, work_dir: str) -> str
     return _SQLITE + str(Path(work_dir).resolve() / STORAGE_FILE)
 
 
-def _constraints(trial: "optuna.trial.FrozenTrial") -> Sequence[float]:
-    return trial.user_attrs.get(CONSTRAINT_ATTR, [0.0])
-
-
 def _sampler(settings: TuneSettings, n_candidates: int) -> "optuna.samplers.BaseSampler":
     import optuna
 
@@ -55,7 +51,7 @@ def _sampler(settings: TuneSettings, n_candidates: int) -> "optuna.samplers.Base
             # the first quarter of the budget (at least 3) is random: TPE needs good and bad trials to split
             startup = max(3, min(settings.trials, n_candidates) // 4)
             return optuna.samplers.TPESampler(seed=settings.seed, multivariate=True, group=True, constant_liar=True,
-                                              n_startup_trials=startup, constraints_func=_constraints)
+                                              n_startup_trials=startup)
     return optuna.samplers.RandomSampler(seed=settings.seed)
 
 
