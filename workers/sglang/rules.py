@@ -47,7 +47,9 @@ def context_problem(point: PlanPoint) -> Problem | None:
     edge it refuses the request (HTTP 400), aborts it, or generates fewer tokens than asked."""
     limit, reserved = server_context_len(point), reserved_tokens(point)
     prompt, gen = point.probe.context_len, point.probe.gen_tokens
-    if sglang_generated(prompt, gen, limit, reserve=reserved) == gen:
+    pool = point.engine.sglang.max_total_tokens if point.engine.sglang is not None else None
+    if sglang_generated(prompt, gen, limit, reserve=reserved, max_total_tokens=pool,
+                        page_size=point.page_size) == gen:
         return None
     total, alone = context_need(reserved)
     why = (f"the {reserved} tokens SGLang reserves for {point.drafter.algorithm.value} drafts "

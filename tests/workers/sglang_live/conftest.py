@@ -45,7 +45,7 @@ def manifest() -> dict:
     return found
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def live(manifest, tmp_path_factory) -> Iterator[tuple[ServerSpec, EngineProcess]]:
     """(spec, running engine) of SGLang on CPU without speculation, context CONTEXT, float32."""
     spec = live_server_spec()

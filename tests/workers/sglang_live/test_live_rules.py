@@ -51,7 +51,8 @@ def test_cpu_verdict_equals_sglang_0_5_18(manifest):
         verdicts[backend, drafter] = {p.key for p in problems}
         from orchestrator.config.plan import build_server
 
-        argvs[f"{backend}/{drafter}"] = adapter.build_argv(build_server(rc), 30000)[3:]
+        argv = adapter.build_argv(build_server(rc), 30000)
+        argvs[f"{backend}/{drafter}"] = argv[argv.index("-m") + 2:]
     resolved = _sglang_resolves(manifest, argvs)
     amx = host_has_amx()
     for (backend, drafter), keys in verdicts.items():
