@@ -90,7 +90,7 @@ bench-kernels:
 	PYTHONPATH=$(CURDIR):$(CURDIR)/kernels $(BIN)/python -m specsweep_kernels.bench \
 		$(if $(SGLANG_WHEEL),--sglang-wheel $(SGLANG_WHEEL)) $(BENCH_ARGS)
 
-# issue 31's grid (docs/kernels.md, "Current figures"): SGLang 0.5.23's verify kernels as peers from its installed source
+# the verify-kernel workload grid (docs/kernels.md, "Current figures"): SGLang 0.5.23's verify kernels as peers from its installed source
 SGLANG_VERIFY ?= $(wildcard $(CURDIR)/.venv/lib/python3.11/site-packages/sglang/kernels/ops/attention)
 
 bench-kernels-workload:

@@ -32,9 +32,39 @@ IDENTITY_IF_NOT_DEFAULT = {"omit_if_default": True}
 
 
 class EngineKind(str, enum.Enum):
+    """The engines, and the two facts about a kind that code reading a stored run needs without the engine's
+    adapter (the MLflow store, the report and the diagnosis import nothing of workers/): everything else an engine
+    does or refuses is its adapter's (workers/registry.py)."""
+
     REFERENCE = "reference"
     SGLANG = "sglang"
     STUB = "stub"  # simulation engine (workers/stub/server.py): the seam's HTTP API with timed dummy tokens
+
+    @property
+    def simulated(self) -> bool:
+        """Its commits and timings are simulated: its runs are recorded in their own experiment
+        (`<sweep_name>-stub`), never judged by the diagnosis, never in one sweep with a real engine's."""
+        return self is EngineKind.STUB
+
+    @property
+    def loads_kernel_plugin(self) -> bool:
+        """The specsweep_verify attention backend is a plugin this engine loads (SGLang's attention-backend entry
+        point, specsweep_kernels/sglang_plugin.py), whose dispatch the preflight and the diagnosis check; the
+        reference engine calls the kernel directly."""
+        return self is EngineKind.SGLANG
+
+    @classmethod
+    def named(cls, value: str) -> EngineKind | None:
+        """The kind a stored run's `engine` tag names; None for a name this version does not know."""
+        return cls._value2member_map_.get(value)  # type: ignore[return-value]
+
+
+def engine_mix_allowed(kinds: frozenset[EngineKind] | set[EngineKind]) -> str | None:
+    """What is allowed when one sweep mixes a simulated engine with a real one; None when it does not."""
+    if any(k.simulated for k in kinds) and not all(k.simulated for k in kinds):
+        return ("the stub engine alone or real engines alone in one sweep (stub runs are simulated and "
+                "recorded in their own experiment, `<sweep_name>-stub`)")
+    return None
 
 
 class Algorithm(str, enum.Enum):
@@ -46,6 +76,13 @@ class Algorithm(str, enum.Enum):
     EAGLE = "EAGLE"
     EAGLE3 = "EAGLE3"
     DFLASH = "DFLASH"
+
+
+# the algorithms whose server args SGLang 0.5.23 resolves as one family (a draft tree of topk x num_steps;
+# `is_eagle() or is_standalone()` -> `_handle_eagle_family`: sglang/srt/speculative/spec_info.py:263-264), and those
+# that need a draft model path
+EAGLE_FAMILY = (Algorithm.EAGLE, Algorithm.EAGLE3, Algorithm.STANDALONE)
+NEEDS_DRAFT_PATH = (Algorithm.STANDALONE, Algorithm.EAGLE3, Algorithm.DFLASH)
 
 
 # probe.repeats: at most this many prompts a point (the t-interval is already within 2 % of the normal one at 30)
@@ -131,6 +168,17 @@ class FailureReason(str, enum.Enum):
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 DTYPES = tuple(DTYPE_BYTES)
 DEVICES = ("cpu", "cuda")
+# How a checkpoint's weights are stored, in bytes per weight (`model.weight_dtype`; the weights-fit rule,
+# workers/sglang/startup_rules.py).
+WEIGHT_BYTES = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "float8_e4m3fn": 1.0, "float8_e5m2": 1.0,
+                "int8": 1.0, "int4": 0.5, "float4_e2m1": 0.5}
+# `model.load_format`: every value an engine here takes, SGLang 0.5.23's --load-format choices
+# (`LOAD_FORMAT_CHOICES`, sglang/srt/arg_groups/choices.py:3-28); the reference engine takes auto, safetensors,
+# gguf and dummy (workers/reference/config.py LOAD_FORMATS), SGLang 0.5.10 all but three
+# (specsweep_vocab/sglang_facts.py): the engines' rules refuse the rest per engine.
+LOAD_FORMATS = ("auto", "pt", "safetensors", "instanttensor", "npcache", "dummy", "sharded_state", "presharded",
+                "gguf", "expert_pack", "bitsandbytes", "mistral", "layered", "flash_rl", "remote", "remote_instance",
+                "fastsafetensors", "private", "runai_streamer")
 
 
 @dataclass(frozen=True)
@@ -147,13 +195,13 @@ class ModelSpec:
     attention_kind: AttentionKind = AttentionKind.GQA
     dtype: str = field(default="float32", metadata=domain(Choice(*DTYPES)))  # KV/weights dtype the engine runs in
     # "dummy" (seeded random weights) or "auto"; SGLang knows more (gguf, safetensors, ...)
-    load_format: str = field(default="dummy", metadata=domain(IDENT))
+    load_format: str = field(default="dummy", metadata=domain(Choice(*LOAD_FORMATS)))
     # Weight size, for the plan-time check that the weights fit the GPUs (workers/sglang/startup_rules.py); they
     # describe the checkpoint at `path`, so they are no part of a run's identity. num_params: parameters of the
     # checkpoint (its model card; None: a lower bound from the attention shape); weight_dtype: how its weights are
     # stored where that is not `dtype` (DeepSeek-V3: float8_e4m3fn, its config.json quantization_config).
     num_params: int | None = field(default=None, metadata=domain(Int(1, 10 ** 14), NOT_IDENTITY))
-    weight_dtype: str | None = field(default=None, metadata=domain(IDENT, NOT_IDENTITY))
+    weight_dtype: str | None = field(default=None, metadata=domain(Choice(*WEIGHT_BYTES), NOT_IDENTITY))
 
     @property
     def kv_bytes_per_token(self) -> int:

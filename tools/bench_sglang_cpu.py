@@ -21,7 +21,8 @@ from specsweep_vocab.spec import EngineKind, ProbeKind, ProbeSpec, ServerSpec
 from tools.bench_engine import cpu_name
 from tools.testing import compose_run
 from workers.engine import EngineProcess
-from workers.probe import ProbeClient, measure
+from workers.http_client import ProbeClient
+from workers.probe import measure
 from workers.prompts import build_prompt
 
 logger = logging.getLogger("bench-sglang-cpu")
@@ -31,7 +32,8 @@ KINDS = (ProbeKind.PREDICTABLE, ProbeKind.NOVEL)
 
 
 def _serve(name: str, context: int, log_dir: Path) -> tuple[EngineProcess, ServerSpec]:
-    rc = compose_run(*ENGINES[name], "drafter=none", "model=smollm2-135m", f"server_context_len={context + 64}")
+    rc = compose_run(*ENGINES[name], "drafter=none", "model=smollm2-135m", "page_size=1",
+                     f"server_context_len={context + 64}")
     spec = build_server(rc)
     return EngineProcess.for_server(spec, log_dir / f"{name}-{context}.log"), spec
 

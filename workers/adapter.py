@@ -6,7 +6,10 @@ An engine is a folder (workers/sglang/, workers/reference/, workers/stub/) whose
     adapter.build_argv(server, port, node_rank=None) -> list[str]   the one argv builder of the engine
     adapter.env(server) -> dict[str, str]                            extra environment of its process
     adapter.health_path                                              GET path that answers 200 once it serves
-    adapter.prompt_kind / adapter.prompt_model(server)               how `workers.prompts.build_prompt` encodes
+    adapter.prompt_kind / adapter.prompt_model(server)               whose encoding, for which model, the
+                                                                     prompts of this engine's runs take
+    adapter.prompt_encoding(model_path, task) -> PromptEncoding      that encoding (`workers.prompts.build_prompt`)
+    adapter.weight_bytes(model) -> float | None                      bytes one forward reads of the weights
     adapter.observer(server) -> RunObserver                          what is read around each run (below)
 
 `RunObserver` is what `workers.runners.GroupRunner` reads from the engine around each probe besides the probe's
@@ -23,6 +26,7 @@ plan-time rules and estimates live in its folder (`workers/<engine>/rules.py`), 
     adapter.plan_problems(point) -> [Problem]           what the engine refuses of one grid point (a `PlanPoint`:
                                                         `RunConfig` as it is); each Problem names key, value, allowed
     adapter.context_problem(point) -> Problem | None    does the prompt and every gen_token fit the server's context
+    adapter.context_note(point) -> str | None           served here, but SGLang would refuse or shorten it
     adapter.draft_path_allowed(point) -> str            what to say when a drafter needs a model path and has none
     adapter.resource_estimate(point) -> Resources       min tp_size for the weights, requests that run at once
     adapter.server_engine(engine) -> EngineSpec         the EngineSpec its servers start with (the stub: timing flags)
@@ -42,11 +46,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from specsweep_vocab.plan_point import PlanPoint, Resources, argv_flags, context_limit_words, server_context_len
 from specsweep_vocab.problem import Problem
-from specsweep_vocab.spec import Algorithm, EngineKind, EngineSpec, ServerSpec
+from specsweep_vocab.spec import Algorithm, EngineKind, EngineSpec, ModelSpec, ServerSpec
 
 if TYPE_CHECKING:
     from workers.engine_counters import Scrape
@@ -115,6 +119,21 @@ def common_flags(server: ServerSpec, port: int) -> list[str]:
     return argv
 
 
+@dataclass(frozen=True)
+class PromptEncoding:
+    """How an engine takes a probe's prompt (`workers.prompts.build_prompt` builds it from this).
+
+    encode: text -> token ids in the engine's own tokenizer; None: the engine takes text (about
+        `workers.prompts.CHARS_PER_TOKEN` chars a token) and its reported prompt_tokens is what gets recorded.
+    frame: probe.task's chat turn around the probe text, (before, after), as text (`specsweep_vocab.chat_frame`).
+    exact: a tokenizer that gives fewer tokens than asked for any probe text is an error; False: send text instead.
+    """
+
+    encode: Callable[[str], Sequence[int]] | None
+    frame: tuple[str, str] | None = None
+    exact: bool = True
+
+
 class RunObserver:
     """What a GroupRunner reads from its engine around each run. This base reads nothing: an engine without
     counters (the stub). One per GroupRunner; `pid` tells the engine's starts apart."""
@@ -128,8 +147,10 @@ class RunObserver:
     def probe_kwargs(self) -> dict[str, Any]:
         """`version` (meta_info names) and `max_depth` (the most drafts one verify step can accept) for run_probe."""
         d = self.server.drafter
-        return {"version": None,
-                "max_depth": d.num_steps if d.algorithm is not Algorithm.NONE and d.num_steps > 0 else None}
+        # an NGRAM chain is as long as its num_draft_tokens nodes allow, whatever the steps (SGLang's
+        # ngram_worker.py:99-120; the reference engine drafts the same way)
+        depth = d.num_draft_tokens - 1 if d.algorithm is Algorithm.NGRAM and d.topk == 1 else d.num_steps
+        return {"version": None, "max_depth": depth if d.algorithm is not Algorithm.NONE and depth > 0 else None}
 
     def after_run(self, base_url: str, metrics: dict[str, float], tags: dict[str, str]) -> list[str]:
         """After the run's last answer: metrics and tags into the run's result; notes for its message."""
@@ -186,6 +207,22 @@ class EngineAdapter:
         """The model whose tokenizer builds the prompt (None: none to load)."""
         return server.model.path
 
+    def prompt_encoding(self, model_path: str | None, task: str | None) -> PromptEncoding:
+        """How prompts for `model_path` are encoded, framed by probe.task's chat turn when `task` is set. This
+        default: text, for an engine with no tokenizer to ask; a task needs a chat template, which it has none of."""
+        if task:
+            raise ValueError(f"probe.task={task!r} needs a chat template, and engine={self.kind.value} has no "
+                             "tokenizer to render one with")
+        return PromptEncoding(encode=None)
+
+    def weight_bytes(self, model: ModelSpec) -> float | None:
+        """Bytes of the weights one forward reads (`workers.derived.model_weight_bytes` of the model's full shape);
+        this default: the shape in an HF checkpoint directory's config.json, None when there is none."""
+        from workers.derived import hf_shape, model_weight_bytes
+
+        shape = hf_shape(model.path)
+        return None if shape is None else model_weight_bytes(shape, model.dtype)
+
     def observer(self, server: ServerSpec) -> RunObserver:
         return RunObserver(server)
 
@@ -211,6 +248,11 @@ class EngineAdapter:
             return None
         return Problem("context_len", prompt, f"context_len + gen_tokens ({gen}) <= {context_limit_words(point)}",
                        point.overrides)
+
+    def context_note(self, point: PlanPoint) -> str | None:
+        """A point this engine serves but SGLang would not serve the same way, in words (the plan says so); this
+        default: None, an engine that rehearses nothing."""
+        return None
 
     def draft_path_allowed(self, point: PlanPoint) -> str:
         """What is allowed when the drafter's algorithm needs a draft model path and none is set."""

@@ -47,9 +47,9 @@ import requests
 
 from specsweep_vocab.redact import redact_argv
 from specsweep_vocab.spec import ServerSpec
-from workers.adapter import EngineAdapter as EngineAdapter, NodeRank as NodeRank, node_rank_argv
+from workers.adapter import EngineAdapter, NodeRank, node_rank_argv
 from workers.errors import EngineDied, EngineStartFailed, EngineTimeout
-from workers.registry import adapter_for as adapter_for, build_engine_argv as build_engine_argv
+from workers.registry import adapter_for, build_engine_argv
 
 logger = logging.getLogger(__name__)
 

@@ -32,7 +32,8 @@ import torch
 
 from orchestrator.results.diagnosis import RunRow, find_oracle_shortfall
 from orchestrator.config.settings import Thresholds
-from workers.probe import Generation, accept_at_depth, measure, measure_all
+from workers.http_client import Generation
+from workers.probe import accept_at_depth, measure, measure_all
 from workers.reference.args import parse_args
 from workers.reference.engine import Engine, SamplingParams
 from workers.reference.speculative import Drafter, DraftTree
@@ -217,7 +218,8 @@ def engines():
     """(plain engine, speculating engine, prompt ids, the target's greedy continuation of 64 tokens)."""
     plain = Engine(parse_args(ENGINE_FLAGS))
     spec = Engine(parse_args([*ENGINE_FLAGS, "--speculative-algorithm", "NGRAM", "--speculative-num-steps",
-                              str(NUM_STEPS), "--speculative-eagle-topk", "1", "--decode-log-interval", str(WINDOW)]))
+                              str(NUM_STEPS), "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens",
+                              str(NUM_DRAFT_TOKENS), "--decode-log-interval", str(WINDOW)]))
     assert spec.num_draft_tokens == NUM_DRAFT_TOKENS
     try:
         prompt = plain.encode(PROMPT_TEXT)

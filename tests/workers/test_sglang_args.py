@@ -33,7 +33,7 @@ from specsweep_vocab.spec import Algorithm, AttentionKind, ModelSpec
 from tests.workers.sglang_argcache import check_argv
 from tools.testing import compose_run
 from orchestrator.config.validate import validate_run
-from workers.reference.rules import REFERENCE_MODEL_PATHS
+from specsweep_vocab.builtin_models import REFERENCE_MODEL_PATHS
 from workers.registry import adapter_for
 from workers.sglang.args import (LONGER_CONTEXT_ENV, SERVER_ARG_KEYS, build_sglang_argv, expected_server_args,
                             reported_server_args, sglang_env)

@@ -19,6 +19,7 @@ import torch
 
 from .attention import create_attention_backend
 from .model_source import load_config
+from .finish import finish_reason, trim_matched_stop
 from .cuda_graph import make_runner  # CUDA graphs for specsweep_verify on CUDA
 from .model import build_model, layer_subset, skip_layers_kept
 from .runner import ModelRunner
@@ -43,6 +44,7 @@ class Cancelled(RuntimeError):
 
 
 CANCEL_POLL_S = 0.05  # a caller waiting for its request checks this often whether it was cancelled
+DETERMINISTIC_SEED = 42  # SGLang seeds unseeded requests with it under --enable-deterministic-inference
 
 
 @dataclass
@@ -52,6 +54,7 @@ class SamplingParams:
     ignore_eos: bool = False
     stop: list[str] = field(default_factory=list)
     sampling_seed: int | None = None
+    no_stop_trim: bool = False  # keep a matched stop string in the text (SGLang's sampling param of that name)
 
 
 @dataclass
@@ -124,6 +127,10 @@ class Engine:
         self.algorithm = (args.speculative_algorithm or "NONE").upper()
         self.num_steps, self.topk, self.num_draft_tokens = args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens
         torch.manual_seed(args.random_seed)
+        # A request without a seed, as SGLang: seeded with 42 under --enable-deterministic-inference
+        # (sampling/sampling_batch_info.py:157-171), else from one generator seeded by --random-seed (sampler.py:837)
+        self._unseeded = torch.Generator().manual_seed(args.random_seed)
+        self._unseeded_lock = threading.Lock()
         dtype = _dtype(args)
         self.model = build_model(self.config, args.model_path, args.load_format, args.random_seed, dtype, self.device,
                                  init_on_device=args.dummy_weights_on_device)
@@ -241,7 +248,7 @@ class Engine:
         Cancelled here at once; the request leaves the batch at the next step."""
         self.check(input_ids, params)
         self._check_cancelled(cancel)
-        seed = params.sampling_seed if params.sampling_seed is not None else self.args.random_seed
+        seed = params.sampling_seed if params.sampling_seed is not None else self._request_seed()
         req = Request(list(input_ids), params, torch.Generator().manual_seed(seed), on_tokens, cancel)
         with self.cond:
             if self._thread is None:
@@ -256,6 +263,13 @@ class Engine:
         if req.result is None:
             raise RuntimeError("request done without a result or an error")
         return req.result
+
+    def _request_seed(self) -> int:
+        """The seed of a request that gives none (see __init__)."""
+        if self.args.enable_deterministic_inference:
+            return DETERMINISTIC_SEED
+        with self._unseeded_lock:
+            return int(torch.randint(0, 2 ** 62, (1,), generator=self._unseeded))
 
     def _check_cancelled(self, cancel: threading.Event | None) -> None:
         if self.cancelled.is_set():
@@ -361,8 +375,8 @@ class Engine:
                 self._after_tokens(req)
 
     def _after_tokens(self, req: Request) -> None:
-        req.finish = self._finish_reason(req.out, req.params)
-        if req.on_tokens:
+        req.finish = finish_reason(req.out, req.params, self.decode, self.eos_id)
+        if req.on_tokens and req.finish is None:  # a finished request's last tokens go out with its Output, trimmed
             req.on_tokens(req.out)
 
     def _stopped(self, req: Request) -> bool:
@@ -392,23 +406,9 @@ class Engine:
                 req.result = Output(req.out, self._meta(req.input_ids, req.out, req.finish, req.steps, req.ttft, e2e))
             req.done.set()
 
-    def _finish_reason(self, out: list[int], params: SamplingParams) -> dict | None:
-        """Trims `out` in place at the first stop string / EOS / length limit; returns SGLang's finish_reason. As
-        SGLang (`Req.update_finish_state`, sglang/srt/managers/schedule_batch.py:2007-2042): a stop string before an
-        EOS, and a stop found past max_new_tokens (a verify step can overshoot it) is a length finish."""
-        text = self.decode(out) if params.stop else ""
-        for stop in (s for s in params.stop if s and s in text):
-            for n in range(1, min(len(out), params.max_new_tokens) + 1):
-                if stop in self.decode(out[:n]):
-                    del out[n:]
-                    return {"type": "stop", "matched": stop}
-        if not params.ignore_eos and self.eos_id is not None and self.eos_id in out[:params.max_new_tokens]:
-            del out[out.index(self.eos_id) + 1:]
-            return {"type": "stop", "matched": self.eos_id}
-        if len(out) >= params.max_new_tokens:
-            del out[params.max_new_tokens:]
-            return {"type": "length", "length": params.max_new_tokens}
-        return None
+    def output_text(self, out: Output, params: SamplingParams) -> str:
+        """The text of a finished request, as SGLang's detokenizer returns it (finish.trim_matched_stop)."""
+        return trim_matched_stop(self.decode(out.output_ids), out.meta_info.get("finish_reason"), params.no_stop_trim)
 
     def _meta(self, input_ids, out, finish, steps, ttft, e2e) -> dict:
         meta = {"id": uuid.uuid4().hex, "finish_reason": finish, "prompt_tokens": len(input_ids),

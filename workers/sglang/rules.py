@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from specsweep_vocab.builtin_models import REFERENCE_MODEL_PATHS
 from specsweep_vocab.plan_point import PlanPoint, argv_flags, context_limit_words, server_context_len
 from specsweep_vocab.problem import Problem
 from specsweep_vocab.sglang_facts import (SGLANG_BACKEND_PAGE_SIZES, SGLANG_DRAFT_BACKENDS,
@@ -22,12 +23,9 @@ from specsweep_vocab.sglang_facts import (SGLANG_BACKEND_PAGE_SIZES, SGLANG_DRAF
                                           SGLANG_VERSIONS, SPEC_MAX_RUNNING_REQUESTS, resolved_backends,
                                           sglang_draft_backend)
 from specsweep_vocab.sglang_limits import context_need, sglang_generated
-from specsweep_vocab.spec import Algorithm, AttentionKind
-from workers.reference.rules import REFERENCE_MODEL_PATHS
+from specsweep_vocab.spec import EAGLE_FAMILY, Algorithm, AttentionKind
 from workers.sglang.cpu import SGLANG_CPU_MODELS, cpu_problems, sglang_python
 from workers.sglang.startup_rules import startup_problems
-
-EAGLE_FAMILY = (Algorithm.EAGLE, Algorithm.EAGLE3, Algorithm.STANDALONE)
 Bad = Callable[[str, Any, str], None]
 
 
@@ -112,6 +110,8 @@ def sglang_problems(point: PlanPoint) -> list[Problem]:
         out += cpu_problems(point, sglang_python(point.engine))
     elif point.engine.device != "cuda":
         bad("engine.device", point.engine.device, "cuda, or cpu with engine=sglang_cpu, on engine=sglang")
+    if m.load_format not in rules.load_formats:
+        bad("model.load_format", m.load_format, f"one of {', '.join(rules.load_formats)} on SGLang {rules.version}")
     if m.path in REFERENCE_MODEL_PATHS and not (on_cpu and m.path in SGLANG_CPU_MODELS):
         bad("model.path", m.path, "a checkpoint dir or HF id on engine=sglang (e.g. model=qwen3-8b); "
             f"{m.path!r} is built into the reference engine")

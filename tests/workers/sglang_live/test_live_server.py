@@ -13,7 +13,8 @@ from specsweep_vocab.sglang_limits import sglang_generated
 from specsweep_vocab.spec import EngineKind, ProbeKind, ProbeSpec
 from tools.testing import reference_process
 from workers.engine_counters import parse_scrape, read_metrics, server_limits
-from workers.probe import ProbeClient, run_probe
+from workers.http_client import ProbeClient
+from workers.probe import run_probe
 from workers.registry import adapter_for
 from workers.reference.tokenizer import load_tokenizer
 from workers.sglang.args import expected_server_args, reported_server_args, server_arg_changes
