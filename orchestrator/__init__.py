@@ -6,10 +6,11 @@ below it (tests/test_import_layers.py holds the order):
     execution/   a plan executed on Ray: the session, actors, driver loop, recording, signals, preflight, progress
     session/     the sweep as the launcher runs it: preflight, resume and claims, execution, each job's outcome
     schedules/   cron schedules (the shipped *.yaml) and the daemon that submits them as Ray Jobs
+    tune/        a search whose rounds are sweeps: Optuna picks the configurations, the answer per batch size
 
 On top, the command lines only: `__main__.py` (`specsweep`, `python -m orchestrator`), `schedule.py`
 (`specsweep-schedule`) and `report.py` (`specsweep-report`); the Hydra plugin (hydra_plugins/specsweep_launcher)
-calls `session.launcher`.
+calls `session.launcher`, and its tune sweeper `tune.entry`.
 
 Verbs, one level each: Hydra *launches* the jobs (`session.launcher.launch`, Hydra's `Launcher.launch`); the session
 *runs* a sweep or a single run (`session.sweep.sweep_plan`, `session.launcher.run_single`); the execution layer

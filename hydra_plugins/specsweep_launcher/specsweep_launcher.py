@@ -1,4 +1,4 @@
-"""Hydra discovers this launcher and sweeper by scanning the `hydra_plugins` namespace package.
+"""Hydra discovers this launcher and these sweepers by scanning the `hydra_plugins` namespace package.
 
 The launcher is a shell: `launch()` hands every job of the multirun at once to
 `orchestrator.session.launcher`, which validates, plans and executes them as one sweep.
@@ -6,10 +6,12 @@ The sweeper is Hydra's basic sweeper (the same grid, the same order) without its
 before the launch (`Sweeper.validate_batch_is_legal`, there for launchers that compose elsewhere): our launcher
 composes every job in this process right away, raising the same errors, and composes each distinct choice of
 config groups once (`orchestrator.config.grid`), which the sweeper's check would undo at ~0.15 s a point.
+With `hydra.sweeper.tune` set (by a `conf/tune/<name>.yaml`: `specsweep +tune=NAME`), the sweeper hands the search
+to `orchestrator.tune.entry` instead: Optuna chooses the points (docs/tune.md).
 """
 
-from dataclasses import dataclass
-from typing import Any, Dict, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
@@ -29,11 +31,25 @@ ConfigStore.instance().store(group="hydra/launcher", name="specsweep", node=Spec
                              provider="specsweep")
 
 
+def _tune_conf() -> Any:
+    """`hydra.sweeper.tune`: `orchestrator.tune.settings.TuneSettings`'s fields (declared there once)."""
+    from orchestrator.config.schema import structured_conf
+    from orchestrator.tune.settings import TuneSettings
+
+    return structured_conf(TuneSettings, "TuneConf",
+                           replace={"space": [("space", Dict[str, Any], field(default_factory=dict))]})
+
+
+TuneConf = _tune_conf()
+
+
 @dataclass
 class SpecsweepSweeperConf:
     _target_: str = "hydra_plugins.specsweep_launcher.specsweep_launcher.SpecsweepSweeper"
     max_batch_size: Optional[int] = None
     params: Optional[Dict[str, str]] = None
+    # set (by a conf/tune/<name>.yaml): Optuna chooses the points instead of the grid of `params` (orchestrator/tune)
+    tune: Optional[TuneConf] = None  # type: ignore[valid-type]
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="specsweep", node=SpecsweepSweeperConf,
@@ -41,8 +57,21 @@ ConfigStore.instance().store(group="hydra/sweeper", name="specsweep", node=Specs
 
 
 class SpecsweepSweeper(BasicSweeper):
+    def __init__(self, max_batch_size: Optional[int] = None, params: Optional[DictConfig] = None,
+                 tune: Optional[DictConfig] = None) -> None:
+        super().__init__(max_batch_size=max_batch_size, params=params)
+        self.tune = tune
+
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         """Nothing here: the launcher composes the batch in this process before anything starts."""
+
+    def sweep(self, arguments: List[str]) -> Any:
+        if self.tune is None:
+            return super().sweep(arguments)
+        from orchestrator.tune.entry import run_tune
+
+        assert self.config is not None and self.hydra_context is not None
+        return run_tune(self.config, self.hydra_context, arguments)
 
 
 class SpecsweepLauncher(Launcher):
@@ -65,3 +94,4 @@ class SpecsweepLauncher(Launcher):
 
     def __repr__(self) -> Any:
         return f"SpecsweepLauncher(dry_run={self.dry_run})"
+

@@ -100,14 +100,15 @@ class SweepResult:
         return iter((self.results, self.skipped, self.ran))
 
 
-def sweep_plan(plan: Plan, settings: ExecutionSettings) -> SweepResult:
+def sweep_plan(plan: Plan, settings: ExecutionSettings, *, parent_tags: dict[str, str] | None = None) -> SweepResult:
     """Ray and the cluster preflight (ClusterCannotFit before MLflow is touched), then, under the store's lock
     (orchestrator.results.store_lock): close RUNNING runs of drivers that are gone (`driver_lost`), skip run_hashes
     FINISHED (with `resume`) or claimed by another live driver, begin the parent and claim the rest; then the runs,
     on the same Ray session (`execute_plan` neither connects nor runs the preflight again).
 
     MLflow's import (≈ 1.7 s) runs in a thread while Ray starts; it writes nothing (the store is only opened
-    after the preflight)."""
+    after the preflight). `parent_tags`: extra tags of the parent run (a tune nests each round's parent under its
+    own run with `mlflow.parentRunId`)."""
     from orchestrator.execution.execute import execute_plan
     from orchestrator.execution.progress import set_phase
     from orchestrator.execution.preflight import PreflightError
@@ -123,7 +124,7 @@ def sweep_plan(plan: Plan, settings: ExecutionSettings) -> SweepResult:
             set_phase("opening the MLflow store (resume, claims)")
             experiment = experiment_for(settings, plan)
             tracker = Tracker.from_settings(settings, plan)
-            todo, skipped, held = _claim(plan, settings, tracker, experiment)
+            todo, skipped, held = _claim(plan, settings, tracker, experiment, parent_tags)
             if not todo.groups:
                 log.info("nothing to run")
                 return SweepResult([], skipped, todo, held)
@@ -145,8 +146,8 @@ def sweep_plan(plan: Plan, settings: ExecutionSettings) -> SweepResult:
         raise RayDidNotStart(str(e)) from None
 
 
-def _claim(plan: Plan, settings: ExecutionSettings, tracker: Tracker,
-           experiment: str) -> tuple[Plan, int, dict[int, str]]:
+def _claim(plan: Plan, settings: ExecutionSettings, tracker: Tracker, experiment: str,
+           parent_tags: dict[str, str] | None = None) -> tuple[Plan, int, dict[int, str]]:
     """Under the store's lock: close lost drivers' runs, leave out FINISHED (with `resume`) and held points, begin
     the parent and claim the rest. Returns the plan to run, how many FINISHED runs it skips, and the runs another
     live driver holds (job index -> which driver)."""
@@ -166,7 +167,7 @@ def _claim(plan: Plan, settings: ExecutionSettings, tracker: Tracker,
         try:
             if todo.groups:
                 fault_notes.prepare(settings.tracking_uri)  # room for why its runs may stay RUNNING (a full disk)
-                tracker.begin_parent(todo, work_dir=settings.work_dir)
+                tracker.begin_parent(todo, work_dir=settings.work_dir, tags=parent_tags)
                 tracker.claim(todo.runs)
         except BaseException as e:  # e.g. Ctrl-C while claiming: nothing of this driver stays RUNNING
             _abandon(tracker, e)

@@ -1,0 +1,70 @@
+"""The ask/tell loop on its own: the budget, what is answered without a run, and resume from the study."""
+
+from __future__ import annotations
+
+import optuna
+
+from orchestrator.tune.loop import Measured, choose_leaders, search_loop
+from orchestrator.tune.settings import TuneSettings
+from orchestrator.tune.space import drafter_key, enumerate_space
+from orchestrator.tune.study import open_study
+
+SPACE = {"drafter": ("none", "ngram"), "drafter.num_steps": (1, 2, 4), "page_size": (1, 16)}
+
+
+def spec(params):
+    return params.get("drafter") != "none"
+
+
+def _setup(trials, sampler="random"):
+    cands = {c.key: c for c in enumerate_space(SPACE, spec)}
+    settings = TuneSettings(space=SPACE, trials=trials, per_round=2, sampler=sampler, seed=3)
+    return cands, settings
+
+
+def test_a_drafter_that_commits_one_at_batch_one_is_never_measured_again():
+    cands, settings = _setup(trials=8)
+    refused = {"drafter=ngram drafter.num_draft_tokens=5 drafter.num_steps=4 page_size=16": "page_size=16: refused"}
+    measured: list[str] = []
+
+    def measure(keys, _round):
+        measured.extend(keys)
+        return {k: Measured((100.0 + i, 50.0), 0.0, 1.0 if "num_steps=1 " in k else 3.0, "r")
+                for i, k in enumerate(keys)}
+
+    study = open_study(settings, "t", 2, None, len(cands))  # in memory
+    values = search_loop(study, settings, cands, refused, spec, measure)
+    assert len(measured) == len(set(measured)) == len(values)  # each configuration measured once
+    assert not set(measured) & set(refused)
+    no_gain = [k for k in measured if "num_steps=1 " in k]
+    # the first steps=1 configuration ran; its drafter setting under the other page size was pruned, not run
+    assert len(no_gain) <= 1
+    pruned = [t for t in study.trials if t.state is optuna.trial.TrialState.PRUNED]
+    if no_gain:
+        key = drafter_key(cands[no_gain[0]])
+        assert all(key not in m or m == no_gain[0] for m in measured)
+    assert all(t.user_attrs.get("pruned") for t in pruned)
+    assert len(values) <= len(cands) - len(refused)
+
+
+def test_the_study_resumes_with_its_measured_trials(tmp_path):
+    cands, settings = _setup(trials=3)
+    storage = f"sqlite:///{tmp_path}/o.db"
+    runs: list[str] = []
+
+    def measure(keys, _round):
+        runs.extend(keys)
+        return {k: Measured((float(len(k)), 1.0)) for k in keys}
+
+    first = search_loop(open_study(settings, "t", 2, storage, len(cands)), settings, cands, {}, spec, measure)
+    assert len(first) == 3
+    more = TuneSettings(space=SPACE, trials=5, per_round=2, sampler="random", seed=3)
+    second = search_loop(open_study(more, "t", 2, storage, len(cands)), more, cands, {}, spec, measure)
+    assert len(second) == 5 and list(second)[:3] == list(first)  # the first three read back, not run again
+    assert len(runs) == 5
+
+
+def test_leaders_are_the_best_per_point_plus_the_best_without_speculation():
+    values = {"a": (10.0, 1.0), "b": (9.0, 3.0), "c": (1.0, 2.0), "none": (5.0, 0.5)}
+    got = choose_leaders(values, 2, lambda k: k != "none", 2)
+    assert got == [["a", "b", "none"], ["b", "c", "none"]]

@@ -1,0 +1,178 @@
+"""`make bench-tune`: how many runs the tune needs to find the full grid's winner at each batch size.
+
+1. The full grid, measured once on the reference engine: `specsweep +tune=bench hydra.sweeper.tune.sampler=grid` with
+   `probe.repeats=3` (every configuration at every batch size, 3 prompts each), in `--work-dir`. Skipped when that
+   directory already holds the grid's tune run (`--reuse`).
+2. The grid's winner per batch size: `orchestrator.tune.robust.pick` over every configuration's 3 values.
+3. The search, replayed on those measurements for each sampler and seed: the tune's own loop
+   (`orchestrator.tune.search.search_loop`) with an in-memory Optuna study, where measuring a configuration draws one
+   of its 3 recorded values per batch size (seeded), so a replay sees the noise a real run would. The leaders are then
+   judged on their recorded repeats, as the tune does.
+
+Printed per sampler and batch size: the grid's runs, the runs the search needed until the grid's winner was first
+measured (median and worst of the seeds, and as a fraction of the grid), and how often the search's pick at a budget
+of `--budget` of the grid (search runs + leader runs) was not the grid's winner ("wrong"), and of those how many the
+noise could not separate from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("bench_tune")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_grid(work_dir: Path, extra: list[str]) -> None:
+    work_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "orchestrator", "+tune=bench", "hydra.sweeper.tune.sampler=grid",
+           "hydra.sweeper.tune.trials=100000", "probe.repeats=3", "progress=false", *extra]
+    log.info("the full grid: %s (in %s)", " ".join(cmd), work_dir)
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "kernels"), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run(cmd, cwd=work_dir, env=env, check=True)
+
+
+def load_grid(work_dir: Path) -> dict[str, Any]:
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{work_dir.resolve()}/mlflow.db")
+    exp = client.get_experiment_by_name("tune-bench")
+    if exp is None:
+        raise SystemExit(f"no tune-bench experiment in {work_dir}/mlflow.db: run without --reuse first")
+    runs = client.search_runs([exp.experiment_id], "tags.`specsweep.role` = 'tune'", order_by=["start_time DESC"])
+    path = client.download_artifacts(runs[0].info.run_id, "tune/measurements.json", str(work_dir))
+    return json.loads(Path(path).read_text())
+
+
+def replay(grid: dict[str, Any], sampler: str, seed: int, budget_configs: int, leaders: int) -> dict[str, Any]:
+    """One search over the recorded grid: when each point's grid winner was first measured, and the pick."""
+    import optuna
+
+    from orchestrator.tune.robust import Entry, pick
+    from orchestrator.tune.loop import Measured, choose_leaders, search_loop
+    from orchestrator.tune.settings import TuneSettings
+    from orchestrator.tune.space import Candidate
+
+    confs, points = grid["configurations"], grid["points"]
+    cands = {k: Candidate(tuple(k.split()), c["speculates"]) for k, c in confs.items()}
+    space: dict[str, list[Any]] = {}
+    for c in cands.values():
+        for key, v in c.values.items():
+            if key != "drafter.num_draft_tokens" or c.values.get("drafter.topk", "1") != "1":
+                space.setdefault(key, [])
+                if v not in space[key]:
+                    space[key].append(v)
+    drafters = {c.values.get("drafter"): c.speculates for c in cands.values()}
+    speculates = lambda params: drafters.get(str(params.get("drafter")), True)  # noqa: E731
+    settings = TuneSettings(space={k: tuple(v) for k, v in space.items()}, trials=len(cands), per_round=2,
+                            sampler=sampler, seed=seed)
+    rng = random.Random(seed)
+    order: list[str] = []
+
+    def measure(keys: list[str], _round: int) -> dict[str, Measured | None]:
+        out: dict[str, Measured | None] = {}
+        for k in keys:
+            order.append(k)
+            vals = tuple(rng.choice(confs[k][p]["throughput_tok_s"]) for p in points)
+            out[k] = Measured(vals, 0.0, confs[k][points[0]].get("commit_len_mean"), "replay")
+        return out
+
+    from orchestrator.tune.study import _sampler
+
+    study = optuna.create_study(directions=["maximize"] * len(points), sampler=_sampler(settings, len(cands)))
+    full = search_loop(study, settings, cands, {}, speculates, measure)
+    found: dict[str, int | None] = {}
+    picks: dict[str, tuple[str, bool]] = {}
+    truth = grid_winners(grid)
+    for i, p in enumerate(points):
+        winner = truth[p][0]
+        found[p] = order.index(winner) + 1 if winner in order else None
+        seen = {k: full[k] for k in order[:budget_configs]}
+        chosen = choose_leaders(seen, len(points), lambda k: cands[k].speculates, leaders)[i]
+        entries = [Entry(k, k, cands[k].draft_tokens, tuple(confs[k][p]["throughput_tok_s"])) for k in chosen]
+        got = pick(entries, settings.tie_frac)
+        same = got.winner.key == winner
+        close = not same and _inseparable(grid, p, got.winner.key, winner)
+        picks[p] = (got.winner.key, same or close)
+        picks[p + ":strict"] = (got.winner.key, same)
+        found[p + ":leader_runs"] = len(chosen)
+    return {"found": found, "picks": picks, "order": order}
+
+
+def _inseparable(grid: dict[str, Any], point: str, a: str, b: str) -> bool:
+    """Whether the grid's own repeats cannot tell configurations a and b apart at `point` (the spread pooled over
+    every configuration of the grid there)."""
+    from orchestrator.results.regress.verdict import pooled_noise
+    from orchestrator.tune.robust import Entry, separable
+
+    confs = grid["configurations"]
+    noise = pooled_noise([c[point]["throughput_tok_s"] for c in confs.values() if point in c])
+    ea, eb = (Entry(k, k, confs[k]["draft_tokens"], tuple(confs[k][point]["throughput_tok_s"])) for k in (a, b))
+    return not separable(ea, eb, noise).separable
+
+
+def grid_winners(grid: dict[str, Any]) -> dict[str, tuple[str, float]]:
+    from orchestrator.tune.robust import Entry, pick
+
+    out = {}
+    for p in grid["points"]:
+        entries = [Entry(k, c["label"], c["draft_tokens"], tuple(c[p]["throughput_tok_s"]))
+                   for k, c in grid["configurations"].items() if p in c and len(c[p]["throughput_tok_s"]) >= 3]
+        got = pick(entries, 0.01)
+        out[p] = (got.winner.key, got.winner.score)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--work-dir", default="bench-tune", type=Path)
+    ap.add_argument("--reuse", action="store_true", help="replay the grid already measured in --work-dir")
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--budget", type=float, default=0.3, help="fraction of the grid's runs the search may use")
+    ap.add_argument("--leaders", type=int, default=3)
+    ap.add_argument("overrides", nargs="*", help="extra overrides for the grid run")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    t0 = time.time()
+    if not args.reuse:
+        run_grid(args.work_dir, args.overrides)
+    grid = load_grid(args.work_dir)
+    n, points = len(grid["configurations"]), grid["points"]
+    truth = grid_winners(grid)
+    grid_runs = n * len(points)
+    # the budget counts search runs (configurations x points) and the leaders' runs (one per leader and point)
+    leader_runs = (args.leaders + 1) * len(points)
+    budget_configs = max(1, int((args.budget * grid_runs - leader_runs) // len(points)))
+    print(f"\ngrid: {n} configurations x {len(points)} workload points = {grid_runs} runs (3 repeats each); "
+          f"budget {args.budget:.0%} of the grid = {budget_configs} configurations searched + up to {leader_runs} "
+          f"leader runs; {args.seeds} seeds; grid measured + replayed in {time.time() - t0:.0f} s")
+    print("\n| sampler | context x batch | grid winner | runs to first measure it: median / worst (of grid) | "
+          "wrong winner at the budget | of them not separable from the grid's winner |")
+    print("|---|---|---|---|---|---|")
+    for sampler in ("tpe", "random"):
+        results = [replay(grid, sampler, seed, budget_configs, args.leaders) for seed in range(args.seeds)]
+        for p in points:
+            found = [r["found"][p] for r in results]
+            runs = [f * len(points) if f is not None else grid_runs for f in found]
+            wrong = sum(not r["picks"][p + ":strict"][1] for r in results)
+            loose = sum(not r["picks"][p][1] for r in results)
+            label = grid["configurations"][truth[p][0]]["label"] or "no speculation"
+            print(f"| {sampler} | {p} | {label} ({truth[p][1]:.1f} tok/s) | {statistics.median(runs):.0f} / "
+                  f"{max(runs)} ({statistics.median(runs) / grid_runs:.0%} / {max(runs) / grid_runs:.0%}) | "
+                  f"{wrong}/{len(results)} | {wrong - loose}/{wrong} |")
+
+
+if __name__ == "__main__":
+    main()
+
