@@ -35,6 +35,11 @@ class Thresholds:
     # "step time is high" for rule (d) when no roofline is known
     high_step_ms: float = field(default=5.0, metadata=domain(Num(0, 1e6, lo_open=True)))
     max_roofline_frac_host: float = field(default=0.5, metadata=domain(FRACTION))  # ... or roofline_frac under this
+    # lossless check (f): where a speculative run's greedy tokens first differ from the run without speculation, the
+    # none-run's two best logprobs must be this close for a tie (either token a correct greedy choice). float32:
+    # MEASURED_FP32; 16-bit models: MEASURED_16BIT
+    lossless_tie_gap: float = field(default=1e-3, metadata=domain(Num(0, 100)))
+    lossless_tie_gap_16bit: float = field(default=0.25, metadata=domain(Num(0, 100)))
 
 
 # a parent run id, or KEY:VALUE of a parent-run tag (neither side empty)

@@ -19,11 +19,18 @@ prove it, and every rule says whether the sweep let it be evaluated (a `Check`).
     overhead-dominated) -> attention-kernel bound (names backend and page size);
 (d) GPU utilisation under `max_gpu_util` while the step time is high -> launch- or host-bound;
 (e) (only in sweeps with such runs) an SGLang run with the specsweep_verify plugin whose dispatch counters show a
-    fallback, no kernel call, or are missing -> the run does not measure the kernel its label names.
+    fallback, no kernel call, or are missing -> the run does not measure the kernel its label names;
+(f) the lossless check: at temperature 0 a speculative run's output tokens equal those of the drafter=none run of the
+    same point (`lossless_key`: same engine, model, dtype, attention, page size, seed, context, probe text and
+    gen_tokens). At the first divergence k the none-run's two best logprobs must be a tie: the two tokens are its top
+    two at k and their logprobs differ by at most `lossless_tie_gap` (float32 models) or `lossless_tie_gap_16bit`
+    (bfloat16 / float16), so either is a correct greedy choice and the texts legitimately part there (the rest is
+    not compared); anything else -> pipeline bug (spec counters can look healthy while the text is wrong).
 
 Runs on the stub engine (`engine` = stub) are examined by no rule: their commits and timings are simulated.
 Runs on dummy weights (`model.load_format=dummy`, the built-in random `tiny`) are left out of (a) and (b): random
-logits say nothing about the drafter or the pipeline (orchestrator/config/weights_scope.py). The report is
+logits say nothing about the drafter or the pipeline (orchestrator/config/weights_scope.py); (f) judges them (greedy
+decoding must be lossless whatever the weights). The report is
 `orchestrator.results.diagnosis_md.render_markdown`.
 The verdict is "Healthy" only when every rule was evaluated and none fired; with 0 runs there is no verdict.
 """
@@ -38,6 +45,7 @@ from dataclasses import dataclass, field, replace
 
 from orchestrator.config.settings import Thresholds
 from orchestrator.config.weights_scope import scoped
+from specsweep_vocab.greedy_output import GreedyOutput
 from specsweep_vocab.plugin_counters import unproven
 from specsweep_vocab.spec import EngineKind
 
@@ -61,6 +69,7 @@ class Rule(str, enum.Enum):
     KV_BANDWIDTH = "(c) KV bandwidth vs the device peak"
     HOST_BOUND = "(d) GPU utilisation vs step time"
     PLUGIN_DISPATCH = "(e) specsweep_verify runs on its kernel (plugin counters)"
+    LOSSLESS = "(f) speculative text equals the text without speculation (lossless check)"
 
 
 class Verdict(str, enum.Enum):
@@ -86,6 +95,11 @@ class RunRow:
     concurrency: int = 1  # probe.concurrency: requests in flight at once (runs compare only at equal values)
     dummy_weights: str = ""  # why its weights are random (orchestrator.config.weights_scope); "" = real: (a), (b) judge it
     plugin: bool = False  # SGLang run with the specsweep_verify plugin as a backend (its counters are recorded)
+    speculative: bool = False  # drafter.algorithm is not NONE
+    temperature: float = 0.0  # probe.temperature: a sweep always probes at 0 (not a config key: config/schema.py)
+    dtype: str = ""  # model.dtype
+    lossless_key: str = ""  # the point without its drafter (specsweep_vocab.point_key.lossless_key); "" = not recorded
+    output: GreedyOutput | None = None  # its output_ids.json (report/load.py `with_outputs`); None = not read
 
     def metric(self, key: str) -> float | None:
         v = self.metrics.get(key)
@@ -429,8 +443,9 @@ def diagnose(rows: Sequence[RunRow], th: Thresholds = Thresholds(), peak_gbs: fl
     kernel, c_kernel = find_kernel_bound(real, th, peak_gbs)
     host, c_host = find_host_bound(real, th)
     plugin, c_plugin = find_plugin_fallback(real)
-    return Diagnosis(len(rows), simulated, (*oracle, *collapse, *kernel, *host, *plugin),
-                     (c_oracle, *c_collapse, *c_kernel, c_host, *c_plugin), dummy_weights=dummy)
+    lossless, c_lossless = find_lossless_breach(real, th)
+    return Diagnosis(len(rows), simulated, (*lossless, *oracle, *collapse, *kernel, *host, *plugin),
+                     (c_oracle, *c_collapse, *c_kernel, c_host, *c_plugin, *c_lossless), dummy_weights=dummy)
 
 
 def find_plugin_fallback(rows: Sequence[RunRow]) -> tuple[list[Finding], list[Check]]:
@@ -447,3 +462,101 @@ def find_plugin_fallback(rows: Sequence[RunRow]) -> tuple[list[Finding], list[Ch
                     "ran their attention: what they measured is (partly) SGLang's Triton backend, or unknown.",
                     tuple(f"`{r.name}` (run {r.run_id[:8]}): {why}" for r, why in bad),
                     tuple(r.run_id for r, _ in bad))], [check]
+
+
+HALF_DTYPES = ("bfloat16", "float16", "half", "bf16", "fp16")
+
+
+def tie_gap(row: RunRow, th: Thresholds) -> float:
+    """The logprob gap under which the none-run's two best tokens count as a tie, at the run's dtype."""
+    return th.lossless_tie_gap_16bit if row.dtype.lower() in HALF_DTYPES else th.lossless_tie_gap
+
+
+@dataclass(frozen=True)
+class _Breach:
+    spec: RunRow
+    base: RunRow
+    k: int
+    why: str
+
+
+def _judge(spec: RunRow, base: RunRow, th: Thresholds) -> tuple[str, _Breach | None]:
+    """("equal" | "tie at k" | "breach", the breach). Both rows carry an output."""
+    a, b = spec.output, base.output
+    assert a is not None and b is not None
+    k = a.first_divergence(b)
+    if k is None:
+        return "equal", None
+    n, m = len(a.output_ids), len(b.output_ids)
+    if k >= min(n, m):
+        return "breach", _Breach(spec, base, k, f"the outputs agree on their first {k} tokens, then one ends: "
+                                                f"{n} output tokens with speculation, {m} without")
+    got, want = a.output_ids[k], b.output_ids[k]
+    if k >= len(b.top2):
+        return "breach", _Breach(spec, base, k, f"token {got} with speculation, {want} without; the none-run "
+                                                f"recorded no top-2 logprobs at {k}, so no tie can be shown")
+    (lp1, t1), (lp2, t2) = b.top2[k]
+    gap, tol = lp1 - lp2, tie_gap(spec, th)
+    if {got, want} == {t1, t2} and gap <= tol:
+        return f"tie at {k} (gap {gap:.3g})", None
+    which = ("both are its top two" if {got, want} == {t1, t2}
+             else f"its top two are {t1} and {t2}, so {got} is not a greedy choice there")
+    return "breach", _Breach(spec, base, k, f"token {got} with speculation, {want} without; the none-run's top-2 "
+                                            f"logprobs at {k}: {lp1:.6g} ({t1}) vs {lp2:.6g} ({t2}), gap {gap:.3g} "
+                                            f"> tie tolerance {tol:g}" if {got, want} == {t1, t2} else
+                                            f"token {got} with speculation, {want} without; {which} (logprobs "
+                                            f"{lp1:.6g} vs {lp2:.6g})")
+
+
+def find_lossless_breach(rows: Sequence[RunRow], th: Thresholds) -> tuple[list[Finding], list[Check]]:
+    """(f): each speculative run at temperature 0 against the drafter=none run of its point (module docstring). A
+    sweep without speculation has nothing to check (no Check, as (e) without plugin runs)."""
+    spec = [r for r in rows if r.speculative]
+    if not spec:
+        return [], []
+    hot = [r for r in spec if r.temperature > 0]
+    greedy = [r for r in spec if r.temperature <= 0]
+    base: dict[str, RunRow] = {}
+    for r in rows:
+        if not r.speculative and r.temperature <= 0 and r.lossless_key and r.output is not None:
+            base.setdefault(r.lossless_key, r)
+    unread = [r for r in greedy if not r.lossless_key or r.output is None]
+    unpaired = [r for r in greedy if r not in unread and r.lossless_key not in base]
+    paired = [r for r in greedy if r not in unread and r.lossless_key in base]
+    ties: list[str] = []
+    breaches: list[_Breach] = []
+    for r in paired:
+        verdict, breach = _judge(r, base[r.lossless_key], th)
+        if breach:
+            breaches.append(breach)
+        elif verdict != "equal":
+            ties.append(f"`{r.name}` {verdict}")
+    why = []
+    if hot:
+        why.append(f"{len(hot)} run(s) sample at temperature > 0, where texts legitimately differ: "
+                   + ", ".join(f"`{r.name}`" for r in hot))
+    if unpaired:
+        why.append(f"{len(unpaired)} speculative run(s) have no drafter=none run of the same point (add drafter=none "
+                   "to the grid): " + ", ".join(f"`{r.name}`" for r in unpaired))
+    if unread:
+        why.append(f"{len(unread)} run(s) recorded no output_ids.json or lossless_key (recorded before the check): "
+                   + ", ".join(f"`{r.name}`" for r in unread))
+    checks = []
+    if paired:
+        checks.append(Check(Rule.LOSSLESS, True, f"{len(paired) - len(breaches)} of {len(paired)} speculative run(s) "
+                            "at temperature 0 produce the drafter=none run's tokens"
+                            + (f" ({len(ties)} part at a tie: {'; '.join(ties)})" if ties else "")))
+    if why:
+        checks.append(Check(Rule.LOSSLESS, False, "; ".join(why)))
+    if not breaches:
+        return [], checks
+    return [Finding(
+        Cause.PIPELINE_BUG,
+        f"{len(breaches)} speculative run(s) at temperature 0 changed the text: their output tokens differ from the "
+        "same point's run without speculation at a position that is no numerical tie. Greedy speculative decoding "
+        "must be lossless, so the pipeline commits wrong tokens (draft/verify positions, KV or seq_lens "
+        "bookkeeping, the acceptance walk), whatever its acceptance counters say.",
+        tuple(f"`{b.spec.name}` (run {b.spec.run_id[:8]}) vs `{b.base.name}` (run {b.base.run_id[:8]}): first "
+              f"divergence at output position {b.k}: {b.why}" for b in breaches),
+        tuple(dict.fromkeys(r.run_id for b in breaches for r in (b.spec, b.base))),
+    )], checks

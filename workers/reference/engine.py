@@ -9,6 +9,7 @@ acceptance. Finished and cancelled requests leave between steps. No prefix cache
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 import torch
+from torch import Tensor
 
 from .attention import create_attention_backend
 from .model_source import load_config
@@ -23,7 +25,8 @@ from .cuda_graph import make_runner  # CUDA graphs for specsweep_verify on CUDA
 from .model import build_model, layer_subset, skip_layers_kept
 from .runner import ModelRunner
 from .spec_counters import DEFAULT_DECODE_LOG_INTERVAL, AcceptLengthWindow, spec_meta_fields
-from .speculative import Drafter, ModelDrafter, NgramDrafter, SamplingError, SelfDrafter, sample, verify_batch
+from .speculative import (ENV_FAULT_REPEAT_BONUS, Drafter, ModelDrafter, NgramDrafter, SamplingError, SelfDrafter,
+                          sample, verify_batch)
 from .tokenizer import load_tokenizer
 
 if TYPE_CHECKING:
@@ -60,6 +63,20 @@ class Output:
     meta_info: dict
 
 
+def token_logprobs(logits: Tensor, tokens: list[int], top_n: int) -> tuple[list[list], list[list]]:
+    """SGLang's greedy logprobs of `tokens` (one per row of `logits`, [k, V]): the float32 log-softmax of the logits
+    the token was chosen from (sglang/srt/layers/sampler.py:215-222: argmax, then log_softmax(logits)), and the
+    `top_n` best of each row, best first (sglang/srt/layers/logprob_processor.py:105-117: logprobs.topk). Entries
+    have SGLang's answer shape, [logprob, token_id, text] with no text (tokenizer_manager.py:3104-3108)."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    chosen = lp.gather(1, torch.tensor(tokens, dtype=torch.long, device=lp.device).unsqueeze(1)).squeeze(1).tolist()
+    out = [[v, t, None] for v, t in zip(chosen, tokens)]
+    if top_n <= 0:
+        return out, [[] for _ in tokens]
+    vals, idx = lp.topk(top_n, dim=-1)
+    return out, [[[v, t, None] for v, t in zip(vr, ir)] for vr, ir in zip(vals.tolist(), idx.tolist())]
+
+
 @dataclass(eq=False)
 class Request:
     """One generation, from submission to its Output (or error). Touched by the scheduler thread only, once admitted."""
@@ -69,9 +86,12 @@ class Request:
     gen: torch.Generator
     on_tokens: Callable[[list[int]], None] | None = None
     cancel: threading.Event | None = None
+    top_logprobs_num: int | None = None  # None: no logprobs (SGLang's return_logprob=false); else the top-n per token
     seq: PagedSequence | None = None  # the target's, from prefill to release
     draft: object = None   # the drafter's per-request state
     out: list[int] = field(default_factory=list)
+    logprobs: list[list] = field(default_factory=list)  # per output token: [logprob, token_id, None]
+    top_logprobs: list[list] = field(default_factory=list)  # per output token: its top_logprobs_num entries
     steps: list[dict] = field(default_factory=list)
     finish: dict | None = None
     t0: float = field(default_factory=time.perf_counter)
@@ -83,6 +103,17 @@ class Request:
     @property
     def context(self) -> list[int]:
         return self.input_ids + self.out
+
+    def add_tokens(self, tokens: list[int], logits: Tensor | None) -> None:
+        """Commit `tokens`, each chosen from its row of `logits` ([len(tokens), V]; needed only when the request
+        asked for logprobs); their logprobs if asked for."""
+        self.out += tokens
+        if self.top_logprobs_num is not None:
+            if logits is None:
+                raise RuntimeError("logprobs asked for, but no logits given with the tokens")
+            chosen, top = token_logprobs(logits, tokens, self.top_logprobs_num)
+            self.logprobs += chosen
+            self.top_logprobs += top
 
     @property
     def target_seq(self) -> PagedSequence:
@@ -130,6 +161,9 @@ class Engine:
         self.model.fused_ops = self._fused_ops()
         self.target = self._runner(self.model)
         self.drafter = self._build_drafter(dtype)
+        self.fault_repeat_bonus = os.environ.get(ENV_FAULT_REPEAT_BONUS) == "1"  # tests only: a broken pipeline
+        if self.fault_repeat_bonus:
+            logger.warning("%s=1: every verify step commits a wrong bonus token (a test fault)", ENV_FAULT_REPEAT_BONUS)
         self.eos_id = self.config.eos_token_id if self.config.eos_token_id is not None else getattr(self.tokenizer, "eos_token_id", None)
         self.max_running_requests = args.max_running_requests
         self.stats = Stats()
@@ -235,14 +269,16 @@ class Engine:
 
     def generate(self, input_ids: list[int], params: SamplingParams,
                  on_tokens: Callable[[list[int]], None] | None = None,
-                 cancel: threading.Event | None = None) -> Output:
+                 cancel: threading.Event | None = None, top_logprobs_num: int | None = None) -> Output:
         """Greedy/sampled generation with or without speculation, batched with whatever else runs. on_tokens(all
         output ids) after each step, from the scheduler thread. Setting `cancel` (the client went away) raises
-        Cancelled here at once; the request leaves the batch at the next step."""
+        Cancelled here at once; the request leaves the batch at the next step. `top_logprobs_num` (not None: SGLang's
+        return_logprob) adds each output token's logprob and its top-n to meta_info (`token_logprobs`)."""
         self.check(input_ids, params)
         self._check_cancelled(cancel)
         seed = params.sampling_seed if params.sampling_seed is not None else self.args.random_seed
-        req = Request(list(input_ids), params, torch.Generator().manual_seed(seed), on_tokens, cancel)
+        req = Request(list(input_ids), params, torch.Generator().manual_seed(seed), on_tokens, cancel,
+                      top_logprobs_num)
         with self.cond:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="engine-scheduler", daemon=True)
@@ -320,7 +356,7 @@ class Engine:
         if self.drafter:
             req.draft = self.drafter.start(req.input_ids, req.seq)  # the draft's prefill belongs to the prefill phase
         try:
-            req.out.append(sample(logits, req.params.temperature, req.gen)[0])
+            req.add_tokens(sample(logits, req.params.temperature, req.gen), logits)
         except SamplingError as exc:  # this request's own fault (HTTP 400): it leaves, the batch goes on
             req.error = RequestError(str(exc))
             return
@@ -338,13 +374,14 @@ class Engine:
             logits = self.target.model.logits(torch.cat(hidden))  # [B, V]
             for i, req in enumerate(batch):
                 try:
-                    req.out += sample(logits[i:i + 1], req.params.temperature, req.gen)
+                    req.add_tokens(sample(logits[i:i + 1], req.params.temperature, req.gen), logits[i:i + 1])
                 except SamplingError as exc:  # only this request fails (400); the others keep their tokens
                     req.error = RequestError(str(exc))
         else:
             trees = self.drafter.propose([r.draft for r in batch], [r.context for r in batch])
             results = verify_batch(self.target, [r.target_seq for r in batch], trees,
-                                   [r.params.temperature for r in batch], [r.gen for r in batch])
+                                   [r.params.temperature for r in batch], [r.gen for r in batch],
+                                   repeat_bonus=self.fault_repeat_bonus)
             for req, res in zip(batch, results):  # every step counts, the last one in full (spec_counters)
                 if res.error is not None:
                     req.error = RequestError(str(res.error))
@@ -352,7 +389,7 @@ class Engine:
                 req.steps.append({"accept_len": len(res.committed), "accepted_drafts": res.accepted,
                                   "tree_depth": res.tree_depth, "tree_nodes": res.tree_nodes,
                                   "verify_s": res.verify_s, "batch_size": len(batch)})
-                req.out += res.committed
+                req.add_tokens(res.committed, res.committed_logits() if req.top_logprobs_num is not None else None)
             ok = [res for res in results if res.error is None]
             self.accept_window.decode_iteration(len(ok), sum(len(res.committed) for res in ok))
             self.stats.verify_forward_seconds += results[0].verify_s if results else 0.0  # one batched forward
@@ -389,7 +426,10 @@ class Engine:
             elif req.error is None:
                 e2e = time.perf_counter() - req.t0
                 self._account(len(req.input_ids), len(req.out), req.steps, req.ttft, e2e)
-                req.result = Output(req.out, self._meta(req.input_ids, req.out, req.finish, req.steps, req.ttft, e2e))
+                meta = self._meta(req.input_ids, req.out, req.finish, req.steps, req.ttft, e2e)
+                if req.top_logprobs_num is not None:
+                    meta.update(self._logprob_meta(req))
+                req.result = Output(req.out, meta)
             req.done.set()
 
     def _finish_reason(self, out: list[int], params: SamplingParams) -> dict | None:
@@ -419,6 +459,18 @@ class Engine:
             if spec:
                 meta.update(spec, spec_steps=[{k: s[k] for k in ("accept_len", "tree_depth", "tree_nodes", "verify_s",
                                                                  "batch_size")} for s in steps])
+        return meta
+
+    @staticmethod
+    def _logprob_meta(req: Request) -> dict:
+        """SGLang's logprob fields of a request with return_logprob (tokenizer_manager.py:2868-2870, 2960-2972):
+        output tokens only (logprob_start_len -1 or the prompt's length: no input entries), cut where `out` was cut
+        (a stop, or a verify step past max_new_tokens)."""
+        n = len(req.out)
+        meta = {"input_token_logprobs": [], "output_token_logprobs": req.logprobs[:n],
+                "output_token_logprobs_length": n}
+        if req.top_logprobs_num:
+            meta.update(input_top_logprobs=[], output_top_logprobs=req.top_logprobs[:n])
         return meta
 
     def _account(self, prompt_len, out_len, steps, ttft, e2e) -> None:

@@ -107,6 +107,40 @@ def parse_sampling(raw, names: dict[str, str] | None = None) -> SamplingParams:
                           sampling_seed=seed)
 
 
+def parse_logprob(body: dict, prompt_len: int, vocab_size: int) -> int | None:
+    """The /generate body's logprob fields (SGLang's GenerateReqInput, sglang/srt/managers/io_struct.py:229-247):
+    None without `return_logprob` (the other fields are then ignored, as SGLang does: scheduler.py:3256-3258), else
+    `top_logprobs_num` (0: each output token's own logprob only). This engine returns output-token logprobs only:
+    `logprob_start_len` -1 (SGLang's default: output tokens only, scheduler.py:3260-3264) or the prompt's length;
+    a start inside the prompt (input logprobs), `token_ids_logprob` and `return_text_in_logprobs` are refused by name."""
+    ret = body.get("return_logprob")
+    if ret is None or ret is False:
+        return None
+    if ret is not True:
+        raise RequestError(f"return_logprob must be true or false, got {ret!r}")
+    start = body.get("logprob_start_len")
+    start = -1 if start is None else start
+    if not is_int(start):
+        raise RequestError(f"logprob_start_len must be an integer, got {start!r}")
+    if start > prompt_len:  # SGLang aborts the request with this (scheduler.py:3275-3280)
+        raise RequestError(f"logprob_start_len={start} is higher than the number of input tokens {prompt_len}; "
+                           "use a smaller logprob_start_len")
+    if start not in (-1, prompt_len):
+        raise RequestError(f"logprob_start_len={start}: the reference engine returns output-token logprobs only; "
+                           f"allowed: -1 (SGLang's default) or the prompt's length {prompt_len}")
+    top = body.get("top_logprobs_num")
+    top = 0 if top is None else top
+    if not (is_int(top) and 0 <= top <= vocab_size):
+        raise RequestError(f"top_logprobs_num must be an integer in [0, {vocab_size}] (the vocabulary), got {top!r}")
+    if body.get("token_ids_logprob"):
+        raise RequestError(f"token_ids_logprob={body['token_ids_logprob']!r} is not supported by the reference "
+                           "engine; allowed: null or [] (use top_logprobs_num)")
+    if body.get("return_text_in_logprobs", False) is not False:
+        raise RequestError(f"return_text_in_logprobs={body['return_text_in_logprobs']!r} is not supported by the "
+                           "reference engine (entries carry no text: [logprob, token_id, null]); allowed: false")
+    return top
+
+
 def fill_max_new_tokens(params: SamplingParams, input_ids: list[int], engine: Engine) -> None:
     if params.max_new_tokens is None:  # SGLang: generate up to the context length
         params.max_new_tokens = max(1, engine.context_length - len(input_ids))

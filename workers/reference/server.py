@@ -28,6 +28,7 @@ from .request_params import cancel_on_disconnect as _cancel_on_disconnect
 from .request_params import fill_max_new_tokens as _fill_max_new_tokens
 from .request_params import is_int as _is_int
 from .request_params import parse_json_body as _parse_json_body
+from .request_params import parse_logprob as _parse_logprob
 from .request_params import parse_sampling as _parse_sampling
 
 logger = logging.getLogger(__name__)
@@ -191,6 +192,7 @@ def create_app(state: ServerState) -> FastAPI:
             input_ids = _parse_prompt(body, engine)
             params = _parse_sampling(body.get("sampling_params"))
             _fill_max_new_tokens(params, input_ids, engine)
+            top_logprobs = _parse_logprob(body, len(input_ids), engine.config.vocab_size)
             stream = body.get("stream", False)
             if not isinstance(stream, bool):
                 raise RequestError(f"stream must be true or false, got {stream!r}")
@@ -202,11 +204,11 @@ def create_app(state: ServerState) -> FastAPI:
         except (ValueError, OverflowError) as exc:  # a value the checks above could not convert
             return _error(400, f"bad request: {exc}")
         if stream:
-            return StreamingResponse(_stream(engine, input_ids, params), media_type="text/event-stream")
+            return StreamingResponse(_stream(engine, input_ids, params, top_logprobs), media_type="text/event-stream")
         cancel = threading.Event()
         watcher = asyncio.create_task(_cancel_on_disconnect(request, cancel))
         try:
-            out = await run_in_threadpool(engine.generate, input_ids, params, None, cancel)
+            out = await run_in_threadpool(engine.generate, input_ids, params, None, cancel, top_logprobs)
         except RequestError as exc:
             return _error(400, str(exc))
         except Cancelled as exc:
@@ -223,11 +225,13 @@ def create_app(state: ServerState) -> FastAPI:
     return app
 
 
-async def _stream(engine: Engine, input_ids: list[int], params: SamplingParams):
-    """SGLang SSE: `data: {json}\\n\\n` per step (cumulative text and output_ids), then `data: [DONE]`.
+async def _stream(engine: Engine, input_ids: list[int], params: SamplingParams, top_logprobs: int | None = None):
+    """SGLang SSE: `data: {json}\\n\\n` per step (cumulative text and output_ids), then `data: [DONE]`. Logprobs
+    (`top_logprobs` not None) are in the last chunk's meta_info only, all of them (SGLang sends them in every
+    chunk, accumulated: its last chunk has the same).
     A client that goes away closes this generator (Starlette), which cancels the generation."""
     t0 = time.perf_counter()
-    events = engine_events(engine, input_ids, params)  # the generation's thread; cancelled when this closes
+    events = engine_events(engine, input_ids, params, top_logprobs)  # its thread; cancelled when this closes
     try:
         async for kind, payload in events:
             if kind == "step":

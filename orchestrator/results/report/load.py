@@ -7,19 +7,24 @@ invocation (column `invocation`). Params are decoded through the config schema (
 
 from __future__ import annotations
 
+import logging
 import tempfile
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.config.params import RunParams, config_params
 from orchestrator.config.weights_scope import dummy_weights_reason
 from orchestrator.results.diagnosis import RunRow
+from specsweep_vocab.greedy_output import OUTPUT_IDS_ARTIFACT, GreedyOutput
 from specsweep_vocab.sglang_facts import SGLANG_PLUGIN_BACKENDS
+from specsweep_vocab.spec import Algorithm
 
 if TYPE_CHECKING:
     from mlflow.entities import Run
+
+log = logging.getLogger(__name__)
 
 PARENT_TAG = "mlflow.parentRunId"
 RUN_HASHES_ARTIFACT = "run_hashes.txt"  # orchestrator.results.tracking's: every point of the sweep
@@ -44,14 +49,39 @@ class ChildRun:
 
 def row_from_run(run) -> RunRow:
     p = RunParams.read(run.data.params)
+    config = config_params(run.data.params)
     engine = run.data.tags.get("engine", "")
     return RunRow(
         run_id=run.info.run_id, name=run.info.run_name or run.info.run_id, context_len=p.context_len,
         probe=p.probe, drafter=p.drafter, attention=p.attention, page_size=p.page_size, is_oracle=p.is_oracle,
         num_steps=p.num_steps, metrics=dict(run.data.metrics), engine=engine, concurrency=p.concurrency,
-        dummy_weights=dummy_weights_reason(config_params(run.data.params)),
+        dummy_weights=dummy_weights_reason(config),
         plugin=engine == "sglang" and any(b in SGLANG_PLUGIN_BACKENDS for b in p.backends),
+        speculative=p.algorithm != Algorithm.NONE.value, dtype=p.dtype,
+        lossless_key=run.data.tags.get("lossless_key", ""),
     )
+
+
+def with_outputs(client, rows: list[RunRow]) -> list[RunRow]:
+    """`rows` with their greedy outputs (`output_ids.json`) read back, for the lossless check: those with a
+    `lossless_key` at temperature 0. A run without the artifact (recorded before it existed) keeps output None, and
+    the check names it; a malformed one is logged and kept None the same way."""
+    from mlflow.exceptions import MlflowException
+
+    out = []
+    with tempfile.TemporaryDirectory(prefix="specsweep-outputs-") as tmp:
+        for r in rows:
+            if r.lossless_key and r.temperature <= 0:
+                try:
+                    path = client.download_artifacts(r.run_id, OUTPUT_IDS_ARTIFACT, f"{tmp}/{r.run_id}")
+                    r = replace(r, output=GreedyOutput.from_json(Path(path).read_text()))
+                except (MlflowException, OSError):
+                    pass  # not recorded: the lossless check says so
+                except ValueError as e:
+                    log.warning("run %s: %s unreadable, left out of the lossless check: %s", r.run_id[:8],
+                                OUTPUT_IDS_ARTIFACT, e)
+            out.append(r)
+    return out
 
 
 def resolve_parent(client, target: str) -> tuple[str, str]:
