@@ -207,9 +207,10 @@ def make_handler(state: StubState):
             ttft = time.perf_counter() - t0
             time.sleep(max(0, n - 1) * state.args.stub_token_s)
             e2e = time.perf_counter() - t0
-            final = {"text": text, "output_ids": out_ids, "meta_info": _meta(state, prompt_tokens, n, e2e, ttft)}
+            meta = _meta(state, prompt_tokens, n, e2e, ttft)
             if body.get("return_logprob") is True:
-                final["meta_info"].update(_logprobs(out_ids, body.get("top_logprobs_num") or 0))
+                meta.update(_logprobs(out_ids, body.get("top_logprobs_num") or 0))
+            final = {"text": text, "output_ids": out_ids, "meta_info": meta}
             if not body.get("stream"):
                 self._json(200, final)
                 return
