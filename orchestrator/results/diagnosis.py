@@ -37,135 +37,20 @@ The verdict is "Healthy" only when every rule was evaluated and none fired; with
 
 from __future__ import annotations
 
-import enum
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from orchestrator.config.settings import Thresholds
 from orchestrator.config.weights_scope import scoped
-from specsweep_vocab.greedy_output import GreedyOutput
+from orchestrator.results.findings import Cause, Check, Diagnosis, Finding, Rule, RunRow, Verdict, cite, ctx
+from orchestrator.results.lossless import find_lossless_breach
 from specsweep_vocab.plugin_counters import unproven
-from specsweep_vocab.spec import EngineKind
 
-
-class Cause(str, enum.Enum):
-    PIPELINE_BUG = "pipeline bug"
-    LONG_CONTEXT_DRAFTING_BUG = "drafting bug at long context"
-    DRAFTER_QUALITY = "drafter quality"
-    KERNEL_BOUND = "attention-kernel bound"
-    HOST_BOUND = "launch- or host-bound"
-    KERNEL_NOT_RUN = "verify kernel not proven to run"
-
-
-class Rule(str, enum.Enum):
-    """What each check looks at (the names `diagnosis.md` lists under "Checked" / "Not checked")."""
-
-    ORACLE = "(a) oracle commits num_steps + 1"
-    PREDICTABLE_COLLAPSE = "(b) commit length vs context on predictable text"
-    DRAFTER_QUALITY = "(b) predictable vs novel text (drafter quality)"
-    STEP_GROWTH = "(c) verify-step time vs context"
-    KV_BANDWIDTH = "(c) KV bandwidth vs the device peak"
-    HOST_BOUND = "(d) GPU utilisation vs step time"
-    PLUGIN_DISPATCH = "(e) specsweep_verify runs on its kernel (plugin counters)"
-    LOSSLESS = "(f) speculative text equals the text without speculation (lossless check)"
-
-
-class Verdict(str, enum.Enum):
-    NO_RUNS = "no verdict"  # nothing examined
-    FINDINGS = "findings"  # at least one rule fired
-    HEALTHY = "healthy"  # every rule evaluated, none fired
-    INCOMPLETE = "incomplete"  # none fired, but some rule could not be evaluated
-
-
-@dataclass(frozen=True)
-class RunRow:
-    run_id: str
-    name: str
-    context_len: int
-    probe: str
-    drafter: str
-    attention: str
-    page_size: int
-    is_oracle: bool = False
-    num_steps: int = 0
-    metrics: dict[str, float] = field(default_factory=dict)
-    engine: str = ""  # reference | sglang | stub ("" when unknown)
-    concurrency: int = 1  # probe.concurrency: requests in flight at once (runs compare only at equal values)
-    dummy_weights: str = ""  # why its weights are random (orchestrator.config.weights_scope); "" = real: (a), (b) judge it
-    plugin: bool = False  # SGLang run with the specsweep_verify plugin as a backend (its counters are recorded)
-    speculative: bool = False  # drafter.algorithm is not NONE
-    temperature: float = 0.0  # probe.temperature: a sweep always probes at 0 (not a config key: config/schema.py)
-    dtype: str = ""  # model.dtype
-    lossless_key: str = ""  # the point without its drafter (specsweep_vocab.point_key.lossless_key); "" = not recorded
-    output: GreedyOutput | None = None  # its output_ids.json (report/load.py `with_outputs`); None = not read
-
-    def metric(self, key: str) -> float | None:
-        v = self.metrics.get(key)
-        return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
-
-    def need(self, key: str) -> float:
-        """metric(key) where the caller has already kept only runs that have it."""
-        v = self.metric(key)
-        if v is None:
-            raise ValueError(f"run {self.run_id}: metric {key!r} is missing or NaN")
-        return v
-
-    @property
-    def simulated(self) -> bool:
-        return self.engine == EngineKind.STUB.value
-
-
-@dataclass(frozen=True)
-class Finding:
-    cause: Cause
-    summary: str
-    evidence: tuple[str, ...]  # one line per cited run / number
-    run_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Check:
-    """One rule on this sweep: evaluated (`detail` says what was checked) or not (`detail` says why)."""
-
-    rule: Rule
-    evaluated: bool
-    detail: str
-
-
-@dataclass(frozen=True)
-class Diagnosis:
-    runs: int  # rows examined (stub-engine ones included)
-    simulated: int  # of them on the stub engine: in no rule
-    findings: tuple[Finding, ...]
-    checks: tuple[Check, ...]
-    dummy_weights: tuple[str, ...] = ()  # why, for each real-engine run on random weights: not in (a), (b)
-
-    @property
-    def not_evaluated(self) -> tuple[Check, ...]:
-        return tuple(c for c in self.checks if not c.evaluated)
-
-    @property
-    def verdict(self) -> Verdict:
-        if self.runs == self.simulated:  # nothing, or only stub-engine runs
-            return Verdict.NO_RUNS
-        if self.findings:
-            return Verdict.FINDINGS
-        return Verdict.INCOMPLETE if self.not_evaluated else Verdict.HEALTHY
-
-    @property
-    def causes(self) -> list[Cause]:
-        return [f.cause for f in self.findings]
-
-
-def _cite(row: RunRow, *keys: str) -> str:
-    values = ", ".join(f"{k}={row.metric(k):.4g}" for k in keys if row.metric(k) is not None)
-    return f"`{row.name}` (run {row.run_id[:8]}): {values}"
-
-
-def _ctx(n: int) -> str:
-    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
+__all__ = ["Cause", "Check", "Diagnosis", "Finding", "Rule", "RunRow", "Verdict", "diagnose", "find_commit_collapse",
+           "find_host_bound", "find_kernel_bound", "find_lossless_breach", "find_oracle_shortfall",
+           "find_plugin_fallback"]
 
 
 def find_oracle_shortfall(rows: Sequence[RunRow], th: Thresholds) -> tuple[list[Finding], Check]:
@@ -184,7 +69,7 @@ def find_oracle_shortfall(rows: Sequence[RunRow], th: Thresholds) -> tuple[list[
         f"The oracle drafter (the target drafting for itself) committed less than num_steps + 1 in "
         f"{len(bad)} run(s): every oracle draft must be accepted whatever the text, so the speculative "
         f"pipeline itself is broken (draft/verify positions, KV rollback, tree mask or acceptance).",
-        tuple(f"{_cite(r, 'commit_len_mean')}; expected {r.num_steps + 1}" for r in bad),
+        tuple(f"{cite(r, 'commit_len_mean')}; expected {r.num_steps + 1}" for r in bad),
         tuple(r.run_id for r in bad),
     )], check
 
@@ -225,13 +110,13 @@ def _series(rows: Iterable[RunRow], th: Thresholds) -> dict[tuple[str, str, str,
         runs.sort(key=lambda r: r.context_len)
         base = runs[0]
         if len({r.context_len for r in runs}) < 2:
-            out[key] = _Series(tuple(runs), f"one context only ({_ctx(base.context_len)})")
+            out[key] = _Series(tuple(runs), f"one context only ({ctx(base.context_len)})")
             continue
         # commit_len counts the bonus token (>= 1 always): a collapse is measured on the drafted part.
         base_gain = base.need("commit_len_mean") - 1.0
         if base_gain <= 0:
             out[key] = _Series(tuple(runs), f"nothing drafted is accepted even at the shortest context "
-                                            f"({_cite(base, 'commit_len_mean')})")
+                                            f"({cite(base, 'commit_len_mean')})")
             continue
         hits = tuple((base, r) for r in runs[1:] if r.context_len > base.context_len
                      and (r.need("commit_len_mean") - 1.0) <= (1 - th.collapse_drop) * base_gain)
@@ -241,8 +126,8 @@ def _series(rows: Iterable[RunRow], th: Thresholds) -> dict[tuple[str, str, str,
 
 def _collapse_finding(cause: Cause, pairs: Sequence[tuple[RunRow, RunRow]], summary: str) -> Finding:
     return Finding(cause, summary,
-                   tuple(f"{_cite(lo, 'commit_len_mean')} -> {_cite(hi, 'commit_len_mean')} "
-                         f"at ctx {_ctx(lo.context_len)} -> {_ctx(hi.context_len)}" for lo, hi in pairs),
+                   tuple(f"{cite(lo, 'commit_len_mean')} -> {cite(hi, 'commit_len_mean')} "
+                         f"at ctx {ctx(lo.context_len)} -> {ctx(hi.context_len)}" for lo, hi in pairs),
                    tuple(r.run_id for p in pairs for r in p))
 
 
@@ -271,7 +156,7 @@ def _looping_note(looping: Sequence[RunRow], th: Thresholds) -> str:
         return ""
     return (f"; left out as easy text, not novel: {len(looping)} novel-text run(s) whose continuation loops "
             f"(continuation_repeat_frac >= report.loop_repeat_frac={th.loop_repeat_frac:g}: "
-            + ", ".join(_cite(r, "continuation_repeat_frac") for r in looping) + ")")
+            + ", ".join(cite(r, "continuation_repeat_frac") for r in looping) + ")")
 
 
 def find_commit_collapse(rows: Sequence[RunRow], th: Thresholds) -> tuple[list[Finding], list[Check]]:
@@ -317,7 +202,7 @@ def find_commit_collapse(rows: Sequence[RunRow], th: Thresholds) -> tuple[list[F
             "while predictable text holds with context: the drafter cannot predict this text (drafter quality, "
             "not infrastructure; rule (a) is what vouches for the pipeline itself).")
         findings.append(Finding(f.cause, f.summary, f.evidence + tuple(
-            f"{_cite(p, 'commit_len_mean')} vs {_cite(n, 'commit_len_mean')} at ctx {_ctx(p.context_len)}: "
+            f"{cite(p, 'commit_len_mean')} vs {cite(n, 'commit_len_mean')} at ctx {ctx(p.context_len)}: "
             f"novel text drafts {_gain_frac(p, n):.0%} of what predictable text does" for p, n in gaps),
             tuple(dict.fromkeys(f.run_ids + tuple(r.run_id for g in gaps for r in g)))))
     easy = _looping_note(looping, th)
@@ -356,11 +241,11 @@ def find_kernel_bound(rows: Sequence[RunRow], th: Thresholds,
         med = {c: sorted(v)[len(v) // 2] for c, v in per_ctx.items()}
         if len(ctxs) >= 2 and ctxs[-1] / ctxs[0] >= th.min_context_ratio and med[ctxs[0]] > 0:
             k = math.log(med[ctxs[-1]] / med[ctxs[0]]) / math.log(ctxs[-1] / ctxs[0])
-            growth_tested.append(f"attn={attn} page={page}{_conc(conc)} context^{k:.2f} over {_ctx(ctxs[0])}-{_ctx(ctxs[-1])}")
+            growth_tested.append(f"attn={attn} page={page}{_conc(conc)} context^{k:.2f} over {ctx(ctxs[0])}-{ctx(ctxs[-1])}")
             if k > th.superlinear_exponent:
                 named.add((attn, page, conc))
                 evidence.append(f"attn={attn} page={page}{_conc(conc)}: verify_step_ms {med[ctxs[0]]:.4g} at ctx "
-                                f"{_ctx(ctxs[0])} -> {med[ctxs[-1]]:.4g} at ctx {_ctx(ctxs[-1])}, "
+                                f"{ctx(ctxs[0])} -> {med[ctxs[-1]]:.4g} at ctx {ctx(ctxs[-1])}, "
                                 f"grows as context^{k:.2f} (> {th.superlinear_exponent})")
                 ids += [r.run_id for r in series]
         for r in series:
@@ -371,7 +256,7 @@ def find_kernel_bound(rows: Sequence[RunRow], th: Thresholds,
             bw_tested += 1
             if bw < th.min_bw_frac * peak:
                 named.add((attn, page, conc))
-                evidence.append(f"{_cite(r, 'kv_bw_gbs', 'verify_step_ms')}: {100 * bw / peak:.1f}% of "
+                evidence.append(f"{cite(r, 'kv_bw_gbs', 'verify_step_ms')}: {100 * bw / peak:.1f}% of "
                                 f"the device's {peak:.0f} GB/s (< {100 * th.min_bw_frac:.0f}%)")
                 ids.append(r.run_id)
     if growth_tested:
@@ -381,10 +266,10 @@ def find_kernel_bound(rows: Sequence[RunRow], th: Thresholds,
                        "no attention x page series with verify_step_ms at contexts "
                        f"{th.min_context_ratio:g}x apart" if by else "no run carries verify_step_ms")
     if bw_tested:
-        bw_check = Check(Rule.KV_BANDWIDTH, True, f"{bw_tested} run(s) at contexts >= {_ctx(th.bw_min_context)}")
+        bw_check = Check(Rule.KV_BANDWIDTH, True, f"{bw_tested} run(s) at contexts >= {ctx(th.bw_min_context)}")
     else:
         bw_check = Check(Rule.KV_BANDWIDTH, False,
-                         f"no run at context >= {_ctx(th.bw_min_context)} with kv_bw_gbs and a known device peak "
+                         f"no run at context >= {ctx(th.bw_min_context)} with kv_bw_gbs and a known device peak "
                          f"(peak_bw_gbs); shorter prefixes are overhead-dominated")
     checks = [growth, bw_check]
     if not named:
@@ -421,7 +306,7 @@ def find_host_bound(rows: Sequence[RunRow], th: Thresholds) -> tuple[list[Findin
         f"GPU utilisation stays under {th.max_gpu_util:.0f}% while the step time is high in {len(bad)} "
         f"run(s): the GPU waits on the host (kernel launches, Python, scheduling). CUDA graphs or a "
         f"larger batch are the usual cures.",
-        tuple(_cite(r, "gpu_util_mean", "verify_step_ms", "roofline_frac") for r in bad),
+        tuple(cite(r, "gpu_util_mean", "verify_step_ms", "roofline_frac") for r in bad),
         tuple(r.run_id for r in bad),
     )], check
 
@@ -462,101 +347,3 @@ def find_plugin_fallback(rows: Sequence[RunRow]) -> tuple[list[Finding], list[Ch
                     "ran their attention: what they measured is (partly) SGLang's Triton backend, or unknown.",
                     tuple(f"`{r.name}` (run {r.run_id[:8]}): {why}" for r, why in bad),
                     tuple(r.run_id for r, _ in bad))], [check]
-
-
-HALF_DTYPES = ("bfloat16", "float16", "half", "bf16", "fp16")
-
-
-def tie_gap(row: RunRow, th: Thresholds) -> float:
-    """The logprob gap under which the none-run's two best tokens count as a tie, at the run's dtype."""
-    return th.lossless_tie_gap_16bit if row.dtype.lower() in HALF_DTYPES else th.lossless_tie_gap
-
-
-@dataclass(frozen=True)
-class _Breach:
-    spec: RunRow
-    base: RunRow
-    k: int
-    why: str
-
-
-def _judge(spec: RunRow, base: RunRow, th: Thresholds) -> tuple[str, _Breach | None]:
-    """("equal" | "tie at k" | "breach", the breach). Both rows carry an output."""
-    a, b = spec.output, base.output
-    assert a is not None and b is not None
-    k = a.first_divergence(b)
-    if k is None:
-        return "equal", None
-    n, m = len(a.output_ids), len(b.output_ids)
-    if k >= min(n, m):
-        return "breach", _Breach(spec, base, k, f"the outputs agree on their first {k} tokens, then one ends: "
-                                                f"{n} output tokens with speculation, {m} without")
-    got, want = a.output_ids[k], b.output_ids[k]
-    if k >= len(b.top2):
-        return "breach", _Breach(spec, base, k, f"token {got} with speculation, {want} without; the none-run "
-                                                f"recorded no top-2 logprobs at {k}, so no tie can be shown")
-    (lp1, t1), (lp2, t2) = b.top2[k]
-    gap, tol = lp1 - lp2, tie_gap(spec, th)
-    if {got, want} == {t1, t2} and gap <= tol:
-        return f"tie at {k} (gap {gap:.3g})", None
-    which = ("both are its top two" if {got, want} == {t1, t2}
-             else f"its top two are {t1} and {t2}, so {got} is not a greedy choice there")
-    return "breach", _Breach(spec, base, k, f"token {got} with speculation, {want} without; the none-run's top-2 "
-                                            f"logprobs at {k}: {lp1:.6g} ({t1}) vs {lp2:.6g} ({t2}), gap {gap:.3g} "
-                                            f"> tie tolerance {tol:g}" if {got, want} == {t1, t2} else
-                                            f"token {got} with speculation, {want} without; {which} (logprobs "
-                                            f"{lp1:.6g} vs {lp2:.6g})")
-
-
-def find_lossless_breach(rows: Sequence[RunRow], th: Thresholds) -> tuple[list[Finding], list[Check]]:
-    """(f): each speculative run at temperature 0 against the drafter=none run of its point (module docstring). A
-    sweep without speculation has nothing to check (no Check, as (e) without plugin runs)."""
-    spec = [r for r in rows if r.speculative]
-    if not spec:
-        return [], []
-    hot = [r for r in spec if r.temperature > 0]
-    greedy = [r for r in spec if r.temperature <= 0]
-    base: dict[str, RunRow] = {}
-    for r in rows:
-        if not r.speculative and r.temperature <= 0 and r.lossless_key and r.output is not None:
-            base.setdefault(r.lossless_key, r)
-    unread = [r for r in greedy if not r.lossless_key or r.output is None]
-    unpaired = [r for r in greedy if r not in unread and r.lossless_key not in base]
-    paired = [r for r in greedy if r not in unread and r.lossless_key in base]
-    ties: list[str] = []
-    breaches: list[_Breach] = []
-    for r in paired:
-        verdict, breach = _judge(r, base[r.lossless_key], th)
-        if breach:
-            breaches.append(breach)
-        elif verdict != "equal":
-            ties.append(f"`{r.name}` {verdict}")
-    why = []
-    if hot:
-        why.append(f"{len(hot)} run(s) sample at temperature > 0, where texts legitimately differ: "
-                   + ", ".join(f"`{r.name}`" for r in hot))
-    if unpaired:
-        why.append(f"{len(unpaired)} speculative run(s) have no drafter=none run of the same point (add drafter=none "
-                   "to the grid): " + ", ".join(f"`{r.name}`" for r in unpaired))
-    if unread:
-        why.append(f"{len(unread)} run(s) recorded no output_ids.json or lossless_key (recorded before the check): "
-                   + ", ".join(f"`{r.name}`" for r in unread))
-    checks = []
-    if paired:
-        checks.append(Check(Rule.LOSSLESS, True, f"{len(paired) - len(breaches)} of {len(paired)} speculative run(s) "
-                            "at temperature 0 produce the drafter=none run's tokens"
-                            + (f" ({len(ties)} part at a tie: {'; '.join(ties)})" if ties else "")))
-    if why:
-        checks.append(Check(Rule.LOSSLESS, False, "; ".join(why)))
-    if not breaches:
-        return [], checks
-    return [Finding(
-        Cause.PIPELINE_BUG,
-        f"{len(breaches)} speculative run(s) at temperature 0 changed the text: their output tokens differ from the "
-        "same point's run without speculation at a position that is no numerical tie. Greedy speculative decoding "
-        "must be lossless, so the pipeline commits wrong tokens (draft/verify positions, KV or seq_lens "
-        "bookkeeping, the acceptance walk), whatever its acceptance counters say.",
-        tuple(f"`{b.spec.name}` (run {b.spec.run_id[:8]}) vs `{b.base.name}` (run {b.base.run_id[:8]}): first "
-              f"divergence at output position {b.k}: {b.why}" for b in breaches),
-        tuple(dict.fromkeys(r.run_id for b in breaches for r in (b.spec, b.base))),
-    )], checks

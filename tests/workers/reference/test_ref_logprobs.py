@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from workers.reference.engine import SamplingParams, token_logprobs
+from workers.reference.engine import SamplingParams
+from workers.reference.request import token_logprobs
 from workers.reference.speculative import ENV_FAULT_REPEAT_BONUS
 
 ORACLE = ("--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "tiny",
@@ -14,7 +15,7 @@ GREEDY = SamplingParams(max_new_tokens=24, temperature=0.0, ignore_eos=True)
 
 
 def test_token_logprobs_are_the_float32_log_softmax_in_sglangs_shape():
-    logits = torch.tensor([[1.0, 3.0, 2.0, -1.0], [0.5, 0.5, 0.0, 4.0]])
+    logits = torch.tensor([[1.0, 3.0, 2.0, -1.0], [0.5, 0.4, 0.0, 4.0]])
     chosen, top = token_logprobs(logits, [1, 0], 2)
     lp = torch.log_softmax(logits, dim=-1)
     assert chosen == [[lp[0, 1].item(), 1, None], [lp[1, 0].item(), 0, None]]
