@@ -31,9 +31,10 @@ class _Breach:
 
 
 def _judge(spec: RunRow, base: RunRow, th: Thresholds) -> tuple[str, _Breach | None]:
-    """("equal" | "tie at k" | "breach", the breach). Both rows carry an output."""
+    """("equal" | "tie at k (gap g)" | "breach", the breach) for two rows that carry an output."""
     a, b = spec.output, base.output
-    assert a is not None and b is not None
+    if a is None or b is None:
+        raise ValueError(f"runs {spec.run_id} / {base.run_id}: judged without their outputs")
     k = a.first_divergence(b)
     if k is None:
         return "equal", None
@@ -42,20 +43,19 @@ def _judge(spec: RunRow, base: RunRow, th: Thresholds) -> tuple[str, _Breach | N
         return "breach", _Breach(spec, base, k, f"the outputs agree on their first {k} tokens, then one ends: "
                                                 f"{n} output tokens with speculation, {m} without")
     got, want = a.output_ids[k], b.output_ids[k]
+    tokens = f"token {got} with speculation, {want} without"
     if k >= len(b.top2):
-        return "breach", _Breach(spec, base, k, f"token {got} with speculation, {want} without; the none-run "
-                                                f"recorded no top-2 logprobs at {k}, so no tie can be shown")
+        return "breach", _Breach(spec, base, k, f"{tokens}; the none-run recorded no top-2 logprobs at {k}, so no "
+                                                "tie can be shown")
     (lp1, t1), (lp2, t2) = b.top2[k]
     gap, tol = lp1 - lp2, tie_gap(spec, th)
-    if {got, want} == {t1, t2} and gap <= tol:
-        return f"tie at {k} (gap {gap:.3g})", None
-    which = ("both are its top two" if {got, want} == {t1, t2}
-             else f"its top two are {t1} and {t2}, so {got} is not a greedy choice there")
-    return "breach", _Breach(spec, base, k, f"token {got} with speculation, {want} without; the none-run's top-2 "
-                                            f"logprobs at {k}: {lp1:.6g} ({t1}) vs {lp2:.6g} ({t2}), gap {gap:.3g} "
-                                            f"> tie tolerance {tol:g}" if {got, want} == {t1, t2} else
-                                            f"token {got} with speculation, {want} without; {which} (logprobs "
-                                            f"{lp1:.6g} vs {lp2:.6g})")
+    if {got, want} != {t1, t2}:
+        return "breach", _Breach(spec, base, k, f"{tokens}; its top two are {t1} and {t2} (logprobs {lp1:.6g} vs "
+                                                f"{lp2:.6g}), so {got} is not a greedy choice there")
+    if gap > tol:
+        return "breach", _Breach(spec, base, k, f"{tokens}; the none-run's top-2 logprobs at {k}: {lp1:.6g} ({t1}) "
+                                                f"vs {lp2:.6g} ({t2}), gap {gap:.3g} > tie tolerance {tol:g}")
+    return f"tie at {k} (gap {gap:.3g})", None
 
 
 def find_lossless_breach(rows: Sequence[RunRow], th: Thresholds) -> tuple[list[Finding], list[Check]]:

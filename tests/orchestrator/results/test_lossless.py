@@ -66,7 +66,7 @@ def test_a_divergence_beyond_the_tolerance_is_a_pipeline_bug_naming_both_runs():
 def test_a_token_outside_the_none_runs_top_two_is_a_bug_whatever_the_gap():
     spec = IDS[:2] + (55,) + IDS[3:]  # 55 is not among the none-run's top two (12, 99), which are tied
     (f,), _ = check([row("spec", spec), base(gaps={2: 0.0})])
-    assert "its top two are 12 and 99, so 55 is not a greedy choice there" in f.evidence[0]
+    assert "its top two are 12 and 99 (logprobs -0.5 vs -0.5), so 55 is not a greedy choice there" in f.evidence[0]
 
 
 def test_a_shorter_speculative_output_is_a_bug():
