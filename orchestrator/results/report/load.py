@@ -63,15 +63,18 @@ def row_from_run(run) -> RunRow:
 
 
 def with_outputs(client, rows: list[RunRow]) -> list[RunRow]:
-    """`rows` with their greedy outputs (`output_ids.json`) read back, for the lossless check: those with a
-    `lossless_key` at temperature 0. A run without the artifact (recorded before it existed) keeps output None, and
-    the check names it; a malformed one is logged and kept None the same way."""
+    """`rows` with their greedy outputs (`output_ids.json`) read back, for the lossless check: those at temperature 0
+    whose `lossless_key` both a speculative run and a run without speculation share (the others are never compared:
+    no download). A run without the artifact (recorded before it existed) keeps output None, and the check names it;
+    a malformed one is logged and kept None the same way."""
     from mlflow.exceptions import MlflowException
 
+    greedy = [r for r in rows if r.lossless_key and r.temperature <= 0]
+    paired = {r.lossless_key for r in greedy if r.speculative} & {r.lossless_key for r in greedy if not r.speculative}
     out = []
     with tempfile.TemporaryDirectory(prefix="specsweep-outputs-") as tmp:
         for r in rows:
-            if r.lossless_key and r.temperature <= 0:
+            if r.lossless_key in paired and r.temperature <= 0:
                 try:
                     path = client.download_artifacts(r.run_id, OUTPUT_IDS_ARTIFACT, f"{tmp}/{r.run_id}")
                     r = replace(r, output=GreedyOutput.from_json(Path(path).read_text()))
