@@ -66,13 +66,14 @@ def find_lossless_breach(rows: Sequence[RunRow], th: Thresholds) -> tuple[list[F
         return [], []
     hot = [r for r in spec if r.temperature > 0]
     greedy = [r for r in spec if r.temperature <= 0]
-    base: dict[str, RunRow] = {}
-    for r in rows:
-        if not r.speculative and r.temperature <= 0 and r.lossless_key and r.output is not None:
-            base.setdefault(r.lossless_key, r)
-    unread = [r for r in greedy if not r.lossless_key or r.output is None]
-    unpaired = [r for r in greedy if r not in unread and r.lossless_key not in base]
-    paired = [r for r in greedy if r not in unread and r.lossless_key in base]
+    base: dict[str, RunRow] = {}  # the none-run of each point, one with its output first
+    for r in sorted((r for r in rows if not r.speculative and r.temperature <= 0 and r.lossless_key),
+                    key=lambda r: r.output is None):
+        base.setdefault(r.lossless_key, r)
+    unpaired = [r for r in greedy if r.lossless_key and r.lossless_key not in base]
+    unread = [r for r in greedy if r not in unpaired
+              and (not r.lossless_key or r.output is None or base[r.lossless_key].output is None)]
+    paired = [r for r in greedy if r not in unpaired and r not in unread]
     ties: list[str] = []
     breaches: list[_Breach] = []
     for r in paired:
@@ -89,8 +90,8 @@ def find_lossless_breach(rows: Sequence[RunRow], th: Thresholds) -> tuple[list[F
         why.append(f"{len(unpaired)} speculative run(s) have no drafter=none run of the same point (add drafter=none "
                    "to the grid): " + ", ".join(f"`{r.name}`" for r in unpaired))
     if unread:
-        why.append(f"{len(unread)} run(s) recorded no output_ids.json or lossless_key (recorded before the check): "
-                   + ", ".join(f"`{r.name}`" for r in unread))
+        why.append(f"{len(unread)} speculative run(s) or their drafter=none run recorded no output_ids.json or "
+                   "lossless_key (recorded before the check): " + ", ".join(f"`{r.name}`" for r in unread))
     checks = []
     if paired:
         checks.append(Check(Rule.LOSSLESS, True, f"{len(paired) - len(breaches)} of {len(paired)} speculative run(s) "

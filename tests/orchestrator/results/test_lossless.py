@@ -99,7 +99,12 @@ def test_temperature_above_zero_is_not_checked():
 def test_runs_recorded_without_outputs_are_named():
     old = dataclasses.replace(row("old", IDS), output=None)
     _, checks = check([old, base()])
-    assert not checks[0].evaluated and "recorded no output_ids.json or lossless_key" in checks[0].detail
+    assert not checks[0].evaluated and "or their drafter=none run recorded no output_ids.json" in checks[0].detail
+    _, checks = check([row("spec", IDS), dataclasses.replace(base(), output=None)])  # the none-run's missing
+    assert [c.evaluated for c in checks] == [False] and "`spec`" in checks[0].detail
+    # an unpaired run is named as unpaired, whether its output was read or not (the report reads paired ones only)
+    _, checks = check([dataclasses.replace(row("spec", IDS, key="other"), output=None), base()])
+    assert "have no drafter=none run of the same point" in checks[0].detail
 
 
 def test_a_none_run_without_logprobs_cannot_show_a_tie():
