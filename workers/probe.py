@@ -308,8 +308,8 @@ def greedy_output(gen: Generation) -> GreedyOutput:
         top2 = tuple(parse_top2(pos, i) for i, pos in enumerate(top))
     except ValueError as e:
         raise BadResponse(f"meta_info.output_top_logprobs: {e}") from e
-    for i, ((_, best), tok) in enumerate(zip(top2, gen.output_ids)):
-        if best != tok and top2[i][0][0] != top2[i][1][0]:  # greedy picks the best (or one of two equal ones)
+    for i, (((lp1, best), (lp2, _)), tok) in enumerate(zip(top2, gen.output_ids)):
+        if best != tok and lp1 != lp2:  # greedy emits the best (either of two equal ones)
             raise BadResponse(f"output token {i} is {tok} but the best of output_top_logprobs is {best} "
                               f"({top2[i]}): not a greedy answer")
     return GreedyOutput(tuple(gen.output_ids), top2)

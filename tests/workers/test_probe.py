@@ -224,7 +224,7 @@ def test_output_ids_are_recorded_with_top2_logprobs_only_where_the_lossless_chec
     ([[[-0.1, 5, None], [-2.0, 9, None]]], "has 1 entries for 2 output tokens"),
     ([[[-0.1, 5, None], [-2.0, 9, None]], [[-0.1, 6, None]]], "need the 2 best entries"),
     ([[[-0.1, 5, None], [-2.0, 9, None]], [[-0.1, "x", None], [-2.0, 9, None]]], "not [logprob, token_id]"),
-    ([[[-0.1, 5, None], [-2.0, 9, None]], [[-0.1, 8, None], [-2.0, 6, None]]], "not a greedy answer"),
+    ([[[-0.1, 5, None], [-2.0, 9, None]], [[-0.1, 8, None], [-2.0, 6, None]]], "output token 1 is 6 but the best"),
 ])
 def test_an_answer_without_the_logprobs_asked_for_is_a_bad_response(top, fragment):
     from workers.probe import greedy_output
@@ -232,6 +232,14 @@ def test_an_answer_without_the_logprobs_asked_for_is_a_bad_response(top, fragmen
     meta = {"output_top_logprobs": top} if top is not None else {}
     with pytest.raises(BadResponse, match=re.escape(fragment)):
         greedy_output(Generation("", [5, 6], meta, None, 1.0, top_logprobs_num=2))
+
+
+def test_a_greedy_answer_with_its_top2_is_recorded_and_a_tie_may_emit_either():
+    from workers.probe import greedy_output
+
+    top = [[[-0.1, 5, None], [-2.0, 9, None]], [[-0.7, 8, None], [-0.7, 6, None]]]  # position 1: an exact tie
+    out = greedy_output(Generation("", [5, 6], {"output_top_logprobs": top}, None, 1.0, top_logprobs_num=2))
+    assert out.output_ids == (5, 6) and out.top2 == (((-0.1, 5), (-2.0, 9)), ((-0.7, 8), (-0.7, 6)))
 
 
 def test_non_streaming_generate_and_bad_request(oracle_engine):
