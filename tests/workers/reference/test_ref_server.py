@@ -149,7 +149,7 @@ def test_logprobs_in_sglangs_answer_shape(server):
     ({"return_logprob": "yes"}, "return_logprob must be true or false"),
     ({"logprob_start_len": 0}, "output-token logprobs only; allowed: -1"),
     ({"logprob_start_len": 50}, "logprob_start_len=50 is higher than the number of input tokens"),
-    ({"top_logprobs_num": -1}, "top_logprobs_num must be an integer in [0, 256]"),
+    ({"top_logprobs_num": -1}, "top_logprobs_num must be an integer in [0, 259]"),
     ({"top_logprobs_num": 2.0}, "top_logprobs_num must be an integer"),
     ({"token_ids_logprob": [5]}, "token_ids_logprob=[5] is not supported"),
     ({"return_text_in_logprobs": True}, "return_text_in_logprobs=True is not supported"),
