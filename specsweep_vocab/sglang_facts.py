@@ -1,19 +1,21 @@
 """What each supported SGLang version accepts, spells and reports: one table, read by the plan-time rules
-(orchestrator/config/validate.py), the launch argv (workers/sglang/args.py) and the metrics reader (workers/sglang/metrics.py).
+(orchestrator/config/validate.py), the launch argv (workers/sglang/args.py), the meta_info reader (workers/meta_info.py) and the /metrics
+counters (workers/engine_counters.py).
 
 Public API:
 
     SGLANG_VERSIONS: dict[str, SGLangFacts]          the supported versions, oldest first
     sglang_facts(version) -> SGLangFacts             ValueError naming the supported versions
     SGLANG_PLUGIN_BACKENDS, SGLANG_DRAFT_BACKENDS, SGLANG_EAGLE_DRAFT_WORKER_BACKENDS, SGLANG_BACKEND_PAGE_SIZES,
-    SPEC_MAX_RUNNING_REQUESTS                        version-independent facts (0.5.10-0.5.23)
+    SPEC_MAX_RUNNING_REQUESTS, DEVICE_TIMER_ENV, GENERATION_TOKENS, VERIFY_CALLS
+                                                     version-independent facts (0.5.10-0.5.23)
     resolved_backends(attention, algorithm) -> ResolvedBackends   which backend runs prefill, decode, verify
     sglang_draft_backend(attention, algorithm) -> str | None      the --speculative-draft-attention-backend we pass
 
 Sources: the released wheels (0.5.10 `server_args.py`; 0.5.23
 `arg_groups/{choices,overrides,speculative_hook,attention_hook}.py`, `speculative/draft_utils.py`).
 tests/workers/test_sglang_args.py feeds every conf/ combination the rules accept to SGLang's own parser, and
-tests/workers/test_sglang_metrics.py reads each version's `meta_info` names. Standard library and the vocabulary only.
+tests/workers/test_meta_info.py reads each version's `meta_info` names. Standard library and the vocabulary only.
 """
 
 from __future__ import annotations
@@ -128,6 +130,10 @@ SGLANG_BACKEND_PAGE_SIZES: dict[str, tuple[int, ...]] = {
 }
 SPEC_MAX_RUNNING_REQUESTS = 48  # --max-running-requests SGLang sets with speculation when it is unset
 DEVICE_TIMER_ENV = "SGLANG_ENABLE_METRICS_DEVICE_TIMER"  # sglang/srt/environ.py:479: per-forward device timing
+# /metrics counters both real engines export (the reference engine under SGLang's names): each grows when a request
+# finishes, by its completion_tokens and its spec_verify_ct (sglang/srt/observability/metrics_collector.py:2110-2112)
+GENERATION_TOKENS = "sglang:generation_tokens_total"  # metrics_collector.py:1860-1861
+VERIFY_CALLS = "sglang:spec_verify_calls_total"  # metrics_collector.py:1865-1866
 
 
 def sglang_facts(version: str) -> SGLangFacts:

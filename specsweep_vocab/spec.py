@@ -32,9 +32,39 @@ IDENTITY_IF_NOT_DEFAULT = {"omit_if_default": True}
 
 
 class EngineKind(str, enum.Enum):
+    """The engines, and the two facts about a kind that code reading a stored run needs without the engine's
+    adapter (the MLflow store, the report and the diagnosis import nothing of workers/): everything else an engine
+    does or refuses is its adapter's (workers/registry.py)."""
+
     REFERENCE = "reference"
     SGLANG = "sglang"
     STUB = "stub"  # simulation engine (workers/stub/server.py): the seam's HTTP API with timed dummy tokens
+
+    @property
+    def simulated(self) -> bool:
+        """Its commits and timings are simulated: its runs are recorded in their own experiment
+        (`<sweep_name>-stub`), never judged by the diagnosis, never in one sweep with a real engine's."""
+        return self is EngineKind.STUB
+
+    @property
+    def loads_kernel_plugin(self) -> bool:
+        """The specsweep_verify attention backend is a plugin this engine loads (SGLang's attention-backend entry
+        point, specsweep_kernels/sglang_plugin.py), whose dispatch the preflight and the diagnosis check; the
+        reference engine calls the kernel directly."""
+        return self is EngineKind.SGLANG
+
+    @classmethod
+    def named(cls, value: str) -> EngineKind | None:
+        """The kind a stored run's `engine` tag names; None for a name this version does not know."""
+        return cls._value2member_map_.get(value)  # type: ignore[return-value]
+
+
+def engine_mix_allowed(kinds: frozenset[EngineKind] | set[EngineKind]) -> str | None:
+    """What is allowed when one sweep mixes a simulated engine with a real one; None when it does not."""
+    if any(k.simulated for k in kinds) and not all(k.simulated for k in kinds):
+        return ("the stub engine alone or real engines alone in one sweep (stub runs are simulated and "
+                "recorded in their own experiment, `<sweep_name>-stub`)")
+    return None
 
 
 class Algorithm(str, enum.Enum):
@@ -46,6 +76,13 @@ class Algorithm(str, enum.Enum):
     EAGLE = "EAGLE"
     EAGLE3 = "EAGLE3"
     DFLASH = "DFLASH"
+
+
+# the algorithms whose server args SGLang 0.5.23 resolves as one family (a draft tree of topk x num_steps;
+# `is_eagle() or is_standalone()` -> `_handle_eagle_family`: sglang/srt/speculative/spec_info.py:263-264), and those
+# that need a draft model path
+EAGLE_FAMILY = (Algorithm.EAGLE, Algorithm.EAGLE3, Algorithm.STANDALONE)
+NEEDS_DRAFT_PATH = (Algorithm.STANDALONE, Algorithm.EAGLE3, Algorithm.DFLASH)
 
 
 # probe.repeats: at most this many prompts a point (the t-interval is already within 2 % of the normal one at 30)
@@ -218,6 +255,9 @@ class SGLangOptions:
     max_running_requests: int | None = field(default=None, metadata=domain(Int(1, 65536)))
     log_level: str | None = field(default=None, metadata=domain(Choice("debug", "info", "warning", "error",
                                                                         "critical")))
+    # --max-total-tokens, the KV pool's size in tokens (None: SGLang sizes it from the memory fraction). A CPU
+    # server sizes it from host memory: SmolLM2-135M's scheduler held 18.4 GB on the 24 GiB VM (2026-12-06)
+    max_total_tokens: int | None = field(default=None, metadata=domain(Int(16, 1 << 30)))
 
 
 # The stub engine's timing flags (workers/stub/server.py parse_args), in StubOptions field order.

@@ -1,8 +1,13 @@
-"""Imports run one way (#16, #33), and no module takes part in an import cycle.
+"""Imports run one way, and no module takes part in an import cycle.
 
 - specsweep_vocab is the bottom: the standard library and itself only.
 - workers/ and orchestrator/ sit above it and apart: workers/ never imports orchestrator/; the reference engine
-  (workers/reference/) imports nothing else from workers/ (its adapter.py only the engine interface, workers/adapter.py).
+  (workers/reference/) imports nothing else from workers/ (its adapter.py only the shared pieces below the engines).
+- Inside workers/, three layers: the shared pieces (SHARED: the engine interface, the HTTP client, meta_info and
+  /metrics reading, errors, derived figures), the engine folders (workers/<engine>/, which import only the shared
+  pieces and their own folder, never another engine's), and the generic modules above them (runners, probes,
+  prompts, process ownership), which reach an engine only through the registry (workers/registry.py).
+  No module outside an engine folder names an engine kind, but the few in KIND_NAMERS.
 - config reaches workers/ only through the registry of engine adapters (workers/registry.py), which carries each
   engine's plan-time rules (workers/<engine>/rules.py); results imports nothing from workers/.
 - Inside orchestrator/, one package per concern, each importing only the packages below it:
@@ -25,6 +30,7 @@ imports are resolved, and `from package import module` is an edge to that module
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -33,6 +39,8 @@ PACKAGES = {"specsweep_vocab": ROOT / "specsweep_vocab", "orchestrator": ROOT / 
             "workers": ROOT / "workers", "specsweep_kernels": ROOT / "kernels" / "specsweep_kernels",
             "hydra_plugins": ROOT / "hydra_plugins", "tools": ROOT / "tools"}
 OURS = (*PACKAGES, "conf")
+# One folder per engine under workers/, each with its adapter and its plan-time rules.
+ENGINE_FOLDERS = ("reference", "sglang", "stub")
 # orchestrator's packages, bottom first, and the orchestrator packages each may import besides itself
 LAYERS = {"config": set(), "results": {"config"}, "execution": {"config", "results"},
           "session": {"config", "results", "execution"}, "schedules": {"config", "results", "execution"}}
@@ -154,13 +162,68 @@ REFERENCE_ADAPTER = "workers.reference.adapter"
 
 def test_the_reference_engine_imports_nothing_else_from_workers():
     """workers/reference/ is a server on its own (`python -m workers.reference`): the runners and probes above it
-    may use it, never the other way. Its adapter (REFERENCE_ADAPTER) may import the engine interface, and only it."""
+    may use it, never the other way. Its adapter (REFERENCE_ADAPTER) may import the shared pieces (SHARED), and
+    only it."""
     graph = _imports("workers")
     bad = {(m, i) for m, names in graph.items() if m.startswith("workers.reference")
            for i in names if _top(i) == "workers" and not i.startswith("workers.reference")
-           and not (m == REFERENCE_ADAPTER and i == "workers.adapter")}
+           and not (m == REFERENCE_ADAPTER and i in SHARED)}
     assert not bad
     assert not {m for m, names in graph.items() if m.startswith("workers.reference") and REFERENCE_ADAPTER in names}
+
+
+# The shared pieces of workers/, below the engine folders: what an engine folder may import of the rest of workers/.
+SHARED = {"workers.adapter", "workers.errors", "workers.http_client", "workers.meta_info", "workers.engine_counters",
+          "workers.derived"}
+
+
+def _engine_of(name: str) -> str | None:
+    """The engine folder a module belongs to (`workers.sglang.args` -> `sglang`); None outside them."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "workers" and parts[1] in ENGINE_FOLDERS else None
+
+
+def test_no_module_outside_the_engine_folders_imports_one_but_the_registry():
+    """Generic workers/ modules, orchestrator/, the vocabulary, the kernels and the Hydra plugin reach an engine
+    only through the registry's adapters (tools/, the benchmarks of the reference engine, are not the product)."""
+    bad = {(m, i) for m, names in GRAPH.items() if _engine_of(m) is None and _top(m) != "tools"
+           for i in names if _engine_of(i) is not None and m != ENGINE_REGISTRY}
+    assert not bad
+
+
+def test_no_engine_folder_imports_another():
+    bad = {(m, i) for m, names in GRAPH.items() if _engine_of(m) for i in names if _engine_of(i) not in (None, _engine_of(m))}
+    assert not bad
+
+
+def test_no_arrow_runs_back_up_inside_workers():
+    """Engine folders import of the rest of workers/ only the shared pieces; the shared pieces import only each other
+    (not an engine folder, not the registry, not the runners or probes above the engines)."""
+    assert SHARED <= set(MODULES)
+    bad = {(m, i) for m, names in _imports("workers").items() if _engine_of(m) or m in SHARED
+           for i in names if _top(i) == "workers" and _engine_of(i) != _engine_of(m) and i not in SHARED}
+    assert not bad
+
+
+# The modules outside the engine folders that name an engine kind, each for a reason:
+KIND_NAMERS = {
+    # the one list of engines and their adapters
+    "workers.registry",
+    # the kinds' declaration, with the kind-level facts code reading a stored run needs without the adapters
+    # (`EngineKind.simulated`, `.loads_kernel_plugin`) and which engines run on GPUs (`ServerSpec.on_gpu`)
+    "specsweep_vocab.spec",
+}
+KIND_NAME = re.compile(r"EngineKind\.(?:" + "|".join(e.upper() for e in ENGINE_FOLDERS) + r")\b"
+                       r"|[=!]=\s*[\"'](?:" + "|".join(ENGINE_FOLDERS) + r")[\"']")
+
+
+def test_nothing_outside_the_engine_folders_names_an_engine_kind():
+    """A new engine is a folder and a registry line: no generic check branches on a kind, and no orchestrator
+    module compares a recorded engine name (tools/ benchmarks, which pick engines, are not the product)."""
+    assert KIND_NAME.search("kind is EngineKind.STUB") and KIND_NAME.search('engine == "sglang"')
+    naming = {m for m, path in MODULES.items() if _engine_of(m) is None and _top(m) != "tools"
+              and m not in KIND_NAMERS and KIND_NAME.search(path.read_text())}
+    assert not naming
 
 
 def test_product_packages_import_nothing_from_tools():
@@ -228,9 +291,6 @@ def test_the_engine_registry_imports_only_the_interface_and_the_engines_adapters
     assert engines == {"workers.adapter", *(f"workers.{e}.adapter" for e in ENGINE_FOLDERS)}
 
 
-# One folder per engine under workers/, each with its adapter and its plan-time rules.
-ENGINE_FOLDERS = ("reference", "sglang", "stub")
-
 
 def test_every_engine_folder_has_an_adapter_and_its_rules():
     assert {f"workers.{e}.{m}" for e in ENGINE_FOLDERS for m in ("adapter", "rules")} <= set(MODULES)
@@ -261,7 +321,7 @@ def test_settings_is_the_bottom_of_orchestrator_and_the_clis_its_top():
     assert not bad
 
 
-# No product module outside kernels/ is longer than this (#33): past it, a module holds several jobs.
+# No product module outside kernels/ is longer than this: past it, a module holds several jobs.
 MAX_MODULE_LINES = 450
 # Known exceptions, each with its owner; remove the entry when the module is split.
 LONG_MODULES: set[str] = set()

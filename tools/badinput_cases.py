@@ -1,8 +1,8 @@
-"""The bad-input battery's inputs (tools/bench_badinput.py), by class (#32 section 1 and the earlier battery).
+"""The bad-input battery's inputs (tools/bench_badinput.py), by class: each leaf's declared domain, the config's
+cross-field rules, files and paths.
 
 Each `Case` is one command line, run in a fresh temp dir; `runs=True` marks an input a user would expect to run
-(the controls). Sections 2 and 3 of #32 (faults, secrets, the reference engine's HTTP) add theirs to
-`FAULT_CASES` below.
+(the controls). Faults, secrets and the reference engine's HTTP add theirs to `FAULT_CASES` below.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ BASE_CASES = (
     Case("(control) single-run dry run", ("hydra.launcher.dry_run=true",), runs=True),
 )
 
-# #32: every leaf has a declared domain (orchestrator/config/domains.py)
+# every leaf has a declared domain (orchestrator/config/domains.py)
 DOMAIN_CASES = tuple(Case(f"domain: {o}", (*pre, o)) for pre, o in (
     ((), "engine.startup_timeout_s=-5"), ((), "engine.request_timeout_s=0"), ((), "engine.request_timeout_s=nan"),
     (("engine=stub",), "engine.stub.token_s=inf"), ((), "cluster.num_cpus=0"), ((), "cluster.cpus_per_server=-1"),
@@ -126,7 +126,7 @@ MODEL_CASES = (
     Case("model path: a truncated GGUF", ("model.path=cut.gguf",), files={"cut.gguf": "GGUF\x03\x00"}),
     Case("model path: a folder of garbage", ("model.path=junk",), files={"junk/w.bin": "garbage"}),
 )
-# #32 sections 2 and 3 (faults, secrets, the reference engine's HTTP): their cases go here.
+# faults, secrets, the reference engine's HTTP: their cases go here.
 FAULT_CASES: tuple[Case, ...] = ()
 
 CASES = (BASE_CASES + DOMAIN_CASES + NAME_CASES + FLAG_CASES + RESOURCE_CASES + SCHEDULE_CASES + GRID_CASES

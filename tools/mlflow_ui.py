@@ -13,7 +13,8 @@ import sqlite3
 import sys
 from pathlib import Path
 
-from orchestrator.results.mlflow_ui import VIEW_KEY, VIEW_TAG_PREFIX, view_url
+from orchestrator.results.mlflow_ui import view_url
+from orchestrator.results.store_layout import VIEW_KEY, VIEW_TAG_PREFIX
 
 
 def pick_port(preferred: int, host: str = "127.0.0.1") -> int:

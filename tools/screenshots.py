@@ -25,6 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from orchestrator.results.store_layout import PARENT_TAG, ROLE_PARENT, ROLE_TAG
 from tools.browser import Browser
 from tools.ui_pages import mlflow_server, quiet_assistant, report_text, runs_table
 
@@ -46,12 +47,12 @@ def take(workdir: Path, out: Path, chromium: str) -> list[Path]:
 
     client = MlflowClient(f"sqlite:///{workdir}/mlflow.db")
     parents = [r for e in client.search_experiments() for r in client.search_runs(
-        [e.experiment_id], "tags.`specsweep.role` = 'parent'", order_by=["attributes.start_time DESC"])]
+        [e.experiment_id], f"tags.`{ROLE_TAG}` = '{ROLE_PARENT}'", order_by=["attributes.start_time DESC"])]
     if not parents:
         raise SystemExit(f"no sweep recorded in {workdir}/mlflow.db")
     parent = parents[0]
     exp_id = parent.info.experiment_id
-    points = client.search_runs([exp_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    points = client.search_runs([exp_id], f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'")
     with mlflow_server(f"sqlite:///{workdir}/mlflow.db", workdir / "mlartifacts") as url, \
             Browser(chromium, workdir / "chromium-profile", width=1600, height=900) as b:
         quiet_assistant(b, url)

@@ -57,7 +57,7 @@ from orchestrator.config.run_config import RunConfig
 from specsweep_vocab.builtin_models import TINY
 from specsweep_vocab.spec import (Algorithm, AttentionSpec, DrafterSpec, EngineKind, EngineSpec, ProbeKind,
                                   ProbeSpec, RunSpec, ServerGroup, ServerSpec, StubOptions, stable_hash)
-from workers.sglang.metrics import parse_prometheus
+from workers.engine_counters import parse_scrape
 
 MAX_LOAD_SCALE = 8.0
 ROOT = Path(__file__).resolve().parents[1]
@@ -202,7 +202,7 @@ def wait_for_request(root_pid: int, *, finished: int | Collection[int] | None = 
     while time.monotonic() < deadline:
         for pid, url in engines_under(root_pid).items():
             try:
-                m = parse_prometheus(requests.get(url + "/metrics", timeout=2).text)
+                m = parse_scrape(requests.get(url + "/metrics", timeout=2).text)
             except (requests.RequestException, ValueError):
                 continue  # not serving yet, or gone
             if m.get("sglang:num_running_reqs", 0) >= 1 and \

@@ -6,7 +6,10 @@ An engine is a folder (workers/sglang/, workers/reference/, workers/stub/) whose
     adapter.build_argv(server, port, node_rank=None) -> list[str]   the one argv builder of the engine
     adapter.env(server) -> dict[str, str]                            extra environment of its process
     adapter.health_path                                              GET path that answers 200 once it serves
-    adapter.prompt_kind / adapter.prompt_model(server)               how `workers.prompts.build_prompt` encodes
+    adapter.prompt_kind / adapter.prompt_model(server)               whose encoding, for which model, the
+                                                                     prompts of this engine's runs take
+    adapter.prompt_encoding(model_path, task) -> PromptEncoding      that encoding (`workers.prompts.build_prompt`)
+    adapter.weight_bytes(model) -> float | None                      bytes one forward reads of the weights
     adapter.observer(server) -> RunObserver                          what is read around each run (below)
 
 `RunObserver` is what `workers.runners.GroupRunner` reads from the engine around each probe besides the probe's
@@ -42,11 +45,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from specsweep_vocab.plan_point import PlanPoint, Resources, argv_flags, context_limit_words, server_context_len
 from specsweep_vocab.problem import Problem
-from specsweep_vocab.spec import Algorithm, EngineKind, EngineSpec, ServerSpec
+from specsweep_vocab.spec import Algorithm, EngineKind, EngineSpec, ModelSpec, ServerSpec
 
 if TYPE_CHECKING:
     from workers.engine_counters import Scrape
@@ -113,6 +116,21 @@ def common_flags(server: ServerSpec, port: int) -> list[str]:
         argv += list(d.extra_args)
     argv += ["--random-seed", str(server.seed), "--host", server.host, "--port", str(port)]
     return argv
+
+
+@dataclass(frozen=True)
+class PromptEncoding:
+    """How an engine takes a probe's prompt (`workers.prompts.build_prompt` builds it from this).
+
+    encode: text -> token ids in the engine's own tokenizer; None: the engine takes text (about
+        `workers.prompts.CHARS_PER_TOKEN` chars a token) and its reported prompt_tokens is what gets recorded.
+    frame: probe.task's chat turn around the probe text, (before, after), as text (`specsweep_vocab.chat_frame`).
+    exact: a tokenizer that gives fewer tokens than asked for any probe text is an error; False: send text instead.
+    """
+
+    encode: Callable[[str], Sequence[int]] | None
+    frame: tuple[str, str] | None = None
+    exact: bool = True
 
 
 class RunObserver:
@@ -185,6 +203,22 @@ class EngineAdapter:
     def prompt_model(self, server: ServerSpec) -> str | None:
         """The model whose tokenizer builds the prompt (None: none to load)."""
         return server.model.path
+
+    def prompt_encoding(self, model_path: str | None, task: str | None) -> PromptEncoding:
+        """How prompts for `model_path` are encoded, framed by probe.task's chat turn when `task` is set. This
+        default: text, for an engine with no tokenizer to ask; a task needs a chat template, which it has none of."""
+        if task:
+            raise ValueError(f"probe.task={task!r} needs a chat template, and engine={self.kind.value} has no "
+                             "tokenizer to render one with")
+        return PromptEncoding(encode=None)
+
+    def weight_bytes(self, model: ModelSpec) -> float | None:
+        """Bytes of the weights one forward reads (`workers.derived.model_weight_bytes` of the model's full shape);
+        this default: the shape in an HF checkpoint directory's config.json, None when there is none."""
+        from workers.derived import hf_shape, model_weight_bytes
+
+        shape = hf_shape(model.path)
+        return None if shape is None else model_weight_bytes(shape, model.dtype)
 
     def observer(self, server: ServerSpec) -> RunObserver:
         return RunObserver(server)

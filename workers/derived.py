@@ -15,14 +15,18 @@ second, and the floor counts the weights once per forward, shared by its request
 engine reports it (the reference engine's spec_steps), else `requests` (probe.concurrency; all requests start
 together and generate the same number of tokens).
 
-Weight bytes come from the model's full shape (`model_weight_bytes`: a built-in reference config or an HF
-config.json directory); where the shape can't be read, the floor counts the KV bytes alone. On CPU the
+Weight bytes come from the model's full shape (`model_weight_bytes`), which the engine's adapter reads
+(`EngineAdapter.weight_bytes`: an HF config.json directory; the reference engine's also its built-in and GGUF
+models); where the shape can't be read, the floor counts the KV bytes alone. On CPU the
 roofline metrics are left out (there is no measured ceiling), a log line says so.
 """
 from __future__ import annotations
 
+import json
 import logging
-from typing import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Callable, Protocol, cast
 
 from specsweep_vocab.spec import DTYPE_BYTES, ModelSpec
 
@@ -36,21 +40,57 @@ def mean_context(metrics: dict[str, float]) -> float | None:
     return float(prompt) + float(metrics.get("completion_tokens", 0.0)) / 2.0
 
 
-def model_weight_bytes(model: ModelSpec) -> float | None:
-    """Bytes of the weights one forward reads: every decoder layer plus the LM head (the embedding is only
-    gathered, T rows). None when the full shape (intermediate size, vocab) can't be read."""
-    try:
-        from workers.reference.model_source import load_config
+class ModelShape(Protocol):
+    """What the weight count reads of a model's config: the reference engine's `ModelConfig` has these fields, and
+    `hf_shape` reads them from an HF config.json."""
 
-        cfg = load_config(model.path)
-    except Exception as e:  # an HF id without a local config.json, or transformers-only configs
-        logger.info("no full model shape for %s (%s): the floor counts KV bytes only", model.path, e)
-        return None
+    @property
+    def hidden_size(self) -> int: ...
+
+    @property
+    def head_dim(self) -> int: ...
+
+    @property
+    def num_attention_heads(self) -> int: ...
+
+    @property
+    def num_key_value_heads(self) -> int: ...
+
+    @property
+    def intermediate_size(self) -> int: ...
+
+    @property
+    def num_hidden_layers(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+
+def model_weight_bytes(cfg: ModelShape, dtype: str) -> float:
+    """Bytes of the weights one forward reads: every decoder layer plus the LM head (the embedding is only
+    gathered, T rows)."""
     h, d = cfg.hidden_size, cfg.head_dim
     attn = h * d * (cfg.num_attention_heads * 2 + cfg.num_key_value_heads * 2)  # q, o, k, v projections
     mlp = 3 * h * cfg.intermediate_size
     params = cfg.num_hidden_layers * (attn + mlp + 2 * h) + cfg.vocab_size * h + h
-    return float(params * DTYPE_BYTES.get(model.dtype, 2))
+    return float(params * DTYPE_BYTES.get(dtype, 2))
+
+
+def hf_shape(path: str) -> ModelShape | None:
+    """The shape in `path`/config.json (HF names; head_dim and KV heads defaulted as transformers does); None when
+    there is no such file or it lacks a field (an HF id without a local checkout, a config of another kind)."""
+    config = Path(path) / "config.json"
+    try:
+        raw = json.loads(config.read_text())
+        heads = raw["num_attention_heads"]
+        return cast(ModelShape, SimpleNamespace(
+            hidden_size=raw["hidden_size"], head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
+            num_attention_heads=heads, num_key_value_heads=raw.get("num_key_value_heads", heads),
+            intermediate_size=raw["intermediate_size"], num_hidden_layers=raw["num_hidden_layers"],
+            vocab_size=raw["vocab_size"]))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        logger.info("no full model shape in %s (%s): the floor counts KV bytes only", config, e)
+        return None
 
 
 def node_peak_gbs() -> float | None:
@@ -92,7 +132,7 @@ def derived_metrics(metrics: dict[str, float], model: ModelSpec, *, on_gpu: bool
         return out
     out["peak_bw_gbs"] = peak
     if weight_bytes is None:
-        weight_bytes = model_weight_bytes(model) or 0.0
+        weight_bytes = 0.0  # the shape could not be read: the floor counts KV bytes only
     per_forward = metrics.get("batch_size_mean") or metrics.get("requests") or 1.0  # requests sharing the weights
     floor_ms = 1000.0 * (weight_bytes / per_forward + kv_bytes) / (peak * 1e9)
     out["floor_step_ms"] = floor_ms

@@ -47,9 +47,9 @@ import requests
 
 from specsweep_vocab.redact import redact_argv
 from specsweep_vocab.spec import ServerSpec
-from workers.adapter import EngineAdapter as EngineAdapter, NodeRank as NodeRank, node_rank_argv
+from workers.adapter import EngineAdapter, NodeRank, node_rank_argv
 from workers.errors import EngineDied, EngineStartFailed, EngineTimeout
-from workers.registry import adapter_for as adapter_for, build_engine_argv as build_engine_argv
+from workers.registry import adapter_for, build_engine_argv
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,10 @@ PR_SET_PDEATHSIG = 1
 # Log lines after which an engine never becomes healthy, though its process may stay up (SGLang 0.5.x:
 # scheduler.py / tokenizer_manager.py / detokenizer_manager.py log "<X> hit an exception: <traceback>", and
 # engine.py "Received sigquit from a child process" before it kills its tree, which a stuck peer can outlive).
-FATAL_LOG_PATTERNS = (re.compile(r"\b\w+ hit an exception\b"), re.compile(r"Received sigquit from a child process"))
+# uvicorn's bind failure: SGLang 0.5.18's server logs it, then stays up without serving (its scheduler process keeps
+# it alive; seen on a live CPU server, 2026-12-06), so a taken port is a fatal line, not a start-up timeout.
+FATAL_LOG_PATTERNS = (re.compile(r"\b\w+ hit an exception\b"), re.compile(r"Received sigquit from a child process"),
+                      re.compile(r"error while attempting to bind on address .*address already in use"))
 LOG_SCAN_MAX_BYTES = 1 << 20
 FATAL_GRACE_S = 2.0  # after a fatal line: time for the traceback to be written and the process to exit itself
 _TRACEBACK = "Traceback (most recent call last):"

@@ -2,8 +2,9 @@
 verify forwards (`/metrics`) and the request limits (`/server_info`). One code path for SGLang 0.5.23 and the
 reference engine, which exposes the same names, labels and meanings (workers/reference/server.py).
 
-    parse_scrape(text) -> Scrape           a /metrics text: {sample name: sum over labels} (as
-                                           `workers.sglang.metrics.parse_prometheus`) plus every labelled sample
+    parse_scrape(text) -> Scrape           a /metrics text: {sample name: sum over labels} plus every labelled
+                                           sample (prometheus_client's parser)
+    counter(scrape, name) -> float | None  a counter's value, with or without its `_total` suffix
     verify_device_seconds(scrape) -> float target-verify device seconds so far (0.0 before the first verify)
     verify_step_ms(before, after) -> float | None
         1000 x Δ verify device seconds / Δ sglang:spec_verify_calls_total between two scrapes of one run
@@ -12,6 +13,10 @@ reference engine, which exposes the same names, labels and meanings (workers/ref
     server_limits(info) -> dict[str, float]   max_req_input_len, max_total_num_tokens from /server_info
     read_limits(base_url) -> dict[str, float] the same, read from a live engine ({} when it cannot be)
     scrape_metrics(base_url) -> Scrape | None a live engine's /metrics (None, and a log line, when it cannot be read)
+    accept_length_from_counters(before, after) -> float | None
+        Δ sglang:generation_tokens_total / Δ sglang:spec_verify_calls_total between two scrapes of one run (both
+        move when a request finishes, by its truncated completion_tokens and its spec_verify_ct), so it
+        cross-checks engine_accept_length, not commit_len_mean (workers/sglang/observe.py)
 
 Verify timing, SGLang 0.5.23 (paths relative to site-packages):
 - `SGLANG_ENABLE_METRICS_DEVICE_TIMER=1` (`sglang/srt/environ.py:479`, read once at import,
@@ -60,13 +65,12 @@ from typing import Any, Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from specsweep_vocab.sglang_facts import DEVICE_TIMER_ENV
+from specsweep_vocab.sglang_facts import DEVICE_TIMER_ENV, GENERATION_TOKENS, VERIFY_CALLS
 from workers.errors import BadResponse, ProbeTimeout
-from workers.probe import ProbeClient
+from workers.http_client import ProbeClient
 
 FORWARD_SECONDS = "sglang:forward_execution_seconds_total"  # metrics_collector.py:1054-1061
 VERIFY_CATEGORY = "target_verify"  # eager_runner.py:344-350, decode_cuda_graph_runner.py:1986-1988
-VERIFY_CALLS = "sglang:spec_verify_calls_total"  # metrics_collector.py:1865-1869
 RANK_LABEL = "tp_rank"  # metrics_collector.py:1385
 LIMIT_KEYS = ("max_req_input_len", "max_total_num_tokens")  # scheduler.py:1944-1946
 
@@ -84,7 +88,7 @@ class Sample:
 
 
 class Scrape(dict):
-    """One /metrics scrape: {sample name: sum over label sets} (what `parse_prometheus` gives), with the labelled
+    """One /metrics scrape: {sample name: sum over label sets} , with the labelled
     samples kept in `samples`."""
 
     samples: tuple[Sample, ...] = ()
@@ -120,9 +124,28 @@ def verify_device_seconds(scrape: Scrape) -> float:
     return statistics.fmean(by_rank.values()) if by_rank else 0.0
 
 
+def counter(samples: Mapping[str, float], name: str) -> float | None:
+    """A counter summed over its labels, by its name or, in an exposition without the suffix, its name less
+    `_total`; None when the scrape has neither."""
+    if name in samples:
+        return float(samples[name])
+    bare = samples.get(name.removesuffix("_total"))
+    return None if bare is None else float(bare)
+
+
 def verify_calls(scrape: Mapping[str, float]) -> float:
     """sglang:spec_verify_calls_total summed over its labels; 0.0 before the first speculative request finished."""
-    return float(scrape.get(VERIFY_CALLS, scrape.get(VERIFY_CALLS.removesuffix("_total"), 0.0)))
+    return counter(scrape, VERIFY_CALLS) or 0.0
+
+
+def accept_length_from_counters(before: Mapping[str, float], after: Mapping[str, float]) -> float | None:
+    """Tokens generated per verify call between two scrapes (both counters move when a request finishes)."""
+    gen_b, calls_b, gen_a, calls_a = [counter(s, n) for s in (before, after)
+                                      for n in (GENERATION_TOKENS, VERIFY_CALLS)]
+    if gen_b is None or calls_b is None or gen_a is None or calls_a is None:
+        return None
+    calls = calls_a - calls_b
+    return (gen_a - gen_b) / calls if calls > 0 else None
 
 
 def verify_step_ms(before: Scrape, after: Scrape) -> float | None:

@@ -2,34 +2,32 @@
 
     build_prompt(probe: ProbeSpec, engine: EngineKind, model_path: str | None = None, request=0) -> Prompt
         predictable = the sentence repeated; novel = seeded words with no repeated word n-gram
-        (NOVEL_NGRAM); file = a text file, or JSONL whose lines carry "text". For the reference engine the
-        prompt is `input_ids` from the engine's own tokenizer for model_path (bytes for tiny, the GGUF's BPE
-        for smollm2-135m; exact length); for SGLang, ids from the model's
-        tokenizer when `transformers` can load it, else text (~CHARS_PER_TOKEN chars a token) and the
-        engine's reported prompt_tokens is what gets recorded. Which encoding an engine gets is its adapter's
-        `prompt_kind` (the stub engine takes the reference engine's bytes; `workers.adapter.EngineAdapter`).
+        (NOVEL_NGRAM); file = a text file, or JSONL whose lines carry "text". The encoding is the engine's
+        adapter's `prompt_encoding` (`workers.adapter.PromptEncoding`): token ids of exactly context_len from
+        its tokenizer (the reference engine's own: bytes for tiny, the GGUF's BPE for smollm2-135m; SGLang's
+        transformers tokenizer when it loads here), else text (~CHARS_PER_TOKEN chars a token) and the engine's
+        reported prompt_tokens is what gets recorded. Which engine's encoding a run gets is its adapter's
+        `prompt_kind` (the stub engine takes the reference engine's bytes).
     build_prompts(probe, engine, model_path) -> [Prompt, ...]   one per request of a run (probe.concurrency)
     repeat=r (both): the r-th of probe.repeats texts of the same kind: predictable = another seeded sentence of as
         many words, repeated; novel = another seed; file = the file from r/repeats of its length on, wrapped
     probe.task (both): a closing instruction. The prompt is then one user turn of the model's chat template: the
         probe's text, a blank line, the task; the assistant's turn opened. Still exactly context_len tokens (the
         text is cut to fit between the template's frame). A model with no chat template is a ValueError.
-    Prompt(input_ids | text).body()                             the /generate request's prompt field
+    Prompt (workers.http_client): input_ids or text, the /generate request's prompt field
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import random
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 from specsweep_vocab.spec import EngineKind, ProbeKind, ProbeSpec
-from workers.reference.chat_template import reference_chat_frame, split_frame, task_messages
-from workers.reference.tokenizer import ByteTokenizer
+from workers.http_client import Prompt
+from workers.registry import adapter_for
 
 logger = logging.getLogger(__name__)
 
@@ -37,8 +35,6 @@ NOVEL_NGRAM = 3  # no word trigram appears twice in novel text
 CHARS_PER_TOKEN = 4  # SGLang without a local tokenizer: a rough text length per requested token
 LINE_REACH = 2000  # a file probe's repeat starts at a line start this near, else at a word start
 MAX_TEXT_DOUBLINGS = 6  # a tokenizer giving < 1 token per 256 chars is not a text tokenizer
-
-_BYTE_TOKENIZER = ByteTokenizer()
 
 _VOCAB = tuple("""
 able about above across act add after again against age ago agree air all allow almost alone along already
@@ -185,47 +181,20 @@ def probe_text(probe: ProbeSpec, min_chars: int, repeat: int = 0) -> str:
 # ---------------------------------------------------------------- tokenisation
 
 
-def byte_encode(text: str) -> list[int]:
-    """The reference engine's own byte tokenizer: one token per UTF-8 byte, no BOS prepended."""
-    return _BYTE_TOKENIZER.encode(text)
-
-
-@dataclass(frozen=True)
-class Prompt:
-    input_ids: tuple[int, ...] | None = None
-    text: str | None = None
-
-    @property
-    def num_tokens(self) -> int | None:
-        return len(self.input_ids) if self.input_ids is not None else None
-
-    def body(self) -> dict[str, Any]:
-        return {"input_ids": list(self.input_ids)} if self.input_ids is not None else {"text": self.text}
-
-
 def build_prompt(probe: ProbeSpec, engine: EngineKind, model_path: str | None = None, request: int = 0,
                  repeat: int = 0) -> Prompt:
     """`request` i > 0 (probe.concurrency): the text starts with "Request i. ", so no two requests of a run share
-    a prefix. `repeat` r (probe.repeats): the r-th text of the probe's kind (`probe_text`)."""
+    a prefix. `repeat` r (probe.repeats): the r-th text of the probe's kind (`probe_text`). The encoding is the
+    engine's adapter's (`EngineAdapter.prompt_encoding`)."""
     n = probe.context_len
 
     def text(min_chars: int) -> str:
         return (f"Request {request}. " if request else "") + probe_text(probe, min_chars, repeat)
 
-    if engine is EngineKind.REFERENCE:
-        tokenizer = reference_tokenizer(model_path)
-        encode = byte_encode if isinstance(tokenizer, ByteTokenizer) else tokenizer.encode
-        frame = reference_chat_frame(model_path, probe.task) if probe.task else None
-    else:
-        hf = _hf_tokenizer(model_path)
-        if hf is None:
-            if probe.task:
-                raise ValueError(f"probe.task={probe.task!r} needs the chat template of {model_path}, and no "
-                                 "tokenizer for it loads on this host (transformers AutoTokenizer)")
-            return Prompt(text=text(n * CHARS_PER_TOKEN)[:n * CHARS_PER_TOKEN])
-        encode = functools.partial(hf.encode, add_special_tokens=False)
-        frame = split_frame(hf.apply_chat_template(task_messages(probe.task), tokenize=False,
-                                                   add_generation_prompt=True)) if probe.task else None
+    encoding = adapter_for(engine).prompt_encoding(model_path, probe.task or None)
+    if encoding.encode is None:
+        return Prompt(text=text(n * CHARS_PER_TOKEN)[:n * CHARS_PER_TOKEN])
+    encode, frame = encoding.encode, encoding.frame
     head, tail = (encode(frame[0]), encode(frame[1])) if frame else ([], [])
     room = n - len(head) - len(tail)
     if room < 1:
@@ -233,7 +202,7 @@ def build_prompt(probe: ProbeSpec, engine: EngineKind, model_path: str | None = 
                          f"take {len(head) + len(tail)} tokens; allowed: context_len > {len(head) + len(tail)}")
     ids = _encode_exactly(text, room, encode)
     if ids is None:
-        if engine is EngineKind.REFERENCE or probe.task:  # a task's prompt is never sent without its frame
+        if encoding.exact or probe.task:  # a task's prompt is never sent without its frame
             raise ValueError(f"the tokenizer of {model_path} gives fewer than {n} tokens for any probe text")
         logger.warning("the tokenizer of %s gives fewer than %d tokens for any probe text; sending text",
                        model_path, n)
@@ -258,25 +227,3 @@ def _encode_exactly(text_of, n: int, encode) -> tuple[int, ...] | None:
         text = text_of(2 * len(text))
         ids = encode(text)
     return tuple(ids[:n]) if len(ids) >= n else None
-
-
-@functools.cache
-def reference_tokenizer(model_path: str | None):
-    """The reference engine's own tokenizer for a model path (workers.reference.tokenizer.load_tokenizer): bytes
-    for the built-in models, the GGUF metadata's BPE for a .gguf (e.g. smollm2-135m). Loaded once per process."""
-    if not model_path:
-        return _BYTE_TOKENIZER
-    from workers.reference.tokenizer import load_tokenizer
-
-    return load_tokenizer(model_path)
-
-
-def _hf_tokenizer(model_path: str | None):
-    if not model_path:
-        return None
-    try:
-        from transformers import AutoTokenizer
-        return AutoTokenizer.from_pretrained(model_path)
-    except Exception as e:  # no transformers, no local files, no network: text with reported counts
-        logger.info("no tokenizer for %s (%s); sending text", model_path, type(e).__name__)
-        return None

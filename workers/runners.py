@@ -56,7 +56,9 @@ from typing import Protocol, runtime_checkable
 
 from specsweep_vocab.spec import Algorithm, FailureReason, JobKind, RunResult, RunSpec, RunState, ServerSpec
 from workers.derived import derived_metrics
-from workers.engine import EngineProcess, NodeRank, adapter_for
+from workers.adapter import NodeRank
+from workers.engine import EngineProcess
+from workers.registry import adapter_for
 from workers.errors import EngineDied, EngineHung, EngineStartFailed, WorkerError
 from workers.health_watch import HealthWatch
 from workers.log_patterns import apply_log_patterns, file_size, follow_log, wait_quiet
@@ -133,6 +135,7 @@ class GroupRunner:
         self.gpu_tags = self._gpu_tags() if self.on_gpu else {}
         self.adapter = adapter_for(server.engine.kind)
         self.observer = self.adapter.observer(server)  # what is read from the engine around each run
+        self.weights: tuple[float | None] | None = None  # (weight bytes per forward,) once read, on a GPU
 
     # -- engine lifecycle
 
@@ -232,8 +235,16 @@ class GroupRunner:
                       timeout_s=self.server.engine.request_timeout_s, model_path=self.adapter.prompt_model(self.server),
                       repeat=repeat, **self.observer.probe_kwargs())
         m.notes += self.observer.after_run(base_url, m.metrics, tags)
-        m.metrics.update(derived_metrics(m.metrics, self.server.model, on_gpu=self.on_gpu))
+        m.metrics.update(derived_metrics(m.metrics, self.server.model, on_gpu=self.on_gpu,
+                                         weight_bytes=self._weight_bytes()))
         return m
+
+    def _weight_bytes(self) -> float | None:
+        """The weights one forward reads, from the engine's reading of the model's shape (GPU runs only: the floor
+        needs the node's measured ceiling); read once per runner."""
+        if self.on_gpu and self.weights is None:
+            self.weights = (self.adapter.weight_bytes(self.server.model),)
+        return self.weights[0] if self.weights else None
 
     def _log_series(self, spec: RunSpec, offset: int, result: RunResult) -> None:
         """`metrics.log_patterns` over the log lines this run produced; never fails the run it observes."""

@@ -1,4 +1,4 @@
-"""Does a point's prompt and generation fit its server's context? (split from validate.py, #32)
+"""Does a point's prompt and generation fit its server's context?
 
     server_context_len(rc)        the server's --context-length
     check_context(rc) -> Problem | None             one point, as its engine counts (`EngineAdapter.context_problem`:
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-from orchestrator.config.problems import Problem
+from specsweep_vocab.problem import Problem
 from specsweep_vocab.plan_point import server_context_len as server_context_len
 from specsweep_vocab.spec import JobKind
 from workers.registry import adapter_for

@@ -18,7 +18,7 @@ import functools
 import typing
 from typing import Any, Mapping
 
-from orchestrator.config.problems import Problem
+from specsweep_vocab.problem import Problem
 from specsweep_vocab.domain import Domain, domain_of
 
 

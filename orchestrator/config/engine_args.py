@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from orchestrator.config.plan import build_server
-from orchestrator.config.problems import Problem
+from specsweep_vocab.problem import Problem
 from orchestrator.config.run_config import RunConfig
 from specsweep_vocab.plan_point import argv_flags
 from specsweep_vocab.spec import JobKind, ServerSpec

@@ -25,8 +25,11 @@ from orchestrator.config.model_facts import model_fact_problems
 from orchestrator.config.plan import Plan, plan_sweep
 from orchestrator.config.schema import RunConfig, override_key_problems, register_configs, to_run_config
 from orchestrator.config.settings import ExecutionSettings
-from orchestrator.config.validate import ConfigError, Problem, every_point_over_context, validate_run
-from specsweep_vocab.spec import EngineKind, JobKind
+from orchestrator.config.context import every_point_over_context
+from orchestrator.config.problems import ConfigError
+from orchestrator.config.validate import validate_run
+from specsweep_vocab.problem import Problem
+from specsweep_vocab.spec import JobKind, engine_mix_allowed
 
 # Keys that describe the sweep, not a point: one value per sweep.
 SWEEP_LEVEL = ("sweep_name", "cluster", "tracking", "resume", "progress", "report")
@@ -62,10 +65,8 @@ def sweep_level_problems(configs: Sequence[RunConfig]) -> list[Problem]:
         if len(values) > 1:
             out.append(Problem(key, sorted(values), "one value for the whole sweep (it is not a grid axis)"))
     kinds = {rc.engine.kind for rc in configs}
-    if EngineKind.STUB in kinds and len(kinds) > 1:
-        out.append(Problem("engine.kind", sorted(k.value for k in kinds),
-                           "the stub engine alone or real engines alone in one sweep (stub runs are simulated and "
-                           "recorded in their own experiment, `<sweep_name>-stub`)"))
+    if allowed := engine_mix_allowed(kinds):
+        out.append(Problem("engine.kind", sorted(k.value for k in kinds), allowed))
     return out
 
 

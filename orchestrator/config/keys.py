@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 from typing import Any, Iterable, Mapping, Sequence
 
-from orchestrator.config.problems import Problem
+from specsweep_vocab.problem import Problem
 from specsweep_vocab.redact import redact_override
 
 # The schema as a key tree (orchestrator.config.schema.schema_tree): name -> subtree, LEAF for a value, OPEN for a

@@ -1,11 +1,11 @@
-"""`metrics.log_patterns`: regexes whose named groups become per-step series (split from validate.py, #32)."""
+"""`metrics.log_patterns`: regexes whose named groups become per-step series."""
 
 from __future__ import annotations
 
 import re
 from typing import TYPE_CHECKING
 
-from orchestrator.config.problems import Problem
+from specsweep_vocab.problem import Problem
 from specsweep_vocab.spec import JobKind
 
 if TYPE_CHECKING:

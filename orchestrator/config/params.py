@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from orchestrator.config.schema import SpecsweepConf, _unwrap, param_value, to_params
+from orchestrator.config.schema import SpecsweepConf, unwrap_optional, param_value, to_params
 
 __all__ = ["CONFIG_PREFIX", "RunParams", "config_params", "decode", "param_value", "recorded", "schema_types",
            "to_params"]
@@ -55,7 +55,7 @@ def schema_types() -> dict[str, Any]:
 
     def walk(schema: type, prefix: str) -> None:
         for name, hint in typing.get_type_hints(schema).items():
-            tp = _unwrap(hint)[0]
+            tp = unwrap_optional(hint)[0]
             if isinstance(tp, type) and dataclasses.is_dataclass(tp):
                 walk(tp, f"{prefix}{name}.")
             else:

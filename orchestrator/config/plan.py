@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from specsweep_vocab.redact import redact_override
 from specsweep_vocab.spec import EngineKind, EngineSpec, JobKind, RunSpec, ServerGroup, ServerSpec, stable_hash
-from orchestrator.config.validate import check_context, server_context_len
+from orchestrator.config.context import check_context
+from specsweep_vocab.plan_point import server_context_len
 from workers.registry import adapter_for
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from orchestrator.config.problems import Problem
+from specsweep_vocab.problem import Problem
 
 
 def probe_file_problem(key_value: str, name: str, raw: bytes, overrides: tuple[str, ...] = ()) -> Problem | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from specsweep_vocab.problem import Problem as Problem  # the type, shared with the engines' rules (workers/)
+from specsweep_vocab.problem import Problem
 from specsweep_vocab.redact import redact_override
 
 

@@ -30,8 +30,10 @@ from orchestrator.config.domains import domain_problems
 from orchestrator.config.keys import conflicting_override_problems
 from orchestrator.config.run_config import CONTEXT_LEN, GEN_TOKENS, LOG_PATTERNS, RunConfig
 from orchestrator.config.settings import ClusterSettings, RegressSettings, Thresholds, TrackingSettings
-from orchestrator.config.validate import (LEAF, OPEN, ConfigError, Problem, config_key_problems, probe_file_problem,
-                                          unknown_key_problem)
+from orchestrator.config.keys import LEAF, OPEN, config_key_problems, unknown_key_problem
+from orchestrator.config.probe_file import probe_file_problem
+from orchestrator.config.problems import ConfigError
+from specsweep_vocab.problem import Problem
 from specsweep_vocab.builtin_models import BUILTIN_MODELS
 from specsweep_vocab.domain import Choice, Int, domain
 from specsweep_vocab.spec import (DTYPES, AttentionSpec, DrafterSpec, EngineKind, EngineSpec, JobKind,
@@ -49,7 +51,7 @@ PROBE_FILE_MIN_BYTES = 2 ** 20
 # --- Schema: what Hydra composes against, generated from the dataclasses above ------------------
 
 
-def _unwrap(hint: Any) -> tuple[Any, bool]:
+def unwrap_optional(hint: Any) -> tuple[Any, bool]:
     """(the type, whether None is allowed) of a field's type hint: `int | None` -> (int, True)."""
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(hint) if a is not type(None)]
@@ -89,7 +91,7 @@ def structured_conf(spec: type, name: str, *, replace: Mapping[str, Sequence[tup
 
 
 def _conf_field(hint: Any, f: dataclasses.Field) -> tuple[Any, Any]:
-    tp, optional = _unwrap(hint)
+    tp, optional = unwrap_optional(hint)
     default = f.default if f.default is not dataclasses.MISSING else \
         f.default_factory() if f.default_factory is not dataclasses.MISSING else MISSING
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):  # a section: always present, its own defaults
@@ -221,7 +223,7 @@ def _field_kinds(spec: type) -> tuple[tuple[str, Any, str], ...]:
     """(name, type, how `_from_conf` converts it: enum, pairs, tuple or as is) per field, once per class."""
     out = []
     for f in dataclasses.fields(spec):
-        tp = _unwrap(_type_hints(spec)[f.name])[0]
+        tp = unwrap_optional(_type_hints(spec)[f.name])[0]
         kind = ("enum" if _is_enum(tp) else "pairs" if _is_pairs(tp) else
                 "tuple" if typing.get_origin(tp) is tuple else "")
         out.append((f.name, tp, kind))
@@ -281,13 +283,23 @@ def _type_hints(spec: type) -> dict[str, Any]:
     return typing.get_type_hints(spec)
 
 
+def _engine_sections(e: Mapping[str, Any]) -> dict[str, Any]:
+    """EngineSpec's per-engine sections (a field named after an engine kind: `engine.sglang`, `engine.stub`): the
+    configured kind's, built from its keys; the others None (they are no part of that engine's server)."""
+    out: dict[str, Any] = {}
+    for name, hint in _type_hints(EngineSpec).items():
+        if EngineKind.named(name) is not None:
+            out[name] = unwrap_optional(hint)[0](**e[name]) if e["kind"] == name else None
+    return out
+
+
 @functools.cache
 def schema_tree(schema: type = SpecsweepConf) -> Mapping[str, Any]:
     """The schema's keys: name -> subtree (a section), LEAF (a value) or OPEN (a dict: any sub-key is legal).
     Computed once per schema class: read it, never change it."""
     out: dict[str, Any] = {}
     for name, hint in _type_hints(schema).items():
-        tp = _unwrap(hint)[0]
+        tp = unwrap_optional(hint)[0]
         if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             out[name] = schema_tree(tp)
         else:
@@ -361,9 +373,7 @@ def to_run_config(cfg: DictConfig | Mapping[str, Any], overrides: tuple[str, ...
     if p.items:
         raise ConfigError(p.items)
     e, pr = c["engine"], c["probe"]
-    engine = _from_conf(EngineSpec, "engine", e, p,
-                        sglang=SGLangOptions(**e["sglang"]) if e["kind"] == EngineKind.SGLANG.value else None,
-                        stub=StubOptions(**e["stub"]) if e["kind"] == EngineKind.STUB.value else None)
+    engine = _from_conf(EngineSpec, "engine", e, p, **_engine_sections(e))
     model = _from_conf(ModelSpec, "model", c["model"], p)
     drafter = _from_conf(DrafterSpec, "drafter", c["drafter"], p)
     attention = _from_conf(AttentionSpec, "attention", c["attention"], p)

@@ -14,23 +14,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-# the problem type and the key checks live in orchestrator.config.problems and .keys; importable from here too
-from orchestrator.config.keys import LEAF as LEAF, OPEN as OPEN, config_key_problems as config_key_problems
-from orchestrator.config.keys import did_you_mean as did_you_mean, unknown_key_problem as unknown_key_problem
-from orchestrator.config.problems import ConfigError as ConfigError, Problem
-from orchestrator.config.probe_file import probe_file_problem as probe_file_problem
-from orchestrator.config.log_pattern_rules import LOG_PATTERN_ALLOWED as LOG_PATTERN_ALLOWED, log_pattern_problems
-from orchestrator.config.context import (check_context, every_point_over_context as every_point_over_context,
-                                         server_context_len as server_context_len)
-from specsweep_vocab.spec import Algorithm, AttentionKind, JobKind, ProbeKind
+from orchestrator.config.context import check_context
+from orchestrator.config.log_pattern_rules import log_pattern_problems
+from specsweep_vocab.problem import Problem
+from specsweep_vocab.spec import EAGLE_FAMILY, NEEDS_DRAFT_PATH, Algorithm, AttentionKind, JobKind, ProbeKind
 from workers.registry import adapter_for
 
 if TYPE_CHECKING:
     from orchestrator.config.run_config import RunConfig
-
-
-EAGLE_FAMILY = (Algorithm.EAGLE, Algorithm.EAGLE3, Algorithm.STANDALONE)
-NEEDS_DRAFT_PATH = (Algorithm.STANDALONE, Algorithm.EAGLE3, Algorithm.DFLASH)
 
 
 def validate_run(rc: RunConfig, *, check_max_context: bool = True) -> list[Problem]:

@@ -59,7 +59,7 @@ from specsweep_vocab.spec import RunResult
 if TYPE_CHECKING:
     from orchestrator.config.plan import Plan
     from orchestrator.execution.progress import SweepProgress
-    from orchestrator.results.report import Report
+    from orchestrator.results.report.build import Report
     from orchestrator.results.tracking import Tracker
 
 logger = logging.getLogger(__name__)

@@ -32,7 +32,7 @@ from typing import Sequence
 from orchestrator.execution.preflight import Preflight, PreflightError, describe_nodes
 from orchestrator.config.settings import ClusterSettings
 from specsweep_vocab.sglang_facts import SGLANG_PLUGIN_BACKENDS, SGLANG_VERSIONS
-from specsweep_vocab.spec import EngineKind, ServerGroup, ServerSpec
+from specsweep_vocab.spec import ServerGroup, ServerSpec
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class PluginUnavailable(PreflightError):
 
 def uses_plugin(server: ServerSpec) -> bool:
     a = server.attention
-    return server.engine.kind is EngineKind.SGLANG and any(
+    return server.engine.kind.loads_kernel_plugin and any(
         b in SGLANG_PLUGIN_BACKENDS for b in (a.backend, a.decode_backend, a.prefill_backend))
 
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from orchestrator.config.settings import AcceleratorMatch, ClusterSettings
-from specsweep_vocab.spec import EngineKind, ServerGroup, ServerSpec
+from specsweep_vocab.spec import ServerGroup, ServerSpec
 
 ACCELERATOR_RESOURCE_UNIT = 0.001  # per bundle, of a node's {"accelerator_sm_90": 1}: many bundles per node
 
@@ -172,11 +172,10 @@ def _head(group: ServerGroup, needs: ServerNeeds) -> str:
 
 
 def _declared_problem(group: ServerGroup, needs: ServerNeeds, cluster: ClusterSettings) -> str | None:
+    """What the cluster settings rule out for a validated server (what the config alone refuses, a tp_size that
+    does not split over nnodes or an engine on one node only, was refused at validation: orchestrator/config/
+    validate.py, workers/<engine>/rules.py)."""
     s, head = group.server, _head(group, needs)
-    if s.nnodes > 1 and s.engine.kind is EngineKind.REFERENCE:
-        return f"{head}: the reference engine runs on one node; use nnodes=1"
-    if s.nnodes > 1 and s.tp_size % s.nnodes:
-        return f"{head}: tp_size {s.tp_size} does not split evenly over {s.nnodes} nodes"
     if cluster.gpus_per_node is not None and needs.gpus_per_node > cluster.gpus_per_node:
         return (f"{head}: {needs.gpus_per_node} GPUs per node but cluster.gpus_per_node={cluster.gpus_per_node}; "
                 f"allowed: tp_size / nnodes <= {cluster.gpus_per_node}, e.g. "
@@ -219,7 +218,7 @@ def check_declared(groups: Sequence[ServerGroup], cluster: ClusterSettings) -> l
 
 def needs_real_gpus(server: ServerSpec) -> bool:
     """The stub engine only simulates a GPU server: Ray's logical GPUs are enough for it."""
-    return server.on_gpu and server.engine.kind is not EngineKind.STUB
+    return server.on_gpu and not server.engine.kind.simulated
 
 
 def check_local(groups: Sequence[ServerGroup], cluster: ClusterSettings, gpus_found: int, source: str) -> list[str]:

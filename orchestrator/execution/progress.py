@@ -31,7 +31,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.results.report import KERNEL_METRICS
+from orchestrator.results.report.tables import KERNEL_METRICS
 from specsweep_vocab.spec import JobKind, RunResult, RunState
 
 logger = logging.getLogger(__name__)

@@ -40,7 +40,7 @@ from specsweep_vocab.spec import FailureReason, RunResult, RunState
 if TYPE_CHECKING:
     from orchestrator.config.plan import Plan
     from orchestrator.execution.progress import SweepProgress
-    from orchestrator.results.report import Report
+    from orchestrator.results.report.build import Report
     from orchestrator.results.tracking import Tracker
 
 logger = logging.getLogger(__name__)
@@ -310,7 +310,7 @@ def _timed_report(tracker: Tracker, plan: Plan, settings: ExecutionSettings, sta
 def _write_report(tracker: Tracker, plan: Plan, settings: ExecutionSettings) -> Report | None:
     """Table, plots and diagnosis.md on the parent run; a report failure never fails the sweep."""
     from orchestrator.results.regress.alert import alert_on_regression
-    from orchestrator.results.report import write_report
+    from orchestrator.results.report.build import write_report
 
     try:
         if tracker.parent_run_id is None:

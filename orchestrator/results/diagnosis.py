@@ -6,7 +6,7 @@ prove it, and every rule says whether the sweep let it be evaluated (a `Check`).
 
 (a) the oracle drafter commits less than num_steps + 1 per verify step  -> pipeline bug (commit_len_mean =
     1 + spec_num_correct_drafts / spec_verify_ct on every engine: exact even when the last step overshoots
-    max_new_tokens, which SGLang counts whole but truncates in completion_tokens; workers.sglang.metrics);
+    max_new_tokens, which SGLang counts whole but truncates in completion_tokens; workers.meta_info);
 (b) commit collapse with context (>= `collapse_drop` below the shortest context of the same
     drafter x page x attention) on predictable text -> drafting bug at long context; while the same drafter
     holds on predictable text, a collapse with context on novel text, or novel text committing

@@ -76,7 +76,8 @@ class RunRow:
 
     @property
     def simulated(self) -> bool:
-        return self.engine == EngineKind.STUB.value
+        kind = EngineKind.named(self.engine)
+        return kind is not None and kind.simulated
 
 
 @dataclass(frozen=True)

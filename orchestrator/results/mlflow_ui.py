@@ -5,7 +5,7 @@
     view_url(base_url, experiment_id) -> str                  the experiment's link with that view
     axis_tags(overrides) -> {"axis.context_len": "1024", ...} a child run's position on the grid (tags)
     axis_params(overrides) -> {"axis.context_len": "1024", ...} the same as params: they sort before `cfg.*`
-    CHILD_UI_TAGS                                              on every child: its parent opens expanded
+    (the tags themselves: orchestrator.results.store_layout; CHILD_UI_TAGS on every child opens its parent expanded)
 
 What MLflow 3.17 reads (its UI bundle, mlflow/server/js/build/static/js/ in the installed wheel):
 - The experiment-kind tag `mlflow.experimentKind` picks the experiment page's mode. Its values are the enum in
@@ -35,17 +35,12 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 
-EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
-RUNS_VIEW_KIND = "custom_model_development"
-VIEW_TAG_PREFIX = "mlflow.sharedViewState."
-VIEW_KEY = "specsweep"
-AXIS_PREFIX = "axis."  # a child's tag per swept key: axis.context_len=1024, axis.drafter=ngram
-AXES_TAG = "sweep.axes"  # the parent's (and each child's) list of swept keys, space separated
+from orchestrator.results.store_layout import (AXES_TAG, AXIS_PREFIX, EXPERIMENT_KIND_TAG, ROLE_CHILD, ROLE_TAG,
+                                               RUNS_VIEW_KIND, VIEW_KEY, VIEW_TAG_PREFIX)
+
 # The columns that answer the question, in this order; verify ms and roofline fraction only show values where a run
 # measured them (MLflow leaves the cell empty otherwise).
 ANSWER_METRICS = ("commit_len_mean", "decode_tok_s", "verify_step_ms", "roofline_frac")
-RUN_TYPE_TAG = "mlflow.runType"
-CHILD_UI_TAGS = {RUN_TYPE_TAG: "evaluation"}  # a child's parent opens expanded (see above)
 
 
 def axis_key(override: str) -> str:
@@ -71,7 +66,7 @@ def view_state(axes: Sequence[str]) -> dict:
     columns."""
     columns = ["attributes.`Run Name`"] + [f"tags.`{AXIS_PREFIX}{a}`" for a in axes]
     columns += [f"metrics.`{m}`" for m in ANSWER_METRICS]
-    return {"selectedColumns": columns, "searchFilter": "tags.`specsweep.role` = 'child'",
+    return {"selectedColumns": columns, "searchFilter": f"tags.`{ROLE_TAG}` = '{ROLE_CHILD}'",
             "orderByKey": "tags.`mlflow.runName`", "orderByAsc": True}
 
 

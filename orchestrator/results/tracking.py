@@ -67,29 +67,28 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence
 
 from orchestrator.config.params import CONFIG_PREFIX, recorded
-from orchestrator.config.schema import param_value, to_params  # noqa: F401  (param_value: re-exported)
+from orchestrator.config.schema import to_params
 from orchestrator.config.settings import ExecutionSettings
 from orchestrator.results import fault_notes
 from orchestrator.results.drivers import HEARTBEAT_S, DriverId
-from orchestrator.results.mlflow_ui import (AXES_TAG, CHILD_UI_TAGS, axis_key, axis_params, axis_tags,
+from orchestrator.results.mlflow_ui import (axis_key, axis_params, axis_tags,
                                            prepare_experiment, publish_view)
 from orchestrator.results.provenance import git_sha, hydra_multirun_yaml, redact_multirun_yaml, schedule_tags
+from orchestrator.results.store_layout import (AXES_TAG, CHILD_UI_TAGS, PARENT_TAG, ROLE_CHILD, ROLE_PARENT, ROLE_TAG,
+                                               RUN_HASH_TAG, RUN_HASHES_ARTIFACT, STUB_EXPERIMENT_SUFFIX,
+                                               POINT_KEY_TAG, LOSSLESS_KEY_TAG, FAILURE_REASON_TAG)
 from orchestrator.results.store_lock import StoreLock
 from specsweep_vocab.point_key import lossless_key, point_key
 from specsweep_vocab.redact import plan_secrets, redact_config, redact_override, redact_param, redact_text, uri_secrets
-from specsweep_vocab.spec import EngineKind, FailureReason, RunResult, RunSpec, RunState
+from specsweep_vocab.spec import FailureReason, RunResult, RunSpec, RunState, engine_mix_allowed
 
 if TYPE_CHECKING:
     from orchestrator.config.plan import Plan
 
 logger = logging.getLogger(__name__)
 
-PARENT_TAG = "mlflow.parentRunId"
-ROLE_TAG = "specsweep.role"
 MAX_PARAM_VALUE = 6000  # MLflow's limit on a param value
 BATCH_METRICS, BATCH_PARAMS, BATCH_TAGS = 1000, 100, 100  # MLflow's log_batch limits
-STUB_EXPERIMENT_SUFFIX = "-stub"
-RUN_HASHES_ARTIFACT = "run_hashes.txt"
 DRIVER_LOST = "driver_lost"  # failure_reason of a RUNNING run whose driver is gone
 DEFAULT_EXPERIMENT = "specsweep"  # RunConfig.sweep_name's default (never MLflow's own `Default`)
 
@@ -108,10 +107,9 @@ def experiment_for(settings: ExecutionSettings, plan: Plan | None = None) -> str
     """The MLflow experiment of `plan`'s sweep: `settings.experiment_name`, plus `-stub` when every run is on the
     stub engine. Raises ValueError for a plan mixing the stub with a real engine."""
     kinds = plan.engine_kinds if plan is not None else frozenset()
-    if EngineKind.STUB in kinds and len(kinds) > 1:
-        raise ValueError(f"engine.kind={sorted(k.value for k in kinds)}: the stub engine's runs are simulated and "
-                         f"recorded in their own experiment; run stub and real engines as separate sweeps")
-    return settings.experiment_name + (STUB_EXPERIMENT_SUFFIX if kinds == {EngineKind.STUB} else "")
+    if allowed := engine_mix_allowed(kinds):
+        raise ValueError(f"engine.kind={sorted(k.value for k in kinds)}: allowed {allowed}")
+    return settings.experiment_name + (STUB_EXPERIMENT_SUFFIX if kinds and all(k.simulated for k in kinds) else "")
 
 
 def _client(uri: str):
@@ -184,7 +182,7 @@ class Tracker:
     # -- resume
 
     def finished_run_hashes(self) -> set[str]:
-        return {r.data.tags["run_hash"] for r in self._search("attributes.status = 'FINISHED'")
+        return {r.data.tags[RUN_HASH_TAG] for r in self._search("attributes.status = 'FINISHED'")
                 if "run_hash" in r.data.tags}
 
     def _search(self, filter_string: str) -> list:
@@ -239,16 +237,16 @@ class Tracker:
         """run_hash -> "driver pid P on H (run R)" for each RUNNING child of another live driver (after
         `reap_lost_drivers`, every RUNNING child with driver tags belongs to one)."""
         out = {}
-        for r in self._search(f"attributes.status = 'RUNNING' and tags.{ROLE_TAG} = 'child'"):
+        for r in self._search(f"attributes.status = 'RUNNING' and tags.{ROLE_TAG} = '{ROLE_CHILD}'"):
             driver = DriverId.from_tags(r.data.tags)
             if driver is not None and driver != self.driver and "run_hash" in r.data.tags:
-                out[r.data.tags["run_hash"]] = f"driver {driver} (run {r.info.run_id})"
+                out[r.data.tags[RUN_HASH_TAG]] = f"driver {driver} (run {r.info.run_id})"
         return out
 
     def claim(self, runs: Sequence[RunSpec]) -> dict[int, str]:
         """A RUNNING child run per RunSpec, tagged with this driver: other drivers skip these run_hashes."""
         for spec in runs:  # the fewest tags here (a claim is on the critical path); log_result adds the rest
-            tags = {ROLE_TAG: "child", "run_hash": spec.run_hash, "job_index": str(spec.job_index),
+            tags = {ROLE_TAG: ROLE_CHILD, RUN_HASH_TAG: spec.run_hash, "job_index": str(spec.job_index),
                     **self.driver.tags(), "state": "RUNNING", **CHILD_UI_TAGS}
             if self.parent_run_id:
                 tags[PARENT_TAG] = self.parent_run_id
@@ -295,7 +293,7 @@ class Tracker:
         self.git_sha = git_sha(work_dir)
         run = self.client.create_run(
             self.experiment_id, run_name=f"{plan.sweep_name} {time.strftime('%Y-%m-%d %H:%M:%S')}",
-            tags=_redacted({ROLE_TAG: "parent", "sweep": plan.sweep_name, "git_sha": self.git_sha, "host": self.host,
+            tags=_redacted({ROLE_TAG: ROLE_PARENT, "sweep": plan.sweep_name, "git_sha": self.git_sha, "host": self.host,
                             **self.driver.tags(), "driver_heartbeat": f"{time.time():.0f}", **schedule_tags(),
                             **dict(tags or {})}, self))
         self.parent_run_id = run.info.run_id
@@ -347,8 +345,8 @@ class Tracker:
     # -- children
 
     def _child_tags(self, spec: RunSpec) -> dict[str, str]:
-        tags = {ROLE_TAG: "child", "run_hash": spec.run_hash, "point_key": point_key(spec.server, spec.probe),
-                "lossless_key": lossless_key(spec.server, spec.probe), "job_index": str(spec.job_index),
+        tags = {ROLE_TAG: ROLE_CHILD, RUN_HASH_TAG: spec.run_hash, POINT_KEY_TAG: point_key(spec.server, spec.probe),
+                LOSSLESS_KEY_TAG: lossless_key(spec.server, spec.probe), "job_index": str(spec.job_index),
                 "server_group": spec.server.key, "engine": spec.server.engine.kind.value,
                 "engine_version": spec.server.engine.version, "host": self.host, "git_sha": self.git_sha,
                 **CHILD_UI_TAGS}
@@ -362,7 +360,7 @@ class Tracker:
         swept = [redact_override(o) for o in spec.overrides if axis_key(o) in self.axes]
         tags = {**self._child_tags(spec), "state": result.state.value, **result.tags, **axis_tags(swept)}
         if result.reason:
-            tags["failure_reason"] = result.reason.value
+            tags[FAILURE_REASON_TAG] = result.reason.value
         if result.message:
             tags["message"] = result.message[:5000]
         claimed = None if result.tags.get("retried") == "true" else self.claims.pop(spec.job_index, None)

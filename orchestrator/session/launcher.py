@@ -29,11 +29,12 @@ from typing import TYPE_CHECKING, Any, Protocol, Sequence
 from hydra.core.utils import JobReturn, JobStatus, configure_log, setup_globals
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError
 
 from orchestrator.config.grid import compose_grid, hydra_group_test
 from orchestrator.config.jobs import build_settings, convert_and_validate, task_container
 from orchestrator.config.plan import plan_sweep
-from orchestrator.config.validate import ConfigError
+from orchestrator.config.problems import ConfigError
 from orchestrator.execution.progress import live_status, set_phase
 from orchestrator.session import sweep
 from orchestrator.session.outcomes import NotRun, dry_run_outcomes, outcomes
@@ -73,7 +74,12 @@ def launch(*, launcher: LauncherState, job_overrides: Sequence[Sequence[str]],
     loader = launcher.hydra_context.config_loader
 
     # once per distinct choice of config groups, plain-key overrides applied to a copy (orchestrator.config.grid)
-    composed = compose_grid(job_overrides, lambda o: loader.load_sweep_config(config, o), hydra_group_test(loader))
+    try:
+        composed = compose_grid(job_overrides, lambda o: loader.load_sweep_config(config, o), hydra_group_test(loader))
+    except InterpolationResolutionError as e:  # `tracking.uri=${oc.env:MLFLOW_TRACKING_URI}` with the variable unset
+        _remove_sweep_record(str(config.hydra.sweep.dir), cwd)
+        raise InvalidConfig(f"{e.full_key}: {e.msg.splitlines()[0]}; allowed: an interpolation that resolves (for ${{oc.env:NAME}}, "
+                            f"NAME set in the driver's environment)") from None
     jobs = list(zip(composed, job_overrides))
     try:
         with live_status(enabled=not launcher.dry_run):  # the phases and a ticking clock from here on

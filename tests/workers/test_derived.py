@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
 from specsweep_vocab.builtin_models import TINY as BUILTIN_TINY
 from specsweep_vocab.spec import ModelSpec
-from workers.derived import derived_metrics, model_weight_bytes
+from workers.derived import derived_metrics
+from workers.registry import adapter_for
+from specsweep_vocab.spec import EngineKind
 
 QWEN8B = ModelSpec(name="qwen3-8b", path="Qwen/Qwen3-8B", max_context_len=131072, num_layers=36, hidden_size=4096,
                    num_q_heads=32, num_kv_heads=8, head_dim=128, v_head_dim=128, dtype="bfloat16")
@@ -39,8 +42,24 @@ def test_missing_inputs_and_failing_ceiling_are_left_out():
 
 
 def test_weight_bytes_from_builtin_shape():
-    wb = model_weight_bytes(TINY)
+    reference = adapter_for(EngineKind.REFERENCE)
+    wb = reference.weight_bytes(TINY)
     # 4 layers x (q,o: 256x256 each; k,v: 256x64 each; MLP 3x256x768; 2 norms) + lm head + final norm, fp32
     per_layer = 2 * 256 * 256 + 2 * 256 * 64 + 3 * 256 * 768 + 2 * 256
     assert wb == 4 * (4 * per_layer + 259 * 256 + 256)
-    assert model_weight_bytes(QWEN8B) is None or model_weight_bytes(QWEN8B) > 0
+    assert reference.weight_bytes(QWEN8B) is None  # an HF id with no local checkout: no shape to read
+    assert adapter_for(EngineKind.SGLANG).weight_bytes(QWEN8B) is None
+    assert adapter_for(EngineKind.SGLANG).weight_bytes(TINY) is None  # built into the reference engine only
+
+
+def test_every_engine_reads_an_hf_checkpoints_shape_alike(tmp_path):
+    """An HF checkpoint directory: the generic config.json reading (SGLang's adapter) counts the same bytes as the
+    reference engine's own loader, head_dim and KV heads defaulted alike."""
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"hidden_size": 512, "num_attention_heads": 8, "intermediate_size": 1536, "num_hidden_layers": 3,
+         "vocab_size": 1000, "architectures": ["Qwen3ForCausalLM"]}))
+    model = dataclasses.replace(QWEN8B, path=str(tmp_path))
+    ours = adapter_for(EngineKind.SGLANG).weight_bytes(model)
+    per_layer = 4 * 512 * 512 + 3 * 512 * 1536 + 2 * 512  # 8 heads of 64 for q, o, k and v; MLP; norms
+    assert ours == 2 * (3 * per_layer + 1000 * 512 + 512)  # bfloat16
+    assert adapter_for(EngineKind.REFERENCE).weight_bytes(model) == ours

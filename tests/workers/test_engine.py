@@ -15,7 +15,8 @@ import requests
 
 from specsweep_vocab.spec import EngineKind
 from tools.testing import tiny_server
-from workers.engine import EngineProcess, adapter_for, build_engine_argv
+from workers.engine import EngineProcess
+from workers.registry import adapter_for, build_engine_argv
 from workers.errors import EngineDied, EngineStartFailed, EngineTimeout
 
 
@@ -72,9 +73,16 @@ def test_sglang_adapter_emits_launch_server():
     import dataclasses
 
     server = tiny_server("ngram")
-    server = dataclasses.replace(server, engine=dataclasses.replace(server.engine, kind=EngineKind.SGLANG, version="0.5.23"))
-    argv = adapter_for(EngineKind.SGLANG).build_argv(server, 30000)
-    assert argv[1:3] == ["-m", "sglang.launch_server"] and "--tp-size" in argv
+    gpu = dataclasses.replace(server, engine=dataclasses.replace(server.engine, kind=EngineKind.SGLANG, version="0.5.23",
+                                                                 device="cuda"))
+    argv = adapter_for(EngineKind.SGLANG).build_argv(gpu, 30000)
+    assert argv[0] == sys.executable and argv[1:3] == ["-m", "sglang.launch_server"] and "--tp-size" in argv
+    # engine=sglang_cpu: SGLang's own interpreter, with the working directory kept off its sys.path
+    cpu = dataclasses.replace(gpu, engine=dataclasses.replace(gpu.engine, version="0.5.18", device="cpu",
+                                                              python="/opt/sglang/bin/python"))
+    argv = adapter_for(EngineKind.SGLANG).build_argv(cpu, 30000)
+    assert argv[:4] == ["/opt/sglang/bin/python", "-P", "-m", "sglang.launch_server"]
+    assert argv[argv.index("--device") + 1] == "cpu"
 
 
 def test_start_health_stop(tmp_path):

@@ -23,7 +23,6 @@ from workers.engine_counters import (FORWARD_SECONDS, VERIFY_CATEGORY, parse_scr
                                      verify_device_seconds, verify_step_ms, verify_timing)
 from workers.runners import GroupRunner
 from workers.sglang.args import build_sglang_argv, sglang_env
-from workers.sglang.metrics import parse_prometheus
 
 from tests.workers.sglang_cpu_process import run_in_sglang_process
 from tools.fake_server import JSON, PROMETHEUS, FakeServer, runner_on
@@ -69,7 +68,7 @@ def test_sglang_exposition_gives_device_ms_per_verify_step(sglang_point):
     # Δ target_verify seconds / Δ spec_verify_calls: draft and prefill forwards and the other run left out
     assert verify_step_ms(warm, first) == pytest.approx(VERIFY_MS[4096] * RANK_SCALE)
     assert verify_step_ms(first, second) == pytest.approx(VERIFY_MS[16384] * RANK_SCALE)
-    assert dict(second) == pytest.approx(parse_prometheus(texts[2]))  # the totals parse_prometheus gives, kept
+    assert dict(second) == pytest.approx(parse_scrape(texts[2]))  # the totals, kept
 
 
 def test_the_sglang_lines_the_code_cites():

@@ -16,7 +16,7 @@ import requests
 import workers.runners as sw
 from specsweep_vocab.spec import FailureReason, RunState
 from tools.testing import pid_alive, scaled, stub_server, tiny_run
-from workers.sglang.metrics import parse_prometheus
+from workers.engine_counters import parse_scrape
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -28,7 +28,7 @@ def _stop_when_running(url: str, pid: int, stopped: threading.Event) -> None:
     deadline = time.monotonic() + scaled(60)
     while time.monotonic() < deadline:
         try:
-            if parse_prometheus(requests.get(url + "/metrics", timeout=2).text).get("sglang:num_running_reqs", 0):
+            if parse_scrape(requests.get(url + "/metrics", timeout=2).text).get("sglang:num_running_reqs", 0):
                 os.kill(pid, signal.SIGSTOP)
                 stopped.set()
                 return

@@ -32,7 +32,8 @@ import torch
 
 from orchestrator.results.diagnosis import RunRow, find_oracle_shortfall
 from orchestrator.config.settings import Thresholds
-from workers.probe import Generation, accept_at_depth, measure, measure_all
+from workers.http_client import Generation
+from workers.probe import accept_at_depth, measure, measure_all
 from workers.reference.args import parse_args
 from workers.reference.engine import Engine, SamplingParams
 from workers.reference.speculative import Drafter, DraftTree

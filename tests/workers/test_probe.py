@@ -10,9 +10,10 @@ import pytest
 from specsweep_vocab.spec import EngineKind, ProbeKind, ProbeSpec
 from workers.engine import EngineProcess
 from workers.errors import BadResponse
-from workers.probe import Generation, ProbeClient, measure, measure_all, run_probe
-from workers.prompts import (NOVEL_NGRAM, build_prompt, build_prompts, novel_text, novel_words, probe_text,
-                             reference_tokenizer)
+from workers.http_client import Generation, ProbeClient
+from workers.probe import measure, measure_all, run_probe
+from workers.prompts import NOVEL_NGRAM, build_prompt, build_prompts, novel_text, novel_words, probe_text
+from workers.reference.adapter import engine_tokenizer
 from workers.reference.tokenizer import ByteTokenizer
 from tools.testing import tiny_server
 
@@ -33,7 +34,7 @@ def test_gguf_model_prompt_uses_the_engines_bpe_tokenizer(kind, n):
     """smollm2-135m: exactly n ids of the GGUF's own BPE (what the engine counts), decoding to the probe text."""
     probe = ProbeSpec(kind=kind, context_len=n, gen_tokens=4)
     prompt = build_prompt(probe, REF, "smollm2-135m")
-    tok = reference_tokenizer("smollm2-135m")
+    tok = engine_tokenizer("smollm2-135m")
     assert prompt.text is None and len(prompt.input_ids) == n
     assert max(prompt.input_ids) >= 256  # BPE ids, not bytes
     text = tok.decode(list(prompt.input_ids))

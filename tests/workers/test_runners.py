@@ -122,7 +122,7 @@ def test_an_engine_that_cannot_start_fails_its_runs_at_once_naming_the_cause(tmp
 
 def test_every_runner_is_behind_the_runner_protocol(tmp_path):
     from tools.testing import stub_server
-    from workers.engine import NodeRank
+    from workers.adapter import NodeRank
 
     server = stub_server(tp_size=2, nnodes=2)
     follower = sw.FollowerRunner(server, tmp_path, 1)

@@ -147,7 +147,7 @@ def test_group_runner_records_server_args_and_cross_checks(fake, ngram_point, tm
         assert r.tags["sglang.verify_backend"] == "triton" and r.tags["sglang.speculative_num_steps"] == "5"
         assert "speculative_num_steps=5" in r.message and "drafter.num_steps -> 4" in r.message
         assert r.metrics["engine_accept_length_metrics"] == pytest.approx(64 / 21)  # Δ 64 tokens / Δ 21 calls
-        # /server_info's windowed avg_spec_accept_length is not recorded (workers.sglang.metrics says why)
+        # /server_info's windowed avg_spec_accept_length is not recorded (workers.meta_info says why)
         assert "engine_accept_length_server" not in r.metrics
         assert r.metrics["commit_len_mean"] == pytest.approx(1 + 42 / 21)
         assert r.metrics["depth_accept_rate"] == pytest.approx(2 / 4)  # max depth = 5 draft tokens - 1

@@ -7,15 +7,29 @@ and KV estimate are workers/reference/rules.py.
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import sys
 
 from specsweep_vocab.plan_point import PlanPoint, Resources
 from specsweep_vocab.problem import Problem
-from specsweep_vocab.spec import EngineKind, ServerSpec
-from workers.adapter import (PLAN_PORT, CountersObserver, EngineAdapter, NodeRank, RunObserver, common_flags,
-                             with_node_rank)
+from specsweep_vocab.spec import EngineKind, ModelSpec, ServerSpec
+from workers.adapter import (PLAN_PORT, CountersObserver, EngineAdapter, NodeRank, PromptEncoding, RunObserver,
+                             common_flags, with_node_rank)
 from workers.reference import rules
+
+
+logger = logging.getLogger(__name__)
+
+
+@functools.cache
+def engine_tokenizer(model_path: str | None):
+    """The reference engine's own tokenizer for a model path (`workers.reference.tokenizer.load_tokenizer`; bytes
+    without a model), loaded once per process."""
+    from workers.reference.tokenizer import ByteTokenizer, load_tokenizer
+
+    return load_tokenizer(model_path) if model_path else ByteTokenizer()
 
 
 class ReferenceAdapter(EngineAdapter):
@@ -35,6 +49,26 @@ class ReferenceAdapter(EngineAdapter):
 
     def observer(self, server: ServerSpec) -> RunObserver:
         return CountersObserver(server)  # /metrics counters and /server_info limits, as SGLang's
+
+    def prompt_encoding(self, model_path: str | None, task: str | None) -> PromptEncoding:
+        """The engine's own tokenizer for the model (bytes for the built-in models and no model at all, the GGUF
+        metadata's BPE for a .gguf such as smollm2-135m): exact input_ids, framed by the chat template it serves
+        /v1/chat/completions with."""
+        from workers.reference.chat_template import reference_chat_frame
+
+        return PromptEncoding(encode=engine_tokenizer(model_path).encode,
+                              frame=reference_chat_frame(model_path, task) if task else None, exact=True)
+
+    def weight_bytes(self, model: ModelSpec) -> float | None:
+        """The shape the engine itself loads (a built-in config, a GGUF's metadata or an HF config.json)."""
+        from workers.derived import model_weight_bytes
+        from workers.reference.model_source import load_config
+
+        try:
+            return model_weight_bytes(load_config(model.path), model.dtype)
+        except Exception as e:  # an HF id without a local config.json, or transformers-only configs
+            logger.info("no full model shape for %s (%s): the floor counts KV bytes only", model.path, e)
+            return None
 
     def plan_problems(self, point: PlanPoint) -> list[Problem]:
         return super().plan_problems(point) + rules.reference_problems(point)

@@ -5,10 +5,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from specsweep_vocab.builtin_models import GGUF_MODELS
 from specsweep_vocab.sglang_facts import SPEC_MAX_RUNNING_REQUESTS
 
 from .config import BUILTIN_CONFIGS
-from .gguf_checkpoint import GGUF_MODELS, resolve_gguf
+from .gguf_checkpoint import resolve_gguf
 from .spec_counters import DEFAULT_DECODE_LOG_INTERVAL
 
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")

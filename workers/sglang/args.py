@@ -85,6 +85,8 @@ def _option_flags(opts: SGLangOptions, flags: SGLangFacts) -> list[str]:
         argv += ["--max-running-requests", str(opts.max_running_requests)]
     if opts.log_level:
         argv += ["--log-level", opts.log_level]
+    if opts.max_total_tokens is not None:
+        argv += ["--max-total-tokens", str(opts.max_total_tokens)]
     return argv
 
 
@@ -99,7 +101,10 @@ def build_sglang_argv(server: ServerSpec, port: int, *, python: str = sys.execut
         model_path = served_model_path(m.path, python)
     elif server.engine.python:
         python = server.engine.python
-    argv = [python, "-m", module,
+    # On CPU SGLang runs in its own interpreter: -P keeps the working directory (this checkout, whose egg-info
+    # advertises our sglang.srt.plugins entry point to importlib.metadata) off its sys.path
+    interpreter = [python, "-P"] if server.engine.device == "cpu" else [python]
+    argv = [*interpreter, "-m", module,
             "--model-path", model_path, "--load-format", m.load_format, "--dtype", m.dtype,
             "--device", server.engine.device, "--tp-size", str(server.tp_size),
             "--context-length", str(server.server_context_len), "--page-size", str(server.page_size),

@@ -151,6 +151,10 @@ def cpu_problems(point: PlanPoint, python: str) -> list[Problem]:
     elif d.algorithm is Algorithm.STANDALONE and a.backend != EAGLE_DRAFT_CPU_BACKEND and a.draft_backend is None:
         bad("attention.backend", a.backend, f"{EAGLE_DRAFT_CPU_BACKEND} with {d.algorithm.value} on CPU: SGLang's "
             "EAGLE-family draft worker has no torch_native backend (srt/speculative/draft_utils.py:83)")
+    if point.page_size != 1:
+        bad("page_size", point.page_size, "1 on SGLang's CPU backend: its paged KV allocator launches a Triton kernel "
+            "(`alloc_extend_kernel`, srt/mem_cache/allocator/paged.py:197) and Triton has no CPU driver "
+            "(\"0 active drivers\" at the first prefill)")
     opts = e.sglang
     if opts is not None and opts.cuda_graph_max_bs is not None:
         bad("engine.sglang.cuda_graph_max_bs", opts.cuda_graph_max_bs, "null on CPU (no CUDA graphs)")

@@ -8,7 +8,7 @@ engines export (`workers.adapter.CountersObserver`):
   `max_depth`, and `engine.version` its meta_info names;
 - after each probe, `engine_accept_length_metrics` (Prometheus counter deltas over the run), a cross-check of
   `engine_accept_length` from meta_info. `/server_info`'s avg_spec_accept_length is not recorded: SGLang reports it
-  over complete 40-iteration windows only (workers.sglang.metrics says why);
+  over complete 40-iteration windows only (workers.meta_info says why);
 - with `attention=specsweep_verify`, the plugin's dispatch counters from `/metrics` before and after each run
   (`workers.sglang.plugin_counters`): `plugin_kernel_calls`, `plugin_fallback_calls` and the fallbacks by reason.
 
@@ -24,11 +24,10 @@ from typing import Any
 from specsweep_vocab.sglang_facts import SGLANG_VERSIONS
 from specsweep_vocab.spec import ServerSpec
 from workers.adapter import CountersObserver
-from workers.engine_counters import scrape_metrics
+from workers.engine_counters import accept_length_from_counters, scrape_metrics
 from workers.errors import BadResponse, ProbeTimeout
-from workers.probe import ProbeClient
+from workers.http_client import ProbeClient
 from workers.sglang.args import max_draft_depth, reported_server_args, server_arg_changes, server_arg_tags, uses_plugin
-from workers.sglang.metrics import accept_length_from_counters
 from workers.sglang.plugin_counters import Counts, read_dispatch, record_dispatch
 
 logger = logging.getLogger(__name__)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from specsweep_vocab.builtin_models import REFERENCE_MODEL_PATHS
 from specsweep_vocab.plan_point import PlanPoint, argv_flags, context_limit_words, server_context_len
 from specsweep_vocab.problem import Problem
 from specsweep_vocab.sglang_facts import (SGLANG_BACKEND_PAGE_SIZES, SGLANG_DRAFT_BACKENDS,
@@ -22,12 +23,9 @@ from specsweep_vocab.sglang_facts import (SGLANG_BACKEND_PAGE_SIZES, SGLANG_DRAF
                                           SGLANG_VERSIONS, SPEC_MAX_RUNNING_REQUESTS, resolved_backends,
                                           sglang_draft_backend)
 from specsweep_vocab.sglang_limits import context_need, sglang_generated
-from specsweep_vocab.spec import Algorithm, AttentionKind
-from workers.reference.rules import REFERENCE_MODEL_PATHS
+from specsweep_vocab.spec import EAGLE_FAMILY, Algorithm, AttentionKind
 from workers.sglang.cpu import SGLANG_CPU_MODELS, cpu_problems, sglang_python
 from workers.sglang.startup_rules import startup_problems
-
-EAGLE_FAMILY = (Algorithm.EAGLE, Algorithm.EAGLE3, Algorithm.STANDALONE)
 Bad = Callable[[str, Any, str], None]
 
 
@@ -47,7 +45,9 @@ def context_problem(point: PlanPoint) -> Problem | None:
     edge it refuses the request (HTTP 400), aborts it, or generates fewer tokens than asked."""
     limit, reserved = server_context_len(point), reserved_tokens(point)
     prompt, gen = point.probe.context_len, point.probe.gen_tokens
-    if sglang_generated(prompt, gen, limit, reserve=reserved) == gen:
+    pool = point.engine.sglang.max_total_tokens if point.engine.sglang is not None else None
+    if sglang_generated(prompt, gen, limit, reserve=reserved, max_total_tokens=pool,
+                        page_size=point.page_size) == gen:
         return None
     total, alone = context_need(reserved)
     why = (f"the {reserved} tokens SGLang reserves for {point.drafter.algorithm.value} drafts "

@@ -1,4 +1,4 @@
-"""Regressions: each grid point compared with its own history (issue #30; docs/schedule.md, "Regressions").
+"""Regressions: each grid point compared with its own history (docs/schedule.md, "Regressions").
 
 Modules, bottom to top: `verdict` (pure per-metric verdicts), `changepoints` (ruptures), `history` (MLflow: parents,
 children by `point_key`, the baseline), `attribution` (what differs, patterns across the grid, the oracle rule),

@@ -15,6 +15,7 @@ import os
 import subprocess
 import tempfile
 from collections.abc import Sequence
+from orchestrator.results.store_layout import REGRESSION_TAG
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ def report_path(client, parent_run_id: str) -> str:
 
 
 def alert_on_regression(client, parent_run_id: str, environ: dict[str, str] | None = None) -> bool:
-    tag = client.get_run(parent_run_id).data.tags.get("regression", "none")
+    tag = client.get_run(parent_run_id).data.tags.get(REGRESSION_TAG, "none")
     if tag == "none":
         return False
     log.warning("%s parent=%s %s", REGRESSION_MARK, parent_run_id, tag)

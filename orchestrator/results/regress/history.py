@@ -16,11 +16,10 @@ from typing import Any
 
 from orchestrator.config.params import config_params
 from orchestrator.config.settings import RegressSettings
+from orchestrator.results.store_layout import PARENT_TAG, POINT_KEY_TAG, ROLE_CHILD, ROLE_PARENT, ROLE_TAG
 
 log = logging.getLogger(__name__)
 
-PARENT_TAG = "mlflow.parentRunId"
-ROLE_TAG = "specsweep.role"
 
 
 class BaselineError(ValueError):
@@ -97,17 +96,17 @@ def _search(client, experiment_id: str, filter_string: str) -> list:
 
 
 def _point_run(r) -> PointRun:
-    return PointRun(r.info.run_id, r.data.tags[PARENT_TAG], r.data.tags["point_key"], r.info.run_name or "",
+    return PointRun(r.info.run_id, r.data.tags[PARENT_TAG], r.data.tags[POINT_KEY_TAG], r.info.run_name or "",
                     dict(r.data.metrics), dict(r.data.tags), config_params(r.data.params))
 
 
 def load_history(client, experiment_id: str, *, include: str | None = None) -> History:
     """Every FINISHED parent run of the experiment with its FINISHED children that carry a `point_key`, oldest
     first; `include`: a parent run id kept whatever its status (the sweep being reported, still RUNNING)."""
-    parents = [r for r in _search(client, experiment_id, f"tags.`{ROLE_TAG}` = 'parent'")
+    parents = [r for r in _search(client, experiment_id, f"tags.`{ROLE_TAG}` = '{ROLE_PARENT}'")
                if r.info.status == "FINISHED" or r.info.run_id == include]
     children: dict[str, list[PointRun]] = {}
-    for r in _search(client, experiment_id, f"attributes.status = 'FINISHED' and tags.`{ROLE_TAG}` = 'child'"):
+    for r in _search(client, experiment_id, f"attributes.status = 'FINISHED' and tags.`{ROLE_TAG}` = '{ROLE_CHILD}'"):
         if "point_key" in r.data.tags and PARENT_TAG in r.data.tags:
             children.setdefault(r.data.tags[PARENT_TAG], []).append(_point_run(r))
     out = [ParentRun(p.info.run_id, p.info.start_time, p.info.status, dict(p.data.tags),
@@ -116,7 +115,7 @@ def load_history(client, experiment_id: str, *, include: str | None = None) -> H
 
 
 def settings_of(parent_params: dict[str, str]) -> RegressSettings:
-    """The sweep's `regress.*` settings from its parent-run params (JSON values, `tracking.param_value`; with or
+    """The sweep's `regress.*` settings from its parent-run params (JSON values, `orchestrator.config.schema.param_value`; with or
     without the `cfg.` prefix); defaults for a parent recorded before they existed."""
     parent_params = config_params(parent_params)
     given: dict[str, Any] = {}

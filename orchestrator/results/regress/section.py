@@ -20,10 +20,10 @@ from orchestrator.results.regress.compare import Comparison, PointResult, compar
 from orchestrator.results.regress.history import BaselineError, History, load_history, point_series, select_baseline
 from orchestrator.results.regress.history import settings_of
 from orchestrator.results.regress.verdict import EXCURSION, NO_BASELINE, NO_SPREAD
+from orchestrator.results.store_layout import REGRESSION_TAG
 
 log = logging.getLogger(__name__)
 
-REGRESSION_TAG = "regression"
 
 
 @dataclass(frozen=True)

@@ -14,14 +14,14 @@ from orchestrator.results.regress.changepoints import change_points
 from orchestrator.results.regress.history import History, PointRun
 from orchestrator.results.regress.verdict import METRICS
 from specsweep_vocab.stats import interval
+from orchestrator.results.store_layout import STUB_EXPERIMENT_SUFFIX
 
-STUB_SUFFIX = "-stub"  # orchestrator/results/tracking.py STUB_EXPERIMENT_SUFFIX
 
 
 def experiment_for_sweep(client, sweep: str) -> tuple[str, str]:
     """The sweep's experiment: its name, or the stub engine's `<name>-stub`. Raises ValueError naming the ones there
     are."""
-    for name in (sweep, sweep + STUB_SUFFIX):
+    for name in (sweep, sweep + STUB_EXPERIMENT_SUFFIX):
         exp = client.get_experiment_by_name(name)
         if exp is not None:
             return exp.experiment_id, exp.name

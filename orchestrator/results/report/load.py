@@ -19,15 +19,14 @@ from orchestrator.config.weights_scope import dummy_weights_reason
 from orchestrator.results.diagnosis import RunRow
 from specsweep_vocab.greedy_output import OUTPUT_IDS_ARTIFACT, GreedyOutput
 from specsweep_vocab.sglang_facts import SGLANG_PLUGIN_BACKENDS
-from specsweep_vocab.spec import Algorithm
+from specsweep_vocab.spec import Algorithm, EngineKind
+from orchestrator.results.store_layout import (ENGINE_TAG, FAILURE_REASON_TAG, JOB_TAG, LOSSLESS_KEY_TAG, PARENT_TAG,
+                                               RUN_HASH_TAG, RUN_HASHES_ARTIFACT)
 
 if TYPE_CHECKING:
     from mlflow.entities import Run
 
 log = logging.getLogger(__name__)
-
-PARENT_TAG = "mlflow.parentRunId"
-RUN_HASHES_ARTIFACT = "run_hashes.txt"  # orchestrator.results.tracking's: every point of the sweep
 
 
 class ReportError(RuntimeError):
@@ -49,16 +48,16 @@ class ChildRun:
 
 def row_from_run(run) -> RunRow:
     p = RunParams.read(run.data.params)
-    config = config_params(run.data.params)
-    engine = run.data.tags.get("engine", "")
+    engine = run.data.tags.get(ENGINE_TAG, "")
     return RunRow(
         run_id=run.info.run_id, name=run.info.run_name or run.info.run_id, context_len=p.context_len,
         probe=p.probe, drafter=p.drafter, attention=p.attention, page_size=p.page_size, is_oracle=p.is_oracle,
         num_steps=p.num_steps, metrics=dict(run.data.metrics), engine=engine, concurrency=p.concurrency,
-        dummy_weights=dummy_weights_reason(config),
-        plugin=engine == "sglang" and any(b in SGLANG_PLUGIN_BACKENDS for b in p.backends),
+        dummy_weights=dummy_weights_reason(config_params(run.data.params)),
+        plugin=bool((kind := EngineKind.named(engine)) and kind.loads_kernel_plugin
+                    and any(b in SGLANG_PLUGIN_BACKENDS for b in p.backends)),
         speculative=p.algorithm != Algorithm.NONE.value, dtype=p.dtype,
-        lossless_key=run.data.tags.get("lossless_key", ""),
+        lossless_key=run.data.tags.get(LOSSLESS_KEY_TAG, ""),
     )
 
 
@@ -109,8 +108,8 @@ def resolve_parent(client, target: str) -> tuple[str, str]:
 
 
 def _child(run, earlier_parent: str = "") -> ChildRun:
-    return ChildRun(row_from_run(run), run.info.status, run.data.tags.get("failure_reason", ""),
-                    run.data.tags.get("job", "engine"), earlier_parent)
+    return ChildRun(row_from_run(run), run.info.status, run.data.tags.get(FAILURE_REASON_TAG, ""),
+                    run.data.tags.get(JOB_TAG, "engine"), earlier_parent)
 
 
 def sweep_run_hashes(client, parent_run_id: str) -> list[str] | None:
@@ -132,7 +131,7 @@ def _finished_children(client, experiment_id: str):
     while True:
         page = client.search_runs([experiment_id], filter_string="attributes.status = 'FINISHED'",
                                   run_view_type=ViewType.ACTIVE_ONLY, max_results=1000, page_token=token)
-        yield from (r for r in page if PARENT_TAG in r.data.tags and "run_hash" in r.data.tags)
+        yield from (r for r in page if PARENT_TAG in r.data.tags and RUN_HASH_TAG in r.data.tags)
         token = page.token
         if not token:
             return
@@ -145,11 +144,11 @@ def load_children(client, parent_run_id: str, run_hashes: Collection[str] | None
     exp_id = parent.info.experiment_id
     runs = client.search_runs([exp_id], filter_string=f"tags.`{PARENT_TAG}` = '{parent_run_id}'", max_results=50000)
     children = [_child(r) for r in runs]
-    missing = set(run_hashes or ()) - {r.data.tags.get("run_hash") for r in runs if r.info.status == "FINISHED"}
+    missing = set(run_hashes or ()) - {r.data.tags.get(RUN_HASH_TAG) for r in runs if r.info.status == "FINISHED"}
     if missing:
         latest: dict[str, Run] = {}
         for r in _finished_children(client, exp_id):
-            h = r.data.tags["run_hash"]
+            h = r.data.tags[RUN_HASH_TAG]
             if h in missing and (h not in latest or r.info.start_time > latest[h].info.start_time):
                 latest[h] = r
         children += [_child(r, r.data.tags[PARENT_TAG]) for r in latest.values()]

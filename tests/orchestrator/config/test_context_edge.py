@@ -14,7 +14,7 @@ import dataclasses
 import pytest
 
 from orchestrator.config.plan import build_server
-from orchestrator.config.validate import check_context
+from orchestrator.config.context import check_context
 from workers.sglang.rules import reserved_tokens
 from specsweep_vocab.sglang_limits import max_req_input_len, sglang_generated
 from workers.sglang.args import build_sglang_argv

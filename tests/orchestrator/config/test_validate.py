@@ -6,7 +6,9 @@ import pytest
 from hydra import compose, initialize_config_module
 
 from orchestrator.config.schema import register_configs, to_run_config
-from orchestrator.config.validate import ConfigError, Problem, validate_run
+from orchestrator.config.problems import ConfigError
+from orchestrator.config.validate import validate_run
+from specsweep_vocab.problem import Problem
 
 
 def run_config(*overrides: str):
@@ -92,7 +94,8 @@ def test_sweep_points_above_max_are_not_errors():
 
 def test_sglang_rules():
     assert "triton" in problems("engine=sglang", "model=qwen3-8b", "attention=torch")["attention.backend"].allowed
-    assert "cuda" in problems(*SGLANG, "engine.device=cpu")["engine.device"].allowed
+    # engine.device=cpu is SGLang's CPU backend (engine=sglang_cpu, workers/sglang/cpu.py): its release and rules
+    assert "0.5.18" in problems(*SGLANG, "engine.device=cpu")["engine.version"].allowed
     dflash = (*SGLANG, "drafter=dflash", "drafter.draft_model_path=x")
     assert problems(*dflash, "drafter.num_steps=2")["drafter.num_steps"].allowed.startswith("1")
     assert problems(*dflash, "drafter.topk=2")["drafter.topk"].value == 2
@@ -317,7 +320,7 @@ def test_override_keys_left_to_hydra():
 
 def test_unknown_key_problem_lists_the_level_and_finds_names_at_other_levels():
     from orchestrator.config.schema import schema_tree
-    from orchestrator.config.validate import unknown_key_problem
+    from orchestrator.config.keys import unknown_key_problem
 
     tree = schema_tree()
     assert unknown_key_problem("engine.stub.token_s", 1, tree) is None
@@ -339,7 +342,7 @@ def test_unknown_key_problem_lists_the_level_and_finds_names_at_other_levels():
     ("a.jsonl", b'{"text": "x"}\n{bad\n', "line 2 is not JSON"),
 ])
 def test_probe_file_problem(name, raw, why):
-    from orchestrator.config.validate import probe_file_problem
+    from orchestrator.config.probe_file import probe_file_problem
 
     p = probe_file_problem(name, f"/d/{name}", raw)
     assert p.key == "probe.path" and p.value == name and why in p.allowed
@@ -347,7 +350,7 @@ def test_probe_file_problem(name, raw, why):
 
 
 def test_every_point_over_context():
-    from orchestrator.config.validate import every_point_over_context
+    from orchestrator.config.context import every_point_over_context
 
     over = [run_config("context_len=40000"), run_config("context_len=32768")]
     p = every_point_over_context(over)

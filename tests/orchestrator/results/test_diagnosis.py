@@ -77,7 +77,8 @@ def test_oracle_underperforming_is_a_pipeline_bug():
 def test_sglang_oracle_whose_last_step_overshoots_is_healthy():
     """SGLang's meta_info for an oracle at gen_tokens=32 (5 a step): 7 verify steps and 28 correct drafts counted,
     32 tokens sent. commit_len_mean comes out 5, so rule (a) holds; the old (completion - 1) / verify_ct gave 4.43."""
-    from workers.probe import Generation, measure
+    from workers.http_client import Generation
+    from workers.probe import measure
 
     meta = {"prompt_tokens": 16384, "completion_tokens": 32, "e2e_latency": 1.0, "ttft": 0.2, "spec_verify_ct": 7,
             "spec_num_correct_drafts": 28, "spec_num_proposed_drafts": 28, "spec_accept_rate": 1.0,
@@ -330,7 +331,7 @@ def test_a_specsweep_verify_run_that_fell_back_or_never_ran_the_kernel_is_flagge
 def test_report_rows_know_plugin_runs_from_engine_and_backends():
     from types import SimpleNamespace
 
-    from orchestrator.results.report import row_from_run
+    from orchestrator.results.report.load import row_from_run
 
     def run(engine: str, **params: str):
         return SimpleNamespace(info=SimpleNamespace(run_id="r1", run_name="n"),

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from orchestrator.results.diagnosis import Cause, Rule, RunRow, Verdict, diagnose
 from orchestrator.results.diagnosis_md import render_markdown
-from orchestrator.results.report import write_report
+from orchestrator.results.report.build import write_report
 from orchestrator.config.weights_scope import dummy_weights_reason
 
 CONTEXTS = (1024, 4096, 16384)

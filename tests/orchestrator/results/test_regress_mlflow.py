@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.config.plan import Plan
 from orchestrator.results.regress.alert import REGRESSION_MARK, alert_on_regression, argv_problem
-from orchestrator.results.report import write_report
+from orchestrator.results.report.build import write_report
 from orchestrator.results.tracking import Tracker
 from orchestrator.schedule import EXIT_REGRESSION, regression_exit
 from orchestrator.schedules.definition import ScheduleError, parse_schedule

@@ -12,7 +12,7 @@ import json
 from orchestrator.config.plan import Plan
 from orchestrator.results.regress.section import changes_section
 from orchestrator.results.regress.verdict import NO_SPREAD
-from orchestrator.results.report import write_report
+from orchestrator.results.report.build import write_report
 from orchestrator.results.tracking import Tracker
 from specsweep_vocab.spec import ProbeKind, ProbeSpec, RunSpec, RunState, ServerGroup, stable_hash
 from tools.testing import stub_server

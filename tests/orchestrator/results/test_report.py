@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.results.report import ReportError, resolve_parent, write_report
+from orchestrator.results.report.build import write_report
+from orchestrator.results.report.load import ReportError, resolve_parent
 from orchestrator.report import main
 
 

@@ -9,7 +9,8 @@ import pytest
 from orchestrator.config.plan import Plan
 from specsweep_vocab.spec import FailureReason, ProbeKind, RunResult, RunState
 from orchestrator.config.schema import flatten
-from orchestrator.results.tracking import Tracker, param_value
+from orchestrator.config.schema import param_value
+from orchestrator.results.tracking import Tracker
 from tools.testing import tiny_group, tiny_run, tiny_server
 
 mlflow = pytest.importorskip("mlflow")

@@ -266,8 +266,7 @@ def test_a_stream_that_stalls_is_a_probe_timeout(server):
     """The engine's KV pool held by another client's request (the new one waits for pages): headers come, then
     nothing within the probe's timeout."""
     from workers.errors import ProbeTimeout
-    from workers.probe import ProbeClient
-    from workers.prompts import Prompt
+    from workers.http_client import Prompt, ProbeClient
 
     url, _, _ = server
     busy = post(url, {**LONG, "stream": True}, stream=True)

@@ -6,6 +6,7 @@ ServerSpec the planner builds, the argv and environment of `workers.sglang.adapt
 `workers.engine.EngineProcess` (its own process group, stopped at teardown, no orphan)."""
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,8 +32,18 @@ def pytest_collection_modifyitems(config, items):
 
 def live_server_spec(*overrides: str) -> ServerSpec:
     rc = compose_run("engine=sglang_cpu", "attention=torch_native", "drafter=none", "model=smollm2-135m",
-                     f"server_context_len={CONTEXT}", *overrides)
+                     "page_size=1", f"server_context_len={CONTEXT}", *overrides)
     return build_server(rc)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_triton_interpreter():
+    """tests/conftest.py sets TRITON_INTERPRET=1 for the kernel tests; a SGLang server inheriting it would run
+    Triton kernels that a user's server cannot (no CPU driver), so the live servers start without it."""
+    saved = os.environ.pop("TRITON_INTERPRET", None)
+    yield
+    if saved is not None:
+        os.environ["TRITON_INTERPRET"] = saved
 
 
 @pytest.fixture(scope="session")
@@ -45,7 +56,7 @@ def manifest() -> dict:
     return found
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def live(manifest, tmp_path_factory) -> Iterator[tuple[ServerSpec, EngineProcess]]:
     """(spec, running engine) of SGLang on CPU without speculation, context CONTEXT, float32."""
     spec = live_server_spec()

@@ -25,7 +25,7 @@ COMBOS = [(backend, drafter) for backend in ("intel_amx", "torch_native") for dr
 
 def _point(backend: str, drafter: str):
     return compose_run("engine=sglang_cpu", f"attention={backend}", f"drafter={drafter}", "model=smollm2-135m",
-                       f"server_context_len={CONTEXT}")
+                       "page_size=1", f"server_context_len={CONTEXT}")
 
 
 def _sglang_resolves(manifest, argvs: dict[str, list[str]]) -> dict[str, dict]:
@@ -51,7 +51,8 @@ def test_cpu_verdict_equals_sglang_0_5_18(manifest):
         verdicts[backend, drafter] = {p.key for p in problems}
         from orchestrator.config.plan import build_server
 
-        argvs[f"{backend}/{drafter}"] = adapter.build_argv(build_server(rc), 30000)[3:]
+        argv = adapter.build_argv(build_server(rc), 30000)
+        argvs[f"{backend}/{drafter}"] = argv[argv.index("-m") + 2:]
     resolved = _sglang_resolves(manifest, argvs)
     amx = host_has_amx()
     for (backend, drafter), keys in verdicts.items():
@@ -91,3 +92,15 @@ def test_interpreter_is_sglang_0_5_18_with_the_backports(manifest):
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[0] == "0.5.18" and out.stdout.split()[1].startswith("2.13.0")
     assert len(manifest["backports"]) == 2
+
+
+def test_paged_kv_needs_a_triton_driver(manifest, tmp_path):
+    """Why page_size > 1 is refused on CPU: the server, started anyway, dies at its warm-up's first prefill in
+    SGLang's paged allocator, a Triton kernel with no CPU driver to run it."""
+    paged = compose_run("engine=sglang_cpu", "attention=torch_native", "drafter=none", "model=smollm2-135m",
+                        "page_size=16", f"server_context_len={CONTEXT}")
+    assert "page_size" in {p.key for p in adapter_for(EngineKind.SGLANG).plan_problems(paged)}
+    spec = replace(live_server_spec(), page_size=16)
+    with pytest.raises(EngineStartFailed) as info:
+        EngineProcess.for_server(spec, tmp_path / "engine.log").start()
+    assert "active drivers" in str(info.value) + (tmp_path / "engine.log").read_text()

@@ -13,7 +13,9 @@ from specsweep_vocab.sglang_limits import sglang_generated
 from specsweep_vocab.spec import EngineKind, ProbeKind, ProbeSpec
 from tools.testing import reference_process
 from workers.engine_counters import parse_scrape, read_metrics, server_limits
-from workers.probe import ProbeClient, run_probe
+from workers.http_client import ProbeClient
+from workers.probe import run_probe
+from workers.registry import adapter_for
 from workers.reference.tokenizer import load_tokenizer
 from workers.sglang.args import expected_server_args, reported_server_args, server_arg_changes
 
@@ -21,6 +23,8 @@ from .conftest import CONTEXT
 
 logger = logging.getLogger(__name__)
 MODEL = "smollm2-135m"
+# float32 on both sides, different kernels (SGLang's CPU GEMMs vs torch's): a divergence must be at a near-tie
+NEAR_TIE = 1e-3
 TEXT = ("The cat sat on the mat. The dog slept by the door. " * 6) + "Once upon a time, in a small village by the sea,"
 
 
@@ -99,7 +103,7 @@ def test_probe_measures_live_sglang_without_speculation(live):
     spec, engine = live
     probe = ProbeSpec(kind=ProbeKind.PREDICTABLE, context_len=256, gen_tokens=16)
     m = run_probe(engine.base_url, probe, EngineKind.SGLANG, expect_spec=False, timeout_s=600,
-                  model_path=spec.model.path, version=spec.engine.version)
+                  model_path=adapter_for(EngineKind.SGLANG).prompt_model(spec), version=spec.engine.version)
     assert m.notes == []
     assert m.metrics["decode_tok_s"] > 0 and m.metrics["prompt_tokens"] == 256
     assert "commit_len_mean" not in m.metrics or m.metrics["commit_len_mean"] == 1.0
@@ -107,7 +111,8 @@ def test_probe_measures_live_sglang_without_speculation(live):
 
 def test_greedy_tokens_equal_the_reference_engine(live):
     """Side by side on the same model (the GGUF's float32 weights), input ids and greedy sampling: SGLang's tokens
-    equal the reference engine's. The decode rates of both are logged (docs/sglang.md's table), not asserted."""
+    equal the reference engine's, or part only where SGLang's own top two logprobs are within NEAR_TIE (numerics).
+    The decode rates of both are logged (docs/sglang.md's table comes from make bench-sglang-cpu), not asserted."""
     spec, engine = live
     ids = load_tokenizer(MODEL).encode(TEXT)
     t0 = time.perf_counter()
@@ -120,8 +125,13 @@ def test_greedy_tokens_equal_the_reference_engine(live):
         reference_s = time.perf_counter() - t0
     logger.info("32 tokens after a %d-token prompt: SGLang %.2f s, reference engine %.2f s", len(ids), sglang_s,
                 reference_s)
-    assert theirs["output_ids"] == ours["output_ids"]
     assert theirs["meta_info"]["prompt_tokens"] == ours["meta_info"]["prompt_tokens"] == len(ids)
+    a, b = theirs["output_ids"], ours["output_ids"]
+    if a != b:  # explained only by numerics: SGLang's own top two logprobs there within NEAR_TIE of each other
+        k = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+        top = _generate(engine.base_url, ids + a[:k], 1, return_logprob=True, top_logprobs_num=2).json()
+        (lp1, t1, _), (lp2, t2, _) = top["meta_info"]["output_top_logprobs"][0][:2]
+        assert {t1, t2} == {a[k], b[k]} and abs(lp1 - lp2) <= NEAR_TIE, (k, top["meta_info"]["output_top_logprobs"])
 
 
 def test_chat_prompt_is_encoded_as_sglang_encodes_it(live):

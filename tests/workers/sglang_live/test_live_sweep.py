@@ -10,7 +10,7 @@ from pathlib import Path
 
 from workers.sglang.cpu import host_has_amx
 
-SWEEP = ("engine=sglang_cpu", "attention=torch_native", "drafter=none", "sweep_name=sglang-cpu",
+SWEEP = ("engine=sglang_cpu", "attention=torch_native", "drafter=none", "page_size=1", "sweep_name=sglang-cpu",
          "hydra.mode=MULTIRUN", "probe=predictable,novel", "context_len=512", "gen_tokens=16", "cluster.num_cpus=2")
 
 
@@ -38,11 +38,11 @@ def test_sweep_on_live_sglang_records_every_point(manifest, tmp_path):
 
 def test_speculative_point_is_refused_before_work_without_amx(manifest, tmp_path):
     if host_has_amx():  # on an AMX host the point is valid: its plan is printed, nothing refused
-        out = _run(tmp_path, "engine=sglang_cpu", "attention=intel_amx", "drafter=ngram",
+        out = _run(tmp_path, "engine=sglang_cpu", "attention=intel_amx", "drafter=ngram", "page_size=1",
                    "hydra.launcher.dry_run=true")
         assert out.returncode == 0, out.stderr[-3000:]
         return
-    out = _run(tmp_path, "engine=sglang_cpu", "attention=torch_native", "drafter=ngram", timeout=300)
+    out = _run(tmp_path, "engine=sglang_cpu", "attention=torch_native", "drafter=ngram", "page_size=1", timeout=300)
     assert out.returncode != 0
     assert "drafter.algorithm='NGRAM'" in out.stderr + out.stdout and "AMX" in out.stderr + out.stdout
     assert not (tmp_path / "mlflow.db").exists()

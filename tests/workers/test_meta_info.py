@@ -6,11 +6,8 @@ import pytest
 
 from specsweep_vocab.sglang_facts import SGLANG_VERSIONS
 from workers.log_patterns import LogPatterns, follow_log
-from workers.sglang.metrics import (
-    accept_length_from_counters,
-    parse_prometheus,
-    spec_metrics_from_meta_info,
-)
+from workers.engine_counters import accept_length_from_counters, parse_scrape
+from workers.meta_info import spec_metrics_from_meta_info
 
 # 64 tokens, 21 verify steps of 4 draft tokens (3 drafts each): 42 drafts accepted of 63.
 META_0_5_23 = {"id": "r1", "finish_reason": {"type": "length", "length": 64}, "prompt_tokens": 1024,
@@ -76,7 +73,7 @@ METRICS_AFTER = METRICS_BEFORE.replace("} 1000.0", "} 1064.0").replace("} 400.0"
 
 
 def test_prometheus_counter_deltas_cross_check_meta_info():
-    before, after = parse_prometheus(METRICS_BEFORE), parse_prometheus(METRICS_AFTER)
+    before, after = parse_scrape(METRICS_BEFORE), parse_scrape(METRICS_AFTER)
     assert before["sglang:generation_tokens_total"] == 1000 and before["sglang:spec_accept_length"] == 2.5
     # the interval's accept length equals the request's engine_accept_length (64 tokens / 21 verifies)
     assert accept_length_from_counters(before, after) == pytest.approx(
@@ -86,14 +83,14 @@ def test_prometheus_counter_deltas_cross_check_meta_info():
 
 def test_prometheus_labels_summed_and_suffixless_counter():
     text = 'sglang:generation_tokens{dp="0"} 5\nsglang:generation_tokens{dp="1"} 7\nsglang:spec_verify_calls 4\n'
-    s = parse_prometheus(text)
+    s = parse_scrape(text)
     assert s["sglang:generation_tokens"] == 12
     assert accept_length_from_counters({"sglang:generation_tokens": 0, "sglang:spec_verify_calls": 0}, s) == 3
 
 
 def test_prometheus_text_the_parser_refuses_raises():
     with pytest.raises(ValueError):
-        parse_prometheus("sglang:generation_tokens_total{model_name=\"x\" 5\n")  # unclosed label set
+        parse_scrape("sglang:generation_tokens_total{model_name=\"x\" 5\n")  # unclosed label set
 
 
 def test_log_patterns_become_per_step_series(tmp_path):

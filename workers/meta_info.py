@@ -1,40 +1,27 @@
-"""SGLang speculative-decoding metrics, by version: per request from `meta_info`, per interval from `/metrics`.
-
-Public API:
+"""SGLang's speculative-decoding `meta_info`, by version: the one place the project turns a finished /generate
+request's fields into metrics, for SGLang and the reference engine alike (the reference engine reports SGLang's
+names). Below the engine folders: workers/probe.py reads every engine's answers through it.
 
     spec_metrics_from_meta_info(meta_info, version=None) -> SpecMetrics
         from the final /generate `meta_info` (the spec fields are on the finishing chunk only). version None:
-        told apart by the field names. The one place the project turns those fields into metrics, for SGLang and
-        the reference engine alike (see the function for each formula and the SGLang lines behind it).
-    parse_prometheus(text) -> dict[str, float]          sample values summed over labels, per sample name
-                                                        (prometheus_client's parser)
-    accept_length_from_counters(before, after) -> float | None
-        Δ sglang:generation_tokens_total / Δ sglang:spec_verify_calls_total between two scrapes of one run
-        (Prometheus counters are never reset; both move when a request finishes, by its truncated completion_tokens
-        and its spec_verify_ct: `sglang/srt/observability/metrics_collector.py:2110-2112`), so it cross-checks
-        engine_accept_length, not commit_len_mean
+        told apart by the field names (see the function for each formula and the SGLang lines behind it).
     Not read: `/server_info` internal_states[].avg_spec_accept_length. SGLang folds it in windows of
         --decode-log-interval (40) decode iterations and reports complete windows only, since the last /flush_cache
         (`scheduler_components/metrics_reporter.py:934,973,999-1004,708-717`, `internal_state.py:119-125,243-253`):
         absent for a run of under 40 iterations, the first 40k iterations of a longer one. commit_len_mean is the
         same quantity, exact, per request (workers/reference/spec_counters.py keeps the window as SGLang does).
 
+The per-interval counters of `/metrics` (verify calls, generated tokens) are read by workers/engine_counters.py.
 Names per version: `specsweep_vocab.sglang_facts.SGLANG_VERSIONS`; docs/sglang.md has the table and the tests behind it.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from specsweep_vocab.sglang_facts import SGLANG_VERSIONS, SGLangFacts, sglang_facts
 
-
-GENERATION_TOKENS = "sglang:generation_tokens_total"
-VERIFY_CALLS = "sglang:spec_verify_calls_total"
 
 
 @dataclass
@@ -108,34 +95,3 @@ def spec_metrics_from_meta_info(meta_info: Mapping[str, Any], version: str | Non
     if isinstance(hist, list) and all(isinstance(x, (int, float)) for x in hist):
         out.histogram = [float(x) for x in hist]
     return out
-
-
-# ---------------------------------------------------------------- /metrics (Prometheus text format)
-
-
-def parse_prometheus(text: str) -> dict[str, float]:
-    """{sample name: sum over label sets} of every sample (histogram buckets keep their own names). A text the
-    Prometheus parser refuses raises ValueError."""
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if not math.isnan(sample.value):
-                out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
-    return out
-
-
-def _counter(samples: Mapping[str, float], name: str) -> float | None:
-    if name in samples:
-        return samples[name]
-    bare = name.removesuffix("_total")  # exposition without the suffix
-    return samples.get(bare)
-
-
-def accept_length_from_counters(before: Mapping[str, float], after: Mapping[str, float]) -> float | None:
-    """Tokens generated per verify call between two scrapes (both counters move when a request finishes)."""
-    gen_b, calls_b, gen_a, calls_a = [_counter(s, n) for s in (before, after)
-                                      for n in (GENERATION_TOKENS, VERIFY_CALLS)]
-    if gen_b is None or calls_b is None or gen_a is None or calls_a is None:
-        return None
-    calls = calls_a - calls_b
-    return (gen_a - gen_b) / calls if calls > 0 else None

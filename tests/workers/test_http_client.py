@@ -7,8 +7,7 @@ import pytest
 
 from tools.testing import reference_process
 from workers.errors import ProbeTimeout
-from workers.probe import ProbeClient
-from workers.prompts import Prompt
+from workers.http_client import Prompt, ProbeClient
 
 pytestmark = pytest.mark.timeout(300)
 
