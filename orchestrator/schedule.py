@@ -47,6 +47,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from orchestrator.results.console import print_table
 from orchestrator.results.regress.alert import REGRESSION_MARK
 from orchestrator.schedules.definition import ScheduleError, load_schedules, read_schedules
 from orchestrator.schedules.ray_jobs import RayJobBackend, job_server
@@ -58,13 +59,7 @@ EXIT_REGRESSION = 3  # `fire --fail-on-regression`: the job succeeded and its sw
 
 
 def _print_table(rows: list[list[str]], header: list[str]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(*header)
-    for r in rows:
-        table.add_row(*r)
-    Console().print(table)
+    print_table(header, rows)  # plain and whole when not a terminal (orchestrator/results/console.py)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

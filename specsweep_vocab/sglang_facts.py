@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specsweep_vocab.spec import Algorithm, AttentionSpec
+from specsweep_vocab.spec import LOAD_FORMATS, Algorithm, AttentionSpec
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,7 @@ class SGLangFacts:
     wrong_cuda_graph_flags: tuple[str, ...]  # the other versions' spellings, refused in extra_args
     disable_cuda_graph: tuple[str, ...]  # argv that turns CUDA graphs off
     plugin_entry_points: bool  # sglang.srt.plugins loads `sglang.srt.plugins` entry points
+    load_formats: tuple[str, ...]  # --load-format choices
     meta: MetaNames
 
     @property
@@ -86,6 +87,8 @@ SGLANG_VERSIONS: dict[str, SGLangFacts] = {
         draft_window=False, cuda_graph_max_bs="--cuda-graph-max-bs",
         wrong_cuda_graph_flags=("--cuda-graph-max-bs-decode", "--cuda-graph-max-bs-prefill"),
         disable_cuda_graph=("--disable-cuda-graph",), plugin_entry_points=False,
+        # LOAD_FORMAT_CHOICES, sglang/srt/server_args.py:79-96 of 0.5.10
+        load_formats=tuple(f for f in LOAD_FORMATS if f not in ("instanttensor", "presharded", "expert_pack")),
         meta=MetaNames(verify_ct="spec_verify_ct", accepted="spec_accept_token_num",
                        proposed="spec_draft_token_num", histogram="spec_accept_histogram",
                        accept_length="spec_accept_length")),
@@ -98,7 +101,8 @@ SGLANG_VERSIONS: dict[str, SGLangFacts] = {
         draft_window=True, cuda_graph_max_bs="--cuda-graph-max-bs-decode",
         wrong_cuda_graph_flags=(),
         disable_cuda_graph=("--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"),
-        plugin_entry_points=True,
+        plugin_entry_points=True,  # LOAD_FORMAT_CHOICES in 0.5.18's server_args.py: no instanttensor, expert_pack
+        load_formats=tuple(f for f in LOAD_FORMATS if f not in ("instanttensor", "expert_pack")),
         meta=MetaNames(verify_ct="spec_verify_ct", accepted="spec_num_correct_drafts",
                        proposed="spec_num_proposed_drafts", histogram="spec_correct_drafts_histogram",
                        accept_length="spec_accept_length")),
@@ -110,7 +114,7 @@ SGLANG_VERSIONS: dict[str, SGLangFacts] = {
         draft_window=True, cuda_graph_max_bs="--cuda-graph-max-bs-decode",
         wrong_cuda_graph_flags=("--cuda-graph-max-bs",),
         disable_cuda_graph=("--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"),
-        plugin_entry_points=True,
+        plugin_entry_points=True, load_formats=LOAD_FORMATS,  # sglang/srt/arg_groups/choices.py:3-28
         meta=MetaNames(verify_ct="spec_verify_ct", accepted="spec_num_correct_drafts",
                        proposed="spec_num_proposed_drafts", histogram="spec_correct_drafts_histogram",
                        accept_length="spec_accept_length")),

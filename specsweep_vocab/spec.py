@@ -168,6 +168,17 @@ class FailureReason(str, enum.Enum):
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 DTYPES = tuple(DTYPE_BYTES)
 DEVICES = ("cpu", "cuda")
+# How a checkpoint's weights are stored, in bytes per weight (`model.weight_dtype`; the weights-fit rule,
+# workers/sglang/startup_rules.py).
+WEIGHT_BYTES = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "float8_e4m3fn": 1.0, "float8_e5m2": 1.0,
+                "int8": 1.0, "int4": 0.5, "float4_e2m1": 0.5}
+# `model.load_format`: every value an engine here takes, SGLang 0.5.23's --load-format choices
+# (`LOAD_FORMAT_CHOICES`, sglang/srt/arg_groups/choices.py:3-28); the reference engine takes auto, safetensors,
+# gguf and dummy (workers/reference/config.py LOAD_FORMATS), SGLang 0.5.10 all but three
+# (specsweep_vocab/sglang_facts.py): the engines' rules refuse the rest per engine.
+LOAD_FORMATS = ("auto", "pt", "safetensors", "instanttensor", "npcache", "dummy", "sharded_state", "presharded",
+                "gguf", "expert_pack", "bitsandbytes", "mistral", "layered", "flash_rl", "remote", "remote_instance",
+                "fastsafetensors", "private", "runai_streamer")
 
 
 @dataclass(frozen=True)
@@ -184,13 +195,13 @@ class ModelSpec:
     attention_kind: AttentionKind = AttentionKind.GQA
     dtype: str = field(default="float32", metadata=domain(Choice(*DTYPES)))  # KV/weights dtype the engine runs in
     # "dummy" (seeded random weights) or "auto"; SGLang knows more (gguf, safetensors, ...)
-    load_format: str = field(default="dummy", metadata=domain(IDENT))
+    load_format: str = field(default="dummy", metadata=domain(Choice(*LOAD_FORMATS)))
     # Weight size, for the plan-time check that the weights fit the GPUs (workers/sglang/startup_rules.py); they
     # describe the checkpoint at `path`, so they are no part of a run's identity. num_params: parameters of the
     # checkpoint (its model card; None: a lower bound from the attention shape); weight_dtype: how its weights are
     # stored where that is not `dtype` (DeepSeek-V3: float8_e4m3fn, its config.json quantization_config).
     num_params: int | None = field(default=None, metadata=domain(Int(1, 10 ** 14), NOT_IDENTITY))
-    weight_dtype: str | None = field(default=None, metadata=domain(IDENT, NOT_IDENTITY))
+    weight_dtype: str | None = field(default=None, metadata=domain(Choice(*WEIGHT_BYTES), NOT_IDENTITY))
 
     @property
     def kv_bytes_per_token(self) -> int:

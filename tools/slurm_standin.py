@@ -82,12 +82,13 @@ def expand_hostlist(text: str) -> list[str]:
 
 def compress_hostlist(names: list[str]) -> str:
     """The inverse for names of one prefix and unpadded numbers, as Slurm writes SLURM_JOB_NODELIST."""
-    m = [re.fullmatch(r"(.*?)(\d+)", n) for n in names]
-    if len(names) > 1 and all(m) and len({x.group(1) for x in m if x}) == 1:
-        nums = [x.group(2) for x in m if x]
+    found = [re.fullmatch(r"(.*?)(\d+)", n) for n in names]
+    m = [x for x in found if x is not None]
+    if len(names) > 1 and len(m) == len(names) and len({x.group(1) for x in m}) == 1:
+        nums = [x.group(2) for x in m]
         return f"{m[0].group(1)}[{nums[0]}-{nums[-1]}]" if nums == [str(i) for i in range(int(nums[0]),
                                                                                           int(nums[0]) + len(nums))] \
-            else f"{m[0].group(1)}[{','.join(nums)}]"  # type: ignore[union-attr]
+            else f"{m[0].group(1)}[{','.join(nums)}]"
     return ",".join(names)
 
 
@@ -127,7 +128,7 @@ def sbatch(script: Path, args: list[str], nodes: list[Node], shared_dir: Path, e
     proc = subprocess.run(["unshare", "--net", "--mount", "--pid", "--fork", "--mount-proc", "--propagation",
                            "private", sys.executable, "-m", "tools.slurm_standin", "_allocation", str(spec_file)],
                           cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=timeout)
-    result_file = Path(spec["result"])
+    result_file = Path(str(spec["result"]))
     if not result_file.is_file():
         raise RuntimeError(f"the stand-in allocation failed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     data = json.loads(result_file.read_text())

@@ -26,6 +26,7 @@ plan-time rules and estimates live in its folder (`workers/<engine>/rules.py`), 
     adapter.plan_problems(point) -> [Problem]           what the engine refuses of one grid point (a `PlanPoint`:
                                                         `RunConfig` as it is); each Problem names key, value, allowed
     adapter.context_problem(point) -> Problem | None    does the prompt and every gen_token fit the server's context
+    adapter.context_note(point) -> str | None           served here, but SGLang would refuse or shorten it
     adapter.draft_path_allowed(point) -> str            what to say when a drafter needs a model path and has none
     adapter.resource_estimate(point) -> Resources       min tp_size for the weights, requests that run at once
     adapter.server_engine(engine) -> EngineSpec         the EngineSpec its servers start with (the stub: timing flags)
@@ -146,8 +147,10 @@ class RunObserver:
     def probe_kwargs(self) -> dict[str, Any]:
         """`version` (meta_info names) and `max_depth` (the most drafts one verify step can accept) for run_probe."""
         d = self.server.drafter
-        return {"version": None,
-                "max_depth": d.num_steps if d.algorithm is not Algorithm.NONE and d.num_steps > 0 else None}
+        # an NGRAM chain is as long as its num_draft_tokens nodes allow, whatever the steps (SGLang's
+        # ngram_worker.py:99-120; the reference engine drafts the same way)
+        depth = d.num_draft_tokens - 1 if d.algorithm is Algorithm.NGRAM and d.topk == 1 else d.num_steps
+        return {"version": None, "max_depth": depth if d.algorithm is not Algorithm.NONE and depth > 0 else None}
 
     def after_run(self, base_url: str, metrics: dict[str, float], tags: dict[str, str]) -> list[str]:
         """After the run's last answer: metrics and tags into the run's result; notes for its message."""
@@ -245,6 +248,11 @@ class EngineAdapter:
             return None
         return Problem("context_len", prompt, f"context_len + gen_tokens ({gen}) <= {context_limit_words(point)}",
                        point.overrides)
+
+    def context_note(self, point: PlanPoint) -> str | None:
+        """A point this engine serves but SGLang would not serve the same way, in words (the plan says so); this
+        default: None, an engine that rehearses nothing."""
+        return None
 
     def draft_path_allowed(self, point: PlanPoint) -> str:
         """What is allowed when the drafter's algorithm needs a draft model path and none is set."""

@@ -135,6 +135,7 @@ def plan_sweep(sweep_name: str, configs: Sequence[RunConfig], *, drop_over_max: 
     runs: list[RunSpec] = []
     over: list[tuple[RunSpec, str]] = []
     duplicate: list[tuple[RunSpec, str]] = []
+    rehearsed: list[str] = []  # context_note of each planned point that has one
     first: dict[str, RunSpec] = {}  # run_hash -> the job that runs it
     for i, rc in enumerate(configs):
         run = build_run(rc, first_job_index + i)
@@ -146,8 +147,13 @@ def plan_sweep(sweep_name: str, configs: Sequence[RunConfig], *, drop_over_max: 
         else:
             first[run.run_hash] = run
             runs.append(run)
+            if rc.job is JobKind.ENGINE and (note := adapter_for(rc.engine.kind).context_note(rc)):
+                rehearsed.append(note)
     if over:
         log.info(_drop_summary(over, len(configs)))
+    if rehearsed:  # the reference engine rehearses SGLang: a point it serves that SGLang would refuse is said
+        log.warning("%d grid point(s) are served on their engine but would be refused on engine=sglang, which it "
+                    "rehearses (%s)", len(rehearsed), "; ".join(sorted(set(rehearsed))))
     if duplicate:
         log.warning("%d duplicate grid point(s) planned once (jobs %s repeat earlier jobs' run_hash)",
                     len(duplicate), ", ".join(str(r.job_index) for r, _ in duplicate[:10]))

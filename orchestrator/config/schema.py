@@ -36,6 +36,7 @@ from orchestrator.config.problems import ConfigError
 from specsweep_vocab.problem import Problem
 from specsweep_vocab.builtin_models import BUILTIN_MODELS
 from specsweep_vocab.domain import Choice, Int, domain
+from specsweep_vocab.problem import ProblemError, read_file
 from specsweep_vocab.spec import (DTYPES, AttentionSpec, DrafterSpec, EngineKind, EngineSpec, JobKind,
                                   KERNEL_LAYOUTS, KernelSpec, ModelSpec, ProbeKind, ProbeSpec, SGLangOptions,
                                   StubOptions)
@@ -386,13 +387,17 @@ def to_run_config(cfg: DictConfig | Mapping[str, Any], overrides: tuple[str, ...
             probe_path = str(Path(cwd, pr["path"]).resolve())
             # no more than the longest context this model takes could use: read only that much
             limit = max(PROBE_FILE_MIN_BYTES, PROBE_BYTES_PER_TOKEN * int(c["model"]["max_context_len"]))
+            raw: bytes | None = None
             if not Path(probe_path).is_file():  # a folder, a FIFO, a device: never opened
                 p.items.append(Problem("probe.path", pr["path"], "an existing regular file", p.overrides))
             elif not os.access(probe_path, os.R_OK):
                 p.items.append(Problem("probe.path", pr["path"], "a readable file", p.overrides))
             else:
-                with open(probe_path, "rb") as f:
-                    raw = f.read(limit + 1)
+                try:
+                    raw = read_file("probe.path", pr["path"], probe_path, limit=limit + 1, overrides=p.overrides)
+                except ProblemError as e:
+                    p.items.append(e.problem)
+            if raw is not None:
                 digest = hashlib.sha256(raw).hexdigest()
                 if len(raw) > limit:
                     p.items.append(Problem("probe.path", pr["path"], f"a file of at most {limit} bytes "

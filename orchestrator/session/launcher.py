@@ -78,7 +78,7 @@ def launch(*, launcher: LauncherState, job_overrides: Sequence[Sequence[str]],
         composed = compose_grid(job_overrides, lambda o: loader.load_sweep_config(config, o), hydra_group_test(loader))
     except InterpolationResolutionError as e:  # `tracking.uri=${oc.env:MLFLOW_TRACKING_URI}` with the variable unset
         _remove_sweep_record(str(config.hydra.sweep.dir), cwd)
-        raise InvalidConfig(f"{e.full_key}: {e.msg.splitlines()[0]}; allowed: an interpolation that resolves (for ${{oc.env:NAME}}, "
+        raise InvalidConfig(f"{e.full_key}: {(e.msg or str(e)).splitlines()[0]}; allowed: an interpolation that resolves (for ${{oc.env:NAME}}, "
                             f"NAME set in the driver's environment)") from None
     jobs = list(zip(composed, job_overrides))
     try:

@@ -22,6 +22,7 @@ import torch
 from specsweep_kernels import verify_attention as va
 from specsweep_kernels.problems import Layout, make_problem
 from specsweep_kernels.reference import verify_attention_reference
+from specsweep_kernels.verify_config import _device_limits
 from specsweep_kernels.sglang_plugin import (STEP_HOOKS, StepCache, causal_tree_mask, decode_page_table,
                                              decode_step_inputs, run_layer_attention, tree_mask_from_custom_mask,
                                              verify_step_inputs)
@@ -339,11 +340,19 @@ def test_head_configs_plan_on_their_own_workspaces(plan_launches):
 
 def test_one_workspace_keeps_one_plan_and_replans_for_another_split(plan_launches):
     """Layers with another KV-head count on the same (Hq, Dv) workspace get another num_splits: each switch plans
-    again (a kept plan of the other split would be overwritten), and every layer stays right."""
+    again (a kept plan of the other split would be overwritten), and every layer stays right.
+
+    The split is min(max_splits, SM slots // (KV heads x m-blocks)) (verify_config._num_splits), so 2 and 4 KV heads
+    take different splits on any SM count once the workspace's cap is out of the way: with the CPU interpreter's 8
+    SMs 4 and 2; on an H100's 132 SMs twice as many for GQA as for MHA, where max_splits=4 capped both at 4. The
+    workspace here allows 16 x SMs splits (the plugin's default is 4 x SMs), and the test checks neither hit it."""
     mha4 = Layout(4, 4, 32, 32, mla=False)
     problems = {lay: make_problem(layout=lay, prefix_lens=[37, 5, 130], num_tokens=3, page_size=1,
                                   dtype=torch.float16, device=DEVICE, seed=7) for lay in (GQA, mha4)}
-    ws, step, fb = _workspace(GQA), StepCache(), ForwardBatch()
+    sms = _device_limits(torch.device(DEVICE).index or 0)[1]
+    ws = va.allocate_workspace(max_batch=4, max_tokens=4, num_q_heads=GQA.num_q_heads, v_head_dim=GQA.v_head_dim,
+                               device=DEVICE, max_splits=16 * sms)
+    step, fb = StepCache(), ForwardBatch()
     step.enter(fb, capturing=False)
     inputs = _verify_inputs(step, problems[GQA])
     splits = []
@@ -351,5 +360,6 @@ def test_one_workspace_keeps_one_plan_and_replans_for_another_split(plan_launche
         layer = _layer(problems[lay], 60 + i)
         _close(_attend(step, problems[lay], layer, ws, inputs), _reference(problems[lay], layer))
         splits.append(step.plan_of(ws).num_splits)
+    assert max(splits) < ws.max_splits, f"a layout hit the workspace's cap ({splits}, {sms} SMs): raise it"
     assert splits[0] == splits[1] == splits[3] != splits[2]
     assert plan_launches == [3, 3, 3]

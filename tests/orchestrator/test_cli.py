@@ -106,9 +106,12 @@ SGLANG = ("engine=sglang", "model=qwen3-8b", "attention=triton")
 
 
 def assert_one_clear_error(proc, *needles):
+    """Exit 1, the message, and no trace nor a hint of one (Hydra's "Set the environment variable
+    HYDRA_FULL_ERROR=1 ..." and "Error executing job ..." lines)."""
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert all(n in proc.stderr for n in needles), proc.stderr
-    assert "Traceback" not in proc.stderr + proc.stdout
+    for noise in ("Traceback", "HYDRA_FULL_ERROR", "Error executing job"):
+        assert noise not in proc.stderr + proc.stdout, proc.stderr
 
 
 @pytest.mark.parametrize("args,key,closest", [
@@ -261,3 +264,57 @@ def test_refused_sweep_leaves_no_hydra_record(tmp_path):
     assert proc.returncode == 1 and "cannot be reached" in proc.stderr
     assert [p.relative_to(tmp_path).as_posix() for p in sorted((tmp_path / "multirun").rglob("*"))] == [
         "multirun/2026-01-01", "multirun/2026-01-01/00-00-00", "multirun/2026-01-01/00-00-00/multirun.yaml"]
+
+
+@pytest.mark.parametrize("sweep", [(), ("+sweep=smoke",)], ids=["single", "sweep"])
+def test_an_override_hydra_cannot_apply_is_a_problem_naming_it(tmp_path, sweep):
+    """OmegaConf's AssertionError under a null parent, raised while Hydra composes: one problem, exit 1."""
+    proc, _ = run_app(tmp_path, *sweep, "+cluster.runtime_env.bogus_field=1", "hydra.launcher.dry_run=true")
+    assert_one_clear_error(proc, "cluster.runtime_env.bogus_field='1': allowed an override Hydra can apply",
+                           "Unexpected type for root: NoneType", "cluster.runtime_env is null here")
+    assert_nothing_started(tmp_path)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("probe=file", "probe.path=/no/such/file"), "probe.path='/no/such/file': allowed an existing regular file"),
+    (("+sweep=smoke", "page_size=0"), "page_size=0: allowed"),
+    (("+sweep=smoke", "attention=bogus"), "Could not find 'attention/bogus'"),  # Hydra's own refusal
+], ids=["single-run", "sweep", "hydra"])
+def test_a_refusal_is_one_message_without_a_hint_of_a_trace(tmp_path, args, needle):
+    proc, _ = run_app(tmp_path, *args)
+    assert_one_clear_error(proc, needle)
+
+
+# Runs the app as the console script does, with a KeyboardInterrupt raised where SIGINT would land in a phase:
+# while the command line imports (the first `import hydra`), or while the sweep is planned.
+INTERRUPT = """
+import builtins, sys
+phase = sys.argv.pop(1)
+if phase == "importing":
+    real = builtins.__import__
+    def interrupted_import(name, *args, **kwargs):
+        if name == "hydra":
+            raise KeyboardInterrupt
+        return real(name, *args, **kwargs)
+    builtins.__import__ = interrupted_import
+from orchestrator.__main__ import main
+if phase == "planning":
+    import orchestrator.config.plan as plan
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    plan.plan_sweep = interrupted
+    import orchestrator.session.launcher as launcher
+    launcher.plan_sweep = interrupted
+sys.argv = ["specsweep"] + sys.argv[1:]
+main()
+"""
+
+
+@pytest.mark.parametrize("phase", ["importing", "planning"])
+def test_ctrl_c_in_every_phase_is_one_line_and_sigint(tmp_path, phase):
+    proc = subprocess.run([sys.executable, "-c", INTERRUPT, phase, "+sweep=smoke", "engine=stub",
+                           "hydra.launcher.dry_run=true"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": PYTHONPATH})
+    assert proc.returncode == -2, proc.stderr  # by SIGINT, as a shell expects of Ctrl-C (130 there)
+    assert proc.stderr.strip().splitlines()[-1].startswith("specsweep: interrupted (Ctrl-C)"), proc.stderr
+    assert "Traceback" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr, proc.stderr

@@ -218,7 +218,8 @@ def engines():
     """(plain engine, speculating engine, prompt ids, the target's greedy continuation of 64 tokens)."""
     plain = Engine(parse_args(ENGINE_FLAGS))
     spec = Engine(parse_args([*ENGINE_FLAGS, "--speculative-algorithm", "NGRAM", "--speculative-num-steps",
-                              str(NUM_STEPS), "--speculative-eagle-topk", "1", "--decode-log-interval", str(WINDOW)]))
+                              str(NUM_STEPS), "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens",
+                              str(NUM_DRAFT_TOKENS), "--decode-log-interval", str(WINDOW)]))
     assert spec.num_draft_tokens == NUM_DRAFT_TOKENS
     try:
         prompt = plain.encode(PROMPT_TEXT)

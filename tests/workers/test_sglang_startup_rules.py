@@ -163,3 +163,70 @@ def test_torch_native_fails_on_a_verify_batch_only(sglang_says):
     ngram = run_config("engine=sglang", "model=qwen3-8b", "drafter=ngram").drafter
     assert _ours(speculation_problems, dataclasses.replace(_config(backend="torch_native"), drafter=ngram)) == "refused"
     assert _ours(speculation_problems, _config(backend="torch_native")) == "passes"
+
+
+# ---------------------------------------------------------------- mem_fraction_static: SGLang's own resolution
+
+# SGLang resolves mem_fraction_static from the GPU's memory (`handle_gpu_memory_settings`,
+# sglang/srt/arg_groups/memory_hook.py:47-350). On this CPU host the child runs that resolution on our argv with the
+# memory query answering each GPU size (memory_hook.py:78) and the prefill CUDA-graph backend SGLang picks on CUDA
+# (`default_prefill_backend`, sglang/srt/model_executor/cuda_graph_config.py:119-123): what SGLang would run with.
+MEMORY_CHILD = r"""
+import json, sys
+from workers.sglang.argcheck import _prepare_imports
+_prepare_imports(None)
+import sglang.srt.arg_groups.memory_hook as memory_hook
+import sglang.srt.model_executor.cuda_graph_config as graphs
+from sglang.srt.server_args import prepare_server_args
+graphs.default_prefill_backend = lambda: graphs.Backend.BREAKABLE
+for line in sys.stdin:
+    case = json.loads(line)
+    memory_hook.get_device_memory_capacity = lambda device=None, _mib=case["mib"]: _mib
+    server_args = prepare_server_args(case["argv"])
+    server_args.resolve_once()
+    print(json.dumps({"id": case["id"], "fraction": server_args.resolved_dict()["mem_fraction_static"]}), flush=True)
+"""
+
+MEMORY_POINTS = [  # (overrides, GiB): both attention kinds, every memory bracket, tp across the max-batch switch
+    *[((f"model={m}", "drafter=none", f"tp_size={tp}"), gib)
+      for m in ("qwen3-8b", "deepseek-v3") for tp in (1, 4, 8) for gib in (16, 24, 40, 80, 141, 192)],
+    (("model=qwen3-8b", "drafter=ngram"), 80),
+    (("model=qwen3-8b", "drafter=ngram", "engine.sglang.disable_cuda_graph=true"), 24),
+    (("model=qwen3-8b", "drafter=none", "engine.sglang.cuda_graph_max_bs=64"), 80),
+    (("model=qwen3-8b", "drafter=none", "engine.sglang.max_running_requests=16"), 80),
+    (("model=qwen3-8b", "drafter=none", "engine.sglang.max_running_requests=16"), 24),
+    (("model=qwen3-8b", "drafter=none", "engine.extra_args=[--chunked-prefill-size,1024]"), 24),
+    (("model=deepseek-v3", "drafter=none", "tp_size=8", "engine.sglang.disable_cuda_graph=true"), 80),
+]
+
+
+def test_mem_fraction_static_is_the_one_sglang_resolves(tmp_path):
+    """Our `mem_fraction_static` (the weights rule's budget) equals SGLang's own resolution on every point."""
+    from orchestrator.config.plan import build_server
+    from tests.workers.test_sglang_args import _write_model
+    from tools.testing import compose_run
+    from workers.sglang.args import build_sglang_argv
+    from workers.sglang.startup_rules import mem_fraction_static
+
+    if importlib.util.find_spec("sglang") is None:
+        if os.environ.get("CI"):
+            pytest.fail("sglang is not installed (CI must run this: `make setup` installs it)")
+        pytest.skip("sglang is not installed (pip install --no-deps sglang==0.5.23, see docs/sglang.md)")
+    ours, cases = {}, []
+    for i, (overrides, gib) in enumerate(MEMORY_POINTS):
+        rc = compose_run("engine=sglang", "attention=triton", *overrides, f"cluster.gpu_memory_gib={gib}")
+        local = dataclasses.replace(rc, model=dataclasses.replace(
+            rc.model, path=_write_model(tmp_path / rc.model.name, rc.model)))
+        ours[str(i)] = mem_fraction_static(rc, gib)[0]
+        cases.append({"id": str(i), "mib": gib * 1024, "argv": build_sglang_argv(build_server(local), 30000)[3:]})
+    proc = subprocess.run([sys.executable, "-c", MEMORY_CHILD], input="\n".join(map(json.dumps, cases)),
+                          capture_output=True, text=True, cwd=ROOT, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sglang = {r["id"]: r["fraction"] for r in map(json.loads, proc.stdout.strip().splitlines())}
+    differ = {" ".join(MEMORY_POINTS[int(i)][0]) + f" @ {MEMORY_POINTS[int(i)][1]} GiB": (f, sglang[i])
+              for i, f in ours.items() if f != sglang[i]}
+    assert not differ, differ  # (ours, SGLang's)
+    deepseek_tp8_80 = MEMORY_POINTS.index((("model=deepseek-v3", "drafter=none", "tp_size=8"), 80))
+    assert sglang[str(deepseek_tp8_80)] == 0.8  # 64 GiB for 78.1 GiB of weights per GPU: refused
+    assert len(set(sglang.values())) > 10  # the points span SGLang's brackets, not one figure

@@ -73,6 +73,9 @@ class ReferenceAdapter(EngineAdapter):
     def plan_problems(self, point: PlanPoint) -> list[Problem]:
         return super().plan_problems(point) + rules.reference_problems(point)
 
+    def context_note(self, point: PlanPoint) -> str | None:
+        return rules.sglang_context_note(point)
+
     def draft_path_allowed(self, point: PlanPoint) -> str:
         return rules.draft_path_allowed(point)
 

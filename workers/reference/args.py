@@ -8,11 +8,10 @@ from pathlib import Path
 from specsweep_vocab.builtin_models import GGUF_MODELS
 from specsweep_vocab.sglang_facts import SPEC_MAX_RUNNING_REQUESTS
 
-from .config import BUILTIN_CONFIGS
+from .config import BUILTIN_CONFIGS, LOAD_FORMATS
 from .gguf_checkpoint import resolve_gguf
 from .spec_counters import DEFAULT_DECODE_LOG_INTERVAL
 
-LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 
 ALGORITHMS = ("NONE", "NGRAM", "STANDALONE")
 DEFAULT_MAX_RUNNING_REQUESTS = SPEC_MAX_RUNNING_REQUESTS  # SGLang's cap with speculation (validate.py plans with it)
@@ -67,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto = float32")
     m.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     m.add_argument("--random-seed", type=int, default=0)
+    m.add_argument("--enable-deterministic-inference", action="store_true",
+                   help="a sampled request without a seed is seeded with 42, as SGLang (sampling_batch_info.py:"
+                        "157-171); without it such requests draw from the server's generator, each its own sample")
     m.add_argument("--context-length", type=context_int, default=None,
                    help="max prompt + new tokens per request (default: the model's max_position_embeddings)")
     m.add_argument("--tokenizer-path", default=None, help="accepted; the model path's tokenizer is used")
@@ -95,10 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "model's decoder layers, the first ceil(N/2) and the last floor(N/2) (the middle ones "
                         "skipped), then its final norm and LM head. Draft path = the target: self-speculation "
                         "reading the target's KV of those layers")
-    s.add_argument("--speculative-num-steps", type=positive_int, default=None, help="tree depth (default 3)")
+    s.add_argument("--speculative-num-steps", type=positive_int, default=None, help="tree depth (default 3; NGRAM: num_draft_tokens // topk)")
     s.add_argument("--speculative-eagle-topk", type=positive_int, default=None, help="tree branching (default 1)")
     s.add_argument("--speculative-num-draft-tokens", type=positive_int, default=None,
-                   help="max tree nodes incl. the root (default num_steps*topk+1; num_steps+1 when topk is 1)")
+                   help="max tree nodes incl. the root (default num_steps*topk+1; num_steps+1 when topk is 1, "
+                        "except NGRAM, which keeps it, default 12, as SGLang)")
     s.add_argument("--speculative-ngram-min-match-window-size", type=positive_int, default=1)
     s.add_argument("--speculative-ngram-max-match-window-size", type=positive_int, default=12)
     s.add_argument("--speculative-ngram-max-bfs-breadth", type=positive_int, default=None,
@@ -137,13 +140,25 @@ def resolve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> argpar
         parser.error("--speculative-algorithm STANDALONE needs --speculative-draft-model-path")
     if args.speculative_eagle_topk is None:
         args.speculative_eagle_topk = (args.speculative_ngram_max_bfs_breadth or 1) if algo == "NGRAM" else 1
-    if args.speculative_num_steps is None:
-        args.speculative_num_steps = 3
-    steps, topk = args.speculative_num_steps, args.speculative_eagle_topk
-    if topk == 1:
-        args.speculative_num_draft_tokens = steps + 1  # as SGLang: forced for chains
-    elif args.speculative_num_draft_tokens is None:
-        args.speculative_num_draft_tokens = steps * topk + 1
+    topk = args.speculative_eagle_topk
+    if algo == "NGRAM":
+        # SGLang's NGRAM keeps the draft-token count it is given (12 when unset) and derives the steps from it,
+        # num_draft_tokens // topk, when they are unset (`_handle_ngram`, sglang/srt/arg_groups/speculative_hook.py:
+        # 1314-1330); its drafter fills a tree of num_draft_tokens nodes and verifies them all
+        # (sglang/srt/speculative/ngram_worker.py:99-120), so the chain forcing below is not its rule.
+        if args.speculative_num_draft_tokens is None:
+            args.speculative_num_draft_tokens = 12
+        if args.speculative_num_steps is None:
+            args.speculative_num_steps = args.speculative_num_draft_tokens // topk
+    else:
+        if args.speculative_num_steps is None:
+            args.speculative_num_steps = 3
+        steps = args.speculative_num_steps
+        if topk == 1:
+            # as SGLang's EAGLE family: forced for chains (speculative_hook.py:1255-1266)
+            args.speculative_num_draft_tokens = steps + 1
+        elif args.speculative_num_draft_tokens is None:
+            args.speculative_num_draft_tokens = steps * topk + 1
     if args.speculative_num_draft_tokens < 2:
         parser.error("--speculative-num-draft-tokens must be >= 2 (the root plus at least one draft)")
     if args.speculative_ngram_min_match_window_size > args.speculative_ngram_max_match_window_size:

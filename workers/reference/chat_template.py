@@ -24,6 +24,7 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from specsweep_vocab.problem import read_file
 
 from specsweep_vocab.chat_frame import split_frame, task_messages
 
@@ -79,13 +80,13 @@ def _from_gguf(path: Path) -> ChatTemplate | None:
 
 def _from_hf_dir(directory: Path) -> ChatTemplate | None:
     config_path = directory / "tokenizer_config.json"
-    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    config = json.loads(read_file("model.path", str(directory), str(config_path))) if config_path.is_file() else {}
     source = config.get("chat_template")
     if isinstance(source, list):  # several named templates: the default one
         source = next((t["template"] for t in source if t.get("name") == "default"), None)
     jinja_file = directory / "chat_template.jinja"
     if jinja_file.is_file():
-        source = jinja_file.read_text()
+        source = read_file("model.path", str(directory), str(jinja_file)).decode()
     if not source:
         return None
 

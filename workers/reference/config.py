@@ -8,6 +8,8 @@ from typing import Any
 from specsweep_vocab.builtin_models import BUILTIN_MODELS
 from specsweep_vocab.spec import ModelSpec
 
+LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")  # --load-format choices, with SGLang's names
+
 logger = logging.getLogger(__name__)
 
 BYTE_VOCAB = 256

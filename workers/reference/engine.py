@@ -21,6 +21,7 @@ import torch
 from .attention import create_attention_backend
 from .model_source import load_config
 from .request import CANCEL_POLL_S, Cancelled, Output, Request, RequestError, SamplingParams
+from .finish import finish_reason, trim_matched_stop
 from .cuda_graph import make_runner  # CUDA graphs for specsweep_verify on CUDA
 from .model import build_model, layer_subset, skip_layers_kept
 from .runner import ModelRunner
@@ -32,6 +33,9 @@ from .tokenizer import load_tokenizer
 logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+DETERMINISTIC_SEED = 42  # SGLang seeds unseeded requests with it under --enable-deterministic-inference
 
 
 @dataclass
@@ -66,6 +70,10 @@ class Engine:
         self.algorithm = (args.speculative_algorithm or "NONE").upper()
         self.num_steps, self.topk, self.num_draft_tokens = args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens
         torch.manual_seed(args.random_seed)
+        # A request without a seed, as SGLang: seeded with 42 under --enable-deterministic-inference
+        # (sampling/sampling_batch_info.py:157-171), else from one generator seeded by --random-seed (sampler.py:837)
+        self._unseeded = torch.Generator().manual_seed(args.random_seed)
+        self._unseeded_lock = threading.Lock()
         dtype = _dtype(args)
         self.model = build_model(self.config, args.model_path, args.load_format, args.random_seed, dtype, self.device,
                                  init_on_device=args.dummy_weights_on_device)
@@ -187,7 +195,7 @@ class Engine:
         return_logprob) adds each output token's logprob and its top-n to meta_info (`token_logprobs`)."""
         self.check(input_ids, params)
         self._check_cancelled(cancel)
-        seed = params.sampling_seed if params.sampling_seed is not None else self.args.random_seed
+        seed = params.sampling_seed if params.sampling_seed is not None else self._request_seed()
         req = Request(list(input_ids), params, torch.Generator().manual_seed(seed), on_tokens, cancel,
                       top_logprobs_num)
         with self.cond:
@@ -203,6 +211,13 @@ class Engine:
         if req.result is None:
             raise RuntimeError("request done without a result or an error")
         return req.result
+
+    def _request_seed(self) -> int:
+        """The seed of a request that gives none (see __init__)."""
+        if self.args.enable_deterministic_inference:
+            return DETERMINISTIC_SEED
+        with self._unseeded_lock:
+            return int(torch.randint(0, 2 ** 62, (1,), generator=self._unseeded))
 
     def _check_cancelled(self, cancel: threading.Event | None) -> None:
         if self.cancelled.is_set():
@@ -309,8 +324,8 @@ class Engine:
                 self._after_tokens(req)
 
     def _after_tokens(self, req: Request) -> None:
-        req.finish = self._finish_reason(req.out, req.params)
-        if req.on_tokens:
+        req.finish = finish_reason(req.out, req.params, self.decode, self.eos_id)
+        if req.on_tokens and req.finish is None:  # a finished request's last tokens go out with its Output, trimmed
             req.on_tokens(req.out)
 
     def _stopped(self, req: Request) -> bool:
@@ -343,23 +358,9 @@ class Engine:
                 req.result = Output(req.out, meta)
             req.done.set()
 
-    def _finish_reason(self, out: list[int], params: SamplingParams) -> dict | None:
-        """Trims `out` in place at the first stop string / EOS / length limit; returns SGLang's finish_reason. As
-        SGLang (`Req.update_finish_state`, sglang/srt/managers/schedule_batch.py:2007-2042): a stop string before an
-        EOS, and a stop found past max_new_tokens (a verify step can overshoot it) is a length finish."""
-        text = self.decode(out) if params.stop else ""
-        for stop in (s for s in params.stop if s and s in text):
-            for n in range(1, min(len(out), params.max_new_tokens) + 1):
-                if stop in self.decode(out[:n]):
-                    del out[n:]
-                    return {"type": "stop", "matched": stop}
-        if not params.ignore_eos and self.eos_id is not None and self.eos_id in out[:params.max_new_tokens]:
-            del out[out.index(self.eos_id) + 1:]
-            return {"type": "stop", "matched": self.eos_id}
-        if len(out) >= params.max_new_tokens:
-            del out[params.max_new_tokens:]
-            return {"type": "length", "length": params.max_new_tokens}
-        return None
+    def output_text(self, out: Output, params: SamplingParams) -> str:
+        """The text of a finished request, as SGLang's detokenizer returns it (finish.trim_matched_stop)."""
+        return trim_matched_stop(self.decode(out.output_ids), out.meta_info.get("finish_reason"), params.no_stop_trim)
 
     def _meta(self, input_ids, out, finish, steps, ttft, e2e) -> dict:
         meta = {"id": uuid.uuid4().hex, "finish_reason": finish, "prompt_tokens": len(input_ids),

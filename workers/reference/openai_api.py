@@ -37,6 +37,7 @@ from starlette.concurrency import run_in_threadpool
 
 from .chat_template import ChatTemplateError, load_chat_template, render_chat
 from .engine import Cancelled, Engine, Output, RequestError, SamplingParams
+from .finish import trim_matched_stop
 from .request_params import cancel_on_disconnect, fill_max_new_tokens, is_int, parse_json_body, parse_sampling
 from .tokenizer_export import hf_tokenizer_dir
 
@@ -51,7 +52,7 @@ SPEC_DETAIL_DEFAULTS: dict[str, Any] = {
 # request fields of CompletionRequest / ChatCompletionRequest this engine does not implement: accepted only at
 # their default (or null). Fields SGLang's protocol does not know are ignored, as pydantic ignores them there.
 UNSUPPORTED_COMMON = {"logit_bias": None, "response_format": None, "regex": None, "ebnf": None,
-                      "json_schema": None, "stop_token_ids": None, "stop_regex": None, "no_stop_trim": False,
+                      "json_schema": None, "stop_token_ids": None, "stop_regex": None,
                       "skip_special_tokens": True, "lora_path": None, "return_hidden_states": False,
                       "return_routed_experts": False, "custom_logit_processor": None, "return_token_ids": False}
 UNSUPPORTED_COMPLETION = {**UNSUPPORTED_COMMON, "best_of": 1, "logprobs": None, "suffix": None}
@@ -61,7 +62,7 @@ UNSUPPORTED_CHAT = {**UNSUPPORTED_COMMON, "logprobs": False, "top_logprobs": Non
 RENAMED = {"max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_tokens", "seed": "sampling_seed",
            "min_tokens": "min_new_tokens"}
 PASSED = ("temperature", "top_p", "stop", "ignore_eos", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-          "repetition_penalty", "n")
+          "repetition_penalty", "n", "no_stop_trim")
 
 
 def error_response(status: int, message: str, err_type: str = "BadRequestError") -> JSONResponse:
@@ -167,13 +168,16 @@ class TextDeltas:
     of U+FFFD (an incomplete UTF-8 character) is held back, as SGLang's detokenizer does
     (detokenizer_manager.py:394-412)."""
 
-    def __init__(self, engine: Engine):
-        self.engine, self.sent = engine, 0
+    def __init__(self, engine: Engine, params: SamplingParams):
+        self.engine, self.params, self.sent = engine, params, 0
 
-    def __call__(self, output_ids: list[int], final: bool) -> str:
-        text = self.engine.decode(output_ids)
-        if not final:
-            text = text.rstrip("\ufffd")
+    def __call__(self, output_ids: list[int], final: Output | None = None) -> str:
+        """`final`: the finished request's Output, whose text is trimmed at its matched stop string."""
+        if final is not None:
+            text = trim_matched_stop(self.engine.decode(output_ids), final.meta_info.get("finish_reason"),
+                                     self.params.no_stop_trim)
+        else:
+            text = self.engine.decode(output_ids).rstrip("\ufffd")
         delta = text[self.sent:]
         self.sent = max(self.sent, len(text))
         return delta
@@ -308,7 +312,7 @@ class OpenAIRoutes:
             return error_response(400, f"bad request: {exc}")
         ctx = {"model": model, "created": int(time.time()), "chat": chat, "echo": echo,
                "spec": bool(body.get("return_spec_tokens_details")), "meta": bool(body.get("return_meta_info")),
-               "include_usage": include_usage, "continuous": continuous}
+               "include_usage": include_usage, "continuous": continuous, "params": params}
         if stream:
             return StreamingResponse(self._stream(engine, input_ids, params, ctx), media_type="text/event-stream")
         cancel = threading.Event()
@@ -341,7 +345,7 @@ class OpenAIRoutes:
         """CompletionResponse (protocol.py:528) / ChatCompletionResponse (protocol.py:1336), as serialised."""
         meta = out.meta_info
         finish, matched = _finish(meta)
-        text = engine.decode(out.output_ids)
+        text = engine.output_text(out, ctx["params"])
         if ctx["chat"]:
             choice = {"index": 0, "message": {"role": "assistant", "content": text, "reasoning_content": None},
                       "logprobs": None, "finish_reason": finish, "matched_stop": matched}
@@ -361,7 +365,7 @@ class OpenAIRoutes:
     async def _stream(self, engine: Engine, input_ids: list[int], params: SamplingParams, ctx: dict):
         """serving_completions.py:225-504 / serving_chat.py:2441-2805: a chunk per decode step, then (chat) a
         finish chunk, the sglext chunk when asked, the usage chunk when asked, and `data: [DONE]`."""
-        chat, rid, deltas = ctx["chat"], uuid.uuid4().hex, TextDeltas(engine)
+        chat, rid, deltas = ctx["chat"], uuid.uuid4().hex, TextDeltas(engine, params)
         head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": ctx["created"], "model": ctx["model"]}
         prompt_len, first, meta = len(input_ids), True, None
@@ -375,7 +379,7 @@ class OpenAIRoutes:
                 ids = payload.output_ids if kind == "done" else payload
                 meta = payload.meta_info if kind == "done" else None
                 finish, matched = _finish(meta) if meta else (None, None)
-                delta = deltas(ids, final=kind == "done")
+                delta = deltas(ids, final=payload if kind == "done" else None)
                 step_usage = usage(meta or {"prompt_tokens": prompt_len, "completion_tokens": len(ids)})
                 if not chat:
                     text = (ctx["echo"] if first else "") + delta

@@ -33,6 +33,7 @@ class SamplingParams:
     ignore_eos: bool = False
     stop: list[str] = field(default_factory=list)
     sampling_seed: int | None = None
+    no_stop_trim: bool = False  # keep a matched stop string in the text (SGLang's sampling param of that name)
 
 
 @dataclass

@@ -13,10 +13,28 @@ from starlette.requests import Request
 
 from .engine import Engine, RequestError, SamplingParams
 
-SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_p", "ignore_eos", "stop", "sampling_seed")
+SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_p", "ignore_eos", "stop", "sampling_seed", "no_stop_trim")
 # SGLang sampling params this engine does not implement: accepted only at SGLang's defaults
 SGLANG_DEFAULTS = {"top_k": -1, "min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
                    "repetition_penalty": 1.0, "min_new_tokens": 0, "n": 1}
+# SGLang 0.5.23's /generate body (`GenerateRequest`, sglang/api/v1/api_types.py:236-277, checked by its contract
+# gate, sglang/srt/entrypoints/http_server.py:933-940): a key it does not know is ignored ("unknown keys ignored"),
+# while an unknown key in sampling_params is refused (`SamplingParams`, api_types.py:177-178, "unknown keys
+# rejected"). This engine does the same. Of SGLang's own fields it serves the first group; the second changes
+# nothing a request returns here (routing, caching and disaggregation hints, the logprob options that only apply
+# with return_logprob: bench_serving sends logprob_start_len=-1) and is ignored; the third would change what comes
+# back, so it is taken only at SGLang's default (null, or the default given), never silently dropped.
+GENERATE_SERVED = ("text", "input_ids", "stream", "sampling_params")
+GENERATE_NO_EFFECT = ("rid", "logprob_start_len", "top_logprobs_num", "token_ids_logprob", "return_text_in_logprobs",
+                      "bootstrap_host", "bootstrap_port", "bootstrap_room", "bootstrap_pair_key", "decode_tp_size",
+                      "routed_dp_rank", "disagg_prefill_dp_rank", "mm_hashes", "extra_key", "priority", "cache_salt",
+                      "kv_hints", "routing_key", "session_id", "custom_labels", "images_config")
+GENERATE_AT_DEFAULT: dict[str, object] = {
+    **dict.fromkeys(("return_logprob", "return_hidden_states", "image_data", "video_data", "audio_data",
+                     "require_reasoning", "lora_path", "session_params", "max_thinking_tokens",
+                     "custom_logit_processor", "return_sampling_mask", "modalities")),
+    "return_prompt_token_ids": False, "routed_experts_start_len": 0,
+}
 SEED_MIN, SEED_MAX = -2**63, 2**63 - 1  # SGLang's sampling_seed range
 # SGLang treats 0 <= temperature < _SAMPLING_EPS as greedy (sglang/srt/sampling/sampling_params.py:42, 245-248):
 # 4.4e-38 or 5e-324 would overflow logits / temperature in float32
@@ -48,6 +66,19 @@ def parse_json_body(raw: bytes) -> dict:
     if not isinstance(body, dict):
         raise RequestError("the body must be a JSON object")
     return body
+
+
+def check_generate_fields(body: dict) -> None:
+    """A /generate body's top-level keys, as SGLang's contract takes them: a field of GENERATE_AT_DEFAULT is a 400
+    unless at its default (false, or an empty list, counts as unset); unknown keys are ignored, as there."""
+    for key, value in body.items():
+        if key not in GENERATE_AT_DEFAULT or value is None or value is False or (isinstance(value, list) and not value):
+            continue
+        default = GENERATE_AT_DEFAULT[key]
+        if default is not None and type(value) is type(default) and value == default:
+            continue
+        raise RequestError(f"{key}={value!r} is not supported by the reference engine; allowed: null or SGLang's "
+                           f"default ({default!r}); it serves {', '.join(GENERATE_SERVED)}")
 
 
 def parse_sampling(raw, names: dict[str, str] | None = None) -> SamplingParams:
@@ -100,11 +131,14 @@ def parse_sampling(raw, names: dict[str, str] | None = None) -> SamplingParams:
     stop = [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
         raise RequestError(f"{name('stop')} must be a string or a list of strings, got {raw.get('stop')!r}")
+    no_stop_trim = raw.get("no_stop_trim", False)
+    if not isinstance(no_stop_trim, bool):
+        raise RequestError(f"{name('no_stop_trim')} must be true or false, got {no_stop_trim!r}")
     seed = raw.get("sampling_seed")
     if seed is not None and not (is_int(seed) and SEED_MIN <= seed <= SEED_MAX):
         raise RequestError(f"{name('sampling_seed')} must be an integer in [-2**63, 2**63 - 1], got {seed!r}")
     return SamplingParams(max_new_tokens=n, temperature=float(temperature), ignore_eos=ignore_eos, stop=stop,
-                          sampling_seed=seed)
+                          sampling_seed=seed, no_stop_trim=no_stop_trim)
 
 
 def parse_logprob(body: dict, prompt_len: int, vocab_size: int) -> int | None:

@@ -5,6 +5,7 @@ what `python -m workers.reference` would refuse at start-up or per request, chec
     concurrency_problems(point) -> [Problem]    probe.concurrency requests must run at once, not queue
     kv_budget(point) -> KVBudget               pages per request and in the pool, --max-running-requests
     draft_path_allowed(point) -> str            a built-in draft model sharing the target's vocabulary
+    sglang_context_note(point) -> str | None    served here, refused by SGLang at its context edge
     parser_problem(argv) -> str | None          what this engine's own parser (args.py) says of its argv
     packaged_file(name) -> str | None           a packaged GGUF model name (GGUF_MODELS) resolved to its file
 
@@ -20,10 +21,12 @@ from typing import Sequence
 
 from specsweep_vocab.builtin_models import BUILTIN_MODELS, GGUF_MODELS
 from specsweep_vocab.plan_point import PlanPoint, argv_int, server_context_len
-from specsweep_vocab.problem import Problem
+from specsweep_vocab.problem import Problem, ProblemError
 from specsweep_vocab.sglang_facts import SPEC_MAX_RUNNING_REQUESTS
+from specsweep_vocab.sglang_limits import context_need, sglang_generated
 from specsweep_vocab.spec import Algorithm
 
+from .config import LOAD_FORMATS
 from .gguf_checkpoint import locate_packaged
 
 BACKENDS = ("torch", "specsweep_verify")  # --attention-backend and the split backends it takes (args.py)
@@ -36,6 +39,19 @@ def same_vocab(path: str) -> list[str]:
     """The built-in models sharing `path`'s vocabulary (itself included); [] for a path that is not built in."""
     vocab = REFERENCE_MODEL_VOCABS.get(path)
     return [p for p, v in REFERENCE_MODEL_VOCABS.items() if vocab and v == vocab]
+
+
+def sglang_context_note(point: PlanPoint) -> str | None:
+    """This engine serves prompt + gen_tokens up to the context exactly (`Engine.check`); SGLang 0.5.23 keeps two
+    slots more and refuses prompts of context - 6 tokens or more (specsweep_vocab/sglang_limits.py). The reference
+    engine rehearses SGLang, so a point between the two edges is served here but would be refused (or cut short)
+    there: the plan says so."""
+    limit, prompt, gen = server_context_len(point), point.probe.context_len, point.probe.gen_tokens
+    if prompt + gen > limit or sglang_generated(prompt, gen, limit) == gen:
+        return None
+    total, alone = context_need(0)
+    return (f"context_len {prompt} + gen_tokens {gen} against server context {limit}: served here, but SGLang "
+            f"needs context_len + gen_tokens + {total} <= {limit} and context_len <= {limit - alone}")
 
 
 def draft_path_allowed(point: PlanPoint) -> str:
@@ -62,6 +78,9 @@ def reference_problems(point: PlanPoint) -> list[Problem]:
         if value is not None and value not in BACKENDS:
             out.append(Problem(f"attention.{key}", value,
                                "one of " + ", ".join(BACKENDS) + " on engine=reference", point.overrides))
+    if point.model.load_format not in LOAD_FORMATS:
+        out.append(Problem("model.load_format", point.model.load_format,
+                           "one of " + ", ".join(LOAD_FORMATS) + " on engine=reference", point.overrides))
     uses_kernel = "specsweep_verify" in (a.backend, a.decode_backend, a.prefill_backend, a.draft_backend)
     if uses_kernel and point.engine.device != "cuda":
         out.append(Problem("engine.device", point.engine.device,
@@ -90,6 +109,8 @@ def task_problems(point: PlanPoint) -> list[Problem]:
 
     try:
         frame = frame_tokens(point.model.path, task)
+    except ProblemError as exc:  # a file of the model that cannot be read
+        return [Problem(exc.problem.key, point.model.path, exc.problem.allowed, point.overrides)]
     except ValueError as exc:
         return [Problem("probe.task", task, f"empty on model.path={point.model.path} ({exc})", point.overrides)]
     if point.probe.context_len <= frame:

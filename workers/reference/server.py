@@ -6,7 +6,10 @@ the server exits 1 (the traceback in its log). Concurrent requests are batched b
 (up to --max-running-requests at once); a client that goes away (streaming or not) cancels its generation,
 which leaves the batch at the next step, so /flush_cache, which answers 400 while a request waits or runs,
 works again right after. Requests are checked as SGLang does
-(`request_params.parse_sampling`): a bad field is a 400 naming it, and the keep-alive connection stays open.
+(`request_params.parse_sampling`): a bad field is a 400 naming it, and the keep-alive connection stays open. A
+/generate body follows SGLang 0.5.23's contract (`request_params.check_generate_fields`): an unknown top-level key
+is ignored, an unknown sampling_params key is a 400, and an SGLang field this engine does not serve is a 400 unless
+at its default.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from .request_params import (cancel_on_disconnect, fill_max_new_tokens, is_int, 
                              parse_sampling)
 from .engine import Cancelled, Engine, RequestError, SamplingParams
 from .openai_api import add_openai_routes, engine_events
+from .request_params import check_generate_fields
 
 logger = logging.getLogger(__name__)
 
@@ -185,6 +189,7 @@ def create_app(state: ServerState) -> FastAPI:
             return _error(503, state.load_error or "not ready: the model is loading")
         try:
             body = parse_json_body(await request.body())
+            check_generate_fields(body)
             input_ids = _parse_prompt(body, engine)
             params = parse_sampling(body.get("sampling_params"))
             fill_max_new_tokens(params, input_ids, engine)
@@ -215,7 +220,7 @@ def create_app(state: ServerState) -> FastAPI:
             return _error(500, f"generation failed: {type(exc).__name__}: {exc}")
         finally:
             watcher.cancel()
-        return JSONResponse({"text": engine.decode(out.output_ids), "output_ids": out.output_ids,
+        return JSONResponse({"text": engine.output_text(out, params), "output_ids": out.output_ids,
                              "meta_info": out.meta_info})
 
     return app
@@ -235,7 +240,7 @@ async def _stream(engine: Engine, input_ids: list[int], params: SamplingParams, 
                          "meta_info": {"prompt_tokens": len(input_ids), "completion_tokens": len(payload),
                                        "finish_reason": None, "e2e_latency": time.perf_counter() - t0}}
             elif kind == "done":
-                chunk = {"text": engine.decode(payload.output_ids), "output_ids": payload.output_ids,
+                chunk = {"text": engine.output_text(payload, params), "output_ids": payload.output_ids,
                          "meta_info": payload.meta_info}
             else:
                 chunk = {"error": {"message": payload}}

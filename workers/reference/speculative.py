@@ -161,12 +161,16 @@ class Drafter:
 
 class NgramDrafter(Drafter):
     """Prompt lookup: earlier occurrences of the context's last n tokens (longest n first, most recent
-    first) propose what followed them; up to `topk` continuations of `num_steps` tokens merged in a trie."""
+    first) propose what followed them; up to `topk` continuations of `num_steps` tokens merged in a trie of at most
+    `num_draft_tokens` nodes, the root included. A chain (topk 1) is as long as its nodes allow, whatever the steps:
+    SGLang's NGRAM fills num_draft_tokens nodes and verifies them all (sglang/srt/speculative/ngram_worker.py:99-120),
+    so 8 draft tokens verify chains of up to 7 drafts."""
 
     def __init__(self, num_steps: int, topk: int, num_draft_tokens: int, min_window: int, max_window: int):
-        self.num_steps, self.topk, self.max_nodes = num_steps, topk, num_draft_tokens
+        self.num_steps = num_draft_tokens - 1 if topk == 1 else num_steps
+        self.topk, self.max_nodes = topk, num_draft_tokens
         if worse := os.environ.get(ENV_WORSE_NGRAM):  # a worse matcher the grid point cannot see (bench only)
-            self.num_steps = min(num_steps, int(worse))
+            self.num_steps = min(self.num_steps, int(worse))
         self.min_window, self.max_window = min_window, max_window
 
     def _matches(self, ctx: np.ndarray) -> list[int]:

@@ -110,6 +110,8 @@ def sglang_problems(point: PlanPoint) -> list[Problem]:
         out += cpu_problems(point, sglang_python(point.engine))
     elif point.engine.device != "cuda":
         bad("engine.device", point.engine.device, "cuda, or cpu with engine=sglang_cpu, on engine=sglang")
+    if m.load_format not in rules.load_formats:
+        bad("model.load_format", m.load_format, f"one of {', '.join(rules.load_formats)} on SGLang {rules.version}")
     if m.path in REFERENCE_MODEL_PATHS and not (on_cpu and m.path in SGLANG_CPU_MODELS):
         bad("model.path", m.path, "a checkpoint dir or HF id on engine=sglang (e.g. model=qwen3-8b); "
             f"{m.path!r} is built into the reference engine")

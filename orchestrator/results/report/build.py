@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.config.settings import Thresholds
+from orchestrator.results.console import print_markdown, print_table
 from orchestrator.results.diagnosis import Diagnosis, Finding, diagnose
 from orchestrator.results.diagnosis_md import render_markdown
 from orchestrator.results.regress.section import changes_section
@@ -93,27 +94,21 @@ def write_report(client, parent_run_id: str, thresholds: Thresholds = Thresholds
 
 
 def print_report(report: Report) -> None:
-    """The pivot (when there are finished engine runs) or the per-run table, then the diagnosis."""
+    """The pivot (when there are finished engine runs) or the per-run table, then the diagnosis; whole and plain when
+    not printed to a terminal (orchestrator/results/console.py)."""
     from rich.console import Console
-    from rich.markdown import Markdown
-    from rich.table import Table
 
     console = Console()
     finished = [c.row for c in report.children if c.status == "FINISHED" and c.job != "kernel"]
     if finished:
         header, body = pivot(finished)
-        table = Table(*header, title=f"sweep {report.sweep} ({len(report.children)} runs): commit length / "
-                                     f"decode tok/s", title_justify="left")
-        for r in body:
-            table.add_row(*r)
-        console.print(table)
+        print_table(header, body, title=f"sweep {report.sweep} ({len(report.children)} runs): commit length / "
+                                        "decode tok/s", console=console)
     cols = ("run", "status", "commit_len_mean", "decode_tok_s", "verify_step_ms")
     unfinished = [c for c in report.children if c.status != "FINISHED"]
     if unfinished or not finished:
         idx = [TABLE_COLUMNS.index(c) for c in cols]
-        table = Table(*cols, title=f"{len(unfinished)} run(s) not FINISHED" if finished
-                      else f"sweep {report.sweep} ({len(report.children)} runs)")
-        for r in table_rows(unfinished or list(report.children)):
-            table.add_row(*(r[i] for i in idx))
-        console.print(table)
-    console.print(Markdown(report.diagnosis_md))
+        print_table(cols, [[r[i] for i in idx] for r in table_rows(unfinished or list(report.children))],
+                    title=f"{len(unfinished)} run(s) not FINISHED" if finished
+                    else f"sweep {report.sweep} ({len(report.children)} runs)", console=console)
+    print_markdown(report.diagnosis_md, console=console)

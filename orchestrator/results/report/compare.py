@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator.results.console import print_table
 from orchestrator.results.diagnosis import RunRow
 from orchestrator.results.report.load import load_children, resolve_parent, sweep_run_hashes
 from orchestrator.results.report.tables import md_table, render_csv
@@ -112,13 +113,9 @@ def write_compare(client, a: str, b: str, out: Path) -> tuple[Comparison, list[P
 
 def print_compare(c: Comparison) -> None:
     from rich.console import Console
-    from rich.table import Table
 
-    table = Table(*COLUMNS, title=f"A = {c.a}, B = {c.b}: {len(c.matched)} matching point(s)", title_justify="left")
-    for r in c.rows():
-        table.add_row(*r)
     console = Console()
-    console.print(table)
+    print_table(COLUMNS, c.rows(), title=f"A = {c.a}, B = {c.b}: {len(c.matched)} matching point(s)", console=console)
     for side, keys in (("A", c.only_a), ("B", c.only_b)):
         if keys:
             console.print(f"only in {side}: " + "; ".join(" ".join(map(str, k)) for k in keys))

@@ -101,3 +101,16 @@ def test_duplicate_points_are_planned_once_with_a_warning(caplog):
     (dup,) = [(r, why) for r, why in plan.dropped if r is not None]
     assert dup[0].job_index == 1 and "the same point as job 0: planned once" in dup[1]
     assert "1 duplicate grid point(s) planned once" in caplog.text
+
+
+def test_points_sglang_would_refuse_are_said_on_the_reference_engine(caplog):
+    """The reference engine serves prompt + gen_tokens == context; SGLang (which it rehearses) keeps two slots more
+    and refuses the request: the plan serves the point and says so, once, naming the edge."""
+    edge = ("model=tiny", "server_context_len=1088", "gen_tokens=64")
+    configs = [run_config(*edge, "context_len=1024"), run_config(*edge, "context_len=1000")]
+    with caplog.at_level(logging.WARNING, logger="orchestrator.config.plan"):
+        plan = plan_sweep("t", configs)
+    assert plan.num_runs == 2 and not plan.dropped
+    (line,) = [r.getMessage() for r in caplog.records if "engine=sglang" in r.getMessage()]
+    assert line.startswith("1 grid point(s) are served")
+    assert "context_len 1024 + gen_tokens 64 against server context 1088" in line and "+ 2 <= 1088" in line

@@ -447,9 +447,17 @@ def test_weights_that_cannot_fit_are_refused():
     assert problems(*ds, "tp_size=8") == {}
     p = problems(*ds, "tp_size=4", "cluster.accelerator=sm_90")["tp_size"]  # 156 GiB per GPU > 144
     assert p.allowed.startswith(">= 5") and "cluster.accelerator=sm_90" in p.allowed
-    assert problems(*ds, "tp_size=8", "cluster.gpu_memory_gib=80") == {}  # 78.1 GiB per GPU
-    p = problems(*ds, "tp_size=8", "cluster.gpu_memory_gib=80", "engine.sglang.mem_fraction_static=0.9")["tp_size"]
-    assert p.allowed.startswith(">= 9") and "x mem_fraction_static 0.9" in p.allowed
+    # 78.1 GiB per GPU: SGLang resolves mem_fraction_static 0.8 on an 80 GiB GPU at tp 8, so weights get < 64 GiB
+    p = problems(*ds, "tp_size=8", "cluster.gpu_memory_gib=80")["tp_size"]
+    assert p.allowed.startswith(">= 10") and "mem_fraction_static 0.8, as SGLang resolves it" in p.allowed
+    assert problems(*ds, "tp_size=8", "cluster.gpu_memory_gib=141") == {}  # 0.887 of 141 GiB
+    p = problems(*ds, "tp_size=8", "cluster.gpu_memory_gib=141", "engine.sglang.mem_fraction_static=0.5")["tp_size"]
+    assert p.allowed.startswith(">= 9") and "engine.sglang.mem_fraction_static=0.5" in p.allowed
+    # the KV cache the point needs counts too: weights alone fit (78.1 < 0.833 x 96 = 80.0 GiB), not with 4 x 65600 tokens
+    fits = ("tp_size=8", "cluster.gpu_memory_gib=96")
+    assert problems(*ds, *fits) == {}
+    p = problems(*ds, *fits, "context_len=65536", "probe.concurrency=4")["tp_size"]
+    assert "less 262400 tokens of KV cache" in p.allowed
     # the oracle's draft worker loads the target a second time
     q = ("engine=sglang", "model=qwen3-8b", "attention=triton", "cluster.gpu_memory_gib=24")
     assert problems(*q, "drafter=ngram") == {}  # 15.3 GiB
@@ -472,3 +480,29 @@ def test_startup_rules_refuse_before_anything_starts(monkeypatch):
     with pytest.raises(launcher.InvalidConfig) as e:
         launcher.run_single(cfg, overrides)
     assert "attention.backend='fa3'" in str(e.value) and "tp_size=1" in str(e.value)
+
+
+def test_load_format_has_a_declared_domain_and_each_engine_its_own():
+    """A closed set: refused at conversion with the key, the value and every format an engine here takes, before
+    Ray or an engine starts; then each engine's own subset (the reference engine's parser, SGLang's per version)."""
+    p = problems(TINY, "model.load_format=bogus")["model.load_format"]
+    assert p.value == "bogus" and "safetensors" in p.allowed and "runai_streamer" in p.allowed
+    p = problems(TINY, "model.load_format=pt")["model.load_format"]
+    assert p.allowed == "one of auto, safetensors, gguf, dummy on engine=reference"
+    assert problems(*SGLANG, "drafter=none", "model.load_format=pt") == {}
+    p = problems(*SGLANG, "drafter=none", "model.load_format=expert_pack", "engine.version=0.5.10")["model.load_format"]
+    assert "on SGLang 0.5.10" in p.allowed and "expert_pack" not in p.allowed
+    assert "float8_e4m3fn" in problems(*SGLANG, "model.weight_dtype=fp9")["model.weight_dtype"].allowed
+
+
+def test_a_file_that_cannot_be_read_is_a_problem_naming_key_and_path(tmp_path):
+    """Every file the plan reads goes through one reader (specsweep_vocab/problem.py read_file): an OSError (EIO from
+    /proc/self/mem: a regular, readable file whose read fails) is a problem with the key, the value and the path."""
+    p = problems("probe=file", "probe.path=/proc/self/mem")["probe.path"]
+    assert p.value == "/proc/self/mem" and p.allowed.startswith("a readable file (/proc/")  # resolved: /proc/<pid>
+    assert p.allowed.endswith("/mem: Input/output error, errno 5)")
+    from specsweep_vocab.problem import ProblemError, read_file
+
+    with pytest.raises(ProblemError) as e:
+        read_file("model.path", "m", str(tmp_path))  # a folder: EISDIR
+    assert e.value.problem.key == "model.path" and f"({tmp_path}: Is a directory, errno 21)" in e.value.problem.allowed

@@ -308,6 +308,23 @@ def test_no_overlap_with_a_running_firing(tmp_path, job_server_url, caplog):
 
 
 
+def test_schedule_list_is_never_cut_when_not_a_terminal(tmp_path, monkeypatch, capsys):
+    """In a pipe or a CI log (no terminal, no COLUMNS) every cell is whole: tab-separated lines, not a table cut to
+    80 columns ("2026-12-…", "nightly-…")."""
+    from orchestrator.schedule import main
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    name = "nightly-long-context-regression-watch"
+    write(tmp_path, name, "cron: '0 2 * * *'\noverrides: ['+sweep=smoke', 'resume=false']\n")
+    assert main(["--schedule-dir", str(tmp_path), "list"]) == 0
+    out = capsys.readouterr().out
+    assert "…" not in out
+    header, row = out.strip().splitlines()
+    cells = row.split("\t")
+    assert header.split("\t")[0] == "name" and cells[0] == name and cells[4] == "+sweep=smoke resume=false"
+    assert dt.datetime.fromisoformat(cells[-1]).time() == dt.time(2, 0)  # the next firing, whole
+
+
 def test_schedule_list_reads_the_files_and_composes_no_grid(tmp_path, monkeypatch, capsys):
     """A 2,000-point grid listed without composing it: name, cron, sweep and the next firing; a typo'd key is still
     refused (it needs no composition), a value only the grid can check is left to `check` and firing."""

@@ -36,6 +36,18 @@ def test_yml_files_are_read_too(tmp_path: Path):
     assert [s.name for s in load_schedules(tmp_path)] == ["a"]
 
 
+def test_every_schedule_suffix_ships_with_the_package():
+    """A *.yml in orchestrator/schedules/ is read from a checkout; an installed wheel must carry it too, or the
+    default schedule folder silently loses it."""
+    import tomllib
+
+    from orchestrator.schedules.definition import SUFFIXES
+
+    shipped = tomllib.loads((Path(__file__).resolve().parents[3] / "pyproject.toml").read_text())
+    data = shipped["tool"]["setuptools"]["package-data"]["orchestrator"]
+    assert {f"schedules/{suffix}" for suffix in SUFFIXES} <= set(data), data
+
+
 def test_a_missing_schedule_dir_is_an_error(tmp_path: Path):
     with pytest.raises(ScheduleError, match="an existing folder"):
         load_schedules(tmp_path / "nope")

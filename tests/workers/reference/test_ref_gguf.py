@@ -152,7 +152,7 @@ def test_speculation_reproduces_greedy_on_the_real_model():
 
     draft = ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", MODEL]
     configs = {
-        "ngram": ["--speculative-algorithm", "NGRAM", "--speculative-num-steps", "4"],
+        "ngram": ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "5"],
         "oracle": [*draft, "--speculative-num-steps", "4"],
         "layer-skip-chain": [*draft, "--speculative-draft-num-layers", "24", "--speculative-num-steps", "4"],
         "layer-skip-tree": [*draft, "--speculative-draft-num-layers", "20", "--speculative-num-steps", "3",

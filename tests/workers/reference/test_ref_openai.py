@@ -22,6 +22,7 @@ from fastapi.testclient import TestClient
 from workers.engine import free_port
 from workers.reference.args import parse_args
 from workers.reference.chat_template import BYTE_CHAT_TEMPLATE, ChatTemplate, load_chat_template, render_chat
+from workers.reference.engine import Output, SamplingParams
 from workers.reference.openai_api import TextDeltas, chat_messages
 from workers.reference.server import ServerState, create_app
 from workers.reference.tokenizer import ByteTokenizer, load_tokenizer
@@ -205,12 +206,12 @@ def test_non_json_content_type_is_refused(client):
 
 
 def test_text_deltas_hold_an_incomplete_utf8_character():
-    deltas = TextDeltas(ByteTokenizer())  # only .decode is used
+    deltas = TextDeltas(ByteTokenizer(), SamplingParams())  # only .decode is used
     e_acute = list("é".encode())
-    assert deltas([65, e_acute[0]], final=False) == "A"
-    assert deltas([65, *e_acute], final=False) == "é"
-    assert deltas([65, *e_acute, 0xFF], final=False) == ""
-    assert deltas([65, *e_acute, 0xFF], final=True) == "\ufffd"
+    assert deltas([65, e_acute[0]]) == "A"
+    assert deltas([65, *e_acute]) == "é"
+    assert deltas([65, *e_acute, 0xFF]) == ""
+    assert deltas([65, *e_acute, 0xFF], final=Output([65, *e_acute, 0xFF], {"finish_reason": None})) == "\ufffd"
 
 
 def test_chat_messages_flatten_text_parts():
@@ -312,3 +313,99 @@ def test_sglang_bench_serving_completes_every_request(tmp_path):
         assert result["backend"] == backend
         assert result["completed"] == 4 and result["errors"] == [""] * 4, result["errors"]
         assert result["output_lens"] == [16] * 4 and result["total_output_tokens"] == 64
+
+
+def _text_and_tokens(client, route: str, stream: bool, **sampling) -> tuple[str, int]:
+    """The whole text of one greedy 16-token request (a stream's pieces joined) and its completion_tokens."""
+    if route == "generate":
+        body = {"text": PROMPT, "stream": stream,
+                "sampling_params": {"temperature": 0, "max_new_tokens": 16, **sampling}}
+    else:
+        body = {"temperature": 0, "max_tokens": 16, "stream": stream, **sampling,
+                **({"messages": [{"role": "user", "content": PROMPT}]} if route == "chat" else {"prompt": PROMPT})}
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+    path = {"generate": "/generate", "completions": "/v1/completions", "chat": "/v1/chat/completions"}[route]
+    r = client.post(path, json=body)
+    assert r.status_code == 200, r.text
+    if not stream:
+        j = r.json()
+        if route == "generate":
+            assert j["meta_info"]["completion_tokens"] == len(j["output_ids"])
+            return j["text"], j["meta_info"]["completion_tokens"]
+        choice = j["choices"][0]
+        return choice["message"]["content"] if route == "chat" else choice["text"], j["usage"]["completion_tokens"]
+    chunks = [json.loads(e) for e in events(r) if e != "[DONE]"]
+    if route == "generate":  # cumulative text: the last chunk is the finished request
+        return chunks[-1]["text"], chunks[-1]["meta_info"]["completion_tokens"]
+    pieces = [c["choices"][0]["delta"].get("content") or "" if route == "chat" else c["choices"][0]["text"]
+              for c in chunks if c.get("choices")]
+    return "".join(pieces), next(c["usage"]["completion_tokens"] for c in reversed(chunks) if c.get("usage"))
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("route", ["generate", "completions", "chat"])
+def test_a_matched_stop_string_is_cut_from_the_text_and_counted_in_the_tokens(client, route, stream):
+    """As SGLang's detokenizer (`trim_matched_stop`, sglang/srt/managers/detokenizer_manager.py:194-212): the text
+    ends before the stop string it matched (with no_stop_trim, after it); completion_tokens counts every generated
+    token, the stop string's included, either way. An OpenAI stream joins its deltas: as SGLang's (:393-426), the
+    start of the stop string a step sent before the step that completed it stays sent, the rest never comes."""
+    free, _ = _text_and_tokens(client, route, False)
+    start = next(i for i in range(3, len(free) - 1) if "\ufffd" not in free[i:i + 2])  # whole characters
+    stop = free[start:start + 2]
+    cut = free.find(stop)
+    text, tokens = _text_and_tokens(client, route, stream, stop=[stop])
+    if stream and route != "generate":
+        assert text.startswith(free[:cut]) and len(text) < cut + len(stop) and stop not in text, (text, free, stop)
+    else:
+        assert text == free[:cut], (text, free, stop)
+    kept, kept_tokens = _text_and_tokens(client, route, stream, stop=[stop], no_stop_trim=True)
+    assert kept == free[:cut + len(stop)] and kept_tokens == tokens
+
+
+def _sglang_api_types():
+    """SGLang 0.5.23's generated /generate contract (sglang/api/v1/api_types.py), loaded from its file alone."""
+    import importlib.util
+
+    from tests.workers.sglang_source import package_dir
+
+    root = package_dir("sglang")
+    if root is None:
+        pytest.skip("sglang is not installed (pip install --no-deps sglang==0.5.23)")
+    spec = importlib.util.spec_from_file_location("sglang_api_types", root / "api" / "v1" / "api_types.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_generate_takes_sglangs_contract_for_top_level_fields(client):
+    """SGLang's /generate ignores a top-level key it does not know and refuses an unknown sampling_params key
+    (its contract gate, sglang/srt/entrypoints/http_server.py:933-940); so does this engine. Of SGLang's own fields,
+    those it does not serve are refused unless at SGLang's default."""
+    from workers.reference.request_params import GENERATE_AT_DEFAULT, GENERATE_NO_EFFECT, GENERATE_SERVED
+
+    api = _sglang_api_types()
+    fields = {name: default.factory() if hasattr(default, "factory") else default  # a msgspec default factory
+              for name, default in zip(api.GenerateRequest.__struct_fields__, api.GenerateRequest.__struct_defaults__)}
+    assert set(fields) == set(GENERATE_SERVED) | set(GENERATE_NO_EFFECT) | set(GENERATE_AT_DEFAULT)
+    assert {k: v for k, v in GENERATE_AT_DEFAULT.items() if v is not None} == {
+        k: v for k, v in fields.items() if k in GENERATE_AT_DEFAULT and v is not None}
+
+    def sglang_admits(body) -> bool:
+        try:
+            api.GenerateRequest.from_json_value(body)
+        except api.JsonContractError:
+            return False
+        return True
+
+    greedy = {"temperature": 0, "max_new_tokens": 4}
+    for body in ({"text": PROMPT, "sampling_params": greedy, "bogus_field": 1},
+                 {"text": PROMPT, "sampling_params": {**greedy, "bogus": 1}},
+                 {"text": PROMPT, "sampling_params": greedy, "return_logprob": False, "logprob_start_len": -1,
+                  "rid": "r1", "priority": 3}):
+        r = client.post("/generate", json=body)
+        assert (r.status_code == 200) == sglang_admits(body), (body, r.text)
+    body = {"text": PROMPT, "sampling_params": greedy, "return_logprob": True}
+    assert sglang_admits(body)  # SGLang serves it; this engine has no logprobs and says so instead of dropping them
+    r = client.post("/generate", json=body)
+    assert r.status_code == 400 and "return_logprob=True is not supported" in r.json()["error"]["message"]

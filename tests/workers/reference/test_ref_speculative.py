@@ -111,3 +111,40 @@ def test_ancestor_mask():
     tree = DraftTree(tokens=[5, 6, 7, 8], parents=[-1, 0, 0, 1])
     mask = tree.ancestor_mask().int().tolist()
     assert mask == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]]
+
+
+def test_ngram_verifies_the_draft_tokens_it_is_given_as_sglang_does():
+    """SGLang's NGRAM keeps --speculative-num-draft-tokens with topk 1 (the steps+1 forcing is the EAGLE family's,
+    sglang/srt/arg_groups/speculative_hook.py:1255-1266 against `_handle_ngram`, :1314-1330) and verifies that many
+    nodes: the reference engine's n-gram chain is as long."""
+    from workers.reference.args import parse_args
+
+    argv = ["--model-path", "tiny", "--speculative-algorithm", "NGRAM", "--speculative-num-steps", "4",
+            "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "8"]
+    args = parse_args(argv)
+    assert (args.speculative_num_draft_tokens, args.speculative_eagle_topk) == (8, 1)
+    unset = parse_args(["--model-path", "tiny", "--speculative-algorithm", "NGRAM"])
+    assert (unset.speculative_num_draft_tokens, unset.speculative_num_steps) == (12, 12)  # SGLang's defaults
+    eagle = parse_args(["--model-path", "tiny", "--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path",
+                        "tiny", "--speculative-num-steps", "4", "--speculative-num-draft-tokens", "8"])
+    assert eagle.speculative_num_draft_tokens == 5  # the EAGLE family's chain: num_steps + 1
+
+    drafter = NgramDrafter(num_steps=4, topk=1, num_draft_tokens=8, min_window=1, max_window=4)
+    ctx = list(range(10, 20)) + list(range(10, 13))  # the suffix 10 11 12 was followed by 13 .. 19 and 10
+    tree = drafter.propose_one(ctx)
+    assert tree.tokens == [12, 13, 14, 15, 16, 17, 18, 19] and tree.num_nodes == 8  # 7 drafts, not 4
+
+
+@pytest.mark.parametrize("spec", [[], spec_flags("NGRAM", steps=4)], ids=["plain", "ngram"])
+def test_sampling_without_a_seed_is_a_new_sample_each_time(make_engine, spec):
+    """As SGLang: a sampled request without a seed draws from the server's generator (sglang/srt/layers/sampler.py:
+    837-838), so four of them are four samples, not four copies of one; with --enable-deterministic-inference each
+    is seeded with 42 (sglang/srt/sampling/sampling_batch_info.py:157-171) and they are one."""
+    params = SamplingParams(max_new_tokens=16, temperature=1.0, ignore_eos=True)
+    engine = make_engine(*spec)
+    samples = {tuple(engine.generate(prompt(engine), params).output_ids) for _ in range(4)}
+    assert len(samples) == 4
+    seeded = SamplingParams(max_new_tokens=16, temperature=1.0, ignore_eos=True, sampling_seed=3)
+    assert len({tuple(engine.generate(prompt(engine), seeded).output_ids) for _ in range(2)}) == 1
+    deterministic = make_engine(*spec, "--enable-deterministic-inference")
+    assert len({tuple(deterministic.generate(prompt(deterministic), params).output_ids) for _ in range(2)}) == 1
