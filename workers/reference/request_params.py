@@ -20,17 +20,18 @@ SGLANG_DEFAULTS = {"top_k": -1, "min_p": 0.0, "frequency_penalty": 0.0, "presenc
 # SGLang 0.5.23's /generate body (`GenerateRequest`, sglang/api/v1/api_types.py:236-277, checked by its contract
 # gate, sglang/srt/entrypoints/http_server.py:933-940): a key it does not know is ignored ("unknown keys ignored"),
 # while an unknown key in sampling_params is refused (`SamplingParams`, api_types.py:177-178, "unknown keys
-# rejected"). This engine does the same. Of SGLang's own fields it serves the first group; the second changes
-# nothing a request returns here (routing, caching and disaggregation hints, the logprob options that only apply
-# with return_logprob: bench_serving sends logprob_start_len=-1) and is ignored; the third would change what comes
-# back, so it is taken only at SGLang's default (null, or the default given), never silently dropped.
-GENERATE_SERVED = ("text", "input_ids", "stream", "sampling_params")
-GENERATE_NO_EFFECT = ("rid", "logprob_start_len", "top_logprobs_num", "token_ids_logprob", "return_text_in_logprobs",
-                      "bootstrap_host", "bootstrap_port", "bootstrap_room", "bootstrap_pair_key", "decode_tp_size",
-                      "routed_dp_rank", "disagg_prefill_dp_rank", "mm_hashes", "extra_key", "priority", "cache_salt",
-                      "kv_hints", "routing_key", "session_id", "custom_labels", "images_config")
+# rejected"). This engine does the same. Of SGLang's own fields it serves the first group (the logprob fields with
+# `parse_logprob`'s limits: output-token logprobs only); the second changes nothing a request returns here (routing,
+# caching and disaggregation hints) and is ignored; the third would change what comes back, so it is taken only at
+# SGLang's default (null, or the default given), never silently dropped.
+GENERATE_SERVED = ("text", "input_ids", "stream", "sampling_params", "return_logprob", "logprob_start_len",
+                   "top_logprobs_num", "token_ids_logprob", "return_text_in_logprobs")
+GENERATE_NO_EFFECT = ("rid", "bootstrap_host", "bootstrap_port", "bootstrap_room", "bootstrap_pair_key",
+                      "decode_tp_size", "routed_dp_rank", "disagg_prefill_dp_rank", "mm_hashes", "extra_key",
+                      "priority", "cache_salt", "kv_hints", "routing_key", "session_id", "custom_labels",
+                      "images_config")
 GENERATE_AT_DEFAULT: dict[str, object] = {
-    **dict.fromkeys(("return_logprob", "return_hidden_states", "image_data", "video_data", "audio_data",
+    **dict.fromkeys(("return_hidden_states", "image_data", "video_data", "audio_data",
                      "require_reasoning", "lora_path", "session_params", "max_thinking_tokens",
                      "custom_logit_processor", "return_sampling_mask", "modalities")),
     "return_prompt_token_ids": False, "routed_experts_start_len": 0,
