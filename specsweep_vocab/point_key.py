@@ -5,13 +5,17 @@ two runs of the same point some things may change without making it another poin
 node are never in run_hash; the engine version is (`EngineSpec.version`), and so is the server's bind host. `point_key`
 is run_hash without those, so a point keeps its history across an engine upgrade (the upgrade is then what the
 regression report attributes a change to, from the `engine_version` tag).
+
+`lossless_key` is point_key without the drafter: a speculative run and the run of the same point without
+speculation (drafter=none) share it, and at temperature 0 their greedy outputs must be equal (the diagnosis'
+lossless check, orchestrator/results/diagnosis.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from specsweep_vocab.spec import ProbeSpec, ServerSpec, stable_hash
+from specsweep_vocab.spec import DrafterSpec, ProbeSpec, ServerSpec, stable_hash
 
 # What may change between runs of one point (ServerSpec fields set to a constant before hashing).
 NOT_POINT_IDENTITY = ("engine.version", "host")
@@ -22,3 +26,12 @@ def point_key(server: ServerSpec, probe: ProbeSpec) -> str:
     grid point, whichever build of the engine or node ran it."""
     neutral = dataclasses.replace(server, engine=dataclasses.replace(server.engine, version=""), host="")
     return stable_hash("point", neutral, probe)[:16]
+
+
+def lossless_key(server: ServerSpec, probe: ProbeSpec) -> str:
+    """point_key with the drafter (and the attention backend only a draft uses) blanked: equal for a speculative run
+    and the drafter=none run of the same model, dtype, engine, attention, page size, seed, context and probe."""
+    neutral = dataclasses.replace(server, engine=dataclasses.replace(server.engine, version=""), host="",
+                                  drafter=DrafterSpec(name=""),
+                                  attention=dataclasses.replace(server.attention, draft_backend=None))
+    return stable_hash("lossless", neutral, probe)[:16]

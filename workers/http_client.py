@@ -4,7 +4,7 @@ engines serve too. Below the engine folders (workers/<engine>/ import it; it imp
     Prompt(input_ids | text).body()            the /generate request's prompt field
     ProbeClient(base_url, timeout_s)
         .flush_cache()                         POST /flush_cache (retried while an abandoned request still runs)
-        .generate(prompt, gen_tokens, temperature=0.0, stream=True) -> Generation
+        .generate(prompt, gen_tokens, temperature=0.0, stream=True, top_logprobs_num=None) -> Generation
         .server_info() -> dict                 GET /server_info
         .metrics_text() -> str                 GET /metrics (Prometheus text)
 
@@ -51,6 +51,7 @@ class Generation:
     meta_info: dict[str, Any]
     client_ttft_s: float | None  # first streamed chunk carrying tokens, measured here
     client_e2e_s: float
+    top_logprobs_num: int | None = None  # asked for with return_logprob: meta_info carries output_top_logprobs
 
 
 class ProbeClient:
@@ -88,9 +89,14 @@ class ProbeClient:
         return r.json()
 
     def generate(self, prompt: Prompt, gen_tokens: int, temperature: float = 0.0,
-                 stream: bool = True) -> Generation:
+                 stream: bool = True, top_logprobs_num: int | None = None) -> Generation:
+        """`top_logprobs_num`: also ask for each output token's top-n logprobs (SGLang's GenerateReqInput fields
+        return_logprob, top_logprobs_num, sglang/srt/managers/io_struct.py:229-235; the answer's
+        meta_info.output_top_logprobs, tokenizer_manager.py:2960-2972)."""
         body = {**prompt.body(), "stream": stream,
                 "sampling_params": {"max_new_tokens": gen_tokens, "temperature": temperature, "ignore_eos": True}}
+        if top_logprobs_num is not None:
+            body.update(return_logprob=True, top_logprobs_num=top_logprobs_num)
         t0 = time.perf_counter()
         deadline = t0 + self.timeout_s
         r = self._call("POST", "/generate", json=body, stream=stream, timeout=self.timeout_s)
@@ -99,7 +105,7 @@ class ProbeClient:
                 raise BadResponse(f"/generate answered {r.status_code}: {r.text[:500]}")
             if "text/event-stream" not in r.headers.get("content-type", ""):
                 out = _json(r)
-                return _generation([out], None, time.perf_counter() - t0)
+                return _generation([out], None, time.perf_counter() - t0, top_logprobs_num)
             chunks, ttft = [], None
             try:
                 # text/event-stream has a charset (else ISO-8859-1): requests decodes every line to str
@@ -127,7 +133,7 @@ class ProbeClient:
                 raise BadResponse(f"/generate sent a chunk that is not JSON: {e}") from e
             if not chunks:
                 raise BadResponse("/generate stream ended without a chunk")
-            return _generation(chunks, ttft, time.perf_counter() - t0)
+            return _generation(chunks, ttft, time.perf_counter() - t0, top_logprobs_num)
 
     def metrics_text(self) -> str:
         """GET /metrics (Prometheus text; SGLang mounts it with --enable-metrics)."""
@@ -169,7 +175,8 @@ def _json(r: requests.Response) -> dict[str, Any]:
     return out
 
 
-def _generation(chunks: list[dict[str, Any]], ttft: float | None, e2e: float) -> Generation:
+def _generation(chunks: list[dict[str, Any]], ttft: float | None, e2e: float,
+                top_logprobs_num: int | None = None) -> Generation:
     last = chunks[-1]
     meta = last.get("meta_info")
     if not isinstance(meta, dict):
@@ -180,4 +187,5 @@ def _generation(chunks: list[dict[str, Any]], ttft: float | None, e2e: float) ->
     if len(chunks) > 1 and isinstance(n, int) and len(ids) < n:  # incremental chunks: concatenate
         ids = [i for c in chunks for i in (c.get("output_ids") or [])]
         text = "".join(c.get("text") or "" for c in chunks)
-    return Generation(text=text, output_ids=ids, meta_info=meta, client_ttft_s=ttft, client_e2e_s=e2e)
+    return Generation(text=text, output_ids=ids, meta_info=meta, client_ttft_s=ttft, client_e2e_s=e2e,
+                      top_logprobs_num=top_logprobs_num)

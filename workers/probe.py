@@ -5,10 +5,12 @@ Public API:
     prompts: workers.prompts (build_prompt, build_prompts, Prompt: exactly context_len tokens per engine)
     ProbeClient(base_url, timeout_s)
         .flush_cache()                       POST /flush_cache
-        .generate(prompt, gen_tokens, temperature=0.0, stream=True) -> Generation
+        .generate(prompt, gen_tokens, temperature=0.0, stream=True, top_logprobs_num=None) -> Generation
         .server_info() -> dict               GET /server_info
     measure(gen: Generation, expect_spec: bool) -> Measurement
-        metrics (docs/sglang.md names), series {"commit_len": [...]}, artifacts {"continuation.txt", "steps.csv"}. The
+        metrics (docs/sglang.md names), series {"commit_len": [...]}, artifacts {"continuation.txt", "steps.csv",
+        "output_ids.json" (the output token ids, and without speculation at temperature 0 the top-2 logprobs of each
+        position: specsweep_vocab.greedy_output, what the diagnosis' lossless check compares)}. The
         speculative headline figures (commit_len_mean, emitted_per_verify, engine_accept_length, accept_rate, the
         histogram and accept_at_depth) come from SGLang's meta_info fields on every engine, through one function
         (workers.meta_info.spec_metrics_from_meta_info); the reference engine's extra `spec_steps` give only
@@ -37,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+from specsweep_vocab.greedy_output import LOSSLESS_TOP_LOGPROBS, OUTPUT_IDS_ARTIFACT, GreedyOutput, parse_top2
 from specsweep_vocab.spec import EngineKind, ProbeSpec
 from workers.derived import repeat_frac
 from workers.errors import BadResponse
@@ -102,6 +105,7 @@ def measure(gen: Generation, expect_spec: bool, *, version: str | None = None,
             m["decode_tok_s"] = (completion - 1) / (e2e - ttft)
     out = Measurement(metrics=m, engine_time_s=gen.client_e2e_s)
     out.artifacts["continuation.txt"] = gen.text
+    out.artifacts[OUTPUT_IDS_ARTIFACT] = greedy_output(gen).to_json()
 
     if expect_spec and "spec_verify_ct" not in meta:
         raise BadResponse("speculating server sent no meta_info.spec_verify_ct")
@@ -131,6 +135,28 @@ def measure(gen: Generation, expect_spec: bool, *, version: str | None = None,
         out.artifacts["steps.csv"] = _steps_csv(steps)
     _depth_metrics(out, max_depth)
     return out
+
+
+def greedy_output(gen: Generation) -> GreedyOutput:
+    """The output ids, with the top-2 logprobs of each position when they were asked for (BadResponse when the
+    answer lacks them: SGLang's output_top_logprobs is a list per output token of [logprob, token_id, text]
+    entries, best first, tokenizer_manager.py:3118-3136, 3104-3108)."""
+    if gen.top_logprobs_num is None:
+        return GreedyOutput(tuple(gen.output_ids))
+    top = gen.meta_info.get("output_top_logprobs")
+    if not isinstance(top, list) or len(top) != len(gen.output_ids):
+        raise BadResponse(f"asked for top_logprobs_num={gen.top_logprobs_num} but meta_info.output_top_logprobs has "
+                          f"{len(top) if isinstance(top, list) else repr(top)[:80]} entries for "
+                          f"{len(gen.output_ids)} output tokens")
+    try:
+        top2 = tuple(parse_top2(pos, i) for i, pos in enumerate(top))
+    except ValueError as e:
+        raise BadResponse(f"meta_info.output_top_logprobs: {e}") from e
+    for i, (((lp1, best), (lp2, _)), tok) in enumerate(zip(top2, gen.output_ids)):
+        if best != tok and lp1 != lp2:  # greedy emits the best (either of two equal ones)
+            raise BadResponse(f"output token {i} is {tok} but the best of output_top_logprobs is {best} "
+                              f"({top2[i]}): not a greedy answer")
+    return GreedyOutput(tuple(gen.output_ids), top2)
 
 
 def _steps_csv(steps: list[dict[str, Any]]) -> str:
@@ -191,14 +217,15 @@ def measure_all(gens: list[Generation], expect_spec: bool, wall_s: float, *, ver
 
 
 def generate_all(base_url: str, prompts: list[Prompt], gen_tokens: int, temperature: float = 0.0,
-                 timeout_s: float = 600.0) -> tuple[list[Generation], float]:
+                 timeout_s: float = 600.0, top_logprobs_num: int | None = None) -> tuple[list[Generation], float]:
     """Send every prompt at once (a connection and a thread each); (generations in prompt order, wall s from the
     first send to the last answer). The first failure is raised once every request has ended."""
     clients = [ProbeClient(base_url, timeout_s) for _ in prompts]
     t0 = time.perf_counter()
     try:
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(prompts)) as pool:
-            futures = [pool.submit(c.generate, p, gen_tokens, temperature) for c, p in zip(clients, prompts)]
+            futures = [pool.submit(c.generate, p, gen_tokens, temperature, True, top_logprobs_num)
+                       for c, p in zip(clients, prompts)]
             concurrent.futures.wait(futures)
             gens = [f.result() for f in futures]
     finally:
@@ -214,6 +241,8 @@ def run_probe(base_url: str, probe: ProbeSpec, engine: EngineKind, *, expect_spe
     """Flush, build the prompt(s), generate (probe.concurrency requests at once), measure. `version`: SGLang's
     meta_info names (specsweep_vocab.sglang_facts.SGLANG_VERSIONS; None: told apart by the names); `max_depth`: the most
     drafts one verify step can accept, for depth_accept_rate; `repeat`: which of probe.repeats texts (workers.prompts)."""
+    # without speculation, at temperature 0: the top-2 logprobs of each output token (the lossless check's ties)
+    top = LOSSLESS_TOP_LOGPROBS if not expect_spec and probe.temperature == 0 else None
     client = ProbeClient(base_url, timeout_s)
     try:
         if flush:
@@ -221,13 +250,13 @@ def run_probe(base_url: str, probe: ProbeSpec, engine: EngineKind, *, expect_spe
         if probe.concurrency == 1:
             prompts = [prompt or build_prompt(probe, engine, model_path, repeat=repeat)]
             t0 = time.perf_counter()
-            gens = [client.generate(prompts[0], probe.gen_tokens, probe.temperature)]
+            gens = [client.generate(prompts[0], probe.gen_tokens, probe.temperature, top_logprobs_num=top)]
             wall = time.perf_counter() - t0
     finally:
         client.close()
     if probe.concurrency > 1:
         prompts = build_prompts(probe, engine, model_path, repeat=repeat)
-        gens, wall = generate_all(base_url, prompts, probe.gen_tokens, probe.temperature, timeout_s)
+        gens, wall = generate_all(base_url, prompts, probe.gen_tokens, probe.temperature, timeout_s, top)
     out = measure_all(gens, expect_spec, wall, version=version, max_depth=max_depth)
     for i, (p, gen) in enumerate(zip(prompts, gens)):
         who = f"request {i}: " if len(gens) > 1 else ""

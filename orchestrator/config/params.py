@@ -90,12 +90,14 @@ class RunParams:
     is_oracle: bool = False
     num_steps: int = 0
     concurrency: int = 1
+    algorithm: str = "NONE"  # drafter.algorithm
+    dtype: str = ""  # model.dtype
     backends: tuple[str, ...] = ()  # attention.backend, decode_backend, prefill_backend (those set)
 
     KEYS: typing.ClassVar[dict[str, str]] = {
         "context_len": "context_len", "probe": "probe.kind", "drafter": "drafter.name", "attention": "attention.name",
         "page_size": "page_size", "is_oracle": "drafter.is_oracle", "num_steps": "drafter.num_steps",
-        "concurrency": "probe.concurrency"}
+        "concurrency": "probe.concurrency", "algorithm": "drafter.algorithm", "dtype": "model.dtype"}
 
     @classmethod
     def read(cls, params: Mapping[str, str]) -> "RunParams":

@@ -35,6 +35,13 @@ class Thresholds:
     # "step time is high" for rule (d) when no roofline is known
     high_step_ms: float = field(default=5.0, metadata=domain(Num(0, 1e6, lo_open=True)))
     max_roofline_frac_host: float = field(default=0.5, metadata=domain(FRACTION))  # ... or roofline_frac under this
+    # lossless check (f): where a speculative run's greedy tokens first differ from the run without speculation, the
+    # none-run's two best logprobs must be this close for a tie (either token a correct greedy choice). Measured by
+    # tools/lossless_numerics.py (SmolLM2-135M, reference engine, make run's texts and drafters, 768 positions a dtype):
+    # verify vs decode forwards move a top-2 gap by <= 2.7e-5 in float32 (no divergence), by <= 0.375 in bfloat16
+    # (3 ulps of a logit in [16, 32)), where the story text parts at a gap of 0.125 (docs/orchestrator.md)
+    lossless_tie_gap: float = field(default=1e-4, metadata=domain(Num(0, 100)))
+    lossless_tie_gap_16bit: float = field(default=0.5, metadata=domain(Num(0, 100)))
 
 
 # a parent run id, or KEY:VALUE of a parent-run tag (neither side empty)

@@ -19,140 +19,38 @@ prove it, and every rule says whether the sweep let it be evaluated (a `Check`).
     overhead-dominated) -> attention-kernel bound (names backend and page size);
 (d) GPU utilisation under `max_gpu_util` while the step time is high -> launch- or host-bound;
 (e) (only in sweeps with such runs) an SGLang run with the specsweep_verify plugin whose dispatch counters show a
-    fallback, no kernel call, or are missing -> the run does not measure the kernel its label names.
+    fallback, no kernel call, or are missing -> the run does not measure the kernel its label names;
+(f) the lossless check: at temperature 0 a speculative run's output tokens equal those of the drafter=none run of the
+    same point (`lossless_key`: same engine, model, dtype, attention, page size, seed, context, probe text and
+    gen_tokens). At the first divergence k the none-run's two best logprobs must be a tie: the two tokens are its top
+    two at k and their logprobs differ by at most `lossless_tie_gap` (float32 models) or `lossless_tie_gap_16bit`
+    (bfloat16 / float16), so either is a correct greedy choice and the texts legitimately part there (the rest is
+    not compared); anything else -> pipeline bug (spec counters can look healthy while the text is wrong).
 
 Runs on the stub engine (`engine` = stub) are examined by no rule: their commits and timings are simulated.
 Runs on dummy weights (`model.load_format=dummy`, the built-in random `tiny`) are left out of (a) and (b): random
-logits say nothing about the drafter or the pipeline (orchestrator/config/weights_scope.py). The report is
+logits say nothing about the drafter or the pipeline (orchestrator/config/weights_scope.py); (f) judges them (greedy
+decoding must be lossless whatever the weights). The report is
 `orchestrator.results.diagnosis_md.render_markdown`.
 The verdict is "Healthy" only when every rule was evaluated and none fired; with 0 runs there is no verdict.
 """
 
 from __future__ import annotations
 
-import enum
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from orchestrator.config.settings import Thresholds
 from orchestrator.config.weights_scope import scoped
+from orchestrator.results.findings import Cause, Check, Diagnosis, Finding, Rule, RunRow, Verdict, cite, ctx
+from orchestrator.results.lossless import find_lossless_breach
 from specsweep_vocab.plugin_counters import unproven
-from specsweep_vocab.spec import EngineKind
 
-
-class Cause(str, enum.Enum):
-    PIPELINE_BUG = "pipeline bug"
-    LONG_CONTEXT_DRAFTING_BUG = "drafting bug at long context"
-    DRAFTER_QUALITY = "drafter quality"
-    KERNEL_BOUND = "attention-kernel bound"
-    HOST_BOUND = "launch- or host-bound"
-    KERNEL_NOT_RUN = "verify kernel not proven to run"
-
-
-class Rule(str, enum.Enum):
-    """What each check looks at (the names `diagnosis.md` lists under "Checked" / "Not checked")."""
-
-    ORACLE = "(a) oracle commits num_steps + 1"
-    PREDICTABLE_COLLAPSE = "(b) commit length vs context on predictable text"
-    DRAFTER_QUALITY = "(b) predictable vs novel text (drafter quality)"
-    STEP_GROWTH = "(c) verify-step time vs context"
-    KV_BANDWIDTH = "(c) KV bandwidth vs the device peak"
-    HOST_BOUND = "(d) GPU utilisation vs step time"
-    PLUGIN_DISPATCH = "(e) specsweep_verify runs on its kernel (plugin counters)"
-
-
-class Verdict(str, enum.Enum):
-    NO_RUNS = "no verdict"  # nothing examined
-    FINDINGS = "findings"  # at least one rule fired
-    HEALTHY = "healthy"  # every rule evaluated, none fired
-    INCOMPLETE = "incomplete"  # none fired, but some rule could not be evaluated
-
-
-@dataclass(frozen=True)
-class RunRow:
-    run_id: str
-    name: str
-    context_len: int
-    probe: str
-    drafter: str
-    attention: str
-    page_size: int
-    is_oracle: bool = False
-    num_steps: int = 0
-    metrics: dict[str, float] = field(default_factory=dict)
-    engine: str = ""  # reference | sglang | stub ("" when unknown)
-    concurrency: int = 1  # probe.concurrency: requests in flight at once (runs compare only at equal values)
-    dummy_weights: str = ""  # why its weights are random (orchestrator.config.weights_scope); "" = real: (a), (b) judge it
-    plugin: bool = False  # SGLang run with the specsweep_verify plugin as a backend (its counters are recorded)
-
-    def metric(self, key: str) -> float | None:
-        v = self.metrics.get(key)
-        return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
-
-    def need(self, key: str) -> float:
-        """metric(key) where the caller has already kept only runs that have it."""
-        v = self.metric(key)
-        if v is None:
-            raise ValueError(f"run {self.run_id}: metric {key!r} is missing or NaN")
-        return v
-
-    @property
-    def simulated(self) -> bool:
-        kind = EngineKind.named(self.engine)
-        return kind is not None and kind.simulated
-
-
-@dataclass(frozen=True)
-class Finding:
-    cause: Cause
-    summary: str
-    evidence: tuple[str, ...]  # one line per cited run / number
-    run_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Check:
-    """One rule on this sweep: evaluated (`detail` says what was checked) or not (`detail` says why)."""
-
-    rule: Rule
-    evaluated: bool
-    detail: str
-
-
-@dataclass(frozen=True)
-class Diagnosis:
-    runs: int  # rows examined (stub-engine ones included)
-    simulated: int  # of them on the stub engine: in no rule
-    findings: tuple[Finding, ...]
-    checks: tuple[Check, ...]
-    dummy_weights: tuple[str, ...] = ()  # why, for each real-engine run on random weights: not in (a), (b)
-
-    @property
-    def not_evaluated(self) -> tuple[Check, ...]:
-        return tuple(c for c in self.checks if not c.evaluated)
-
-    @property
-    def verdict(self) -> Verdict:
-        if self.runs == self.simulated:  # nothing, or only stub-engine runs
-            return Verdict.NO_RUNS
-        if self.findings:
-            return Verdict.FINDINGS
-        return Verdict.INCOMPLETE if self.not_evaluated else Verdict.HEALTHY
-
-    @property
-    def causes(self) -> list[Cause]:
-        return [f.cause for f in self.findings]
-
-
-def _cite(row: RunRow, *keys: str) -> str:
-    values = ", ".join(f"{k}={row.metric(k):.4g}" for k in keys if row.metric(k) is not None)
-    return f"`{row.name}` (run {row.run_id[:8]}): {values}"
-
-
-def _ctx(n: int) -> str:
-    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
+__all__ = ["Cause", "Check", "Diagnosis", "Finding", "Rule", "RunRow", "Verdict", "diagnose", "find_commit_collapse",
+           "find_host_bound", "find_kernel_bound", "find_lossless_breach", "find_oracle_shortfall",
+           "find_plugin_fallback"]
 
 
 def find_oracle_shortfall(rows: Sequence[RunRow], th: Thresholds) -> tuple[list[Finding], Check]:
@@ -171,7 +69,7 @@ def find_oracle_shortfall(rows: Sequence[RunRow], th: Thresholds) -> tuple[list[
         f"The oracle drafter (the target drafting for itself) committed less than num_steps + 1 in "
         f"{len(bad)} run(s): every oracle draft must be accepted whatever the text, so the speculative "
         f"pipeline itself is broken (draft/verify positions, KV rollback, tree mask or acceptance).",
-        tuple(f"{_cite(r, 'commit_len_mean')}; expected {r.num_steps + 1}" for r in bad),
+        tuple(f"{cite(r, 'commit_len_mean')}; expected {r.num_steps + 1}" for r in bad),
         tuple(r.run_id for r in bad),
     )], check
 
@@ -212,13 +110,13 @@ def _series(rows: Iterable[RunRow], th: Thresholds) -> dict[tuple[str, str, str,
         runs.sort(key=lambda r: r.context_len)
         base = runs[0]
         if len({r.context_len for r in runs}) < 2:
-            out[key] = _Series(tuple(runs), f"one context only ({_ctx(base.context_len)})")
+            out[key] = _Series(tuple(runs), f"one context only ({ctx(base.context_len)})")
             continue
         # commit_len counts the bonus token (>= 1 always): a collapse is measured on the drafted part.
         base_gain = base.need("commit_len_mean") - 1.0
         if base_gain <= 0:
             out[key] = _Series(tuple(runs), f"nothing drafted is accepted even at the shortest context "
-                                            f"({_cite(base, 'commit_len_mean')})")
+                                            f"({cite(base, 'commit_len_mean')})")
             continue
         hits = tuple((base, r) for r in runs[1:] if r.context_len > base.context_len
                      and (r.need("commit_len_mean") - 1.0) <= (1 - th.collapse_drop) * base_gain)
@@ -228,8 +126,8 @@ def _series(rows: Iterable[RunRow], th: Thresholds) -> dict[tuple[str, str, str,
 
 def _collapse_finding(cause: Cause, pairs: Sequence[tuple[RunRow, RunRow]], summary: str) -> Finding:
     return Finding(cause, summary,
-                   tuple(f"{_cite(lo, 'commit_len_mean')} -> {_cite(hi, 'commit_len_mean')} "
-                         f"at ctx {_ctx(lo.context_len)} -> {_ctx(hi.context_len)}" for lo, hi in pairs),
+                   tuple(f"{cite(lo, 'commit_len_mean')} -> {cite(hi, 'commit_len_mean')} "
+                         f"at ctx {ctx(lo.context_len)} -> {ctx(hi.context_len)}" for lo, hi in pairs),
                    tuple(r.run_id for p in pairs for r in p))
 
 
@@ -258,7 +156,7 @@ def _looping_note(looping: Sequence[RunRow], th: Thresholds) -> str:
         return ""
     return (f"; left out as easy text, not novel: {len(looping)} novel-text run(s) whose continuation loops "
             f"(continuation_repeat_frac >= report.loop_repeat_frac={th.loop_repeat_frac:g}: "
-            + ", ".join(_cite(r, "continuation_repeat_frac") for r in looping) + ")")
+            + ", ".join(cite(r, "continuation_repeat_frac") for r in looping) + ")")
 
 
 def find_commit_collapse(rows: Sequence[RunRow], th: Thresholds) -> tuple[list[Finding], list[Check]]:
@@ -304,7 +202,7 @@ def find_commit_collapse(rows: Sequence[RunRow], th: Thresholds) -> tuple[list[F
             "while predictable text holds with context: the drafter cannot predict this text (drafter quality, "
             "not infrastructure; rule (a) is what vouches for the pipeline itself).")
         findings.append(Finding(f.cause, f.summary, f.evidence + tuple(
-            f"{_cite(p, 'commit_len_mean')} vs {_cite(n, 'commit_len_mean')} at ctx {_ctx(p.context_len)}: "
+            f"{cite(p, 'commit_len_mean')} vs {cite(n, 'commit_len_mean')} at ctx {ctx(p.context_len)}: "
             f"novel text drafts {_gain_frac(p, n):.0%} of what predictable text does" for p, n in gaps),
             tuple(dict.fromkeys(f.run_ids + tuple(r.run_id for g in gaps for r in g)))))
     easy = _looping_note(looping, th)
@@ -343,11 +241,11 @@ def find_kernel_bound(rows: Sequence[RunRow], th: Thresholds,
         med = {c: sorted(v)[len(v) // 2] for c, v in per_ctx.items()}
         if len(ctxs) >= 2 and ctxs[-1] / ctxs[0] >= th.min_context_ratio and med[ctxs[0]] > 0:
             k = math.log(med[ctxs[-1]] / med[ctxs[0]]) / math.log(ctxs[-1] / ctxs[0])
-            growth_tested.append(f"attn={attn} page={page}{_conc(conc)} context^{k:.2f} over {_ctx(ctxs[0])}-{_ctx(ctxs[-1])}")
+            growth_tested.append(f"attn={attn} page={page}{_conc(conc)} context^{k:.2f} over {ctx(ctxs[0])}-{ctx(ctxs[-1])}")
             if k > th.superlinear_exponent:
                 named.add((attn, page, conc))
                 evidence.append(f"attn={attn} page={page}{_conc(conc)}: verify_step_ms {med[ctxs[0]]:.4g} at ctx "
-                                f"{_ctx(ctxs[0])} -> {med[ctxs[-1]]:.4g} at ctx {_ctx(ctxs[-1])}, "
+                                f"{ctx(ctxs[0])} -> {med[ctxs[-1]]:.4g} at ctx {ctx(ctxs[-1])}, "
                                 f"grows as context^{k:.2f} (> {th.superlinear_exponent})")
                 ids += [r.run_id for r in series]
         for r in series:
@@ -358,7 +256,7 @@ def find_kernel_bound(rows: Sequence[RunRow], th: Thresholds,
             bw_tested += 1
             if bw < th.min_bw_frac * peak:
                 named.add((attn, page, conc))
-                evidence.append(f"{_cite(r, 'kv_bw_gbs', 'verify_step_ms')}: {100 * bw / peak:.1f}% of "
+                evidence.append(f"{cite(r, 'kv_bw_gbs', 'verify_step_ms')}: {100 * bw / peak:.1f}% of "
                                 f"the device's {peak:.0f} GB/s (< {100 * th.min_bw_frac:.0f}%)")
                 ids.append(r.run_id)
     if growth_tested:
@@ -368,10 +266,10 @@ def find_kernel_bound(rows: Sequence[RunRow], th: Thresholds,
                        "no attention x page series with verify_step_ms at contexts "
                        f"{th.min_context_ratio:g}x apart" if by else "no run carries verify_step_ms")
     if bw_tested:
-        bw_check = Check(Rule.KV_BANDWIDTH, True, f"{bw_tested} run(s) at contexts >= {_ctx(th.bw_min_context)}")
+        bw_check = Check(Rule.KV_BANDWIDTH, True, f"{bw_tested} run(s) at contexts >= {ctx(th.bw_min_context)}")
     else:
         bw_check = Check(Rule.KV_BANDWIDTH, False,
-                         f"no run at context >= {_ctx(th.bw_min_context)} with kv_bw_gbs and a known device peak "
+                         f"no run at context >= {ctx(th.bw_min_context)} with kv_bw_gbs and a known device peak "
                          f"(peak_bw_gbs); shorter prefixes are overhead-dominated")
     checks = [growth, bw_check]
     if not named:
@@ -408,7 +306,7 @@ def find_host_bound(rows: Sequence[RunRow], th: Thresholds) -> tuple[list[Findin
         f"GPU utilisation stays under {th.max_gpu_util:.0f}% while the step time is high in {len(bad)} "
         f"run(s): the GPU waits on the host (kernel launches, Python, scheduling). CUDA graphs or a "
         f"larger batch are the usual cures.",
-        tuple(_cite(r, "gpu_util_mean", "verify_step_ms", "roofline_frac") for r in bad),
+        tuple(cite(r, "gpu_util_mean", "verify_step_ms", "roofline_frac") for r in bad),
         tuple(r.run_id for r in bad),
     )], check
 
@@ -430,8 +328,9 @@ def diagnose(rows: Sequence[RunRow], th: Thresholds = Thresholds(), peak_gbs: fl
     kernel, c_kernel = find_kernel_bound(real, th, peak_gbs)
     host, c_host = find_host_bound(real, th)
     plugin, c_plugin = find_plugin_fallback(real)
-    return Diagnosis(len(rows), simulated, (*oracle, *collapse, *kernel, *host, *plugin),
-                     (c_oracle, *c_collapse, *c_kernel, c_host, *c_plugin), dummy_weights=dummy)
+    lossless, c_lossless = find_lossless_breach(real, th)
+    return Diagnosis(len(rows), simulated, (*lossless, *oracle, *collapse, *kernel, *host, *plugin),
+                     (c_oracle, *c_collapse, *c_kernel, c_host, *c_plugin, *c_lossless), dummy_weights=dummy)
 
 
 def find_plugin_fallback(rows: Sequence[RunRow]) -> tuple[list[Finding], list[Check]]:

@@ -8,7 +8,7 @@ EXPERIMENT_KIND_TAG = RUNS_VIEW_KIND (the runs view) and a saved view, VIEW_TAG_
 Parent run (one per invocation): ROLE_TAG = ROLE_PARENT, AXES_TAG, REGRESSION_TAG (after the regression check);
 artifact RUN_HASHES_ARTIFACT (every point of the sweep, one run_hash a line: what the report covers).
 Child run (one per grid point): PARENT_TAG (MLflow's nesting tag), ROLE_TAG = ROLE_CHILD, RUN_HASH_TAG,
-POINT_KEY_TAG, ENGINE_TAG, JOB_TAG, FAILURE_REASON_TAG, RUN_TYPE_TAG (CHILD_UI_TAGS), AXIS_PREFIX + key per swept key
+POINT_KEY_TAG, LOSSLESS_KEY_TAG, ENGINE_TAG, JOB_TAG, FAILURE_REASON_TAG, RUN_TYPE_TAG (CHILD_UI_TAGS), AXIS_PREFIX + key per swept key
 and AXES_TAG. The params' `cfg.` prefix is the config's encoding (`orchestrator.config.params.CONFIG_PREFIX`), the
 config layer below this one. The full list of what each run carries: `orchestrator.results.tracking`.
 """
@@ -28,6 +28,7 @@ ROLE_TAG = "specsweep.role"
 ROLE_PARENT, ROLE_CHILD = "parent", "child"
 RUN_HASH_TAG = "run_hash"  # a grid point's identity in its sweep (resume, claims, the report)
 POINT_KEY_TAG = "point_key"  # a point's identity across engine versions and nodes (regression history)
+LOSSLESS_KEY_TAG = "lossless_key"  # point_key without the drafter: pairs a speculative run with its none-run (diagnosis)
 ENGINE_TAG = "engine"  # the engine kind's value (`specsweep_vocab.spec.EngineKind`)
 JOB_TAG = "job"  # engine | kernel
 FAILURE_REASON_TAG = "failure_reason"

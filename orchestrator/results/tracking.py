@@ -46,7 +46,8 @@ the runs view and a saved view of the axes and answering columns (`orchestrator.
 `mlflow.parentRunId`, run name = RunSpec.name, params = `axis.<key>` per swept key, then RunSpec.params under `cfg.`,
 and `overrides`; tags = `mlflow.runType` (the UI opens the parent expanded: orchestrator.results.mlflow_ui),
 run_hash, point_key (the
-point's identity across engine versions and nodes: specsweep_vocab.point_key), job_index,
+point's identity across engine versions and nodes: specsweep_vocab.point_key), lossless_key (point_key without the
+drafter: what the diagnosis' lossless check pairs a speculative run with its drafter=none run by), job_index,
 server_group, engine, engine_version, host, git sha, attempt, engine_start, failure_reason, `axis.<key>` per
 swept key (and `sweep.axes`); metrics in
 `log_batch` calls, the `commit_len` series (and any `metrics.log_patterns` series) with step = index; artifacts =
@@ -75,9 +76,9 @@ from orchestrator.results.mlflow_ui import (axis_key, axis_params, axis_tags,
 from orchestrator.results.provenance import git_sha, hydra_multirun_yaml, redact_multirun_yaml, schedule_tags
 from orchestrator.results.store_layout import (AXES_TAG, CHILD_UI_TAGS, PARENT_TAG, ROLE_CHILD, ROLE_PARENT, ROLE_TAG,
                                                RUN_HASH_TAG, RUN_HASHES_ARTIFACT, STUB_EXPERIMENT_SUFFIX,
-                                               POINT_KEY_TAG, FAILURE_REASON_TAG)
+                                               POINT_KEY_TAG, LOSSLESS_KEY_TAG, FAILURE_REASON_TAG)
 from orchestrator.results.store_lock import StoreLock
-from specsweep_vocab.point_key import point_key
+from specsweep_vocab.point_key import lossless_key, point_key
 from specsweep_vocab.redact import plan_secrets, redact_config, redact_override, redact_param, redact_text, uri_secrets
 from specsweep_vocab.spec import FailureReason, RunResult, RunSpec, RunState, engine_mix_allowed
 
@@ -345,7 +346,8 @@ class Tracker:
 
     def _child_tags(self, spec: RunSpec) -> dict[str, str]:
         tags = {ROLE_TAG: ROLE_CHILD, RUN_HASH_TAG: spec.run_hash, POINT_KEY_TAG: point_key(spec.server, spec.probe),
-                "job_index": str(spec.job_index), "server_group": spec.server.key, "engine": spec.server.engine.kind.value,
+                LOSSLESS_KEY_TAG: lossless_key(spec.server, spec.probe), "job_index": str(spec.job_index),
+                "server_group": spec.server.key, "engine": spec.server.engine.kind.value,
                 "engine_version": spec.server.engine.version, "host": self.host, "git_sha": self.git_sha,
                 **CHILD_UI_TAGS}
         if self.parent_run_id:

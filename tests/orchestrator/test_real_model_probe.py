@@ -3,7 +3,8 @@ wheel, reference engine on CPU, local Ray, MLflow on SQLite) as a real subproces
 
 What a trained model must show (issue 13): the oracle commits num_steps + 1 on every text; n-gram lookup on
 repeated text commits >= 0.7 x its maximum at 1k and 8k; on novel text it commits clearly less; the layer-skip
-self-draft is real and imperfect (its maximum on repeated text, clearly less on novel text)."""
+self-draft is real and imperfect (its maximum on repeated text, clearly less on novel text); drafter=none (no
+speculation) is every point's lossless reference: the speculative runs' greedy tokens equal it."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def _commit(children, drafter: str, probe: str, ctx: int) -> float:
 
 def test_every_point_runs_on_the_real_model_with_exact_prompts(probe_sweep):
     _, children, parent = probe_sweep
-    assert len(children) == 12 and (children["status"] == "FINISHED").all()
+    assert len(children) == 16 and (children["status"] == "FINISHED").all()
     assert (children["params.cfg.model.name"] == "smollm2-135m").all()
     # the prompt is exactly context_len ids of the model's own BPE tokenizer, as the engine counts them
     assert (children["metrics.prompt_tokens"] == children["params.cfg.context_len"].astype(float)).all()
@@ -85,6 +86,9 @@ def test_diagnosis_names_drafter_quality_for_novel_text(probe_sweep):
     # probe=story is new prose, so no continuation is set aside as looping easy text (docs/orchestrator.md)
     assert "## drafter quality" in diagnosis and "left out as easy text" not in diagnosis
     assert "## pipeline bug" not in diagnosis and "Healthy" not in diagnosis
+    # (f): every speculative run's greedy tokens are its point's drafter=none tokens (or part at a tie)
+    assert "(f) speculative text equals the text without speculation (lossless check): 12 of 12 speculative run(s)" \
+        in diagnosis
 
 
 def test_the_story_probe_continuations_do_not_loop(probe_sweep):

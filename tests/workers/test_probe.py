@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -203,6 +204,43 @@ def test_run_probe_sends_concurrency_requests_at_once(oracle_engine):
                     REF, expect_spec=True, timeout_s=60)
     assert one.metrics["requests"] == 1 and one.metrics["batch_size_mean"] == 1
     assert one.metrics["throughput_tok_s"] == pytest.approx(24 / one.metrics["wall_s"])
+
+
+def test_output_ids_are_recorded_with_top2_logprobs_only_where_the_lossless_check_needs_them(oracle_engine):
+    """A run without speculation (expect_spec=False) asks for top_logprobs_num=2: output_ids.json carries them; a
+    speculative run records its ids only. The ids are the same (the engine is lossless)."""
+    from specsweep_vocab.greedy_output import OUTPUT_IDS_ARTIFACT, GreedyOutput
+
+    probe = ProbeSpec(kind=ProbeKind.NOVEL, context_len=100, gen_tokens=11)
+    plain = GreedyOutput.from_json(run_probe(oracle_engine.base_url, probe, REF, expect_spec=False,
+                                             timeout_s=60).artifacts[OUTPUT_IDS_ARTIFACT])
+    spec = GreedyOutput.from_json(run_probe(oracle_engine.base_url, probe, REF, expect_spec=True,
+                                            timeout_s=60).artifacts[OUTPUT_IDS_ARTIFACT])
+    assert len(plain.output_ids) == 11 and len(plain.top2) == 11 and spec.top2 == ()
+    assert spec.output_ids == plain.output_ids and [t[0][1] for t in plain.top2] == list(plain.output_ids)
+
+
+@pytest.mark.parametrize("top, fragment", [
+    (None, "output_top_logprobs has None entries for 2 output tokens"),
+    ([[[-0.1, 5, None], [-2.0, 9, None]]], "has 1 entries for 2 output tokens"),
+    ([[[-0.1, 5, None], [-2.0, 9, None]], [[-0.1, 6, None]]], "need the 2 best entries"),
+    ([[[-0.1, 5, None], [-2.0, 9, None]], [[-0.1, "x", None], [-2.0, 9, None]]], "not [logprob, token_id]"),
+    ([[[-0.1, 5, None], [-2.0, 9, None]], [[-0.1, 8, None], [-2.0, 6, None]]], "output token 1 is 6 but the best"),
+])
+def test_an_answer_without_the_logprobs_asked_for_is_a_bad_response(top, fragment):
+    from workers.probe import greedy_output
+
+    meta = {"output_top_logprobs": top} if top is not None else {}
+    with pytest.raises(BadResponse, match=re.escape(fragment)):
+        greedy_output(Generation("", [5, 6], meta, None, 1.0, top_logprobs_num=2))
+
+
+def test_a_greedy_answer_with_its_top2_is_recorded_and_a_tie_may_emit_either():
+    from workers.probe import greedy_output
+
+    top = [[[-0.1, 5, None], [-2.0, 9, None]], [[-0.7, 8, None], [-0.7, 6, None]]]  # position 1: an exact tie
+    out = greedy_output(Generation("", [5, 6], {"output_top_logprobs": top}, None, 1.0, top_logprobs_num=2))
+    assert out.output_ids == (5, 6) and out.top2 == (((-0.1, 5), (-2.0, 9)), ((-0.7, 8), (-0.7, 6)))
 
 
 def test_non_streaming_generate_and_bad_request(oracle_engine):

@@ -9,90 +9,33 @@ acceptance. Finished and cancelled requests leave between steps. No prefix cache
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from .attention import create_attention_backend
 from .model_source import load_config
+from .request import CANCEL_POLL_S, Cancelled, Output, Request, RequestError, SamplingParams
 from .finish import finish_reason, trim_matched_stop
 from .cuda_graph import make_runner  # CUDA graphs for specsweep_verify on CUDA
 from .model import build_model, layer_subset, skip_layers_kept
 from .runner import ModelRunner
 from .spec_counters import DEFAULT_DECODE_LOG_INTERVAL, AcceptLengthWindow, spec_meta_fields
-from .speculative import Drafter, ModelDrafter, NgramDrafter, SamplingError, SelfDrafter, sample, verify_batch
+from .speculative import (ENV_FAULT_REPEAT_BONUS, Drafter, ModelDrafter, NgramDrafter, SamplingError, SelfDrafter,
+                          sample, verify_batch)
 from .tokenizer import load_tokenizer
-
-if TYPE_CHECKING:
-    from .kv_cache import PagedSequence
 
 logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class RequestError(ValueError):
-    """A request the engine refuses (HTTP 400)."""
-
-
-class Cancelled(RuntimeError):
-    """The request stopped before it finished: its client went away, or the engine is shutting down."""
-
-
-CANCEL_POLL_S = 0.05  # a caller waiting for its request checks this often whether it was cancelled
 DETERMINISTIC_SEED = 42  # SGLang seeds unseeded requests with it under --enable-deterministic-inference
-
-
-@dataclass
-class SamplingParams:
-    max_new_tokens: int = 128
-    temperature: float = 1.0
-    ignore_eos: bool = False
-    stop: list[str] = field(default_factory=list)
-    sampling_seed: int | None = None
-    no_stop_trim: bool = False  # keep a matched stop string in the text (SGLang's sampling param of that name)
-
-
-@dataclass
-class Output:
-    output_ids: list[int]
-    meta_info: dict
-
-
-@dataclass(eq=False)
-class Request:
-    """One generation, from submission to its Output (or error). Touched by the scheduler thread only, once admitted."""
-
-    input_ids: list[int]
-    params: SamplingParams
-    gen: torch.Generator
-    on_tokens: Callable[[list[int]], None] | None = None
-    cancel: threading.Event | None = None
-    seq: PagedSequence | None = None  # the target's, from prefill to release
-    draft: object = None   # the drafter's per-request state
-    out: list[int] = field(default_factory=list)
-    steps: list[dict] = field(default_factory=list)
-    finish: dict | None = None
-    t0: float = field(default_factory=time.perf_counter)
-    ttft: float = 0.0
-    result: Output | None = None
-    error: BaseException | None = None
-    done: threading.Event = field(default_factory=threading.Event)
-
-    @property
-    def context(self) -> list[int]:
-        return self.input_ids + self.out
-
-    @property
-    def target_seq(self) -> PagedSequence:
-        """`seq` of a request already prefilled."""
-        if self.seq is None:
-            raise RuntimeError("request used before its prefill: no target sequence")
-        return self.seq
 
 
 @dataclass
@@ -137,6 +80,9 @@ class Engine:
         self.model.fused_ops = self._fused_ops()
         self.target = self._runner(self.model)
         self.drafter = self._build_drafter(dtype)
+        self.fault_repeat_bonus = os.environ.get(ENV_FAULT_REPEAT_BONUS) == "1"  # tests only: a broken pipeline
+        if self.fault_repeat_bonus:
+            logger.warning("%s=1: every verify step commits a wrong bonus token (a test fault)", ENV_FAULT_REPEAT_BONUS)
         self.eos_id = self.config.eos_token_id if self.config.eos_token_id is not None else getattr(self.tokenizer, "eos_token_id", None)
         self.max_running_requests = args.max_running_requests
         self.stats = Stats()
@@ -242,14 +188,16 @@ class Engine:
 
     def generate(self, input_ids: list[int], params: SamplingParams,
                  on_tokens: Callable[[list[int]], None] | None = None,
-                 cancel: threading.Event | None = None) -> Output:
+                 cancel: threading.Event | None = None, top_logprobs_num: int | None = None) -> Output:
         """Greedy/sampled generation with or without speculation, batched with whatever else runs. on_tokens(all
         output ids) after each step, from the scheduler thread. Setting `cancel` (the client went away) raises
-        Cancelled here at once; the request leaves the batch at the next step."""
+        Cancelled here at once; the request leaves the batch at the next step. `top_logprobs_num` (not None: SGLang's
+        return_logprob) adds each output token's logprob and its top-n to meta_info (`token_logprobs`)."""
         self.check(input_ids, params)
         self._check_cancelled(cancel)
         seed = params.sampling_seed if params.sampling_seed is not None else self._request_seed()
-        req = Request(list(input_ids), params, torch.Generator().manual_seed(seed), on_tokens, cancel)
+        req = Request(list(input_ids), params, torch.Generator().manual_seed(seed), on_tokens, cancel,
+                      top_logprobs_num)
         with self.cond:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="engine-scheduler", daemon=True)
@@ -334,7 +282,7 @@ class Engine:
         if self.drafter:
             req.draft = self.drafter.start(req.input_ids, req.seq)  # the draft's prefill belongs to the prefill phase
         try:
-            req.out.append(sample(logits, req.params.temperature, req.gen)[0])
+            req.add_tokens(sample(logits, req.params.temperature, req.gen), logits)
         except SamplingError as exc:  # this request's own fault (HTTP 400): it leaves, the batch goes on
             req.error = RequestError(str(exc))
             return
@@ -352,13 +300,14 @@ class Engine:
             logits = self.target.model.logits(torch.cat(hidden))  # [B, V]
             for i, req in enumerate(batch):
                 try:
-                    req.out += sample(logits[i:i + 1], req.params.temperature, req.gen)
+                    req.add_tokens(sample(logits[i:i + 1], req.params.temperature, req.gen), logits[i:i + 1])
                 except SamplingError as exc:  # only this request fails (400); the others keep their tokens
                     req.error = RequestError(str(exc))
         else:
             trees = self.drafter.propose([r.draft for r in batch], [r.context for r in batch])
             results = verify_batch(self.target, [r.target_seq for r in batch], trees,
-                                   [r.params.temperature for r in batch], [r.gen for r in batch])
+                                   [r.params.temperature for r in batch], [r.gen for r in batch],
+                                   repeat_bonus=self.fault_repeat_bonus)
             for req, res in zip(batch, results):  # every step counts, the last one in full (spec_counters)
                 if res.error is not None:
                     req.error = RequestError(str(res.error))
@@ -366,7 +315,7 @@ class Engine:
                 req.steps.append({"accept_len": len(res.committed), "accepted_drafts": res.accepted,
                                   "tree_depth": res.tree_depth, "tree_nodes": res.tree_nodes,
                                   "verify_s": res.verify_s, "batch_size": len(batch)})
-                req.out += res.committed
+                req.add_tokens(res.committed, res.committed_logits() if req.top_logprobs_num is not None else None)
             ok = [res for res in results if res.error is None]
             self.accept_window.decode_iteration(len(ok), sum(len(res.committed) for res in ok))
             self.stats.verify_forward_seconds += results[0].verify_s if results else 0.0  # one batched forward
@@ -403,7 +352,10 @@ class Engine:
             elif req.error is None:
                 e2e = time.perf_counter() - req.t0
                 self._account(len(req.input_ids), len(req.out), req.steps, req.ttft, e2e)
-                req.result = Output(req.out, self._meta(req.input_ids, req.out, req.finish, req.steps, req.ttft, e2e))
+                meta = self._meta(req.input_ids, req.out, req.finish, req.steps, req.ttft, e2e)
+                if req.top_logprobs_num is not None:
+                    meta.update(req.logprob_meta())
+                req.result = Output(req.out, meta)
             req.done.set()
 
     def output_text(self, out: Output, params: SamplingParams) -> str:

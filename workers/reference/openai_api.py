@@ -183,9 +183,11 @@ class TextDeltas:
         return delta
 
 
-async def engine_events(engine: Engine, input_ids: list[int], params: SamplingParams):
+async def engine_events(engine: Engine, input_ids: list[int], params: SamplingParams,
+                        top_logprobs_num: int | None = None):
     """Yields ("step", output ids so far) after each decode step, then ("done", Output) or ("error", message). A
-    client that goes away closes this generator, which cancels the generation (it stops at its next step)."""
+    client that goes away closes this generator, which cancels the generation (it stops at its next step).
+    `top_logprobs_num`: Engine.generate's (the native /generate's return_logprob)."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
     cancel = threading.Event()
@@ -193,7 +195,7 @@ async def engine_events(engine: Engine, input_ids: list[int], params: SamplingPa
     def work():
         try:
             out = engine.generate(input_ids, params, lambda ids: loop.call_soon_threadsafe(
-                queue.put_nowait, ("step", list(ids))), cancel)
+                queue.put_nowait, ("step", list(ids))), cancel, top_logprobs_num)
             loop.call_soon_threadsafe(queue.put_nowait, ("done", out))
         except Cancelled as exc:
             logger.info("streamed generation cancelled: %s", exc)

@@ -20,17 +20,18 @@ SGLANG_DEFAULTS = {"top_k": -1, "min_p": 0.0, "frequency_penalty": 0.0, "presenc
 # SGLang 0.5.23's /generate body (`GenerateRequest`, sglang/api/v1/api_types.py:236-277, checked by its contract
 # gate, sglang/srt/entrypoints/http_server.py:933-940): a key it does not know is ignored ("unknown keys ignored"),
 # while an unknown key in sampling_params is refused (`SamplingParams`, api_types.py:177-178, "unknown keys
-# rejected"). This engine does the same. Of SGLang's own fields it serves the first group; the second changes
-# nothing a request returns here (routing, caching and disaggregation hints, the logprob options that only apply
-# with return_logprob: bench_serving sends logprob_start_len=-1) and is ignored; the third would change what comes
-# back, so it is taken only at SGLang's default (null, or the default given), never silently dropped.
-GENERATE_SERVED = ("text", "input_ids", "stream", "sampling_params")
-GENERATE_NO_EFFECT = ("rid", "logprob_start_len", "top_logprobs_num", "token_ids_logprob", "return_text_in_logprobs",
-                      "bootstrap_host", "bootstrap_port", "bootstrap_room", "bootstrap_pair_key", "decode_tp_size",
-                      "routed_dp_rank", "disagg_prefill_dp_rank", "mm_hashes", "extra_key", "priority", "cache_salt",
-                      "kv_hints", "routing_key", "session_id", "custom_labels", "images_config")
+# rejected"). This engine does the same. Of SGLang's own fields it serves the first group (the logprob fields with
+# `parse_logprob`'s limits: output-token logprobs only); the second changes nothing a request returns here (routing,
+# caching and disaggregation hints) and is ignored; the third would change what comes back, so it is taken only at
+# SGLang's default (null, or the default given), never silently dropped.
+GENERATE_SERVED = ("text", "input_ids", "stream", "sampling_params", "return_logprob", "logprob_start_len",
+                   "top_logprobs_num", "token_ids_logprob", "return_text_in_logprobs")
+GENERATE_NO_EFFECT = ("rid", "bootstrap_host", "bootstrap_port", "bootstrap_room", "bootstrap_pair_key",
+                      "decode_tp_size", "routed_dp_rank", "disagg_prefill_dp_rank", "mm_hashes", "extra_key",
+                      "priority", "cache_salt", "kv_hints", "routing_key", "session_id", "custom_labels",
+                      "images_config")
 GENERATE_AT_DEFAULT: dict[str, object] = {
-    **dict.fromkeys(("return_logprob", "return_hidden_states", "image_data", "video_data", "audio_data",
+    **dict.fromkeys(("return_hidden_states", "image_data", "video_data", "audio_data",
                      "require_reasoning", "lora_path", "session_params", "max_thinking_tokens",
                      "custom_logit_processor", "return_sampling_mask", "modalities")),
     "return_prompt_token_ids": False, "routed_experts_start_len": 0,
@@ -139,6 +140,40 @@ def parse_sampling(raw, names: dict[str, str] | None = None) -> SamplingParams:
         raise RequestError(f"{name('sampling_seed')} must be an integer in [-2**63, 2**63 - 1], got {seed!r}")
     return SamplingParams(max_new_tokens=n, temperature=float(temperature), ignore_eos=ignore_eos, stop=stop,
                           sampling_seed=seed, no_stop_trim=no_stop_trim)
+
+
+def parse_logprob(body: dict, prompt_len: int, vocab_size: int) -> int | None:
+    """The /generate body's logprob fields (SGLang's GenerateReqInput, sglang/srt/managers/io_struct.py:229-247):
+    None without `return_logprob` (the other fields are then ignored, as SGLang does: scheduler.py:3256-3258), else
+    `top_logprobs_num` (0: each output token's own logprob only). This engine returns output-token logprobs only:
+    `logprob_start_len` -1 (SGLang's default: output tokens only, scheduler.py:3260-3264) or the prompt's length;
+    a start inside the prompt (input logprobs), `token_ids_logprob` and `return_text_in_logprobs` are refused by name."""
+    ret = body.get("return_logprob")
+    if ret is None or ret is False:
+        return None
+    if ret is not True:
+        raise RequestError(f"return_logprob must be true or false, got {ret!r}")
+    start = body.get("logprob_start_len")
+    start = -1 if start is None else start
+    if not is_int(start):
+        raise RequestError(f"logprob_start_len must be an integer, got {start!r}")
+    if start > prompt_len:  # SGLang aborts the request with this (scheduler.py:3275-3280)
+        raise RequestError(f"logprob_start_len={start} is higher than the number of input tokens {prompt_len}; "
+                           "use a smaller logprob_start_len")
+    if start not in (-1, prompt_len):
+        raise RequestError(f"logprob_start_len={start}: the reference engine returns output-token logprobs only; "
+                           f"allowed: -1 (SGLang's default) or the prompt's length {prompt_len}")
+    top = body.get("top_logprobs_num")
+    top = 0 if top is None else top
+    if not (is_int(top) and 0 <= top <= vocab_size):
+        raise RequestError(f"top_logprobs_num must be an integer in [0, {vocab_size}] (the vocabulary), got {top!r}")
+    if body.get("token_ids_logprob"):
+        raise RequestError(f"token_ids_logprob={body['token_ids_logprob']!r} is not supported by the reference "
+                           "engine; allowed: null or [] (use top_logprobs_num)")
+    if body.get("return_text_in_logprobs", False) is not False:
+        raise RequestError(f"return_text_in_logprobs={body['return_text_in_logprobs']!r} is not supported by the "
+                           "reference engine (entries carry no text: [logprob, token_id, null]); allowed: false")
+    return top
 
 
 def fill_max_new_tokens(params: SamplingParams, input_ids: list[int], engine: Engine) -> None:

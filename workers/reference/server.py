@@ -25,7 +25,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from .request_params import cancel_on_disconnect, fill_max_new_tokens, is_int, parse_json_body, parse_sampling
+from .request_params import (cancel_on_disconnect, fill_max_new_tokens, is_int, parse_json_body, parse_logprob,
+                             parse_sampling)
 from .engine import Cancelled, Engine, RequestError, SamplingParams
 from .openai_api import add_openai_routes, engine_events
 from .request_params import check_generate_fields
@@ -192,6 +193,7 @@ def create_app(state: ServerState) -> FastAPI:
             input_ids = _parse_prompt(body, engine)
             params = parse_sampling(body.get("sampling_params"))
             fill_max_new_tokens(params, input_ids, engine)
+            top_logprobs = parse_logprob(body, len(input_ids), engine.config.vocab_size)
             stream = body.get("stream", False)
             if not isinstance(stream, bool):
                 raise RequestError(f"stream must be true or false, got {stream!r}")
@@ -203,11 +205,11 @@ def create_app(state: ServerState) -> FastAPI:
         except (ValueError, OverflowError) as exc:  # a value the checks above could not convert
             return _error(400, f"bad request: {exc}")
         if stream:
-            return StreamingResponse(_stream(engine, input_ids, params), media_type="text/event-stream")
+            return StreamingResponse(_stream(engine, input_ids, params, top_logprobs), media_type="text/event-stream")
         cancel = threading.Event()
         watcher = asyncio.create_task(cancel_on_disconnect(request, cancel))
         try:
-            out = await run_in_threadpool(engine.generate, input_ids, params, None, cancel)
+            out = await run_in_threadpool(engine.generate, input_ids, params, None, cancel, top_logprobs)
         except RequestError as exc:
             return _error(400, str(exc))
         except Cancelled as exc:
@@ -224,11 +226,13 @@ def create_app(state: ServerState) -> FastAPI:
     return app
 
 
-async def _stream(engine: Engine, input_ids: list[int], params: SamplingParams):
-    """SGLang SSE: `data: {json}\\n\\n` per step (cumulative text and output_ids), then `data: [DONE]`.
+async def _stream(engine: Engine, input_ids: list[int], params: SamplingParams, top_logprobs: int | None = None):
+    """SGLang SSE: `data: {json}\\n\\n` per step (cumulative text and output_ids), then `data: [DONE]`. Logprobs
+    (`top_logprobs` not None) are in the last chunk's meta_info only, all of them (SGLang sends them in every
+    chunk, accumulated: its last chunk has the same).
     A client that goes away closes this generator (Starlette), which cancels the generation."""
     t0 = time.perf_counter()
-    events = engine_events(engine, input_ids, params)  # the generation's thread; cancelled when this closes
+    events = engine_events(engine, input_ids, params, top_logprobs)  # its thread; cancelled when this closes
     try:
         async for kind, payload in events:
             if kind == "step":

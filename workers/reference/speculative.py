@@ -27,6 +27,11 @@ from .runner import ModelRunner
 # tools/bench_regress.py only: proposals capped at this many tokens, a matcher build that is worse without any flag,
 # config or grid point saying so (what the regression check must catch and attribute to the point's history).
 ENV_WORSE_NGRAM = "SPECSWEEP_BENCH_NGRAM_MAX_STEPS"
+# tests only: a broken pipeline with healthy counters. Each verify step commits its accepted drafts and, instead of
+# the target's bonus token, the last accepted draft again (or the root): the acceptance counts are those of a
+# working engine, the text is wrong ("The cat cat sat..."), as with SGLang 0.5.18's CPU attention, which dropped
+# the drafts from seq_lens. What the diagnosis' lossless check (orchestrator/results/diagnosis.py) must catch.
+ENV_FAULT_REPEAT_BONUS = "SPECSWEEP_TEST_FAULT_REPEAT_BONUS"
 
 logger = logging.getLogger(__name__)
 
@@ -86,12 +91,21 @@ class VerifyResult:
     tree_nodes: int
     verify_s: float
     error: SamplingError | None = None  # this request's sampling failed: nothing committed, the others go on
+    rows: Tensor | None = None  # the target's logits at every tree node, [N, V]
+    path: tuple[int, ...] = ()  # the accepted nodes from the root: committed[j] was chosen from rows[path[j]]
+
+    def committed_logits(self) -> Tensor:
+        """[len(committed), V]: the logits each committed token was chosen from (a draft equals the target's choice
+        at its parent node; the bonus is the choice at the last accepted node)."""
+        if self.rows is None:
+            raise RuntimeError("verify result without its logits")
+        return self.rows[list(self.path)]
 
 
 def verify_batch(runner: ModelRunner, seqs: list[PagedSequence], trees: list[DraftTree], temperatures: list[float],
-                 generators: list[torch.Generator | None]) -> list[VerifyResult]:
+                 generators: list[torch.Generator | None], *, repeat_bonus: bool = False) -> list[VerifyResult]:
     """One target forward over every request's tree; then each request's walk, commit and rollback.
-    verify_s is the whole batched step's time."""
+    verify_s is the whole batched step's time. `repeat_bonus`: the test fault of ENV_FAULT_REPEAT_BONUS."""
     t0 = time.perf_counter()
     bases = [seq.length for seq in seqs]
     depths = [tree.depths() for tree in trees]
@@ -116,8 +130,9 @@ def verify_batch(runner: ModelRunner, seqs: list[PagedSequence], trees: list[Dra
             node = nxt
             path.append(node)
         seq.commit_path(base, path)
-        committed = [tree.tokens[n] for n in path[1:]] + [choice[node]]
-        results.append(VerifyResult(committed, len(path) - 1, max(depth), tree.num_nodes, 0.0))
+        committed = [tree.tokens[n] for n in path[1:]] + [tree.tokens[node] if repeat_bonus else choice[node]]
+        results.append(VerifyResult(committed, len(path) - 1, max(depth), tree.num_nodes, 0.0, rows=rows,
+                                    path=tuple(path)))
     verify_s = time.perf_counter() - t0
     for r in results:
         r.verify_s = verify_s

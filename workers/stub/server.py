@@ -137,6 +137,17 @@ def _meta(state: StubState, prompt_tokens: int, n: int, e2e: float, ttft: float)
     return meta
 
 
+def _logprobs(out_ids: list[int], top: int) -> dict:
+    """SGLang's logprob fields in its answer shape (sglang/srt/managers/tokenizer_manager.py:2868-2872, 2960-2972),
+    with simulated values: the emitted token first at logprob -0.1, then the next bytes, 1.0 apart."""
+    meta: dict = {"input_token_logprobs": [], "output_token_logprobs": [[-0.1, t, None] for t in out_ids],
+                  "output_token_logprobs_length": len(out_ids)}
+    if top > 0:
+        meta.update(input_top_logprobs=[], output_top_logprobs=[
+            [[-0.1 - j, (t + j) % 256, None] for j in range(top)] for t in out_ids])
+    return meta
+
+
 def make_handler(state: StubState):
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, fmt, *a):  # quiet: one line per request would flood the engine log
@@ -196,7 +207,10 @@ def make_handler(state: StubState):
             ttft = time.perf_counter() - t0
             time.sleep(max(0, n - 1) * state.args.stub_token_s)
             e2e = time.perf_counter() - t0
-            final = {"text": text, "output_ids": out_ids, "meta_info": _meta(state, prompt_tokens, n, e2e, ttft)}
+            meta = _meta(state, prompt_tokens, n, e2e, ttft)
+            if body.get("return_logprob") is True:
+                meta.update(_logprobs(out_ids, body.get("top_logprobs_num") or 0))
+            final = {"text": text, "output_ids": out_ids, "meta_info": meta}
             if not body.get("stream"):
                 self._json(200, final)
                 return

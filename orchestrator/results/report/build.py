@@ -16,7 +16,7 @@ from orchestrator.results.console import print_markdown, print_table
 from orchestrator.results.diagnosis import Diagnosis, Finding, diagnose
 from orchestrator.results.diagnosis_md import render_markdown
 from orchestrator.results.regress.section import changes_section
-from orchestrator.results.report.load import ChildRun, load_children, sweep_run_hashes
+from orchestrator.results.report.load import ChildRun, load_children, sweep_run_hashes, with_outputs
 from orchestrator.results.report.plots import build_plots
 from orchestrator.results.report.sections import SECTIONS, ReportContext, Section, render_sections
 from orchestrator.results.report.tables import (KERNEL_COLUMNS, TABLE_COLUMNS, kernel_rows, pivot, render_csv,
@@ -53,7 +53,7 @@ def write_report(client, parent_run_id: str, thresholds: Thresholds = Thresholds
     finished = [c for c in engine_children if c.status == "FINISHED"]
     rows_finished = [c.row for c in finished]
     peak = max((r.metric("peak_bw_gbs") or 0.0 for r in rows_finished), default=0.0) or None
-    diagnosis = diagnose(rows_finished, thresholds, peak_gbs=peak)
+    diagnosis = diagnose(with_outputs(client, rows_finished), thresholds, peak_gbs=peak)
     krows = kernel_rows(children)
     if engine_children or not krows:
         diagnosis_md = render_markdown(diagnosis, sweep, earlier=sum(bool(c.earlier_parent) for c in finished))

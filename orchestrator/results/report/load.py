@@ -7,22 +7,26 @@ invocation (column `invocation`). Params are decoded through the config schema (
 
 from __future__ import annotations
 
+import logging
 import tempfile
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.config.params import RunParams, config_params
 from orchestrator.config.weights_scope import dummy_weights_reason
 from orchestrator.results.diagnosis import RunRow
+from specsweep_vocab.greedy_output import OUTPUT_IDS_ARTIFACT, GreedyOutput
 from specsweep_vocab.sglang_facts import SGLANG_PLUGIN_BACKENDS
-from specsweep_vocab.spec import EngineKind
-from orchestrator.results.store_layout import ENGINE_TAG, FAILURE_REASON_TAG, JOB_TAG, PARENT_TAG, RUN_HASH_TAG, RUN_HASHES_ARTIFACT
+from specsweep_vocab.spec import Algorithm, EngineKind
+from orchestrator.results.store_layout import (ENGINE_TAG, FAILURE_REASON_TAG, JOB_TAG, LOSSLESS_KEY_TAG, PARENT_TAG,
+                                               RUN_HASH_TAG, RUN_HASHES_ARTIFACT)
 
 if TYPE_CHECKING:
     from mlflow.entities import Run
 
+log = logging.getLogger(__name__)
 
 
 class ReportError(RuntimeError):
@@ -52,7 +56,34 @@ def row_from_run(run) -> RunRow:
         dummy_weights=dummy_weights_reason(config_params(run.data.params)),
         plugin=bool((kind := EngineKind.named(engine)) and kind.loads_kernel_plugin
                     and any(b in SGLANG_PLUGIN_BACKENDS for b in p.backends)),
+        speculative=p.algorithm != Algorithm.NONE.value, dtype=p.dtype,
+        lossless_key=run.data.tags.get(LOSSLESS_KEY_TAG, ""),
     )
+
+
+def with_outputs(client, rows: list[RunRow]) -> list[RunRow]:
+    """`rows` with their greedy outputs (`output_ids.json`) read back, for the lossless check: those at temperature 0
+    whose `lossless_key` both a speculative run and a run without speculation share (the others are never compared:
+    no download). A run without the artifact (recorded before it existed) keeps output None, and the check names it;
+    a malformed one is logged and kept None the same way."""
+    from mlflow.exceptions import MlflowException
+
+    greedy = [r for r in rows if r.lossless_key and r.temperature <= 0]
+    paired = {r.lossless_key for r in greedy if r.speculative} & {r.lossless_key for r in greedy if not r.speculative}
+    out = []
+    with tempfile.TemporaryDirectory(prefix="specsweep-outputs-") as tmp:
+        for r in rows:
+            if r.lossless_key in paired and r.temperature <= 0:
+                try:
+                    path = client.download_artifacts(r.run_id, OUTPUT_IDS_ARTIFACT, f"{tmp}/{r.run_id}")
+                    r = replace(r, output=GreedyOutput.from_json(Path(path).read_text()))
+                except (MlflowException, OSError):
+                    pass  # not recorded: the lossless check says so
+                except ValueError as e:
+                    log.warning("run %s: %s unreadable, left out of the lossless check: %s", r.run_id[:8],
+                                OUTPUT_IDS_ARTIFACT, e)
+            out.append(r)
+    return out
 
 
 def resolve_parent(client, target: str) -> tuple[str, str]:

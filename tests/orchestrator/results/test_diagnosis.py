@@ -11,6 +11,7 @@ import pytest
 from orchestrator.config.settings import Thresholds
 from orchestrator.results.diagnosis import Cause, Rule, RunRow, Verdict, diagnose
 from orchestrator.results.diagnosis_md import render_markdown
+from specsweep_vocab.greedy_output import GreedyOutput
 
 CONTEXTS = (1024, 4096, 16384, 65536)
 PEAK_GBS = 4250.0
@@ -26,15 +27,25 @@ def healthy_metrics(ctx: int, probe: str, drafter: str) -> dict[str, float]:
             "kv_bw_gbs": kv_bytes / (step_ms * 1e-3) / 1e9, "gpu_util_mean": 92.0, "roofline_frac": 0.8}
 
 
+# every run's greedy output: the speculative runs produce their drafter=none run's tokens (rule (f) holds)
+OUTPUT = GreedyOutput(tuple(range(100, 132)), tuple(((-0.1, 100 + i), (-3.0, 7)) for i in range(32)))
+
+
 def sweep(mutate=None, probes=("predictable", "novel"), drafters=("ngram", "oracle"), contexts=CONTEXTS,
           engine="sglang") -> list[RunRow]:
+    """Each point with every drafter, and its drafter=none run (no commit figures) for the lossless check."""
     rows = []
     for i, (ctx, probe, drafter) in enumerate(itertools.product(contexts, probes, drafters)):
         m = healthy_metrics(ctx, probe, drafter)
         row = RunRow(run_id=f"{i:08d}deadbeef", name=f"ctx={ctx // 1024}k probe={probe} drafter={drafter} page=1 "
                      "attn=triton", context_len=ctx, probe=probe, drafter=drafter, attention="triton",
-                     page_size=1, is_oracle=drafter == "oracle", num_steps=NUM_STEPS, metrics=m, engine=engine)
+                     page_size=1, is_oracle=drafter == "oracle", num_steps=NUM_STEPS, metrics=m, engine=engine,
+                     speculative=True, lossless_key=f"{ctx}-{probe}", output=OUTPUT)
         rows.append(mutate(row, m) or row if mutate else row)
+    for i, (ctx, probe) in enumerate(itertools.product(contexts, probes)):
+        rows.append(RunRow(run_id=f"{i:08d}0000none", name=f"ctx={ctx // 1024}k probe={probe} drafter=none page=1 "
+                           "attn=triton", context_len=ctx, probe=probe, drafter="none", attention="triton",
+                           page_size=1, engine=engine, lossless_key=f"{ctx}-{probe}", output=OUTPUT))
     return rows
 
 
@@ -48,7 +59,7 @@ def test_healthy_sweep_has_no_finding():
     assert d.causes == [] and d.not_evaluated == () and d.verdict is Verdict.HEALTHY
     assert {c.rule for c in d.checks} == set(Rule) - {Rule.PLUGIN_DISPATCH}  # (e): only with plugin runs
     text = render_markdown(d, "s")
-    assert "**Healthy**" in text and "16 run(s) examined" in text and "Not checked" not in text
+    assert "**Healthy**" in text and "24 run(s) examined" in text and "Not checked" not in text
 
 
 def test_oracle_underperforming_is_a_pipeline_bug():
@@ -186,7 +197,7 @@ def test_without_a_predictable_novel_pair_the_drafter_quality_rule_is_not_evalua
         checks[Rule.DRAFTER_QUALITY].detail
     assert not checks[Rule.PREDICTABLE_COLLAPSE].evaluated
     assert checks[Rule.ORACLE].evaluated and checks[Rule.STEP_GROWTH].evaluated
-    assert "**No verdict**: no rule fired, but 2 of 6 could not be evaluated" in render_markdown(d, "s")
+    assert "**No verdict**: no rule fired, but 2 of 7 could not be evaluated" in render_markdown(d, "s")
 
 
 def test_novel_collapse_without_predictable_text_names_no_cause_and_says_why():
@@ -220,7 +231,7 @@ def test_cpu_sweep_without_gpu_telemetry_lists_what_was_not_checked():
     assert d.findings == () and d.verdict is Verdict.INCOMPLETE
     assert {c.rule for c in d.not_evaluated} == {Rule.KV_BANDWIDTH, Rule.HOST_BOUND}
     text = render_markdown(d, "s")
-    assert "**No verdict**: no rule fired, but 2 of 6 could not be evaluated" in text
+    assert "**No verdict**: no rule fired, but 2 of 7 could not be evaluated" in text
     assert "(d) GPU utilisation vs step time: no run carries gpu_util_mean" in text
     assert "## Checked" in text and "(a) oracle commits num_steps + 1: 6 of 6 oracle run(s)" in text
 
@@ -256,7 +267,7 @@ def test_stub_engine_runs_never_get_a_pipeline_bug():
 
 def test_earlier_invocations_are_counted_in_the_text():
     d = diagnose(sweep(), peak_gbs=PEAK_GBS)
-    assert "16 run(s) examined (5 of them from earlier invocations" in render_markdown(d, "s", earlier=5)
+    assert "24 run(s) examined (5 of them from earlier invocations" in render_markdown(d, "s", earlier=5)
 
 
 def test_runs_at_other_concurrency_are_their_own_series():
@@ -266,7 +277,7 @@ def test_runs_at_other_concurrency_are_their_own_series():
     batched = [dataclasses.replace(r, run_id=f"{r.run_id}-c16", concurrency=16,
                                    metrics={**r.metrics, "verify_step_ms": 200 * r.metrics["verify_step_ms"],
                                             "kv_bw_gbs": r.metrics["kv_bw_gbs"]})
-               for r in rows if r.context_len == 65536]
+               for r in rows if r.context_len == 65536 and r.speculative]
     assert causes(rows + batched) == set()
     d = diagnose(rows + batched, Thresholds(), peak_gbs=PEAK_GBS)
     growth = next(c for c in d.checks if c.rule is Rule.STEP_GROWTH)

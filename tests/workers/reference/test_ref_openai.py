@@ -405,7 +405,11 @@ def test_generate_takes_sglangs_contract_for_top_level_fields(client):
                   "rid": "r1", "priority": 3}):
         r = client.post("/generate", json=body)
         assert (r.status_code == 200) == sglang_admits(body), (body, r.text)
-    body = {"text": PROMPT, "sampling_params": greedy, "return_logprob": True}
-    assert sglang_admits(body)  # SGLang serves it; this engine has no logprobs and says so instead of dropping them
+    body = {"text": PROMPT, "sampling_params": greedy, "return_logprob": True, "top_logprobs_num": 2}
+    assert sglang_admits(body)  # served: output-token logprobs in SGLang's shape (request_params.parse_logprob)
     r = client.post("/generate", json=body)
-    assert r.status_code == 400 and "return_logprob=True is not supported" in r.json()["error"]["message"]
+    assert r.status_code == 200 and len(r.json()["meta_info"]["output_top_logprobs"]) == 4, r.text
+    body = {"text": PROMPT, "sampling_params": greedy, "return_hidden_states": True}
+    assert sglang_admits(body)  # SGLang serves it; this engine has no hidden states and says so instead of dropping them
+    r = client.post("/generate", json=body)
+    assert r.status_code == 400 and "return_hidden_states=True is not supported" in r.json()["error"]["message"]

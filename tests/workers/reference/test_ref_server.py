@@ -122,6 +122,48 @@ def test_stream_sse(server):
     assert final["output_ids"] == plain["output_ids"] and final["text"] == plain["text"]
 
 
+def test_logprobs_in_sglangs_answer_shape(server):
+    """return_logprob + top_logprobs_num: meta_info as SGLang's tokenizer_manager builds it (output entries only,
+    [logprob, token_id, null], top-n best first, the emitted token the best at temperature 0); the same in the
+    last chunk of a stream; without return_logprob, no logprob field."""
+    url, _, _ = server
+    body = {"text": "The cat sat on the mat.", "return_logprob": True, "top_logprobs_num": 3,
+            "sampling_params": greedy(9)}
+    meta = post(url, body).json()["meta_info"]
+    out = post(url, {**body, "stream": True}, stream=True)
+    chunks = [json.loads(e[len("data: "):]) for e in out.iter_lines(decode_unicode=True) if e and e != "data: [DONE]"]
+    ids = chunks[-1]["output_ids"]
+    assert chunks[-1]["meta_info"]["output_top_logprobs"] == meta["output_top_logprobs"]
+    assert meta["input_token_logprobs"] == [] and meta["input_top_logprobs"] == []
+    assert meta["output_token_logprobs_length"] == len(ids) == len(meta["output_top_logprobs"]) == 9
+    for tok, (lp, tid, text), top in zip(ids, meta["output_token_logprobs"], meta["output_top_logprobs"]):
+        assert tid == tok and text is None and len(top) == 3 and top[0] == [lp, tok, None]
+        assert top[0][0] >= top[1][0] >= top[2][0] and all(e[0] <= 0 for e in top)
+    plain = post(url, {"text": "The cat sat on the mat.", "sampling_params": greedy(9)}).json()
+    assert plain["output_ids"] == ids and not any("logprob" in k for k in plain["meta_info"])
+    only = post(url, {**body, "top_logprobs_num": 0}).json()["meta_info"]  # each token's own logprob only
+    assert only["output_token_logprobs"] == meta["output_token_logprobs"] and "output_top_logprobs" not in only
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    ({"return_logprob": "yes"}, "return_logprob must be true or false"),
+    ({"logprob_start_len": 0}, "output-token logprobs only; allowed: -1"),
+    ({"logprob_start_len": 50}, "logprob_start_len=50 is higher than the number of input tokens"),
+    ({"top_logprobs_num": -1}, "top_logprobs_num must be an integer in [0, 259]"),
+    ({"top_logprobs_num": 2.0}, "top_logprobs_num must be an integer"),
+    ({"token_ids_logprob": [5]}, "token_ids_logprob=[5] is not supported"),
+    ({"return_text_in_logprobs": True}, "return_text_in_logprobs=True is not supported"),
+])
+def test_logprob_fields_it_does_not_support_are_refused_by_name(server, extra, fragment):
+    url, _, _ = server
+    r = post(url, {"input_ids": [1, 2, 3], "return_logprob": True, **extra, "sampling_params": greedy(2)})
+    assert r.status_code == 400 and fragment in r.json()["error"]["message"], r.text
+    # without return_logprob SGLang ignores the other logprob fields (scheduler.py:3256-3258)
+    if "return_logprob" not in extra:
+        ok = post(url, {"input_ids": [1, 2, 3], **extra, "sampling_params": greedy(2)})
+        assert ok.status_code == 200 and "output_token_logprobs" not in ok.json()["meta_info"]
+
+
 @pytest.mark.parametrize("data, fragment", [
     ("{not json", "malformed JSON"),
     (json.dumps({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 5000}}), "context length 4096"),
