@@ -28,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from orchestrator.results.store_layout import ROLE_TAG
 
 log = logging.getLogger("bench_tune")
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,7 +51,7 @@ def load_grid(work_dir: Path) -> dict[str, Any]:
     exp = client.get_experiment_by_name("tune-bench")
     if exp is None:
         raise SystemExit(f"no tune-bench experiment in {work_dir}/mlflow.db: run without --reuse first")
-    runs = client.search_runs([exp.experiment_id], "tags.`specsweep.role` = 'tune'", order_by=["start_time DESC"])
+    runs = client.search_runs([exp.experiment_id], f"tags.`{ROLE_TAG}` = 'tune'", order_by=["start_time DESC"])
     path = client.download_artifacts(runs[0].info.run_id, "tune/measurements.json", str(work_dir))
     return json.loads(Path(path).read_text())
 

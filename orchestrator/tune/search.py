@@ -196,7 +196,7 @@ def _sentinel(req: TuneRequest, space: _Space, run: TuneRun) -> None:
     from orchestrator.results.diagnosis import RunRow, find_oracle_shortfall
 
     first = next(iter(space.configs.values()))[space.points[0]]
-    if first.engine.kind.value == "stub":
+    if first.engine.kind.simulated:
         log.info("sentinel not run: the stub engine's commits are simulated")
         return
     ctx, batch = space.points[0]
