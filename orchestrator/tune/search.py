@@ -196,8 +196,8 @@ def _sentinel(req: TuneRequest, space: _Space, run: TuneRun) -> None:
     from orchestrator.results.diagnosis import RunRow, find_oracle_shortfall
 
     first = next(iter(space.configs.values()))[space.points[0]]
-    if first.engine.kind.value == "stub":
-        log.info("sentinel not run: the stub engine's commits are simulated")
+    if first.engine.kind.simulated:
+        log.info("sentinel not run: engine=%s simulates its commits", first.engine.kind.value)
         return
     ctx, batch = space.points[0]
     jobs = [[*req.base_overrides, f"{DRAFTER}=oracle", f"context_len={ctx}", f"probe.concurrency={batch}"]]
