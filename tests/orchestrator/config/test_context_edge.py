@@ -1,4 +1,4 @@
-"""The context edge on SGLang (issue 28, item 5): our rule (`specsweep_vocab.sglang_limits`) gives, at every edge,
+"""The context edge on SGLang: our rule (`specsweep_vocab.sglang_limits`) gives, at every edge,
 what SGLang 0.5.23's own code does with the request, and `check_context` refuses exactly the points SGLang would
 refuse, abort or cut short.
 

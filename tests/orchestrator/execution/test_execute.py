@@ -82,7 +82,7 @@ def test_engine_killed_mid_probe_fails_that_run_and_restarts(local_ray, tmp_path
     killed = []
 
     def killer():
-        pid = wait_for_request(local_ray, finished=1)  # run 11: the engine's second
+        pid = wait_for_request(local_ray, finished=1)  # run11: the engine's second
         time.sleep(0.3)
         os.kill(pid, signal.SIGKILL)
         killed.append(pid)
@@ -108,7 +108,7 @@ def test_lost_worker_requeues_unfinished_runs(local_ray, tmp_path):
     victims = []
 
     def kill_actor():
-        engine_pid = wait_for_request(local_ray, finished=0)  # run 20: the engine's first
+        engine_pid = wait_for_request(local_ray, finished=0)  # run20: the engine's first
         with open(f"/proc/{engine_pid}/stat") as f:
             actor_pid = int(f.read().split(")")[-1].split()[1])
         time.sleep(0.2)

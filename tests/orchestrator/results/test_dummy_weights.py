@@ -1,4 +1,4 @@
-"""Dummy weights are plumbing (issue 28, item 7): a bare longctx-like sweep on `tiny` gets no drafter-quality or
+"""Dummy weights are plumbing: a bare longctx-like sweep on `tiny` gets no drafter-quality or
 pipeline verdict, and the report says what it did not judge and why; the same numbers on real weights still do."""
 
 from __future__ import annotations

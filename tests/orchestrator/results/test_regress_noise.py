@@ -1,6 +1,6 @@
 """The noisy-metric rule on hand-made histories (pure: `compare` over a `History` built in memory, no MLflow).
 
-The false-alarm shape is session 13's recording (docs/schedule.md, "Measured"): the reference engine on this shared
+The false-alarm shape is the 2026-12-03 measurements' recording (docs/schedule.md, "Measured"): the reference engine on this shared
 2-core VM, 10 identical sweeps x 4 points, each point's timings 0.81x-1.22x of their median, drifting with the host's
 load between sweeps. Judged with each point's own median/MAD, or with one earlier run, that flagged 11 of 180
 verdicts; the pooled Student-t prediction interval flags none. The detection shapes are the benchmark's: 2 of 4
@@ -21,7 +21,7 @@ from orchestrator.results.regress.verdict import EXCURSION, NO_SPREAD, REGRESSIO
 
 S = RegressSettings()
 REF = ("novel/ngram", "novel/oracle", "predictable/ngram", "predictable/oracle")
-# session 13's recorded reference-engine values (SmolLM2-135M on CPU, ctx 512, 32 tokens), one row per sweep
+# the 2026-12-03 measurements' recorded reference-engine values (SmolLM2-135M on CPU, ctx 512, 32 tokens), one row per sweep
 DECODE = [(12.78, 8.012, 29.72, 7.789), (12.68, 7.566, 34.15, 7.532), (12.54, 8.075, 35.84, 9.103),
           (10.26, 7.183, 30.55, 6.938), (12.07, 6.656, 33.84, 7.189), (11.54, 7.345, 28.07, 7.244),
           (13.9, 8.026, 35.25, 7.983), (12.96, 9.049, 36.17, 8.138), (12.05, 7.249, 35.08, 7.567),
