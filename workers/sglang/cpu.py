@@ -18,6 +18,7 @@ tagged source (docs/sglang.md, "Rehearse on a laptop with real SGLang").
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -58,12 +59,18 @@ class CpuIsa:
     missing: tuple[str, ...]  # flags of SGLANG_X86_FLAGS this CPU lacks
 
 
+@functools.cache
+def _host_cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
 def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
+    """/proc/cpuinfo's flags (read once per process: a plan asks for every grid point)."""
     if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return frozenset()
+        cpuinfo = _host_cpuinfo()
     for line in cpuinfo.splitlines():
         if line.startswith("flags"):
             return frozenset(line.split(":", 1)[1].split())
@@ -94,8 +101,10 @@ def sglang_python(engine: EngineSpec) -> str:
     return os.environ.get(PYTHON_ENV) or str(ROOT / ".venv-sglang" / "bin" / "python")
 
 
+@functools.lru_cache(maxsize=8)
 def read_manifest(python: str) -> dict[str, Any]:
-    """`make setup-sglang`'s record beside the interpreter ({} when there is none or it does not parse)."""
+    """`make setup-sglang`'s record beside the interpreter ({} when there is none or it does not parse); read once
+    per process and interpreter, since the plan asks for every grid point. Callers do not modify it."""
     path = Path(python).parent.parent / MANIFEST_NAME
     try:
         out = json.loads(path.read_text())

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import pytest
 
+from orchestrator.config.plan import build_server
 from specsweep_vocab.spec import EngineKind
 from tools.testing import compose_run
 from workers.engine import EngineProcess
@@ -49,8 +50,6 @@ def test_cpu_verdict_equals_sglang_0_5_18(manifest):
         rc = _point(backend, drafter)
         problems = adapter.plan_problems(rc)
         verdicts[backend, drafter] = {p.key for p in problems}
-        from orchestrator.config.plan import build_server
-
         argv = adapter.build_argv(build_server(rc), 30000)
         argvs[f"{backend}/{drafter}"] = argv[argv.index("-m") + 2:]
     resolved = _sglang_resolves(manifest, argvs)
