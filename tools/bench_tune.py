@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from orchestrator.results.store_layout import ROLE_TAG
@@ -47,6 +48,8 @@ def run_grid(work_dir: Path, extra: list[str]) -> None:
 def load_grid(work_dir: Path) -> dict[str, Any]:
     import mlflow
 
+    if not (work_dir / "mlflow.db").exists() and (work_dir / "measurements.json").exists():
+        return json.loads((work_dir / "measurements.json").read_text())  # a grid kept without its store
     client = mlflow.MlflowClient(f"sqlite:///{work_dir.resolve()}/mlflow.db")
     exp = client.get_experiment_by_name("tune-bench")
     if exp is None:
@@ -56,7 +59,8 @@ def load_grid(work_dir: Path) -> dict[str, Any]:
     return json.loads(Path(path).read_text())
 
 
-def replay(grid: dict[str, Any], sampler: str, seed: int, budget_configs: int, leaders: int) -> dict[str, Any]:
+def replay(grid: dict[str, Any], sampler: str, seed: int, budget_configs: int, leaders: int,
+           per_round: int = 2) -> dict[str, Any]:
     """One search over the recorded grid: when each point's grid winner was first measured, and the pick."""
     import optuna
 
@@ -76,8 +80,9 @@ def replay(grid: dict[str, Any], sampler: str, seed: int, budget_configs: int, l
                     space[key].append(v)
     drafters = {c.values.get("drafter"): c.speculates for c in cands.values()}
     speculates = lambda params: drafters.get(str(params.get("drafter")), True)  # noqa: E731
-    settings = TuneSettings(space={k: tuple(v) for k, v in space.items()}, trials=len(cands), per_round=2,
-                            sampler=sampler, seed=seed)
+    # the search's own budget, as a user's tune would set it: Optuna's TPE draws its first quarter at random
+    settings = TuneSettings(space={k: tuple(v) for k, v in space.items()}, trials=budget_configs,
+                            per_round=per_round, sampler=sampler.split("-")[0], seed=seed)
     rng = random.Random(seed)
     order: list[str] = []
 
@@ -92,23 +97,23 @@ def replay(grid: dict[str, Any], sampler: str, seed: int, budget_configs: int, l
     from orchestrator.tune.study import _sampler
 
     study = optuna.create_study(directions=["maximize"] * len(points), sampler=_sampler(settings, len(cands)))
-    full = search_loop(study, settings, cands, {}, speculates, measure)
-    found: dict[str, int | None] = {}
-    picks: dict[str, tuple[str, bool]] = {}
+    settings = replace(settings, trials=len(cands))  # search on past the budget: when was the winner first measured
+    full = search_loop(study, settings, cands, {}, speculates, measure, per_point=sampler.endswith("-point"),
+                       startup_of=budget_configs)
     truth = grid_winners(grid)
+    out: dict[str, dict[str, Any]] = {}
     for i, p in enumerate(points):
         winner = truth[p][0]
-        found[p] = order.index(winner) + 1 if winner in order else None
+        near = [n for n, k in enumerate(order, 1) if k == winner or _inseparable(grid, p, k, winner)]
         seen = {k: full[k] for k in order[:budget_configs]}
         chosen = choose_leaders(seen, len(points), lambda k: cands[k].speculates, leaders)[i]
         entries = [Entry(k, k, cands[k].draft_tokens, tuple(confs[k][p]["throughput_tok_s"])) for k in chosen]
-        got = pick(entries, settings.tie_frac)
-        same = got.winner.key == winner
-        close = not same and _inseparable(grid, p, got.winner.key, winner)
-        picks[p] = (got.winner.key, same or close)
-        picks[p + ":strict"] = (got.winner.key, same)
-        found[p + ":leader_runs"] = len(chosen)
-    return {"found": found, "picks": picks, "order": order}
+        got = pick(entries, settings.tie_frac).winner.key
+        out[p] = {"winner_at": order.index(winner) + 1 if winner in order else None,
+                  "near_at": near[0] if near else None, "leader_runs": len(chosen),
+                  "pick": "winner" if got == winner else "inseparable" if _inseparable(grid, p, got, winner)
+                  else "worse"}
+    return out
 
 
 def _inseparable(grid: dict[str, Any], point: str, a: str, b: str) -> bool:
@@ -142,6 +147,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--budget", type=float, default=0.3, help="fraction of the grid's runs the search may use")
     ap.add_argument("--leaders", type=int, default=3)
+    ap.add_argument("--samplers", default="tpe,tpe-point,random")
+    ap.add_argument("--per-round", type=int, default=2)
     ap.add_argument("overrides", nargs="*", help="extra overrides for the grid run")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -158,21 +165,23 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\ngrid: {n} configurations x {len(points)} workload points = {grid_runs} runs (3 repeats each); "
           f"budget {args.budget:.0%} of the grid = {budget_configs} configurations searched + up to {leader_runs} "
           f"leader runs; {args.seeds} seeds; grid measured + replayed in {time.time() - t0:.0f} s")
-    print("\n| sampler | context x batch | grid winner | runs to first measure it: median / worst (of grid) | "
-          "wrong winner at the budget | of them not separable from the grid's winner |")
+    print("\n| sampler | context x batch | grid winner | configurations measured until the winner was: median / "
+          "worst of the seeds | until one the noise cannot separate from it was | pick at the budget: the winner / "
+          "inseparable / separably worse |")
     print("|---|---|---|---|---|---|")
-    for sampler in ("tpe", "random"):
-        results = [replay(grid, sampler, seed, budget_configs, args.leaders) for seed in range(args.seeds)]
+    for sampler in args.samplers.split(","):
+        results = [replay(grid, sampler, seed, budget_configs, args.leaders, args.per_round)
+                   for seed in range(args.seeds)]
         for p in points:
-            found = [r["found"][p] for r in results]
-            runs = [f * len(points) if f is not None else grid_runs for f in found]
-            wrong = sum(not r["picks"][p + ":strict"][1] for r in results)
-            loose = sum(not r["picks"][p][1] for r in results)
             label = grid["configurations"][truth[p][0]]["label"] or "no speculation"
-            print(f"| {sampler} | {p} | {label} ({truth[p][1]:.1f} tok/s) | {statistics.median(runs):.0f} / "
-                  f"{max(runs)} ({statistics.median(runs) / grid_runs:.0%} / {max(runs) / grid_runs:.0%}) | "
-                  f"{wrong}/{len(results)} | {wrong - loose}/{wrong} |")
-
+            cols = []
+            for what in ("winner_at", "near_at"):
+                at = [r[p][what] or n for r in results]  # never measured: the whole space
+                cols.append(f"{statistics.median(at):.0f} / {max(at)} of {n} "
+                            f"({statistics.median(at) / n:.0%} / {max(at) / n:.0%})")
+            picks = [r[p]["pick"] for r in results]
+            print(f"| {sampler} | {p} | {label} ({truth[p][1]:.1f} tok/s) | {cols[0]} | {cols[1]} | "
+                  f"{picks.count('winner')} / {picks.count('inseparable')} / {picks.count('worse')} |")
 
 if __name__ == "__main__":
     main()

@@ -12,7 +12,7 @@ earlier trial showed committing at most `no_gain_commit_len` at the smallest bat
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from orchestrator.tune.settings import TuneSettings
@@ -41,7 +41,8 @@ class Measured:
 def search_loop(study: "optuna.Study", settings: TuneSettings, candidates: Mapping[str, Candidate],
                 refused: Mapping[str, object], speculates: Callable[[Mapping[str, Any]], bool],
                 measure: Callable[[list[str], int], Mapping[str, Measured | None]],
-                first_batch: int = 1) -> dict[str, tuple[float, ...]]:
+                first_batch: int = 1, per_point: bool = False, startup_of: int | None = None
+                ) -> dict[str, tuple[float, ...]]:
     """Ask, answer what needs no run, measure the rest a round at a time (`measure(keys, round)`), tell. Returns
     every measured configuration's tok/s per workload point, in the order they were measured (resumed ones first).
     The loop the tune runs on the engines, and the benchmark replays on recorded values (tools/bench_tune.py)."""
@@ -55,23 +56,31 @@ def search_loop(study: "optuna.Study", settings: TuneSettings, candidates: Mappi
         if t.user_attrs.get("no_gain"):
             no_gain[drafter_key(candidates[t.user_attrs[CANDIDATE_ATTR]])] = t.user_attrs["no_gain"]
     budget = min(s.trials, len(candidates))
+    startup_of = budget if startup_of is None else startup_of
     asks_left = 20 * (budget + s.per_round)  # proposals answered without a run never loop forever
     round_no = max((t.user_attrs.get("round", 0) for t in measured_trials(study)), default=0)
+    batch: dict[str, optuna.trial.Trial] = {}
+
+    def why_not(key: str) -> str | None:
+        """Why `key` is answered without a run (None: it is measured)."""
+        return ("measured before" if key in values else None) or (str(refused[key]) if key in refused else None) or \
+            ("asked twice in one round" if key in batch else None) or \
+            ("not in the space" if key not in candidates else None) or no_gain.get(drafter_key(candidates[key]))
+
     while len(values) < budget and asks_left > 0:
-        batch: dict[str, optuna.trial.Trial] = {}
+        batch = {}
         while len(batch) < min(s.per_round, budget - len(values)) and asks_left > 0:
             asks_left -= 1
-            trial = study.ask()
+            trial = _ask(study, s, speculates, per_point, [*batch.values()], startup_of,
+                         lambda p: why_not(_key(p, speculates)) is None)
             params = suggest(trial, s.space, speculates)
-            key = " ".join(candidate_overrides(params, speculates(params)))
+            key = _key(params, speculates)
             trial.set_user_attr(CANDIDATE_ATTR, key)
             if key in values:
                 trial.set_user_attr(MEASURED_ATTR, False)
                 study.tell(trial, list(values[key]))
                 continue
-            why = (refused.get(key) or ("asked twice in one round" if key in batch else None)
-                   or ("not in the space" if key not in candidates else None)
-                   or no_gain.get(drafter_key(candidates[key])))
+            why = why_not(key)
             if why:
                 trial.set_user_attr("pruned", str(why))
                 study.tell(trial, state=optuna.trial.TrialState.PRUNED)
@@ -100,6 +109,53 @@ def search_loop(study: "optuna.Study", settings: TuneSettings, candidates: Mappi
             study.tell(trial, list(m.values))
             values[key] = m.values
     return values
+
+
+def _key(params: Mapping[str, Any], speculates: Callable[[Mapping[str, Any]], bool]) -> str:
+    return " ".join(candidate_overrides(params, speculates(params)))
+
+
+def _ask(study: "optuna.Study", settings: TuneSettings, speculates: Callable[[Mapping[str, Any]], bool],
+         per_point: bool, pending: Sequence["optuna.trial.Trial"], startup_of: int,
+         fresh: Callable[[Mapping[str, Any]], bool]) -> "optuna.trial.Trial":
+    """The next trial. `per_point`: proposed by a single-objective TPE over one workload point's values, the point
+    taking turns with each proposal (the study's trial count modulo the points), then asked of `study` with those
+    params. Every trial measures every point, so each point's TPE learns from all of them; the study's own
+    multi-objective TPE splits good from bad by Pareto rank, which with few trials and several points calls most of
+    them good. The point's TPE draws until `fresh(params)` (not measured, refused or pruned before): each draw stays
+    RUNNING in the view, where Optuna's constant liar counts it as bad, so the next lands elsewhere. `pending`: this
+    round's trials, not yet measured, counted as bad the same way so that a round spreads out."""
+    if not per_point:
+        return study.ask()
+    import optuna
+
+    from orchestrator.tune.study import _sampler, sampler_params
+
+    done = study.get_trials(deepcopy=False)
+    target = len(done) % len(study.directions)
+    view = optuna.create_study(direction="maximize",
+                               sampler=_sampler(replace(settings, seed=settings.seed + len(done)), startup_of))
+    pending_numbers = {t.number for t in pending}
+    for t in done:
+        if t.state is optuna.trial.TrialState.COMPLETE and t.user_attrs.get(MEASURED_ATTR):
+            view.add_trial(optuna.trial.create_trial(params=t.params, distributions=t.distributions,
+                                                     value=t.values[target], constraints=t.constraints))
+        elif t.state is optuna.trial.TrialState.PRUNED:
+            view.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.PRUNED, params=t.params,
+                                                     distributions=t.distributions))
+    for t in done:
+        if t.number in pending_numbers:  # a lie the constant liar tells: running, so counted as bad
+            view.enqueue_trial(dict(t.params))
+            view.ask()
+    for _ in range(_DRAWS):
+        params = suggest(view.ask(), settings.space, speculates)
+        if fresh(params):
+            break
+    study.enqueue_trial(sampler_params(params, settings.space))
+    return study.ask()
+
+
+_DRAWS = 16  # proposals a point's TPE may make before its last one is taken as it is (answered without a run)
 
 
 def choose_leaders(values: Mapping[str, Sequence[float]], n_points: int, speculates: Callable[[str], bool],

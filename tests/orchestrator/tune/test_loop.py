@@ -68,3 +68,50 @@ def test_leaders_are_the_best_per_point_plus_the_best_without_speculation():
     values = {"a": (10.0, 1.0), "b": (9.0, 3.0), "c": (1.0, 2.0), "none": (5.0, 0.5)}
     got = choose_leaders(values, 2, lambda k: k != "none", 2)
     assert got == [["a", "b", "none"], ["b", "c", "none"]]
+
+
+def test_a_numeric_knob_of_three_or_more_values_is_searched_in_its_order():
+    from orchestrator.tune.study import ordered
+
+    assert ordered((8, 1, 4, 2)) == [1, 2, 4, 8]
+    assert ordered(("16", "1", "64")) == ["1", "16", "64"]  # as Hydra may hand them over
+    assert ordered((1, 16)) is None  # two values: nothing between them to carry over
+    assert ordered(("torch", "triton", "flashinfer")) is None
+    assert ordered((True, False, True)) is None
+
+
+def test_an_enqueued_configuration_is_asked_back_with_its_values():
+    """The grid and the per-point proposals enqueue values as the sampler stores them (an ordered knob's index);
+    `suggest` must hand back the values themselves."""
+    from orchestrator.tune.study import sampler_params, suggest
+
+    space = {"drafter": ("none", "ngram"), "drafter.num_steps": (1, 2, 4, 8), "page_size": (1, 16, 64)}
+    study = optuna.create_study(directions=["maximize", "maximize"])
+    want = {"drafter": "ngram", "page_size": 64, "drafter.num_steps": 4}
+    stored = sampler_params(want, space)
+    assert stored == {"drafter": "ngram", "page_size": 2, "drafter.num_steps": 2}
+    study.enqueue_trial(stored)
+    assert suggest(study.ask(), space, spec) == want
+
+
+def test_per_point_proposals_measure_each_configuration_once_and_resume(tmp_path):
+    """Per-point mode: a TPE over one point's values proposes, the study records; nothing is measured twice, the
+    refused are never run, and a second run of the loop continues the persisted study."""
+    cands, _ = _setup(trials=6)
+    settings = TuneSettings(space=SPACE, trials=6, per_round=2, sampler="tpe", seed=1)
+    refused = {"drafter=ngram drafter.num_draft_tokens=3 drafter.num_steps=2 page_size=16": "refused"}
+    runs: list[str] = []
+
+    def measure(keys, _round):
+        runs.extend(keys)
+        return {k: Measured((float(len(k)), -float(len(k))), 0.0, 3.0) for k in keys}
+
+    storage = f"sqlite:///{tmp_path}/o.db"
+    first = search_loop(open_study(settings, "p", 2, storage, len(cands)), settings, cands, refused, spec, measure,
+                        per_point=True)
+    assert len(first) == 6 and len(runs) == 6 == len(set(runs)) and not set(runs) & set(refused)
+    more = TuneSettings(space=SPACE, trials=9, per_round=2, sampler="tpe", seed=1)
+    study = open_study(more, "p", 2, storage, len(cands))
+    second = search_loop(study, more, cands, refused, spec, measure, per_point=True)
+    assert list(second)[:6] == list(first) and len(runs) == len(set(runs)) == len(second)
+    assert len(second) == min(9, len(cands) - len(refused))
