@@ -82,7 +82,7 @@ def replay(grid: dict[str, Any], sampler: str, seed: int, budget_configs: int, l
     speculates = lambda params: drafters.get(str(params.get("drafter")), True)  # noqa: E731
     # the search's own budget, as a user's tune would set it: Optuna's TPE draws its first quarter at random
     settings = TuneSettings(space={k: tuple(v) for k, v in space.items()}, trials=budget_configs,
-                            per_round=per_round, sampler=sampler.split("-")[0], seed=seed)
+                            per_round=per_round, sampler=sampler, seed=seed)
     rng = random.Random(seed)
     order: list[str] = []
 
@@ -98,8 +98,7 @@ def replay(grid: dict[str, Any], sampler: str, seed: int, budget_configs: int, l
 
     study = optuna.create_study(directions=["maximize"] * len(points), sampler=_sampler(settings, len(cands)))
     settings = replace(settings, trials=len(cands))  # search on past the budget: when was the winner first measured
-    full = search_loop(study, settings, cands, {}, speculates, measure, per_point=sampler.endswith("-point"),
-                       startup_of=budget_configs)
+    full = search_loop(study, settings, cands, {}, speculates, measure, startup_of=budget_configs)
     truth = grid_winners(grid)
     out: dict[str, dict[str, Any]] = {}
     for i, p in enumerate(points):
@@ -147,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--budget", type=float, default=0.3, help="fraction of the grid's runs the search may use")
     ap.add_argument("--leaders", type=int, default=3)
-    ap.add_argument("--samplers", default="tpe,tpe-point,random")
+    ap.add_argument("--samplers", default="tpe,motpe,random")
     ap.add_argument("--per-round", type=int, default=2)
     ap.add_argument("overrides", nargs="*", help="extra overrides for the grid run")
     args = ap.parse_args(argv)

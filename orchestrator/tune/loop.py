@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from orchestrator.tune.settings import TuneSettings
+from orchestrator.tune.settings import SamplerKind, TuneSettings
 from orchestrator.tune.space import Candidate, candidate_overrides, drafter_key
 from orchestrator.tune.study import CANDIDATE_ATTR, CONSTRAINT_ATTR, MEASURED_ATTR, measured_trials, suggest
 
@@ -41,8 +41,7 @@ class Measured:
 def search_loop(study: "optuna.Study", settings: TuneSettings, candidates: Mapping[str, Candidate],
                 refused: Mapping[str, object], speculates: Callable[[Mapping[str, Any]], bool],
                 measure: Callable[[list[str], int], Mapping[str, Measured | None]],
-                first_batch: int = 1, per_point: bool = False, startup_of: int | None = None
-                ) -> dict[str, tuple[float, ...]]:
+                first_batch: int = 1, startup_of: int | None = None) -> dict[str, tuple[float, ...]]:
     """Ask, answer what needs no run, measure the rest a round at a time (`measure(keys, round)`), tell. Returns
     every measured configuration's tok/s per workload point, in the order they were measured (resumed ones first).
     The loop the tune runs on the engines, and the benchmark replays on recorded values (tools/bench_tune.py)."""
@@ -56,7 +55,8 @@ def search_loop(study: "optuna.Study", settings: TuneSettings, candidates: Mappi
         if t.user_attrs.get("no_gain"):
             no_gain[drafter_key(candidates[t.user_attrs[CANDIDATE_ATTR]])] = t.user_attrs["no_gain"]
     budget = min(s.trials, len(candidates))
-    startup_of = budget if startup_of is None else startup_of
+    startup_of = budget if startup_of is None else startup_of  # the random start: a quarter of the budget
+    per_point = s.sampler_kind is SamplerKind.TPE
     asks_left = 20 * (budget + s.per_round)  # proposals answered without a run never loop forever
     round_no = max((t.user_attrs.get("round", 0) for t in measured_trials(study)), default=0)
     batch: dict[str, optuna.trial.Trial] = {}
@@ -118,13 +118,14 @@ def _key(params: Mapping[str, Any], speculates: Callable[[Mapping[str, Any]], bo
 def _ask(study: "optuna.Study", settings: TuneSettings, speculates: Callable[[Mapping[str, Any]], bool],
          per_point: bool, pending: Sequence["optuna.trial.Trial"], startup_of: int,
          fresh: Callable[[Mapping[str, Any]], bool]) -> "optuna.trial.Trial":
-    """The next trial. `per_point`: proposed by a single-objective TPE over one workload point's values, the point
-    taking turns with each proposal (the study's trial count modulo the points), then asked of `study` with those
-    params. Every trial measures every point, so each point's TPE learns from all of them; the study's own
-    multi-objective TPE splits good from bad by Pareto rank, which with few trials and several points calls most of
-    them good. The point's TPE draws until `fresh(params)` (not measured, refused or pruned before): each draw stays
-    RUNNING in the view, where Optuna's constant liar counts it as bad, so the next lands elsewhere. `pending`: this
-    round's trials, not yet measured, counted as bad the same way so that a round spreads out."""
+    """The next trial. `per_point` (sampler=tpe): proposed by a single-objective TPE over one workload point's
+    values, the point taking turns with each proposal (the study's trial count modulo the points), then asked of
+    `study` with those params. Every trial measures every point, so each point's TPE learns from all of them; a
+    multi-objective TPE (sampler=motpe) splits good from bad by Pareto rank, which with few trials and several
+    points calls most of them good. The point's TPE draws until `fresh(params)` (not measured, refused or pruned
+    before): each draw stays RUNNING in the view, where Optuna's constant liar counts it as bad, so the next lands
+    elsewhere. `pending`: this round's trials, not yet measured, counted as bad the same way so a round spreads out.
+    """
     if not per_point:
         return study.ask()
     import optuna

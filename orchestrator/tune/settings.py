@@ -22,7 +22,8 @@ BATCH = Int(1, 1024)  # probe.concurrency's domain (specsweep_vocab/spec.py Prob
 
 
 class SamplerKind(str, enum.Enum):
-    TPE = "tpe"  # Optuna's TPESampler, multivariate over the conditioned space
+    TPE = "tpe"  # a single-objective TPESampler per workload point, the points taking turns (loop.py _ask)
+    MOTPE = "motpe"  # Optuna's TPESampler over every workload point at once (multi-objective, by Pareto rank)
     RANDOM = "random"  # Optuna's RandomSampler: the benchmark's reference
     GRID = "grid"  # every candidate once, in Optuna's GridSampler order: the full grid through the same loop
 

@@ -46,7 +46,7 @@ def storage_url(settings: TuneSettings, tracking_uri: str, work_dir: str) -> str
 def _sampler(settings: TuneSettings, n_candidates: int) -> "optuna.samplers.BaseSampler":
     import optuna
 
-    if settings.sampler_kind is SamplerKind.TPE:
+    if settings.sampler_kind in (SamplerKind.TPE, SamplerKind.MOTPE):
         with warnings.catch_warnings():  # multivariate/group/constant_liar are marked experimental
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             # the first quarter of the budget (at least 3) is random: TPE needs good and bad trials to split

@@ -107,11 +107,10 @@ def test_per_point_proposals_measure_each_configuration_once_and_resume(tmp_path
         return {k: Measured((float(len(k)), -float(len(k))), 0.0, 3.0) for k in keys}
 
     storage = f"sqlite:///{tmp_path}/o.db"
-    first = search_loop(open_study(settings, "p", 2, storage, len(cands)), settings, cands, refused, spec, measure,
-                        per_point=True)
+    first = search_loop(open_study(settings, "p", 2, storage, len(cands)), settings, cands, refused, spec, measure)
     assert len(first) == 6 and len(runs) == 6 == len(set(runs)) and not set(runs) & set(refused)
     more = TuneSettings(space=SPACE, trials=9, per_round=2, sampler="tpe", seed=1)
     study = open_study(more, "p", 2, storage, len(cands))
-    second = search_loop(study, more, cands, refused, spec, measure, per_point=True)
+    second = search_loop(study, more, cands, refused, spec, measure)
     assert list(second)[:6] == list(first) and len(runs) == len(set(runs)) == len(second)
     assert len(second) == min(9, len(cands) - len(refused))

@@ -57,5 +57,5 @@ def test_settings_problems_name_the_key_the_value_and_what_is_allowed():
     text = "\n".join(map(str, settings_problems(bad)))
     assert "hydra.sweeper.tune.space.probe.concurrency=[1, 2]: allowed no probe.concurrency in the space" in text
     assert "hydra.sweeper.tune.space.page_size=[]: allowed a non-empty list of distinct values" in text
-    assert "hydra.sweeper.tune.sampler='annealing': allowed one of tpe, random, grid" in text
+    assert "hydra.sweeper.tune.sampler='annealing': allowed one of tpe, motpe, random, grid" in text
     assert "hydra.sweeper.tune.repeats=2" in text and "hydra.sweeper.tune.batch_sizes=[0]" in text
