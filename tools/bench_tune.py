@@ -67,17 +67,20 @@ def replay(grid: dict[str, Any], sampler: str, seed: int, budget_configs: int, l
     from orchestrator.tune.robust import Entry, pick
     from orchestrator.tune.loop import Measured, choose_leaders, search_loop
     from orchestrator.tune.settings import TuneSettings
-    from orchestrator.tune.space import Candidate
+    from orchestrator.tune.space import NUM_DRAFT_TOKENS, TOPK, Candidate
 
     confs, points = grid["configurations"], grid["points"]
+    def asked(values: dict[str, str]) -> dict[str, str]:  # a chain's num_draft_tokens is num_steps + 1, not asked
+        return {k: v for k, v in values.items() if k != NUM_DRAFT_TOKENS or values.get(TOPK, "1") != "1"}
+
     cands = {k: Candidate(tuple(k.split()), c["speculates"]) for k, c in confs.items()}
+    cands = {k: replace(c, params=tuple(asked(c.values).items())) for k, c in cands.items()}
     space: dict[str, list[Any]] = {}
     for c in cands.values():
-        for key, v in c.values.items():
-            if key != "drafter.num_draft_tokens" or c.values.get("drafter.topk", "1") != "1":
-                space.setdefault(key, [])
-                if v not in space[key]:
-                    space[key].append(v)
+        for key, v in c.params:
+            space.setdefault(key, [])
+            if v not in space[key]:
+                space[key].append(v)
     drafters = {c.values.get("drafter"): c.speculates for c in cands.values()}
     speculates = lambda params: drafters.get(str(params.get("drafter")), True)  # noqa: E731
     # the search's own budget, as a user's tune would set it: Optuna's TPE draws its first quarter at random
@@ -85,26 +88,32 @@ def replay(grid: dict[str, Any], sampler: str, seed: int, budget_configs: int, l
                             per_round=per_round, sampler=sampler, seed=seed)
     rng = random.Random(seed)
     order: list[str] = []
+    drawn: dict[str, tuple[float, ...]] = {}
+    truth = grid_winners(grid)
 
     def measure(keys: list[str], _round: int) -> dict[str, Measured | None]:
         out: dict[str, Measured | None] = {}
         for k in keys:
             order.append(k)
-            vals = tuple(rng.choice(confs[k][p]["throughput_tok_s"]) for p in points)
-            out[k] = Measured(vals, 0.0, confs[k][points[0]].get("commit_len_mean"), "replay")
+            drawn[k] = tuple(rng.choice(confs[k][p]["throughput_tok_s"]) for p in points)
+            out[k] = Measured(drawn[k], 0.0, confs[k][points[0]].get("commit_len_mean"), "replay")
+        if len(order) >= budget_configs and all(w in drawn for w, _ in truth.values()):
+            raise _AllFound  # past the budget the search runs only to say when each winner was first measured
         return out
 
     from orchestrator.tune.study import _sampler
 
     study = optuna.create_study(directions=["maximize"] * len(points), sampler=_sampler(settings, len(cands)))
     settings = replace(settings, trials=len(cands))  # search on past the budget: when was the winner first measured
-    full = search_loop(study, settings, cands, {}, speculates, measure, startup_of=budget_configs)
-    truth = grid_winners(grid)
+    try:
+        search_loop(study, settings, cands, {}, speculates, measure, startup_of=budget_configs)
+    except _AllFound:
+        pass
     out: dict[str, dict[str, Any]] = {}
     for i, p in enumerate(points):
         winner = truth[p][0]
         near = [n for n, k in enumerate(order, 1) if k == winner or _inseparable(grid, p, k, winner)]
-        seen = {k: full[k] for k in order[:budget_configs]}
+        seen = {k: drawn[k] for k in order[:budget_configs]}
         chosen = choose_leaders(seen, len(points), lambda k: cands[k].speculates, leaders)[i]
         entries = [Entry(k, k, cands[k].draft_tokens, tuple(confs[k][p]["throughput_tok_s"])) for k in chosen]
         got = pick(entries, settings.tie_frac).winner.key
@@ -113,6 +122,10 @@ def replay(grid: dict[str, Any], sampler: str, seed: int, budget_configs: int, l
                   "pick": "winner" if got == winner else "inseparable" if _inseparable(grid, p, got, winner)
                   else "worse"}
     return out
+
+
+class _AllFound(Exception):
+    pass
 
 
 def _inseparable(grid: dict[str, Any], point: str, a: str, b: str) -> bool:

@@ -12,6 +12,7 @@ earlier trial showed committing at most `no_gain_commit_len` at the smallest bat
 from __future__ import annotations
 
 import logging
+import random
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
@@ -67,12 +68,18 @@ def search_loop(study: "optuna.Study", settings: TuneSettings, candidates: Mappi
             ("asked twice in one round" if key in batch else None) or \
             ("not in the space" if key not in candidates else None) or no_gain.get(drafter_key(candidates[key]))
 
+    def a_fresh_one() -> dict[str, Any] | None:
+        """A configuration not measured, refused or pruned, drawn at random (seeded): where the point's TPE keeps
+        proposing what is known, an ask still measures something new."""
+        fresh = sorted(k for k, c in candidates.items() if c.params and why_not(k) is None)
+        return dict(candidates[random.Random(s.seed + len(study.trials)).choice(fresh)].params) if fresh else None
+
     while len(values) < budget and asks_left > 0:
         batch = {}
         while len(batch) < min(s.per_round, budget - len(values)) and asks_left > 0:
             asks_left -= 1
             trial = _ask(study, s, speculates, per_point, [*batch.values()], startup_of,
-                         lambda p: why_not(_key(p, speculates)) is None)
+                         lambda p: why_not(_key(p, speculates)) is None, a_fresh_one)
             params = suggest(trial, s.space, speculates)
             key = _key(params, speculates)
             trial.set_user_attr(CANDIDATE_ATTR, key)
@@ -117,14 +124,16 @@ def _key(params: Mapping[str, Any], speculates: Callable[[Mapping[str, Any]], bo
 
 def _ask(study: "optuna.Study", settings: TuneSettings, speculates: Callable[[Mapping[str, Any]], bool],
          per_point: bool, pending: Sequence["optuna.trial.Trial"], startup_of: int,
-         fresh: Callable[[Mapping[str, Any]], bool]) -> "optuna.trial.Trial":
+         fresh: Callable[[Mapping[str, Any]], bool],
+         fallback: Callable[[], Mapping[str, Any] | None]) -> "optuna.trial.Trial":
     """The next trial. `per_point` (sampler=tpe): proposed by a single-objective TPE over one workload point's
     values, the point taking turns with each proposal (the study's trial count modulo the points), then asked of
     `study` with those params. Every trial measures every point, so each point's TPE learns from all of them; a
     multi-objective TPE (sampler=motpe) splits good from bad by Pareto rank, which with few trials and several
     points calls most of them good. The point's TPE draws until `fresh(params)` (not measured, refused or pruned
     before): each draw stays RUNNING in the view, where Optuna's constant liar counts it as bad, so the next lands
-    elsewhere. `pending`: this round's trials, not yet measured, counted as bad the same way so a round spreads out.
+    elsewhere; after `_DRAWS` draws, `fallback()` (a fresh configuration at random) instead. `pending`: this round's
+    trials, not yet measured, counted as bad the same way so a round spreads out.
     """
     if not per_point:
         return study.ask()
@@ -149,14 +158,17 @@ def _ask(study: "optuna.Study", settings: TuneSettings, speculates: Callable[[Ma
             view.enqueue_trial(dict(t.params))
             view.ask()
     for _ in range(_DRAWS):
-        params = suggest(view.ask(), settings.space, speculates)
-        if fresh(params):
+        params: Mapping[str, Any] | None = suggest(view.ask(), settings.space, speculates)
+        if fresh(params or {}):
             break
+    else:
+        params = fallback() or params
+    assert params is not None
     study.enqueue_trial(sampler_params(params, settings.space))
     return study.ask()
 
 
-_DRAWS = 16  # proposals a point's TPE may make before its last one is taken as it is (answered without a run)
+_DRAWS = 8  # proposals a point's TPE may make before a fresh configuration is drawn at random
 
 
 def choose_leaders(values: Mapping[str, Sequence[float]], n_points: int, speculates: Callable[[str], bool],

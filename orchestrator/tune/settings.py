@@ -52,8 +52,9 @@ class TuneSettings:
     repeats: int = field(default=3, metadata=domain(Int(3, 64)))  # >= 3: a median and a MAD mean something
     tie_frac: float = field(default=0.01, metadata=domain(FRACTION))  # robust scores this close: fewer drafts win
     # a drafter setting committing at most this at the smallest batch is not tried again. 1: no draft was ever
-    # accepted. Not higher by default: on the reference engine (tiny, CPU; docs/tune.md "Benchmark") a chain of one
-    # step committing 1.046 at batch 1 was the grid's winner at batch 4
+    # accepted. Not higher by default: a drafter committing a little over 1 still gains where verifying its tokens
+    # costs what decoding one does (on the reference engine's tiny model on the 2-core VM, 2026-12-06, a 1-step tree
+    # committing 1.046 at batch 1 ranked first at batch 4, within that grid's noise)
     no_gain_commit_len: float = field(default=1.0, metadata=domain(Num(1, 2)))
     # latency limits (None: none), on the probe's per-run means: mean TTFT, mean TPOT = 1000 / decode_tok_s
     max_ttft_s: float | None = field(default=None, metadata=domain(Num(0, 1e6, lo_open=True)))
