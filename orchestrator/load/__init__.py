@@ -1,0 +1,1 @@
+"""Load curves: SGLang's bench_serving at several load levels against one configuration's live server (docs/tune.md)."""
