@@ -93,7 +93,7 @@ def check_load(config: DictConfig, hydra_context: HydraContext, arguments: Seque
 def _label(arguments: Sequence[str], rc: RunConfig) -> str:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    keys = [o.input_line for o in OverridesParser.create().parse_overrides(list(arguments))
+    keys = [str(o.input_line) for o in OverridesParser.create().parse_overrides(list(arguments))
             if not o.key_or_group.lstrip("+~").startswith(NOT_SERVER_KEYS)]
     return " ".join(keys) or f"drafter={rc.drafter.name}"
 

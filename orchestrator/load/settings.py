@@ -87,7 +87,7 @@ def settings_problems(values: Mapping[str, Any]) -> list[Problem]:
 
 
 def to_load_settings(values: Mapping[str, Any]) -> LoadSettings:
-    given = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()
+    given: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()
              if k in LoadSettings.__dataclass_fields__}
     given["concurrency"] = tuple(int(c) for c in given.get("concurrency", ()))
     given["request_rates"] = tuple(float(r) for r in given.get("request_rates", ()))
