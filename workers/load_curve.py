@@ -4,19 +4,19 @@ the configuration's server, tests call it directly.
 
     run_load_curve(server, log_dir, spec, node_tags=None) -> LoadCurveOutcome    never raises: failures are data
 
-Why on the server's node: bench_serving's TTFT, ITL and E2E are client clocks (sglang/benchmark/serving.py:737-790);
+Why on the server's node: bench_serving's TTFT, ITL and E2E are client clocks (sglang/benchmark/serving.py:735-797);
 a client across the network adds the round trip to every one of them.
 
 The engine is started with SGLang's per-request metrics file (`--export-metrics-to-file`, adapter
 `request_export_flags`): bench_serving's result file keeps no per-request speculative field (its per-request
-details are input/output lengths, TTFTs, ITLs, texts and errors, serving.py:1936-1943; the per-request
+details are input/output lengths, TTFTs, ITLs, texts and errors, serving.py:1945-1951; the per-request
 `spec_accept_length` it parses, :763-766, is dropped), while the engine's record of each finished request carries
 its `spec_verify_ct` and `completion_tokens`. The records a level's bench_serving produced are the ones appended
-while it ran, less its warm-up requests (`--warmup-requests`, finished before the timed ones start, :1490-1525).
+while it ran, less its warm-up requests (`--warmup-requests`, finished before the timed ones start, :1491-1525).
 
 bench_serving runs as `python -m workers.sglang.bench_serving` (SGLang's `cli_main`, unchanged; see there), an argv
 list, in a scratch directory of the run's log dir, each level writing one line to one JSONL (`--output-file`, the
-file appended, :1962-1968). `--model` and `--tokenizer` are /model_info's `tokenizer_path` (docs/engine.md): a
+file appended, :1961-1966). `--model` and `--tokenizer` are /model_info's `tokenizer_path` (docs/engine.md): a
 served name such as `smollm2-135m` is no Hub id.
 """
 
@@ -71,7 +71,7 @@ class LoadCurveOutcome:
 
 def bench_argv(base_url: str, tokenizer: str, level: LoadLevel, prompts: int, spec: LoadSpec,
                output_file: str) -> list[str]:
-    """One level's bench_serving command line (flags: sglang/benchmark/serving.py cli_main, :2298-2720)."""
+    """One level's bench_serving command line (flags: sglang/benchmark/serving.py cli_main, :2298-2712)."""
     argv = [sys.executable, "-m", BENCH_MODULE, "--backend", spec.backend, "--base-url", base_url,
             "--model", tokenizer, "--tokenizer", tokenizer, "--dataset-name", "random-ids",
             "--random-input-len", str(spec.input_len), "--random-output-len", str(spec.output_len),

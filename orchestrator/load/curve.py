@@ -5,18 +5,18 @@
     level_metrics(level) -> {name: value}    the MLflow metrics of a level (`load.<level>.<name>`)
 
 Where each figure comes from (sglang 0.5.23, sglang/benchmark/serving.py; the result line is `result` plus, with
---output-details, `result_details`, written at :1962-1968):
-- `output_throughput` (output tok/s: every successful request's output tokens / the benchmark's wall time, :1267),
-  `request_throughput` (completed requests/s, :1265), `concurrency` (sum of request latencies / wall time: the mean
-  number of requests in flight, :1306), `completed`, `duration`: the result dict, :1855-1909.
+--output-details, `result_details`, written at :1961-1966):
+- `output_throughput` (output tok/s: every successful request's output tokens / the benchmark's wall time, :1274),
+  `request_throughput` (completed requests/s, :1272), `concurrency` (sum of request latencies / wall time: the mean
+  number of requests in flight, :1305), `completed`, `duration`: the result dict, :1855-1908.
 - TTFT, TPOT, ITL, E2E: `mean_/median_/std_/p90_/p95_/p99_` + `ttft_ms`, `tpot_ms`, `itl_ms`, `e2e_latency_ms`
   (:1279-1304; numpy percentiles over the successful requests). TPOT is per request (latency - TTFT) / (output
-  tokens - 1) (:1193-1194); ITL is per streamed token (a chunk's gap split over its tokens, :782-786 for the native
+  tokens - 1) (:1172); ITL is per streamed token (a chunk's gap split over its tokens, :796-797 for the native
   backend), so ITL percentiles weigh long requests more.
 - Goodput, with --goodput: `request_goodput` (requests/s meeting every SLO), `slo_attainment` (their share of the
-  requests sent), `slo_attainment_by_metric` (sglang/benchmark/goodput.py:16-22, :24-54; a request's TPOT there is
+  requests sent), `slo_attainment_by_metric` (sglang/benchmark/goodput.py:15-21, :24-53; a request's TPOT there is
   computed as above, its TTFT and E2E are the client's).
-- `accept_length`: the server's /server_info `avg_spec_accept_length` read once after the level (:1639-1662): on both
+- `accept_length`: the server's /server_info `avg_spec_accept_length` read once after the level (:1642-1662): on both
   engines a windowed figure over complete `--decode-log-interval` windows since the last cache flush
   (docs/sglang.md), not this level's alone. The per-request accept length comes from the engine's own record of
   each request (`spec_accept_length` = completion_tokens / spec_verify_ct; workers/load_curve.py), since

@@ -103,7 +103,7 @@ class Limits:
     source: str = "none"
 
     def goodput_ms(self) -> tuple[tuple[str, float], ...]:
-        """bench_serving's --goodput SLOs in ms (sglang/benchmark/goodput.py:13, :35-39)."""
+        """bench_serving's --goodput SLOs in ms (sglang/benchmark/goodput.py:12, :36-40)."""
         out: list[tuple[str, float]] = []
         if self.p99_ttft_s is not None:
             out.append(("ttft", self.p99_ttft_s * 1000))
