@@ -62,7 +62,7 @@ def test_a_load_curve_records_bench_servings_levels_metrics_table_and_charts(cur
     assert out.returncode == 0, out.stderr[-4000:]
     (run,) = _runs(cwd, "load")
     rid = run.info.run_id
-    assert run.info.status == "FINISHED" and run.data.tags["load.configuration"] == "drafter=ngram"
+    assert run.info.status == "FINISHED" and run.data.tags["load.configuration"] == "drafter=ngram model=tiny"
     # the raw record: bench_serving's own file, one line per level, with its per-request details
     lines = [json.loads(ln) for ln in _artifact(cwd, rid, "load/bench_serving.jsonl").decode().splitlines()]
     assert [ln["max_concurrency"] for ln in lines] == list(LEVELS)
