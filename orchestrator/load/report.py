@@ -95,7 +95,8 @@ def load_curve_figure(label: str, levels: Sequence[Level]):
 
 def pareto_figure(curves: Mapping[str, Sequence[Level]]):
     """Every level of every configuration as a point (tok/s per user, tok/s per GPU), each configuration's levels
-    joined in load order; the front over all configurations drawn as a step line."""
+    joined in load order; the front over all configurations drawn as the staircase bounding the region its levels
+    dominate."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7.5, 5.5))
     every: list[Level] = []
@@ -109,7 +110,7 @@ def pareto_figure(curves: Mapping[str, Sequence[Level]]):
                         textcoords="offset points")
     front = pareto_front(every)
     if front:
-        ax.step([v.tok_s_per_user for v in front], [v.tok_s_per_gpu for v in front], where="post", color="k",
+        ax.step([v.tok_s_per_user for v in front], [v.tok_s_per_gpu for v in front], where="pre", color="k",
                 alpha=0.5, linestyle=":", label="Pareto front")
     per = "GPU" if any(v.gpus for v in every) else "server (no GPU)"
     ax.set_xlabel("tok/s per user (1000 / median TPOT ms)")
