@@ -150,7 +150,7 @@ def run_tune_load(config: DictConfig, hydra_context: HydraContext, arguments: Se
     from orchestrator.config.plan import plan_sweep
 
     tracker = Tracker(exec_settings.tracking_uri, experiment_for(exec_settings, plan_sweep(configs[0].sweep_name,
-                                                                                           configs)))
+                                                                                           configs)))  # reads only
     found = tracker.client.search_runs([tracker.experiment_id], f"tags.`{STUDY_TAG}` = '{result.study}'",
                                        max_results=1)
     tune_run = found[0].info.run_id if found else None

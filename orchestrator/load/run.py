@@ -75,13 +75,14 @@ def run_curves(configs: Mapping[str, RunConfig], settings: LoadSettings, lim: Li
     import ray
 
     from orchestrator.config.plan import build_server, plan_sweep
+    from workers.load_curve import LoadCurveOutcome
     from orchestrator.execution.preflight import server_needs
     from orchestrator.execution.ray_session import ray_session
-    from orchestrator.results.tracking import Tracker, experiment_for
+    from orchestrator.results.tracking import Tracker
 
     first = next(iter(configs.values()))
     plan = plan_sweep(first.sweep_name, list(configs.values()))
-    tracker = Tracker(exec_settings.tracking_uri, experiment_for(exec_settings, plan))
+    tracker = Tracker.from_settings(exec_settings, plan)  # the plan's secrets redacted in all it records
     log_dir = _log_dir(exec_settings)
     curves: list[Curve] = []
     with ray_session(exec_settings.cluster, plan.groups):
@@ -96,8 +97,14 @@ def run_curves(configs: Mapping[str, RunConfig], settings: LoadSettings, lim: Li
             log.info("load curve of %s: %d level(s) (%s) on engine %s", label or "no speculation", len(spec.levels),
                      ", ".join(lv.label for lv in spec.levels), server.engine.kind.value)
             t0 = time.time()
-            outcome = ray.get(task.options(num_cpus=needs.cpus_per_node, num_gpus=needs.gpus_per_node)
-                              .remote(server, str(log_dir), spec))
+            try:
+                outcome = ray.get(task.options(num_cpus=needs.cpus_per_node, num_gpus=needs.gpus_per_node)
+                                  .remote(server, str(log_dir), spec))
+            except KeyboardInterrupt:
+                tracker.client.set_terminated(run_id, status=RunState.KILLED.value)
+                raise
+            except Exception as e:  # the task itself died (its node, its worker): this curve failed, the next runs
+                outcome = LoadCurveOutcome(error=f"the load task failed: {type(e).__name__}: {e}"[:2000])
             gpus = needs.gpus_per_node * server.nnodes
             _record(tracker, curve, outcome, lim, gpus, time.time() - t0)
             curves.append(curve)
@@ -128,10 +135,12 @@ def _begin(tracker, label: str, rc: RunConfig, settings: LoadSettings, spec, par
               "load.input_len": str(spec.input_len), "load.output_len": str(spec.output_len),
               "load.backend": spec.backend, "load.goodput_ms": json.dumps(dict(spec.goodput_ms)),
               "load.seed": str(spec.seed)}
-    params.update({k: str(v)[:6000] for k, v in rc.params})
+    params.update({k: str(v) for k, v in rc.params})
     from mlflow.entities import Param
 
-    items = [Param(k, v) for k, v in params.items()]
+    from specsweep_vocab.redact import redact_param
+
+    items = [Param(k[:250], redact_param(k, v, tracker.secrets)[:6000]) for k, v in params.items()]
     for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
         tracker.client.log_batch(rid, params=items[i:i + 100])
     return rid
@@ -147,13 +156,16 @@ def _record(tracker, curve: Curve, outcome, lim: Limits, gpus: int, wall_s: floa
         if lo.error:
             errors.append(f"level {lo.level.label}: {lo.error}")
         if lo.record is not None:
-            curve.levels.append(level_figures(lo.record, lo.requests, lo.level, gpus, lim))
-    if outcome.jsonl:
-        client.log_text(rid, outcome.jsonl, "load/bench_serving.jsonl")
+            try:
+                curve.levels.append(level_figures(lo.record, lo.requests, lo.level, gpus, lim))
+            except (KeyError, TypeError, ValueError) as e:  # a result line without the figures: kept, not read
+                errors.append(f"level {lo.level.label}: bench_serving's line lacks {e}")
+    if outcome.jsonl:  # its server_info holds the server's arguments: redacted as every text the plan's runs write
+        client.log_text(rid, tracker.redact(outcome.jsonl), "load/bench_serving.jsonl")
     if requests_out:
-        client.log_text(rid, "\n".join(requests_out) + "\n", "load/requests.jsonl")
+        client.log_text(rid, tracker.redact("\n".join(requests_out) + "\n"), "load/requests.jsonl")
     if errors and outcome.engine_log_tail:
-        client.log_text(rid, outcome.engine_log_tail, "load/engine_log_tail.txt")
+        client.log_text(rid, tracker.redact(outcome.engine_log_tail), "load/engine_log_tail.txt")
     metrics = {k: v for lv in curve.levels for k, v in level_metrics(lv).items()}
     metrics["load.wall_s"] = wall_s
     now = int(time.time() * 1000)
@@ -161,9 +173,9 @@ def _record(tracker, curve: Curve, outcome, lim: Limits, gpus: int, wall_s: floa
 
     client.log_batch(rid, metrics=[Metric(k, v, now, 0) for k, v in metrics.items()])
     for k, v in outcome.node.items():
-        client.set_tag(rid, k, v)
+        client.set_tag(rid, k, tracker.redact(v))
     if outcome.tokenizer:
-        client.set_tag(rid, "load.tokenizer", outcome.tokenizer)
+        client.set_tag(rid, "load.tokenizer", tracker.redact(outcome.tokenizer))
     if curve.levels:
         curve.table = report.table_markdown(curve.label, curve.levels, lim)
         client.log_text(rid, curve.table, "load/table.md")
@@ -173,7 +185,7 @@ def _record(tracker, curve: Curve, outcome, lim: Limits, gpus: int, wall_s: floa
             client.log_figure(rid, acc, "load/accept_length.png")
     if errors:
         curve.error = "; ".join(errors)
-        client.set_tag(rid, ERROR_TAG, curve.error[:5000])
+        client.set_tag(rid, ERROR_TAG, tracker.redact(curve.error)[:5000])
         log.warning("load curve of %s: %s", curve.label or "no speculation", curve.error)
     client.set_terminated(rid, status=(RunState.FAILED if errors or not curve.levels else RunState.FINISHED).value)
     _close_figures()
