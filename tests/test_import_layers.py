@@ -18,10 +18,11 @@
       session     the sweep as the launcher runs it               config, results, execution
       schedules   cron schedules and their daemon                 config, results, execution (and workers/)
       tune        a search whose rounds are sweeps                config, results, execution, session
+      load        bench_serving's load curves (after a tune)      config, results, execution, session, tune
 
   session and schedules sit side by side: neither imports the other. Only the command lines (orchestrator's
-  `__main__`, `schedule`, `report`, the package's own `__init__`), the Hydra plugin (hydra_plugins/) and tune (whose
-  rounds are sessions' sweeps) import session or schedules, and nothing imports a command line.
+  `__main__`, `schedule`, `report`, the package's own `__init__`), the Hydra plugin (hydra_plugins/), tune (whose
+  rounds are sessions' sweeps) and load (the same preflight before its servers) import session or schedules, and nothing imports a command line.
 - Product code imports nothing from tools/ (the test helpers and benchmarks).
 
 Read from the source with ast: every import counts, lazy ones inside functions and `if TYPE_CHECKING:` ones
@@ -45,7 +46,8 @@ ENGINE_FOLDERS = ("reference", "sglang", "stub")
 # orchestrator's packages, bottom first, and the orchestrator packages each may import besides itself
 LAYERS = {"config": set(), "results": {"config"}, "execution": {"config", "results"},
           "session": {"config", "results", "execution"}, "schedules": {"config", "results", "execution"},
-          "tune": {"config", "results", "execution", "session"}}
+          "tune": {"config", "results", "execution", "session"},
+          "load": {"config", "results", "execution", "session", "tune"}}
 PLANNING = "orchestrator.config"
 # the command lines: `python -m orchestrator`, `python -m orchestrator.schedule`, `python -m orchestrator.report`
 CLIS = {"orchestrator", *(f"orchestrator.{cli}" for cli in ("__main__", "schedule", "report"))}
@@ -312,7 +314,7 @@ def test_only_the_command_lines_import_the_session_and_the_schedules():
     bad = {(m, i) for m, names in GRAPH.items() for i in names
            if _top(i) == "orchestrator" and _layer(i) in ("session", "schedules")
            and _layer(m) != _layer(i) and m not in CLIS and _top(m) != "hydra_plugins"
-           and not (_layer(m) == "tune" and _layer(i) == "session")}
+           and not (_layer(m) in ("tune", "load") and _layer(i) == "session")}
     assert not bad
 
 

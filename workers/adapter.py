@@ -191,6 +191,14 @@ class EngineAdapter:
 
     kind: EngineKind
     health_path = "/health"
+    # SGLang's bench_serving runs against it (/model_info's tokenizer_path, /generate with meta_info) and it keeps
+    # SGLang's per-request record (`--export-metrics-to-file`): the load curves need both (orchestrator/load)
+    serves_load_generator = False
+
+    def request_export_flags(self, directory: str) -> list[str]:
+        """The flags that make the engine write one JSON line per finished request (its meta_info) into
+        `directory`: SGLang's (sglang/srt/arg_groups/fields/observability.py:179-186)."""
+        return ["--export-metrics-to-file", "--export-metrics-to-file-dir", directory]
 
     def build_argv(self, server: ServerSpec, port: int, node_rank: NodeRank | None = None) -> list[str]:
         raise NotImplementedError

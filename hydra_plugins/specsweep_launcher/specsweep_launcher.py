@@ -7,7 +7,9 @@ before the launch (`Sweeper.validate_batch_is_legal`, there for launchers that c
 composes every job in this process right away, raising the same errors, and composes each distinct choice of
 config groups once (`orchestrator.config.grid`), which the sweeper's check would undo at ~0.15 s a point.
 With `hydra.sweeper.tune` set (by a `conf/tune/<name>.yaml`: `specsweep +tune=NAME`), the sweeper hands the search
-to `orchestrator.tune.entry` instead: Optuna chooses the points (docs/tune.md).
+to `orchestrator.tune.entry` instead: Optuna chooses the points (docs/tune.md). With `hydra.sweeper.load` set (by a
+`conf/load/<name>.yaml`: `specsweep +load=NAME`), it runs SGLang's bench_serving at each load level against the one
+configuration the overrides give, or, beside a tune, against each batch size's winner (`orchestrator.load.entry`).
 """
 
 from dataclasses import dataclass, field
@@ -43,6 +45,20 @@ def _tune_conf() -> Any:
 TuneConf = _tune_conf()
 
 
+def _load_conf() -> Any:
+    """`hydra.sweeper.load`: `orchestrator.load.settings.LoadSettings`' fields. The levels are lists of any value,
+    so that a wrong one is refused by our check, naming what is allowed (not by OmegaConf's type conversion)."""
+    from orchestrator.config.schema import structured_conf
+    from orchestrator.load.settings import LoadSettings
+
+    return structured_conf(LoadSettings, "LoadConf", replace={
+        "concurrency": [("concurrency", List[Any], field(default_factory=lambda: [1, 4, 16]))],
+        "request_rates": [("request_rates", List[Any], field(default_factory=list))]})
+
+
+LoadConf = _load_conf()
+
+
 @dataclass
 class SpecsweepSweeperConf:
     _target_: str = "hydra_plugins.specsweep_launcher.specsweep_launcher.SpecsweepSweeper"
@@ -50,6 +66,8 @@ class SpecsweepSweeperConf:
     params: Optional[Dict[str, str]] = None
     # set (by a conf/tune/<name>.yaml): Optuna chooses the points instead of the grid of `params` (orchestrator/tune)
     tune: Optional[TuneConf] = None  # type: ignore[valid-type]
+    # set (by a conf/load/<name>.yaml): bench_serving's load curves of a configuration, or of the tune's winners
+    load: Optional[LoadConf] = None  # type: ignore[valid-type]
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="specsweep", node=SpecsweepSweeperConf,
@@ -58,20 +76,35 @@ ConfigStore.instance().store(group="hydra/sweeper", name="specsweep", node=Specs
 
 class SpecsweepSweeper(BasicSweeper):
     def __init__(self, max_batch_size: Optional[int] = None, params: Optional[DictConfig] = None,
-                 tune: Optional[DictConfig] = None) -> None:
+                 tune: Optional[DictConfig] = None, load: Optional[DictConfig] = None) -> None:
         super().__init__(max_batch_size=max_batch_size, params=params)
         self.tune = tune
+        self.load = load
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         """Nothing here: the launcher composes the batch in this process before anything starts."""
 
     def sweep(self, arguments: List[str]) -> Any:
-        if self.tune is None:
+        if self.tune is None and self.load is None:
             return super().sweep(arguments)
+        assert self.config is not None and self.hydra_context is not None
+        settings = None
+        if self.load is not None:  # checked before the tune or any server starts
+            from orchestrator.load.entry import check_load
+
+            settings = check_load(self.config, self.hydra_context, arguments)
+        if self.tune is None:
+            from orchestrator.load.entry import run_load
+
+            return run_load(self.config, self.hydra_context, arguments, settings)
         from orchestrator.tune.entry import run_tune
 
-        assert self.config is not None and self.hydra_context is not None
-        return run_tune(self.config, self.hydra_context, arguments)
+        result = run_tune(self.config, self.hydra_context, arguments)
+        if settings is not None:
+            from orchestrator.load.entry import run_tune_load
+
+            run_tune_load(self.config, self.hydra_context, arguments, settings, result)
+        return result
 
 
 class SpecsweepLauncher(Launcher):

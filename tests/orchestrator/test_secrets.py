@@ -118,6 +118,8 @@ MLFLOW_WRITERS = {
     "orchestrator/results/mlflow_ui.py": "the experiment's kind and saved view (axis names, constants)",
     "orchestrator/tune/rounds.py": "the tune's own parent run: the study's settings as params, the answer's files",
     "orchestrator/tune/search.py": "the tune's answer (winner table, schedule, load curves) on that run",
+    "orchestrator/load/run.py": "a load curve's run: the configuration's params (redacted like the plan's), bench_serving's "
+                                "file, the engine's per-request records, figures and metrics",
 }
 _MLFLOW_WRITE = ("log_batch(", "log_text(", "log_param(", "log_params(", "set_tag(", "set_tags(", "create_run(",
                  "log_artifact(", "log_artifacts(", "log_metric(", "log_dict(", "log_figure(", "log_image(",

@@ -34,6 +34,7 @@ def engine_tokenizer(model_path: str | None):
 
 class ReferenceAdapter(EngineAdapter):
     kind = EngineKind.REFERENCE
+    serves_load_generator = True
 
     def build_argv(self, server: ServerSpec, port: int, node_rank: NodeRank | None = None) -> list[str]:
         argv = [sys.executable, "-m", "workers.reference"] + common_flags(server, port)

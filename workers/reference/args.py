@@ -115,6 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="decode iterations per window of /server_info's avg_spec_accept_length and of the "
                           "sglang:spec_accept_length gauge, as SGLang (workers/reference/spec_counters.py)")
     srv.add_argument("--served-model-name", default=None)
+    srv.add_argument("--export-metrics-to-file", action="store_true",
+                     help="one JSON line per finished request (its meta_info) in --export-metrics-to-file-dir, as "
+                          "SGLang (workers/reference/request_export.py)")
+    srv.add_argument("--export-metrics-to-file-dir", default=None)
     srv.add_argument("--disable-cuda-graph", action="store_true",
                      help="run decode/verify eagerly (graphs are used only with specsweep_verify on CUDA)")
     srv.add_argument("--disable-fused-ops", action="store_true",
@@ -130,6 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def resolve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> argparse.Namespace:
     """Cross-field defaults and checks (SGLang's rules where they apply); parser.error -> exit 2."""
+    if args.export_metrics_to_file and not args.export_metrics_to_file_dir:  # SGLang's rule (its validation hook)
+        parser.error("--export-metrics-to-file needs --export-metrics-to-file-dir")
     algo = args.speculative_algorithm or "NONE"
     args.speculative_algorithm = algo
     if args.speculative_draft_num_layers is not None and algo != "STANDALONE":

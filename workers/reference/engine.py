@@ -26,6 +26,7 @@ from .cuda_graph import make_runner  # CUDA graphs for specsweep_verify on CUDA
 from .model import build_model, layer_subset, skip_layers_kept
 from .runner import ModelRunner
 from .spec_counters import DEFAULT_DECODE_LOG_INTERVAL, AcceptLengthWindow, spec_meta_fields
+from .request_export import RequestExport
 from .speculative import (ENV_FAULT_REPEAT_BONUS, Drafter, ModelDrafter, NgramDrafter, SamplingError, SelfDrafter,
                           sample, verify_batch)
 from .tokenizer import load_tokenizer
@@ -63,6 +64,7 @@ def _dtype(args) -> torch.dtype:
 class Engine:
     def __init__(self, args):
         self.args = args
+        self.request_export: RequestExport | None = None  # set by the server after its warm-up generation
         self.device = torch.device(args.device)
         self.config = load_config(args.model_path)
         self.tokenizer = load_tokenizer(args.model_path)
@@ -356,6 +358,8 @@ class Engine:
                 if req.top_logprobs_num is not None:
                     meta.update(req.logprob_meta())
                 req.result = Output(req.out, meta)
+                if self.request_export is not None:  # SGLang's --export-metrics-to-file (request_export.py)
+                    self.request_export.write(meta, req.params, len(req.input_ids))
             req.done.set()
 
     def output_text(self, out: Output, params: SamplingParams) -> str:

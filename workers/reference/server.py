@@ -29,6 +29,7 @@ from .request_params import (cancel_on_disconnect, fill_max_new_tokens, is_int, 
                              parse_sampling)
 from .engine import Cancelled, Engine, RequestError, SamplingParams
 from .openai_api import add_openai_routes, engine_events
+from .request_export import RequestExport
 from .request_params import check_generate_fields
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,8 @@ class ServerState:
             engine = Engine(self.args)
             engine.generate(list(range(1, 9)), SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True))
             engine.stats = type(engine.stats)()
+            if self.args.export_metrics_to_file:  # after the warm-up: only the clients' requests are written
+                engine.request_export = RequestExport(self.args.export_metrics_to_file_dir)
             self.engine = engine
             self.ready.set()
             logger.info("engine ready in %.1f s (model %s, algorithm %s)", time.perf_counter() - t0,

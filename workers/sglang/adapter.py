@@ -24,6 +24,7 @@ logger = logging.getLogger(__name__)
 
 class SGLangAdapter(EngineAdapter):
     kind = EngineKind.SGLANG
+    serves_load_generator = True
 
     def build_argv(self, server: ServerSpec, port: int, node_rank: NodeRank | None = None) -> list[str]:
         return with_node_rank(build_sglang_argv(server, port), node_rank)
