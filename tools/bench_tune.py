@@ -4,15 +4,17 @@
    `probe.repeats=3` (every configuration at every batch size, 3 prompts each), in `--work-dir`. Skipped when that
    directory already holds the grid's tune run (`--reuse`).
 2. The grid's winner per batch size: `orchestrator.tune.robust.pick` over every configuration's 3 values.
-3. The search, replayed on those measurements for each sampler and seed: the tune's own loop
-   (`orchestrator.tune.search.search_loop`) with an in-memory Optuna study, where measuring a configuration draws one
-   of its 3 recorded values per batch size (seeded), so a replay sees the noise a real run would. The leaders are then
-   judged on their recorded repeats, as the tune does.
+3. The search, replayed on those measurements for each sampler (`--samplers`) and seed: the tune's own loop
+   (`orchestrator.tune.loop.search_loop`) with an in-memory Optuna study and the budget a user would give it
+   (`--budget` of the grid's runs, the leaders' runs included), where measuring a configuration draws one of its 3
+   recorded values per batch size (seeded), so a replay sees the noise a real run would. The leaders are then judged
+   on their recorded repeats, as the tune does. Past the budget the search goes on until every point's winner has
+   been measured, to say when that happened.
 
-Printed per sampler and batch size: the grid's runs, the runs the search needed until the grid's winner was first
-measured (median and worst of the seeds, and as a fraction of the grid), and how often the search's pick at a budget
-of `--budget` of the grid (search runs + leader runs) was not the grid's winner ("wrong"), and of those how many the
-noise could not separate from it.
+Printed per sampler and batch size: the configurations measured until the grid's winner was first measured, and
+until one that the grid's own repeats cannot separate from it was (median and worst of the seeds, and as a fraction
+of the grid), and the search's pick at the budget: the grid's winner, one inseparable from it, or one separably
+worse.
 """
 
 from __future__ import annotations

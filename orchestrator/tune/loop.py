@@ -139,7 +139,7 @@ def _ask(study: "optuna.Study", settings: TuneSettings, speculates: Callable[[Ma
         return study.ask()
     import optuna
 
-    from orchestrator.tune.study import _sampler, sampler_params
+    from orchestrator.tune.study import _sampler
 
     done = study.get_trials(deepcopy=False)
     target = len(done) % len(study.directions)
@@ -164,7 +164,7 @@ def _ask(study: "optuna.Study", settings: TuneSettings, speculates: Callable[[Ma
     else:
         params = fallback() or params
     assert params is not None
-    study.enqueue_trial(sampler_params(params, settings.space))
+    study.enqueue_trial(dict(params))
     return study.ask()
 
 

@@ -49,9 +49,6 @@ log = logging.getLogger(__name__)
 
 OBJECTIVE = "throughput_tok_s"  # output tok/s of a run: all requests' completion tokens / wall time (workers/probe.py)
 Point = tuple[int, int]  # (context_len, batch size)
-# in the study's name: a study stored with other parameter distributions (ordered knobs as categoricals, before
-# study.ordered) cannot be resumed by this search, so it is not loaded under the same name
-STUDY_FORMAT = 2
 
 
 class PipelineBug(Exception):
@@ -164,8 +161,7 @@ def _refuse_dead_values(space: _Space) -> None:
 
 
 def study_name(settings: TuneSettings, sweep_name: str, space: _Space, base: Sequence[str]) -> str:
-    blob = json.dumps([sorted(space.candidates), space.points, list(base), settings.sampler, settings.seed,
-                       STUDY_FORMAT])
+    blob = json.dumps([sorted(space.candidates), space.points, list(base), settings.sampler, settings.seed])
     return f"{settings.name or sweep_name}-{hashlib.sha256(blob.encode()).hexdigest()[:8]}"
 
 

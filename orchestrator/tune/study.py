@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from orchestrator.tune.settings import SamplerKind, TuneSettings
-from orchestrator.tune.space import DRAFTER, NUM_DRAFT_TOKENS, NUM_STEPS, TOPK, fmt_value
+from orchestrator.tune.space import DRAFTER, NUM_DRAFT_TOKENS, NUM_STEPS, TOPK
 
 if TYPE_CHECKING:
     import optuna
@@ -78,57 +78,29 @@ def open_study(settings: TuneSettings, name: str, n_objectives: int, storage: st
         order = list(grid)
         random.Random(settings.seed).shuffle(order)
         for params in order:
-            study.enqueue_trial(sampler_params(params, settings.space))
+            study.enqueue_trial(dict(params))
     return study
-
-
-def ordered(values: Sequence[Any]) -> list[Any] | None:
-    """The values in their numeric order when the knob is a number with 3 or more values (num_steps, page_size),
-    else None. Such a knob is searched as an index into that order (an Optuna int), so that TPE's kernel carries a
-    good num_steps=4 over to 3 and 6; as a categorical every value would be a stranger to its neighbours."""
-    if len(values) < 3 or any(isinstance(v, bool) for v in values):
-        return None
-    try:
-        return sorted(values, key=float)
-    except (TypeError, ValueError):
-        return None
-
-
-def _ask(trial: "optuna.trial.Trial", key: str, values: Sequence[Any]) -> Any:
-    order = ordered(values)
-    if order is None:
-        return trial.suggest_categorical(key, list(values))
-    return order[trial.suggest_int(key, 0, len(order) - 1)]
-
-
-def sampler_params(params: Mapping[str, Any], space: Mapping[str, Sequence[Any]]) -> dict[str, Any]:
-    """Values as `suggest` returns them -> as the sampler stores them (an ordered knob's index): what
-    `Study.enqueue_trial` takes to ask exactly this configuration."""
-    out = {}
-    for key, v in params.items():
-        order = ordered(space[key]) if key in space else None
-        out[key] = v if order is None else next(i for i, x in enumerate(order) if fmt_value(x) == fmt_value(v))
-    return out
 
 
 def suggest(trial: "optuna.trial.Trial", space: Mapping[str, Sequence[Any]],
             speculates: Callable[[Mapping[str, Any]], bool]) -> dict[str, Any]:
     """The conditioned space, define-by-run: the server's knobs and the drafter first, then the drafter's knobs
-    only where it speculates, num_draft_tokens only where topk > 1. Returns the values (not an ordered knob's
-    index)."""
+    only where it speculates, num_draft_tokens only where topk > 1. Every knob is a categorical, numbers too: as
+    Optuna integers (their sorted values' positions, so that TPE's kernel would carry a good num_steps=4 over to 3
+    and 6) the benchmark's search did worse (docs/tune.md, "Benchmark")."""
     params: dict[str, Any] = {}
     for key in space:
         if not key.startswith(DRAFTER + "."):
-            params[key] = _ask(trial, key, space[key])
+            params[key] = trial.suggest_categorical(key, list(space[key]))
     if not speculates(params):
         return params
     for key in space:
         if key.startswith(DRAFTER + ".") and key != NUM_DRAFT_TOKENS:
-            params[key] = _ask(trial, key, space[key])
+            params[key] = trial.suggest_categorical(key, list(space[key]))
     if NUM_DRAFT_TOKENS in space and int(params.get(TOPK, 1)) > 1:
-        params[NUM_DRAFT_TOKENS] = _ask(trial, NUM_DRAFT_TOKENS, space[NUM_DRAFT_TOKENS])
+        params[NUM_DRAFT_TOKENS] = trial.suggest_categorical(NUM_DRAFT_TOKENS, list(space[NUM_DRAFT_TOKENS]))
     elif NUM_DRAFT_TOKENS in space and NUM_STEPS not in params:
-        params[NUM_DRAFT_TOKENS] = _ask(trial, NUM_DRAFT_TOKENS, space[NUM_DRAFT_TOKENS])
+        params[NUM_DRAFT_TOKENS] = trial.suggest_categorical(NUM_DRAFT_TOKENS, list(space[NUM_DRAFT_TOKENS]))
     return params
 
 

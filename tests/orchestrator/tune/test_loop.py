@@ -70,27 +70,14 @@ def test_leaders_are_the_best_per_point_plus_the_best_without_speculation():
     assert got == [["a", "b", "none"], ["b", "c", "none"]]
 
 
-def test_a_numeric_knob_of_three_or_more_values_is_searched_in_its_order():
-    from orchestrator.tune.study import ordered
-
-    assert ordered((8, 1, 4, 2)) == [1, 2, 4, 8]
-    assert ordered(("16", "1", "64")) == ["1", "16", "64"]  # as Hydra may hand them over
-    assert ordered((1, 16)) is None  # two values: nothing between them to carry over
-    assert ordered(("torch", "triton", "flashinfer")) is None
-    assert ordered((True, False, True)) is None
-
-
 def test_an_enqueued_configuration_is_asked_back_with_its_values():
-    """The grid and the per-point proposals enqueue values as the sampler stores them (an ordered knob's index);
-    `suggest` must hand back the values themselves."""
-    from orchestrator.tune.study import sampler_params, suggest
+    """The grid and the per-point proposals enqueue a configuration's params; `suggest` hands them back."""
+    from orchestrator.tune.study import suggest
 
     space = {"drafter": ("none", "ngram"), "drafter.num_steps": (1, 2, 4, 8), "page_size": (1, 16, 64)}
     study = optuna.create_study(directions=["maximize", "maximize"])
     want = {"drafter": "ngram", "page_size": 64, "drafter.num_steps": 4}
-    stored = sampler_params(want, space)
-    assert stored == {"drafter": "ngram", "page_size": 2, "drafter.num_steps": 2}
-    study.enqueue_trial(stored)
+    study.enqueue_trial(want)
     assert suggest(study.ask(), space, spec) == want
 
 
