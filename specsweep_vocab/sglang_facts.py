@@ -138,6 +138,9 @@ DEVICE_TIMER_ENV = "SGLANG_ENABLE_METRICS_DEVICE_TIMER"  # sglang/srt/environ.py
 # finishes, by its completion_tokens and its spec_verify_ct (sglang/srt/observability/metrics_collector.py:2110-2112)
 GENERATION_TOKENS = "sglang:generation_tokens_total"  # metrics_collector.py:1860-1861
 VERIFY_CALLS = "sglang:spec_verify_calls_total"  # metrics_collector.py:1865-1866
+# the device timer's counter (with DEVICE_TIMER_ENV) and the category of a verify forward
+FORWARD_SECONDS = "sglang:forward_execution_seconds_total"  # metrics_collector.py:1054-1061
+VERIFY_CATEGORY = "target_verify"  # eager_runner.py:344-350, decode_cuda_graph_runner.py:1986-1988
 
 
 def sglang_facts(version: str) -> SGLangFacts:

@@ -65,12 +65,11 @@ from typing import Any, Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from specsweep_vocab.sglang_facts import DEVICE_TIMER_ENV, GENERATION_TOKENS, VERIFY_CALLS
+from specsweep_vocab.sglang_facts import (DEVICE_TIMER_ENV, FORWARD_SECONDS, GENERATION_TOKENS, VERIFY_CALLS,
+                                          VERIFY_CATEGORY)
 from workers.errors import BadResponse, ProbeTimeout
 from workers.http_client import ProbeClient
 
-FORWARD_SECONDS = "sglang:forward_execution_seconds_total"  # metrics_collector.py:1054-1061
-VERIFY_CATEGORY = "target_verify"  # eager_runner.py:344-350, decode_cuda_graph_runner.py:1986-1988
 RANK_LABEL = "tp_rank"  # metrics_collector.py:1385
 LIMIT_KEYS = ("max_req_input_len", "max_total_num_tokens")  # scheduler.py:1944-1946
 
