@@ -16,7 +16,7 @@ from .spec_counters import DEFAULT_DECODE_LOG_INTERVAL
 
 # --speculative-algorithm values this engine serves (SGLang's names); the plan-time rules (rules.py) read them too
 ALGORITHMS = tuple(a.value for a in (Algorithm.NONE, Algorithm.NGRAM, Algorithm.STANDALONE))
-DEFAULT_MAX_RUNNING_REQUESTS = SPEC_MAX_RUNNING_REQUESTS  # SGLang's cap with speculation (validate.py plans with it)
+DEFAULT_MAX_RUNNING_REQUESTS = SPEC_MAX_RUNNING_REQUESTS  # SGLang's cap with speculation (rules.py plans with it)
 IGNORED = ("--mem-fraction-static", "--tp-size", "--log-level-http",
            "--trust-remote-code", "--skip-server-warmup",
            "--speculative-ngram-min-bfs-breadth", "--speculative-ngram-match-type",
