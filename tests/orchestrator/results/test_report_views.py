@@ -1,4 +1,4 @@
-"""The report's views (#29): the pivot, the faceted commit plot, `--compare`, the one-context drafter-quality
+"""The report's views, so the answer reads at a glance: the pivot, the faceted commit plot, `--compare`, the one-context drafter-quality
 verdict, looping continuations, and params read back through the config schema."""
 
 from __future__ import annotations
