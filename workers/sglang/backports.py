@@ -4,7 +4,7 @@ SGLang's source is never changed here except to backport a fix SGLang itself rel
 the file it edits (relative to the installed `sglang` package), the exact lines of the 0.5.18 wheel it expects,
 what it puts there, and where the fix lives upstream (the 0.5.23 wheel's file:line). `apply_backports` refuses a
 file that is neither 0.5.18's nor 0.5.18's with the backport (another version, or a local edit) instead of editing
-it; tests/workers/test_sglang_backports.py checks that an installed file equals the wheel's plus exactly the change.
+it; tests/workers/sglang/test_backports.py checks that an installed file equals the wheel's plus exactly the change.
 Drop this module when the CPU pin moves to a release that has both fixes.
 
 Without them SGLang 0.5.18 serves plain requests on CPU but not speculation:

@@ -84,7 +84,7 @@ def test_speculation_without_amx_fails_at_the_first_verify(manifest, tmp_path):
 
 def test_interpreter_is_sglang_0_5_18_with_the_backports(manifest):
     """`make setup-sglang`'s manifest names what runs: SGLang 0.5.18 in its own interpreter, every backport
-    applied (tests/workers/test_sglang_backports.py checks the file contents)."""
+    applied (tests/workers/sglang/test_backports.py checks the file contents)."""
     assert manifest["sglang"] == "0.5.18" and manifest["python"] == sglang_python(live_server_spec().engine)
     out = subprocess.run([manifest["python"], "-c", "import sglang, torch; print(sglang.__version__, torch.__version__)"],
                          text=True, capture_output=True, timeout=300)

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 ARGCHECK_MODULE = "workers.sglang.argcheck"
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PLACEHOLDER = "{MODELS}"
 
 

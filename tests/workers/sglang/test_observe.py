@@ -24,7 +24,7 @@ from tools.fake_server import JSON, PROMETHEUS, FakeServer, runner_on
 from workers.sglang.observe import read_server_args
 from workers.sglang.args import SERVER_INFO_FIELDS, build_sglang_argv, expected_server_args, reported_server_args
 
-from tests.workers.test_sglang_args import _check, _compose, _require, _sglang_installed, _write_model
+from tests.workers.sglang.test_args import _check, _compose, _require, _sglang_installed, _write_model
 
 # one request: 64 tokens in 21 verify steps, 2 drafts accepted per step on average (42 of 21 x 4 NGRAM nodes)
 HISTOGRAM = [2, 4, 7, 8]  # verify steps that accepted k = 0..3 drafts: 21 steps, 42 drafts
