@@ -27,7 +27,7 @@ def test_every_test_folder_mirrors_a_package_folder():
 def test_engine_tests_sit_in_their_engines_folder():
     assert ENGINES == ["reference", "sglang", "stub"]
     flat = [p.name for p in (ROOT / "tests" / "workers").glob("test_*.py")
-            if any(p.name.startswith((f"test_{e}_", f"test_ref_")) for e in ENGINES)]
+            if any(p.name.startswith((f"test_{e}_", "test_ref_")) for e in ENGINES)]
     assert not flat, f"move these into tests/workers/<engine>/: {flat}"
     named = [p.relative_to(ROOT).as_posix() for e in ENGINES for p in (ROOT / "tests" / "workers" / e).glob("test_*.py")
              if p.name.startswith((f"test_{e}_", "test_ref_"))]
