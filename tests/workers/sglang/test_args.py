@@ -31,7 +31,7 @@ import pytest
 from orchestrator.config.plan import build_server
 from specsweep_vocab.spec import Algorithm, AttentionKind, ModelSpec
 from tests.workers.sglang.argcache import check_argv
-from tools.testing import compose_run
+from tools.composed_config import compose_run
 from orchestrator.config.validate import validate_run
 from specsweep_vocab.builtin_models import REFERENCE_MODEL_PATHS
 from workers.registry import adapter_for

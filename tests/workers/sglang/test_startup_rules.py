@@ -204,7 +204,7 @@ def test_mem_fraction_static_is_the_one_sglang_resolves(tmp_path):
     """Our `mem_fraction_static` (the weights rule's budget) equals SGLang's own resolution on every point."""
     from orchestrator.config.plan import build_server
     from tests.workers.sglang.test_args import _write_model
-    from tools.testing import compose_run
+    from tools.composed_config import compose_run
     from workers.sglang.args import build_sglang_argv
     from workers.sglang.startup_rules import mem_fraction_static
 
