@@ -80,7 +80,7 @@ def main() -> None:
 
 
 def _main(argv: list[str]) -> None:
-    from orchestrator.config.schema import override_key_problems
+    from orchestrator.config.overrides import override_key_problems
     from orchestrator.config.problems import ConfigError
     from specsweep_vocab.redact import RedactingStream, override_secrets
 

@@ -309,7 +309,7 @@ def test_keys_under_a_dict_are_any():
 
 
 def test_override_keys_left_to_hydra():
-    from orchestrator.config.schema import override_key_problems
+    from orchestrator.config.overrides import override_key_problems
 
     assert override_key_problems(["+sweep=smoke", "engine=stub", "hydra/job_logging=disabled", "~tracking",
                                   "hydra.launcher.dry_run=true", "engine.env.X=1", "page_size=1,16"]) == []
