@@ -1,5 +1,5 @@
 """What each supported SGLang version accepts, spells and reports: one table, read by the plan-time rules
-(orchestrator/config/validate.py), the launch argv (workers/sglang/args.py), the meta_info reader (workers/meta_info.py) and the /metrics
+(orchestrator/config/validate.py), the launch argv (workers/sglang/argv.py), the meta_info reader (workers/meta_info.py) and the /metrics
 counters (workers/engine_counters.py).
 
 Public API:
@@ -14,7 +14,7 @@ Public API:
 
 Sources: the released wheels (0.5.10 `server_args.py`; 0.5.23
 `arg_groups/{choices,overrides,speculative_hook,attention_hook}.py`, `speculative/draft_utils.py`).
-tests/workers/sglang/test_args.py feeds every conf/ combination the rules accept to SGLang's own parser, and
+tests/workers/sglang/test_argv.py feeds every conf/ combination the rules accept to SGLang's own parser, and
 tests/workers/test_meta_info.py reads each version's `meta_info` names. Standard library and the vocabulary only.
 """
 

@@ -1,6 +1,6 @@
 """Every name of ours that prose mentions resolves: the repository paths (`orchestrator/config/schema.py`,
 `tests/workers/test_http_client.py`, `file.py:line` by its file part) and dotted module names
-(`workers.sglang.args`, `orchestrator.results.store_layout.PARENT_TAG`: the module, then its top-level name, then a
+(`workers.sglang.argv`, `orchestrator.results.store_layout.PARENT_TAG`: the module, then its top-level name, then a
 class member) in README.md, docs/*.md (not docs/measurements/, a dated journal) and every docstring of the product,
 tools/ and tests/; and each backticked test name (`test_...`, or a prefix ending in `...`) is a test function or a
 test module.
@@ -145,14 +145,14 @@ def _test_names() -> set[str]:
 
 
 def test_the_checker_finds_stale_names_and_leaves_others_projects_alone(tmp_path):
-    text = ("`orchestrator/config/schema.py:12`, `workers/sglang/args.py`, `report/tables.py`, `workers/gone.py`,\n"
+    text = ("`orchestrator/config/schema.py:12`, `workers/sglang/argv.py`, `report/tables.py`, `workers/gone.py`,\n"
             "`managers/scheduler.py:5528`, `sglang/srt/layers/sampler.py:215`, `mlflow/utils/mlflow_tags.py`,\n"
-            "workers.sglang.args.build_sglang_argv, orchestrator.results.store_layout.PARENT_TAG, workers.gone,\n"
-            "workers.sglang.args.no_such_name, docs/orchestrator.md, `test_the_checker_finds_sta...`, `test_gone`\n")
+            "workers.sglang.argv.build_sglang_argv, orchestrator.results.store_layout.PARENT_TAG, workers.gone,\n"
+            "workers.sglang.argv.no_such_name, docs/orchestrator.md, `test_the_checker_finds_sta...`, `test_gone`\n")
     f = tmp_path / "note.md"
     found = stale_names(f, text, ROOT / "orchestrator" / "results", _test_names())
     assert found == ["note.md: path workers/gone.py", "note.md: module name workers.gone",
-                     "note.md: module name workers.sglang.args.no_such_name", "note.md: test test_gone"]
+                     "note.md: module name workers.sglang.argv.no_such_name", "note.md: test test_gone"]
 
 
 def test_every_name_in_the_docs_and_docstrings_resolves():

@@ -25,7 +25,7 @@ Verify timing, SGLang 0.5.23 (paths relative to site-packages):
   events (`sglang/srt/utils/device_timer.py:59-90`, `147-165`) and adds the elapsed seconds, once an event has
   completed, to the counter `sglang:forward_execution_seconds_total` with label `category`
   (`sglang/srt/observability/metrics_collector.py:1054-1061`, `1598-1606`). Without `--enable-metrics` nothing is
-  exported (`metrics_reporter.py:337-338`); workers/sglang/args.py passes both.
+  exported (`metrics_reporter.py:337-338`); workers/sglang/argv.py passes both.
 - The target's verify forward is category `target_verify`, spelled so on every path: eager
   (`sglang/srt/model_executor/runner/eager_runner.py:344-350`), piecewise prefill graph
   (`sglang/srt/model_executor/model_runner.py:2047-2056`), decode-graph replay (`ForwardMode.TARGET_VERIFY.name

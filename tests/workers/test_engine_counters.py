@@ -22,11 +22,11 @@ from specsweep_vocab.sglang_facts import FORWARD_SECONDS, VERIFY_CATEGORY
 from workers.engine_counters import (parse_scrape, server_limits,
                                      verify_device_seconds, verify_step_ms, verify_timing)
 from workers.runners import GroupRunner
-from workers.sglang.args import build_sglang_argv, sglang_env
+from workers.sglang.argv import build_sglang_argv, sglang_env
 
 from tests.workers.sglang.cpu_process import run_in_sglang_process
 from tools.fake_server import JSON, PROMETHEUS, FakeServer, runner_on
-from tests.workers.sglang.test_args import _compose, _require, _sglang_installed, _write_model
+from tests.workers.sglang.test_argv import _compose, _require, _sglang_installed, _write_model
 
 TP = 2
 RANK_SCALE = 1.125  # mean over the two ranks of the helper's per-rank durations (x1, x1.25)

@@ -17,10 +17,10 @@ from orchestrator.config.plan import build_server
 from orchestrator.config.context import check_context
 from workers.sglang.rules import reserved_tokens
 from specsweep_vocab.sglang_limits import max_req_input_len, sglang_generated
-from workers.sglang.args import build_sglang_argv
+from workers.sglang.argv import build_sglang_argv
 
 from tests.workers.sglang.cpu_process import run_in_sglang_process
-from tests.workers.sglang.test_args import _compose, _require, _sglang_installed, _write_model
+from tests.workers.sglang.test_argv import _compose, _require, _sglang_installed, _write_model
 
 CONTEXT = 8192
 SERVERS = {  # name: overrides (qwen3-8b, 8192-token server context)

@@ -390,7 +390,7 @@ def test_draft_model_must_share_the_targets_vocabulary():
 
 
 # ---------------------------------------------------------------- rules SGLang checks only at start-up
-# (workers/sglang/startup_rules.py; the parser accepts these points: tests/workers/sglang/test_args.py OURS_ONLY)
+# (workers/sglang/startup_rules.py; the parser accepts these points: tests/workers/sglang/test_argv.py OURS_ONLY)
 
 
 def test_fa3_refused_on_architectures_its_factory_asserts_against(caplog):

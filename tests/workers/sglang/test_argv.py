@@ -5,7 +5,7 @@ variants (ATTENTION_VARIANTS), composed through Hydra and our schema, x a tree v
 variant of each drafter, x page sizes 1/16/64 (x drafters needing a draft path without one, for 0.5.23).
 - 0.5.23 (the installed wheel), every point, accepted or not: `prepare_server_args` + `resolve_once()` +
   `check_server_args()`. Our verdict must be SGLang's: a point we accept passes and resolves (`resolved_dict()`,
-  what /server_info reports) to `workers.sglang.args.expected_server_args`; a point we refuse is refused by SGLang,
+  what /server_info reports) to `workers.sglang.argv.expected_server_args`; a point we refuse is refused by SGLang,
   or resolved to something else than it asks (a silent rewrite), or breaks one of the OURS_ONLY rules the parser
   cannot see (each with the reason the run would not measure what its labels say).
 - 0.5.10 (`pip install --no-deps --target .venv/sglang-0.5.10 sglang==0.5.10`), the points we accept:
@@ -35,7 +35,7 @@ from tools.composed_config import compose_run
 from orchestrator.config.validate import validate_run
 from specsweep_vocab.builtin_models import REFERENCE_MODEL_PATHS
 from workers.registry import adapter_for
-from workers.sglang.args import (LONGER_CONTEXT_ENV, SERVER_ARG_KEYS, build_sglang_argv, expected_server_args,
+from workers.sglang.argv import (LONGER_CONTEXT_ENV, SERVER_ARG_KEYS, build_sglang_argv, expected_server_args,
                             reported_server_args, sglang_env)
 
 ROOT = Path(__file__).resolve().parents[3]
