@@ -80,7 +80,7 @@ def main() -> None:
 
 
 def _main(argv: list[str]) -> None:
-    from orchestrator.config.schema import override_key_problems
+    from orchestrator.config.overrides import override_key_problems
     from orchestrator.config.problems import ConfigError
     from specsweep_vocab.redact import RedactingStream, override_secrets
 
@@ -161,8 +161,11 @@ def _composing(error: BaseException) -> str | None:
 
 
 def _interrupted(interrupt: KeyboardInterrupt) -> None:
-    """One line and the signal's exit code; a second Ctrl-C while it is said changes nothing."""
+    """One line and the signal's exit code; a second Ctrl-C or SIGTERM while it is said changes nothing (a signal
+    to the whole process group can reach this process twice: a second SIGTERM raised inside this print exited 1
+    instead of 143, tests/orchestrator/execution/test_interrupts.py, 2026-12-06 on the shared 2-core VM)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     terminated = getattr(interrupt, "exit_code", None) == 128 + signal.SIGTERM  # execution.signals.Terminated
     print(INTERRUPTED.format(what="terminated (SIGTERM)" if terminated else "interrupted (Ctrl-C)"), file=sys.stderr)
     if _ray_abandoned():  # Ray's GCS went with the signal: Ray's own exit would wait 60 s for it

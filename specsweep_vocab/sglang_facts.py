@@ -1,5 +1,5 @@
 """What each supported SGLang version accepts, spells and reports: one table, read by the plan-time rules
-(orchestrator/config/validate.py), the launch argv (workers/sglang/args.py), the meta_info reader (workers/meta_info.py) and the /metrics
+(orchestrator/config/validate.py), the launch argv (workers/sglang/argv.py), the meta_info reader (workers/meta_info.py) and the /metrics
 counters (workers/engine_counters.py).
 
 Public API:
@@ -14,7 +14,7 @@ Public API:
 
 Sources: the released wheels (0.5.10 `server_args.py`; 0.5.23
 `arg_groups/{choices,overrides,speculative_hook,attention_hook}.py`, `speculative/draft_utils.py`).
-tests/workers/test_sglang_args.py feeds every conf/ combination the rules accept to SGLang's own parser, and
+tests/workers/sglang/test_argv.py feeds every conf/ combination the rules accept to SGLang's own parser, and
 tests/workers/test_meta_info.py reads each version's `meta_info` names. Standard library and the vocabulary only.
 """
 
@@ -138,6 +138,9 @@ DEVICE_TIMER_ENV = "SGLANG_ENABLE_METRICS_DEVICE_TIMER"  # sglang/srt/environ.py
 # finishes, by its completion_tokens and its spec_verify_ct (sglang/srt/observability/metrics_collector.py:2110-2112)
 GENERATION_TOKENS = "sglang:generation_tokens_total"  # metrics_collector.py:1860-1861
 VERIFY_CALLS = "sglang:spec_verify_calls_total"  # metrics_collector.py:1865-1866
+# the device timer's counter (with DEVICE_TIMER_ENV) and the category of a verify forward
+FORWARD_SECONDS = "sglang:forward_execution_seconds_total"  # metrics_collector.py:1054-1061
+VERIFY_CATEGORY = "target_verify"  # eager_runner.py:344-350, decode_cuda_graph_runner.py:1986-1988
 
 
 def sglang_facts(version: str) -> SGLangFacts:

@@ -255,7 +255,7 @@ class AttentionSpec:
 
 @dataclass(frozen=True)
 class SGLangOptions:
-    """SGLang-only launch settings (`engine.sglang`); workers/sglang/args.py turns them into the version's flags."""
+    """SGLang-only launch settings (`engine.sglang`); workers/sglang/argv.py turns them into the version's flags."""
 
     # None: SGLang's own choice
     mem_fraction_static: float | None = field(default=None, metadata=domain(Num(0, 0.999, lo_open=True)))

@@ -20,7 +20,8 @@ import torch  # noqa: E402
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from tools.testing import RayProcess, ray_process, scaled  # noqa: E402
+from tools.testing import scaled  # noqa: E402
+from tools.ray_testing import RayProcess, ray_process  # noqa: E402
 from tools.ui_pages import mlflow_server  # noqa: E402
 
 # --- tiers: `make test` runs `not slow`; what is slow comes from measured cost (tools/test_tiers.py) ---------------
@@ -55,7 +56,7 @@ def pytest_runtest_protocol(item, nextitem):
 def session_ray(tmp_path_factory) -> Iterator[RayProcess]:
     """One local Ray for the whole session, for the tests that need "a Ray" rather than a particular one: a
     one-node cluster (4 CPUs, no GPUs, 128 MB object store, no dashboard) held by a child process
-    (`tools.testing.ray_process`), started on first use and shut down at the end of the session. A test joins
+    (`tools.ray_testing.ray_process`), started on first use and shut down at the end of the session. A test joins
     it in-process with `ray.init(address=session_ray.address)` (and `ray.shutdown()` only disconnects), a
     sweep subprocess with `cluster.kind=ray cluster.address=<address>`; the engines its actors start run below
     `session_ray.pid`. Tests about how Ray is started or about a topology (the product's own `cluster=local`

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.workers.sglang_source import package_dir, sglang_root
+from tests.workers.sglang.source import package_dir, sglang_root
 
 ROOT = Path(__file__).resolve().parents[1]
 CITING = ("README.md", "docs", "orchestrator", "workers", "kernels", "specsweep_vocab", "tools", "tests", "conf")

@@ -182,7 +182,7 @@ SHARED = {"workers.adapter", "workers.errors", "workers.http_client", "workers.m
 
 
 def _engine_of(name: str) -> str | None:
-    """The engine folder a module belongs to (`workers.sglang.args` -> `sglang`); None outside them."""
+    """The engine folder a module belongs to (`workers.sglang.argv` -> `sglang`); None outside them."""
     parts = name.split(".")
     return parts[1] if len(parts) > 1 and parts[0] == "workers" and parts[1] in ENGINE_FOLDERS else None
 

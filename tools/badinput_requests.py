@@ -1,7 +1,7 @@
 """More bad `/generate` bodies for the bad-input battery (tools/bench_badinput.py's REQUESTS has the same shape:
 (label, () -> body bytes)): each answered 500 (or spoiled its batch) before, a 400 now; the
 sub-epsilon temperatures are greedy as in SGLang (200). Kept apart so that the battery can import them
-(`REQUESTS + EXTRA_REQUESTS`); the same cases are tests in tests/workers/reference/test_ref_isolation.py."""
+(`REQUESTS + EXTRA_REQUESTS`); the same cases are tests in tests/workers/reference/test_engine_isolation.py."""
 from __future__ import annotations
 
 from typing import Callable

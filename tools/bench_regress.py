@@ -43,6 +43,7 @@ from pathlib import Path
 
 from orchestrator.config.plan import Plan
 from orchestrator.config.settings import RegressSettings
+from orchestrator.results.metric_catalogue import NOISY_WATCHED
 from orchestrator.results.regress.compare import Comparison, compare
 from orchestrator.results.regress.history import load_history, select_baseline
 from orchestrator.results.regress.section import changes_section
@@ -58,7 +59,7 @@ log = logging.getLogger("bench_regress")
 
 TOKEN_S = 0.004
 DROPS = (0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.08, 0.12, 0.2, 0.3)
-NOISY = ("decode_tok_s", "throughput_tok_s", "verify_step_ms")
+NOISY = tuple(NOISY_WATCHED)  # decode_tok_s, throughput_tok_s, verify_step_ms
 Env = dict[str, dict[str, str]]  # drafter name -> extra environment of its engine
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from orchestrator.config.plan import build_server
 from specsweep_vocab.spec import EngineKind, ProbeKind, ProbeSpec, ServerSpec
 from tools.bench_engine import cpu_name
-from tools.testing import compose_run
+from tools.composed_config import compose_run
 from workers.engine import EngineProcess
 from workers.http_client import ProbeClient
 from workers.probe import measure

@@ -9,7 +9,7 @@ tests/workers/reference/fixtures/smollm2_transformers.npz: what transformers' ow
 - the tokenizer's ids and decoded text for each of `TEXTS`;
 - per logits row (every prompt position, then each decode step): the top `TOP_K` token ids and values, the values
   at `COLUMNS` fixed vocabulary columns, and the row's largest |logit|; the greedy tokens it chose.
-About 25 KB instead of the 10 MB of the full rows; tests/workers/reference/test_ref_gguf.py compares the reference
+About 25 KB instead of the 10 MB of the full rows; tests/workers/reference/test_gguf_checkpoint.py compares the reference
 engine's logits at those entries (within 1e-4) and its tokenizer to it, without loading transformers' model
 (~25 s on a 2-core VM). The file records its inputs (model file name and sha256, texts, prompt, sizes, library
 versions); `test_fixture_matches_its_inputs` fails when the model file or these constants change, which is the

@@ -15,15 +15,8 @@ Imported by tests/ and the benchmarks (tools/bench_*.py) only, never by product 
         an engine below root_pid while it runs a /generate after `finished` requests (its own /metrics)
     spec_flags(algorithm, steps=, draft=None, topk=None, tokens=None, layers=None) -> list[str]
         the reference engine's --speculative-* argv
-    ray_process(num_cpus=4, object_store_mb=128) -> RayProcess(address, pid)   a context manager: a one-node Ray
-        (ray.cluster_utils.Cluster head, no GPUs, no dashboard) held by a process of its own; drivers join it
-        with ray.init(address=...) or `cluster.kind=ray cluster.address=...`; its engines run below `pid`
-    ray_cluster([node_args, ...], object_store_mb=80) -> (Cluster, [node, ...])   a context manager: a
-        ray.cluster_utils.Cluster with a 1-CPU head and these nodes, this process connected; shut down after
-    compose_config(*overrides) -> DictConfig; compose_run(*overrides, cwd=ROOT) -> RunConfig
-        conf/ composed by Hydra (and converted by our schema): compose_config once per distinct overrides in a
-        process (a copy); compose_run's resolved config also kept on disk (.pytest_cache/) until conf/ changes
-    (the HTTP stand-in for a server that cannot run here, FakeServer and runner_on: tools/fake_server.py)
+    (the HTTP stand-in for a server that cannot run here, FakeServer and runner_on: tools/fake_server.py; a test
+    Ray: tools/ray_testing.py; conf/ composed by Hydra: tools/composed_config.py)
     reference_process(argv, ready_s=120) -> (base_url, Popen)   a context manager: `python -m workers.reference`
         with argv (+ --host/--port) on a free port, healthy; SIGTERM (then kill) after
     load_scale() -> float; scaled(seconds) -> float
@@ -34,13 +27,8 @@ Imported by tests/ and the benchmarks (tools/bench_*.py) only, never by product 
 from __future__ import annotations
 
 import contextlib
-import copy
-import functools
-import hashlib
-import json
 import os
 import re
-import select
 import signal
 import subprocess
 import sys
@@ -48,7 +36,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Collection, Iterator
+from typing import Collection, Iterator
 
 import requests
 
@@ -246,171 +234,6 @@ def stub_starts(folder: str | os.PathLike) -> list[StubStart]:
                                      cuda_visible_devices=f["CUDA_VISIBLE_DEVICES"], node_id=f["node_id"],
                                      argv=argv, log=path))
     return out
-
-
-@contextlib.contextmanager
-def ray_cluster(node_args: list[dict[str, Any]], *, object_store_mb: int = 80) -> Iterator[tuple[Any, list[Any]]]:
-    """A several-node Ray on this machine (ray.cluster_utils.Cluster): a 1-CPU head without GPUs and one node per
-    entry of `node_args` (Cluster.add_node's arguments); this process is connected as the driver."""
-    import ray
-    from ray.cluster_utils import Cluster
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    if ray.is_initialized():
-        ray.shutdown()
-    cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=1, num_gpus=0, include_dashboard=False,
-                                                                object_store_memory=object_store_mb * 2**20))
-    try:
-        nodes = [cluster.add_node(**args) for args in node_args]
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
-        yield cluster, nodes
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-
-
-@functools.lru_cache(maxsize=None)
-def _composed(overrides: tuple[str, ...]) -> Any:
-    from hydra import compose, initialize_config_module
-
-    from orchestrator.config.schema import register_configs
-
-    register_configs()
-    with initialize_config_module("conf", version_base="1.3"):
-        return compose("config", overrides=list(overrides))
-
-
-def compose_config(*overrides: str) -> Any:
-    """conf/config.yaml with these overrides (Hydra's compose), composed once per distinct overrides; a copy."""
-    return copy.deepcopy(_composed(tuple(overrides)))
-
-
-@functools.lru_cache(maxsize=1)
-def _compose_cache_dir() -> Path | None:
-    """.pytest_cache/specsweep-compose/<fingerprint>/: composed configs of this conf/ tree, config schema and Hydra;
-    None when SPECSWEEP_COMPOSE_CACHE=off. Older fingerprints' folders are removed."""
-    import importlib.metadata
-    import inspect
-    import shutil
-
-    from orchestrator.config.schema import register_configs
-
-    if os.environ.get("SPECSWEEP_COMPOSE_CACHE", "on").lower() in ("off", "0", "false", "no"):
-        return None
-    h = hashlib.sha256()
-    sources = [*sorted((ROOT / "conf").rglob("*.yaml")), *sorted(Path(inspect.getfile(register_configs)).parent.glob("*.py")),
-               *sorted((ROOT / "specsweep_vocab").glob("*.py"))]
-    for path in sources:
-        h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
-    for dist in ("hydra-core", "omegaconf"):
-        h.update(importlib.metadata.version(dist).encode())
-    base = ROOT / ".pytest_cache" / "specsweep-compose"
-    folder = base / h.hexdigest()[:16]
-    if base.is_dir():
-        for old in base.iterdir():
-            if old != folder:
-                shutil.rmtree(old, ignore_errors=True)
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
-def _resolved(overrides: tuple[str, ...]) -> dict[str, Any]:
-    """The composed config, resolved, without `hydra` (all `to_run_config` reads), from the on-disk cache when
-    conf/, the config schema and Hydra are unchanged (`_compose_cache_dir`); composed by Hydra otherwise."""
-    from omegaconf import OmegaConf
-
-    folder = _compose_cache_dir()
-    path = folder / (hashlib.sha256(json.dumps(overrides).encode()).hexdigest() + ".json") if folder else None
-    if path is not None and path.exists():
-        return json.loads(path.read_text())
-    container: dict[str, Any] = OmegaConf.to_container(_composed(overrides), resolve=True)  # type: ignore[assignment]
-    container.pop("hydra", None)
-    if path is not None:
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(container))
-        os.replace(tmp, path)
-    return container
-
-
-@functools.lru_cache(maxsize=None)
-def compose_run(*overrides: str, cwd: str = str(ROOT)) -> Any:
-    """`to_run_config` of conf/ composed with these overrides: the frozen RunConfig, built once per overrides and
-    cwd in a process, and composed by Hydra once per overrides until conf/, the config schema (orchestrator/config/)
-    or Hydra change: the resolved config is kept in .pytest_cache/specsweep-compose/ (git-ignored; a clean
-    checkout composes everything; SPECSWEEP_COMPOSE_CACHE=off turns it off). A ConfigError is raised every time."""
-    from omegaconf import OmegaConf
-
-    from orchestrator.config.schema import to_run_config
-
-    return to_run_config(OmegaConf.create(_resolved(tuple(overrides))), tuple(overrides), cwd=cwd)
-
-
-@dataclass(frozen=True)
-class RayProcess:
-    address: str  # the GCS address drivers join
-    pid: int  # the holding process: every Ray process of this cluster, and the engines its actors start, run below it
-
-
-_RAY_HOLDER = """
-import os, sys
-if os.fork():  # the holder detaches: not a descendant of the test process, whose own children stay its own
-    os._exit(0)
-from ray.cluster_utils import Cluster
-
-# its dashboard agent on a free port, never Ray's fixed 52365: a Ray with a job server started beside this one
-# (the schedule tests, the product's own embedded Ray) needs that port for its job agent
-cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=int(sys.argv[1]), num_gpus=0,
-                  include_dashboard=False, object_store_memory=int(sys.argv[2]) * 2**20,
-                  dashboard_agent_listen_port=int(sys.argv[3])))
-print("RAY", cluster.address, os.getpid(), flush=True)
-sys.stdin.read()  # until the owner closes stdin (or exits)
-cluster.shutdown()
-"""
-
-
-@contextlib.contextmanager
-def ray_process(*, num_cpus: int = 4, object_store_mb: int = 128, log: Path | None = None,
-                start_timeout_s: float = 120.0) -> Iterator[RayProcess]:
-    """A one-node Ray held by a detached process of its own (not by this one, so `ray.shutdown()` here never stops
-    it, and not below it, so this process's descendants are only its own); stopped when the block ends: stdin
-    closed, then `Cluster.shutdown()` (KILL of the holder's process group after a scaled 60 s)."""
-    env = dict(os.environ, RAY_AUTH_MODE=os.environ.get("RAY_AUTH_MODE", "disabled"))
-    err = open(log, "w") if log else subprocess.DEVNULL
-    from workers.engine import free_port
-
-    proc = subprocess.Popen([sys.executable, "-c", _RAY_HOLDER, str(num_cpus), str(object_store_mb), str(free_port())],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=env,
-                            start_new_session=True)
-    proc.wait()  # the forked holder carries on with the pipes
-    holder = 0
-    try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + scaled(start_timeout_s)
-        line = ""
-        while not line.startswith("RAY ") and time.monotonic() < deadline:
-            if select.select([proc.stdout], [], [], 1.0)[0]:
-                line = proc.stdout.readline()
-                if not line:
-                    break  # the holder exited
-        if not line.startswith("RAY "):
-            raise RuntimeError(f"the test Ray did not start within {scaled(start_timeout_s):.0f} s"
-                               + (f" (log: {log})" if log else ""))
-        _, address, pid = line.split()
-        holder = int(pid)
-        yield RayProcess(address=address, pid=holder)
-    finally:
-        with contextlib.suppress(OSError, ValueError):
-            assert proc.stdin is not None
-            proc.stdin.close()
-        deadline = time.monotonic() + scaled(60)
-        while holder and pid_alive(holder) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if holder and pid_alive(holder):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, 9)  # the holder's group: start_new_session made proc.pid its id
-        if log:
-            err.close()  # type: ignore[union-attr]
 
 
 def stop_process(proc: subprocess.Popen, grace_s: float = 15.0) -> int:

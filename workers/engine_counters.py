@@ -25,7 +25,7 @@ Verify timing, SGLang 0.5.23 (paths relative to site-packages):
   events (`sglang/srt/utils/device_timer.py:59-90`, `147-165`) and adds the elapsed seconds, once an event has
   completed, to the counter `sglang:forward_execution_seconds_total` with label `category`
   (`sglang/srt/observability/metrics_collector.py:1054-1061`, `1598-1606`). Without `--enable-metrics` nothing is
-  exported (`metrics_reporter.py:337-338`); workers/sglang/args.py passes both.
+  exported (`metrics_reporter.py:337-338`); workers/sglang/argv.py passes both.
 - The target's verify forward is category `target_verify`, spelled so on every path: eager
   (`sglang/srt/model_executor/runner/eager_runner.py:344-350`), piecewise prefill graph
   (`sglang/srt/model_executor/model_runner.py:2047-2056`), decode-graph replay (`ForwardMode.TARGET_VERIFY.name
@@ -65,12 +65,11 @@ from typing import Any, Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from specsweep_vocab.sglang_facts import DEVICE_TIMER_ENV, GENERATION_TOKENS, VERIFY_CALLS
+from specsweep_vocab.sglang_facts import (DEVICE_TIMER_ENV, FORWARD_SECONDS, GENERATION_TOKENS, VERIFY_CALLS,
+                                          VERIFY_CATEGORY)
 from workers.errors import BadResponse, ProbeTimeout
 from workers.http_client import ProbeClient
 
-FORWARD_SECONDS = "sglang:forward_execution_seconds_total"  # metrics_collector.py:1054-1061
-VERIFY_CATEGORY = "target_verify"  # eager_runner.py:344-350, decode_cuda_graph_runner.py:1986-1988
 RANK_LABEL = "tp_rank"  # metrics_collector.py:1385
 LIMIT_KEYS = ("max_req_input_len", "max_total_num_tokens")  # scheduler.py:1944-1946
 

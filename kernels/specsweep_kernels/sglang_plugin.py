@@ -15,7 +15,7 @@ How SGLang finds it (the `sglang.srt.plugins` entry-point group, `sglang/srt/plu
   `load_plugins()` runs `register()` in the launcher, every scheduler, the detokenizer and the DP controller.
 - SGLang 0.5.10 (no plugin framework): `python -m workers.sglang.launch ...` registers at module top level, so
   the spawned scheduler processes (which re-import `__main__` as `__mp_main__`) register too.
-Both are what workers/sglang/args.py emits for `attention=specsweep_verify`. `register()` is idempotent.
+Both are what workers/sglang/argv.py emits for `attention=specsweep_verify`. `register()` is idempotent.
 
 What runs our kernel: `forward_extend` in TARGET_VERIFY mode (T draft tokens per request against the cached
 prefix, `spec_info.custom_mask` -> tree mask; None = a linear chain, causal) and `forward_decode` (T = 1). Everything

@@ -23,7 +23,8 @@ from orchestrator.config.engine_args import engine_arg_problems
 from orchestrator.config.grid import compose_grid, hydra_group_test
 from orchestrator.config.model_facts import model_fact_problems
 from orchestrator.config.plan import Plan, plan_sweep
-from orchestrator.config.schema import RunConfig, override_key_problems, register_configs, to_run_config
+from orchestrator.config.overrides import override_key_problems
+from orchestrator.config.schema import RunConfig, register_configs, to_run_config
 from orchestrator.config.settings import ExecutionSettings
 from orchestrator.config.context import every_point_over_context
 from orchestrator.config.problems import ConfigError

@@ -1,6 +1,6 @@
-"""MLflow params, written and read back through the config schema (one encoding, both directions).
+"""MLflow params read back through the config schema: the encoding orchestrator/config/param_encoding.py writes
+(`to_params`), decoded by each key's schema type.
 
-    to_params(config) -> {"context_len": "1024", "drafter.is_oracle": "true", "engine.env": "{}", ...}
     recorded(params) -> {"cfg.context_len": "1024", ...}   as MLflow records them: the config under one prefix
     config_params(run_params) -> {"context_len": "1024", ...}   back to schema keys (old runs: as they are)
     RunParams.read(params) -> RunParams      the typed values the report needs, decoded by the schema's types
@@ -27,10 +27,9 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from orchestrator.config.schema import SpecsweepConf, unwrap_optional, param_value, to_params
+from orchestrator.config.schema import SpecsweepConf, unwrap_optional
 
-__all__ = ["CONFIG_PREFIX", "RunParams", "config_params", "decode", "param_value", "recorded", "schema_types",
-           "to_params"]
+__all__ = ["CONFIG_PREFIX", "RunParams", "config_params", "decode", "recorded", "schema_types"]
 
 MISSING_VALUES = ("", "None", "null")
 CONFIG_PREFIX = "cfg."

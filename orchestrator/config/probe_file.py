@@ -1,4 +1,4 @@
-"""A probe file's content: UTF-8 text, or JSONL with a string "text" per line (what workers.probe.file_text reads)."""
+"""A probe file's content: UTF-8 text, or JSONL with a string "text" per line (what workers.prompts.file_text reads)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from specsweep_vocab.problem import Problem
 
 def probe_file_problem(key_value: str, name: str, raw: bytes, overrides: tuple[str, ...] = ()) -> Problem | None:
     """A probe file must hold text: UTF-8, not blank; JSONL (.jsonl/.ndjson) lines are objects with a string
-    "text" (what workers.probe.file_text reads)."""
+    "text" (what workers.prompts.file_text reads)."""
 
     def bad(why: str) -> Problem:
         return Problem("probe.path", key_value, f"a UTF-8 text or JSONL file with text ({why})", overrides)

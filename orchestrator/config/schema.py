@@ -15,11 +15,10 @@ import dataclasses
 import enum
 import functools
 import hashlib
-import json
 import os
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -27,10 +26,10 @@ from typing import Any, Optional, Sequence
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from orchestrator.config.domains import domain_problems
-from orchestrator.config.keys import conflicting_override_problems
 from orchestrator.config.run_config import CONTEXT_LEN, GEN_TOKENS, LOG_PATTERNS, RunConfig
 from orchestrator.config.settings import ClusterSettings, RegressSettings, Thresholds, TrackingSettings
-from orchestrator.config.keys import LEAF, OPEN, config_key_problems, unknown_key_problem
+from orchestrator.config.keys import LEAF, OPEN, config_key_problems
+from orchestrator.config.param_encoding import to_params
 from orchestrator.config.probe_file import probe_file_problem
 from orchestrator.config.problems import ConfigError
 from specsweep_vocab.problem import Problem
@@ -237,38 +236,6 @@ def _conf_values(spec: Any) -> dict[str, Any]:
             for f in dataclasses.fields(spec)}
 
 
-def flatten(node: Mapping[str, Any], leaf: Callable[[Any], str] = str, prefix: str = "") -> dict[str, str]:
-    """A nested config as dotted keys, each value through `leaf`: {"model.name": "tiny", "engine.env": "{}", ...}
-    (an empty section is one key)."""
-    out: dict[str, str] = {}
-    for k, v in node.items():
-        if (type(v) is dict or isinstance(v, Mapping)) and v:  # type() first: an ABC's isinstance is slow
-            out.update(flatten(v, leaf, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = leaf(v)
-    return out
-
-
-def param_value(v: Any) -> str:
-    """One MLflow param: strings as they are, anything else as JSON (`null`, `true`, `[1, 2]`); read back by
-    `orchestrator.config.params.decode`."""
-    if isinstance(v, str):
-        return v
-    if isinstance(v, (int, float)) or v is None:  # bool is an int: (type, value) tells True from 1
-        return _scalar_json(type(v).__name__, v)
-    return json.dumps(v)
-
-
-@functools.lru_cache(maxsize=65536)
-def _scalar_json(_: str, v: Any) -> str:
-    return json.dumps(v)
-
-
-def to_params(config: Mapping[str, Any]) -> dict[str, str]:
-    """A resolved config as MLflow params (dotted keys, `param_value` encoding)."""
-    return flatten(config, leaf=param_value)
-
-
 @functools.lru_cache(maxsize=256)  # every grid point asks, with the same two strings
 def absolute_tracking_uri(uri: str, cwd: str) -> str:
     """`sqlite:///mlflow.db` → `sqlite:////<cwd>/mlflow.db`: Ray workers have other working dirs."""
@@ -306,57 +273,6 @@ def schema_tree(schema: type = SpecsweepConf) -> Mapping[str, Any]:
         else:
             out[name] = OPEN if tp is dict or typing.get_origin(tp) is dict or tp is Any else LEAF
     return out
-
-
-def config_groups() -> tuple[str, ...]:
-    """Hydra config groups under conf/ (engine, model, ..., sweep): `group=option` selects a file."""
-    import importlib.resources
-
-    root = importlib.resources.files("conf")
-    return tuple(sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("_")))
-
-
-def override_key_problems(overrides: Sequence[str]) -> list[Problem]:
-    """Command-line overrides whose key the schema does not have, each with the closest valid keys, before
-    Hydra composes (its own message suggests `+key=...`, which then fails or is silently ignored), and overrides
-    that contradict each other (`keys.conflicting_override_problems`: one key given two values, `+group` for a
-    group conf/config.yaml already selects).
-    Left to Hydra: hydra.* keys, config-group selections, deletions, keys under a dict (engine.env.X) and
-    anything its parser rejects."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    try:
-        parsed = OverridesParser.create().parse_overrides(list(overrides))
-    except HydraException:
-        return []
-    tree, groups, out = schema_tree(), config_groups(), []
-    for o in parsed:
-        key = o.key_or_group
-        if o.is_delete() or o.package is not None or key.split(".")[0].split("/")[0] == "hydra" or "/" in key:
-            continue  # Hydra's own keys, nested group selections (hydra/job_logging=disabled)
-        if "." not in key and key in groups:
-            continue
-        value = o.input_line.split("=", 1)[1] if o.input_line and "=" in o.input_line else None
-        if key == "schedule":  # not a config group: schedules are not run configs (orchestrator/schedules/)
-            run_groups = ", ".join(g for g in groups if g != "hydra")
-            out.append(Problem(key, value, f"a config group ({run_groups}); schedule is none: a schedule is run by "
-                               "`specsweep-schedule fire|run` (files in orchestrator/schedules/)", tuple(overrides)))
-            continue
-        if (p := unknown_key_problem(key, value, tree, tuple(overrides))) is not None:
-            out.append(p)
-    return out + conflicting_override_problems(parsed, groups, selected_groups(), tuple(overrides))
-
-
-@functools.cache
-def selected_groups() -> dict[str, str]:
-    """group -> option, as conf/config.yaml's defaults list selects them (`engine: reference`, ...)."""
-    import importlib.resources
-
-    import yaml
-
-    defaults = yaml.safe_load((importlib.resources.files("conf") / "config.yaml").read_text())["defaults"]
-    return {k: str(v) for d in defaults if isinstance(d, dict) for k, v in d.items() if not k.startswith("override")}
 
 
 def to_run_config(cfg: DictConfig | Mapping[str, Any], overrides: tuple[str, ...] = (),

@@ -12,7 +12,7 @@ Why per node: SGLang runs `load_plugins()` in every process it spawns, each sche
 `entry_points(group=...)` then `ep.load()`). A node whose interpreter lacks specsweep (or its entry point) starts
 SGLang without `specsweep_verify`: the server refuses the backend name at start-up, or, with SGLANG_PLUGINS set to a
 list without it (`plugins/__init__.py:51-68`), never registers it. The interpreter is the one the server worker
-starts SGLang with (`workers.sglang.args.build_sglang_argv`: the worker's own `sys.executable`), so the check runs as a
+starts SGLang with (`workers.sglang.argv.build_sglang_argv`: the worker's own `sys.executable`), so the check runs as a
 Ray task pinned to each node (same runtime_env as the actors), which starts that interpreter on a short script.
 
 What the script checks, in a fresh process as SGLang's launcher is: `sglang` is installed; `specsweep_kernels.

@@ -31,13 +31,13 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.results.report.tables import KERNEL_METRICS
+from orchestrator.results.metric_catalogue import KERNEL_METRICS, PROGRESS_METRICS
 from specsweep_vocab.spec import JobKind, RunResult, RunState
 
 logger = logging.getLogger(__name__)
 
 _STYLE = {RunState.FINISHED: "green", RunState.FAILED: "red", RunState.KILLED: "yellow"}
-ENGINE_COLUMNS = ("prompt_tokens", "commit_len_mean", "decode_tok_s", "ttft_s", "verify_step_ms")
+ENGINE_COLUMNS = PROGRESS_METRICS  # prompt_tokens, commit_len_mean, ttft_s, decode_tok_s, verify_step_ms
 KERNEL_COLUMNS = KERNEL_METRICS  # time_us, gbs, floor_frac, rel_err
 
 

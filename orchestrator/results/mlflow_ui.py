@@ -35,12 +35,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 
+from orchestrator.results.metric_catalogue import UI_METRICS
 from orchestrator.results.store_layout import (AXES_TAG, AXIS_PREFIX, EXPERIMENT_KIND_TAG, ROLE_CHILD, ROLE_TAG,
                                                RUNS_VIEW_KIND, VIEW_KEY, VIEW_TAG_PREFIX)
 
-# The columns that answer the question, in this order; verify ms and roofline fraction only show values where a run
-# measured them (MLflow leaves the cell empty otherwise).
-ANSWER_METRICS = ("commit_len_mean", "decode_tok_s", "verify_step_ms", "roofline_frac")
+# The columns that answer the question (the catalogue's UI view, in its order); verify ms and roofline fraction only
+# show values where a run measured them (MLflow leaves the cell empty otherwise).
+ANSWER_METRICS = UI_METRICS
 
 
 def axis_key(override: str) -> str:

@@ -67,7 +67,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence
 
 from orchestrator.config.params import CONFIG_PREFIX, recorded
-from orchestrator.config.schema import to_params
+from orchestrator.config.param_encoding import to_params
 from orchestrator.config.settings import ExecutionSettings
 from orchestrator.results import fault_notes
 from orchestrator.results.drivers import HEARTBEAT_S, DriverId

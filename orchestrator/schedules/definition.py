@@ -157,7 +157,7 @@ def sweep_problems(schedule: Schedule, *, source: str, grid: bool = True) -> lis
     them before starting anything); a problem shared by several grid points is listed once. `grid=False`: only
     what needs no composition (unknown keys, conflicting overrides), for `specsweep-schedule list`."""
     from orchestrator.config.jobs import check_overrides
-    from orchestrator.config.schema import override_key_problems
+    from orchestrator.config.overrides import override_key_problems
 
     counts: dict[tuple[str, str, str], int] = {}
     for p in check_overrides(schedule.overrides) if grid else override_key_problems(schedule.overrides):

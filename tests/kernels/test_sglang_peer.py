@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from specsweep_kernels.sglang_peer import TRITON_OPS, VERIFY_FILES, copy_verify_ops, unpack_triton_ops
-from tests.workers.sglang_source import sglang_root
+from tests.workers.sglang.source import sglang_root
 
 SGLANG_0_5_10 = Path(sys.prefix) / "sglang-0.5.10"
 

@@ -141,7 +141,7 @@ def _width_argv(overrides: tuple[str, ...], model_dir: str) -> list[str]:
     from orchestrator.config.plan import build_server
     from orchestrator.config.schema import register_configs, to_run_config
     from orchestrator.config.validate import validate_run
-    from workers.sglang.args import build_sglang_argv
+    from workers.sglang.argv import build_sglang_argv
 
     register_configs()
     with initialize_config_module("conf", version_base="1.3"):

@@ -224,7 +224,7 @@ def test_sweep_records_no_secret_and_the_engine_gets_every_one(tmp_path, mlflow_
 
 
 def test_a_failing_single_run_prints_no_secret_on_any_path(tmp_path):
-    """#32: a run that fails (a per-request timeout on the stub) with --api-key and an engine.env token: the
+    """A run that fails (a per-request timeout on the stub) with --api-key and an engine.env token: the
     progress and log lines and the RunFailed message (one message, exit 1: orchestrator/__main__.py) pass the
     command line's one output boundary (specsweep_vocab.redact.RedactingStream); the store, the engine logs and
     Ray's own logs (its temp dir) are searched too. Hydra's own copies of the command line (.hydra/*.yaml, written

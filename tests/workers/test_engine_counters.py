@@ -1,6 +1,6 @@
 """verify_step_ms from /metrics counters, one formula on both engines, and the /server_info limits.
 
-SGLang cannot run here (no GPU), but its metric code can: tests/workers/sglang_cpu_process.py builds SGLang 0.5.23's
+SGLang cannot run here (no GPU), but its metric code can: tests/workers/sglang/cpu_process.py builds SGLang 0.5.23's
 own scheduler and tokenizer collectors (one forked process per TP rank, with the labels SGLang gives each), times
 forwards with SGLang's DeviceTimer and answers /metrics through SGLang's own multiprocess route. Those texts are what
 a server launched with SGLANG_ENABLE_METRICS_DEVICE_TIMER=1 exposes; a stand-in server replays them to the real
@@ -18,14 +18,15 @@ from orchestrator.results.diagnosis import Cause, Rule, RunRow, diagnose
 from orchestrator.config.plan import build_run
 from specsweep_vocab.spec import RunState
 from workers.derived import derived_metrics
-from workers.engine_counters import (FORWARD_SECONDS, VERIFY_CATEGORY, parse_scrape, server_limits,
+from specsweep_vocab.sglang_facts import FORWARD_SECONDS, VERIFY_CATEGORY
+from workers.engine_counters import (parse_scrape, server_limits,
                                      verify_device_seconds, verify_step_ms, verify_timing)
 from workers.runners import GroupRunner
-from workers.sglang.args import build_sglang_argv, sglang_env
+from workers.sglang.argv import build_sglang_argv, sglang_env
 
-from tests.workers.sglang_cpu_process import run_in_sglang_process
+from tests.workers.sglang.cpu_process import run_in_sglang_process
 from tools.fake_server import JSON, PROMETHEUS, FakeServer, runner_on
-from tests.workers.test_sglang_args import _compose, _require, _sglang_installed, _write_model
+from tests.workers.sglang.test_argv import _compose, _require, _sglang_installed, _write_model
 
 TP = 2
 RANK_SCALE = 1.125  # mean over the two ranks of the helper's per-rank durations (x1, x1.25)
@@ -71,7 +72,7 @@ def test_sglang_exposition_gives_device_ms_per_verify_step(sglang_point):
 
 
 def test_the_sglang_lines_the_code_cites():
-    from tests.workers.sglang_source import sglang_line, sglang_root
+    from tests.workers.sglang.source import sglang_line, sglang_root
 
     _require(sglang_root() is not None, "sglang is not installed (see docs/sglang.md)")
     assert sglang_line("srt/environ.py", "SGLANG_ENABLE_METRICS_DEVICE_TIMER = EnvBool") == 479

@@ -1,4 +1,4 @@
-"""An engine's plan-time rules and estimates are its own (#33): the config layer asks the engine's adapter
+"""An engine's plan-time rules and estimates are its own: the config layer asks the engine's adapter
 (workers/registry.py `adapter_for`) and names no engine itself, and each estimate is the edge of its rule."""
 
 from __future__ import annotations

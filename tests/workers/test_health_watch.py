@@ -1,4 +1,4 @@
-"""#32 section 2: a hung engine (alive, answering nothing: the real stub engine process SIGSTOPped in the middle of a
+"""A hung engine (alive, answering nothing: the real stub engine process SIGSTOPped in the middle of a
 run) is found through its health path within `engine.health_timeout_s`, killed and restarted like a crashed one, and
 only the run in flight fails, naming the key. GroupRunner without Ray, as tests/workers/test_runners.py does."""
 

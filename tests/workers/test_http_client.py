@@ -1,4 +1,4 @@
-"""A per-request timeout (#29): the failure names engine.request_timeout_s and the time measured, and the next run on
+"""A per-request timeout: the failure names engine.request_timeout_s and the time measured, and the next run on
 that server gets a clean server: its /flush_cache waits (up to its own request timeout) for the engine to drop the
 abandoned request, instead of failing with "/flush_cache answered 400". The real reference engine process."""
 from __future__ import annotations

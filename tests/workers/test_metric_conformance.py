@@ -4,7 +4,7 @@
 Each scenario is a scripted request: max_new_tokens, an EOS position (or none), and the number k of drafts each
 verify step accepts (4 drafts a step, speculative_num_draft_tokens = 5). Both engines play it:
 
-- SGLang: its own counting code from the installed wheel, run on CPU (tests/workers/sglang_source.py; its modules
+- SGLang: its own counting code from the installed wheel, run on CPU (tests/workers/sglang/source.py; its modules
   do not import here): the prefill's first token (`batch_result_processor.py:365-369`), per verify step
   `SchedulerBatchResultProcessor._resolve_spec_v2_tokens` (which counts the step and its correct drafts,
   `batch_result_processor.py:770-846`) then the decode loop's commit and `Req.update_finish_state`
@@ -38,7 +38,7 @@ from workers.reference.args import parse_args
 from workers.reference.engine import Engine, SamplingParams
 from workers.reference.speculative import Drafter, DraftTree
 
-from tests.workers.sglang_source import sglang_defs, sglang_line, sglang_root
+from tests.workers.sglang.source import sglang_defs, sglang_line, sglang_root
 
 NUM_STEPS = 4
 NUM_DRAFT_TOKENS = NUM_STEPS + 1  # root + a chain of 4 drafts, as SGLang's EAGLE with topk 1

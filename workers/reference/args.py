@@ -7,14 +7,16 @@ from pathlib import Path
 
 from specsweep_vocab.builtin_models import GGUF_MODELS
 from specsweep_vocab.sglang_facts import SPEC_MAX_RUNNING_REQUESTS
+from specsweep_vocab.spec import Algorithm
 
 from .config import BUILTIN_CONFIGS, LOAD_FORMATS
 from .gguf_checkpoint import resolve_gguf
 from .spec_counters import DEFAULT_DECODE_LOG_INTERVAL
 
 
-ALGORITHMS = ("NONE", "NGRAM", "STANDALONE")
-DEFAULT_MAX_RUNNING_REQUESTS = SPEC_MAX_RUNNING_REQUESTS  # SGLang's cap with speculation (validate.py plans with it)
+# --speculative-algorithm values this engine serves (SGLang's names); the plan-time rules (rules.py) read them too
+ALGORITHMS = tuple(a.value for a in (Algorithm.NONE, Algorithm.NGRAM, Algorithm.STANDALONE))
+DEFAULT_MAX_RUNNING_REQUESTS = SPEC_MAX_RUNNING_REQUESTS  # SGLang's cap with speculation (rules.py plans with it)
 IGNORED = ("--mem-fraction-static", "--tp-size", "--log-level-http",
            "--trust-remote-code", "--skip-server-warmup",
            "--speculative-ngram-min-bfs-breadth", "--speculative-ngram-match-type",

@@ -9,8 +9,9 @@ chat template (`tokenizer_export.hf_tokenizer_dir`). The weights are the referen
 linked rather than copied, so both engines read the same numbers; `torch_dtype` says float32 because those are the
 numbers stored (a server picks its compute dtype with `--dtype`).
 
-Checked against the reference engine's logits in tests/workers/reference/test_ref_hf_export.py: transformers' own
-`LlamaForCausalLM` loads the directory and its last-position logits match the engine's.
+Checked against the reference engine's logits by `check_against_reference`, which `make setup-sglang`
+(tools/setup_sglang.py) runs on the directory it exports: transformers' own `LlamaForCausalLM` loads it and its logits
+at every prompt position match the engine's (CHECK_TOLERANCE), with the same greedy next tokens.
 """
 from __future__ import annotations
 

@@ -26,11 +26,14 @@ from specsweep_vocab.sglang_facts import SPEC_MAX_RUNNING_REQUESTS
 from specsweep_vocab.sglang_limits import context_need, sglang_generated
 from specsweep_vocab.spec import Algorithm
 
+from .args import ALGORITHMS as SERVED_ALGORITHMS
 from .config import LOAD_FORMATS
 from .gguf_checkpoint import locate_packaged
 
-BACKENDS = ("torch", "specsweep_verify")  # --attention-backend and the split backends it takes (args.py)
-ALGORITHMS = (Algorithm.NONE, Algorithm.NGRAM, Algorithm.STANDALONE)
+# --attention-backend and the split backends it takes: attention.py's registry, which imports torch (a test holds the
+# two to the same names)
+BACKENDS = ("torch", "specsweep_verify")
+ALGORITHMS = tuple(Algorithm(a) for a in SERVED_ALGORITHMS)  # args.py's --speculative-algorithm choices
 REFERENCE_MODEL_VOCABS = {**dict.fromkeys(BUILTIN_MODELS, "byte vocabulary"),
                           **dict.fromkeys(GGUF_MODELS, "SmolLM2's BPE vocabulary")}
 

@@ -25,6 +25,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from specsweep_vocab.sglang_facts import FORWARD_SECONDS, GENERATION_TOKENS, VERIFY_CALLS, VERIFY_CATEGORY
+
 from .request_params import (cancel_on_disconnect, fill_max_new_tokens, is_int, parse_json_body, parse_logprob,
                              parse_sampling)
 from .engine import Cancelled, Engine, RequestError, SamplingParams
@@ -95,10 +97,10 @@ def _metrics_text(engine: Engine | None, model_name: str) -> str:
     label = f'{{model_name="{model_name}"}}'
     rows = [
         ("sglang:prompt_tokens_total", "counter", "Prompt tokens processed", st.prompt_tokens if st else 0),
-        ("sglang:generation_tokens_total", "counter", "Generated tokens", st.generation_tokens if st else 0),
+        (GENERATION_TOKENS, "counter", "Generated tokens", st.generation_tokens if st else 0),
         ("sglang:cached_tokens_total", "counter", "Prefix-cache hit tokens (no prefix cache: 0)", 0),
         ("sglang:num_requests_total", "counter", "Finished requests", st.num_requests if st else 0),
-        ("sglang:spec_verify_calls_total", "counter", "Speculative verify forwards", st.spec_verify_calls if st else 0),
+        (VERIFY_CALLS, "counter", "Speculative verify forwards", st.spec_verify_calls if st else 0),
         ("sglang:spec_accept_length", "gauge", "Tokens committed per verify step in the last complete "
          "--decode-log-interval window", engine.accept_window.last if engine else 0.0),
         ("sglang:num_running_reqs", "gauge", "Requests running", len(engine.running) if engine else 0),
@@ -113,9 +115,9 @@ def _metrics_text(engine: Engine | None, model_name: str) -> str:
         lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name}{label} {value}"]
     # SGLang's device-timer counter, with its scheduler labels and category (sglang/srt/observability/
     # metrics_collector.py:1054-1061, 1382-1387): seconds of batched verify forwards (workers/engine_counters.py)
-    name = "sglang:forward_execution_seconds_total"
+    name = FORWARD_SECONDS
     fwd = (f'{{model_name="{model_name}",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0",'
-           'category="target_verify"}')
+           f'category="{VERIFY_CATEGORY}"}}')
     lines += [f"# HELP {name} Seconds of target-verify forwards (host clock)", f"# TYPE {name} counter",
               f"{name}{fwd} {st.verify_forward_seconds if st else 0.0}"]
     return "\n".join(lines) + "\n"

@@ -3,9 +3,10 @@
     adapter.py          SGLangAdapter: the EngineAdapter for EngineKind.SGLANG (argv, env, observer, plan-time rules)
     rules.py            what SGLang refuses or silently overrides, checked at plan time; its context accounting
     startup_rules.py    what its parser lets through but its start-up refuses (fa3 arch, torch_native verify, weights)
-    args.py             the one argv builder (`build_sglang_argv`), env, and the server args /server_info reports
+    argv.py             the one argv builder (`build_sglang_argv`), env, and the server args /server_info reports
     observe.py          what is read around each run: /server_info tags, accept-length cross-check, plugin counters
-    metrics.py          meta_info -> speculative metrics (`spec_metrics_from_meta_info`, every engine's answers)
+    cpu.py              engine=sglang_cpu: SGLang's CPU backend in its own interpreter (this host's ISA, the interpreter)
+    backports.py        fixes SGLang released after 0.5.18, applied to an installed 0.5.18 (make setup-sglang)
     plugin_counters.py  the specsweep_verify plugin's dispatch counters from /metrics
     launch.py           `python -m workers.sglang.launch`: sglang.launch_server with the kernel plugin registered
     argcheck.py         `python -m workers.sglang.argcheck`: SGLang's own parser over our argv (tests, preflight)

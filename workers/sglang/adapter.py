@@ -14,7 +14,7 @@ from specsweep_vocab.sglang_facts import resolved_backends
 from specsweep_vocab.spec import Algorithm, EngineKind, ServerSpec
 from workers.adapter import EngineAdapter, NodeRank, PromptEncoding, RunObserver, with_node_rank
 from workers.sglang import rules
-from workers.sglang.args import build_sglang_argv, sglang_env
+from workers.sglang.argv import build_sglang_argv, sglang_env
 from workers.sglang.cpu import served_model_path, sglang_python
 from workers.sglang.startup_rules import min_tp_size
 
@@ -60,7 +60,7 @@ class SGLangAdapter(EngineAdapter):
 
     def plan_problems(self, point: PlanPoint) -> list[Problem]:
         """SGLang takes --speculative-attention-mode and may run past the model's context length (the adapter sets
-        SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN, workers/sglang/args.py): none of the default rules hold."""
+        SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN, workers/sglang/argv.py): none of the default rules hold."""
         return rules.sglang_problems(point)
 
     def context_problem(self, point: PlanPoint) -> Problem | None:

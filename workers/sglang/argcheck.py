@@ -4,7 +4,7 @@
 
 Each input line is `{"id": str, "argv": [flags...], "env": {NAME: VALUE}}` (argv without the interpreter and
 `-m module`); each output line is `{"id", "ok", "stage", "error", "resolved"}` (`resolved`: the
-`workers.sglang.args.SERVER_INFO_FIELDS` SGLang's /server_info would report) with stage one of `parse` (argparse:
+`workers.sglang.argv.SERVER_INFO_FIELDS` SGLang's /server_info would report) with stage one of `parse` (argparse:
 unknown flag, bad choice, bad type), `resolve` (`ServerArgs.resolve_once()` + `check_server_args()` on >= 0.5.16;
 0.5.10 validates inside `prepare_server_args`) or `done`. `--sglang-path` puts another SGLang (an unpacked
 `pip install --no-deps --target DIR sglang==X`) first on sys.path.
@@ -33,7 +33,7 @@ import sys
 import types
 from typing import Any
 
-from workers.sglang.args import SERVER_INFO_FIELDS
+from workers.sglang.argv import SERVER_INFO_FIELDS
 
 logger = logging.getLogger(__name__)
 

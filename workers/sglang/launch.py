@@ -4,7 +4,7 @@ Registration happens at module top level on purpose: SGLang spawns its scheduler
 method), which re-import the parent's `__main__` as `__mp_main__`, so top-level code runs in every one of them
 (code under `if __name__ == "__main__"` would not). SGLang 0.5.10 has no
 plugin entry points, so this is how it gets `specsweep_verify`; on >= 0.5.16 `load_plugins()` registers it
-as well (idempotent). workers/sglang/args.py emits this module for `attention=specsweep_verify`.
+as well (idempotent). workers/sglang/argv.py emits this module for `attention=specsweep_verify`.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ engines export (`workers.adapter.CountersObserver`):
 - once per engine start, `/server_info` (the resolved server args): every run of that engine gets them as
   `sglang.<key>` tags (backends for prefill/decode/verify, num_steps, topk, draft tokens, ...), and a note in its
   message (tag `sglang.changed`) where SGLang runs something other than the config asked
-  (`workers.sglang.args.server_arg_changes`, e.g. NGRAM's num_steps); the reported args also give the probe its
+  (`workers.sglang.argv.server_arg_changes`, e.g. NGRAM's num_steps); the reported args also give the probe its
   `max_depth`, and `engine.version` its meta_info names;
 - after each probe, `engine_accept_length_metrics` (Prometheus counter deltas over the run), a cross-check of
   `engine_accept_length` from meta_info. `/server_info`'s avg_spec_accept_length is not recorded: SGLang reports it
@@ -27,7 +27,7 @@ from workers.adapter import CountersObserver
 from workers.engine_counters import accept_length_from_counters, scrape_metrics
 from workers.errors import BadResponse, ProbeTimeout
 from workers.http_client import ProbeClient
-from workers.sglang.args import max_draft_depth, reported_server_args, server_arg_changes, server_arg_tags, uses_plugin
+from workers.sglang.argv import max_draft_depth, reported_server_args, server_arg_changes, server_arg_tags, uses_plugin
 from workers.sglang.plugin_counters import Counts, read_dispatch, record_dispatch
 
 logger = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ class SGLangServerArgs:
     """What one SGLang engine start reported in /server_info."""
 
     pid: int | None
-    reported: dict  # workers.sglang.args.reported_server_args; {} when /server_info could not be read
+    reported: dict  # workers.sglang.argv.reported_server_args; {} when /server_info could not be read
     tags: dict[str, str]  # sglang.<key>, sglang.changed
     notes: list[str]  # for each run's message
 

@@ -6,7 +6,7 @@ facts per version: specsweep_vocab/sglang_facts.py), behind `SGLangAdapter.plan_
     context_problem(point) -> Problem | None does the prompt and every gen_token fit, as SGLang counts
     max_concurrency(point) -> int | None     requests SGLang runs at once before more queue
 
-tests/workers/test_sglang_args.py feeds every conf/ combination these rules accept to SGLang's own parser;
+tests/workers/sglang/test_argv.py feeds every conf/ combination these rules accept to SGLang's own parser;
 workers/sglang/startup_rules.py holds the rules its parser lets through but its start-up refuses. Citations are
 SGLang 0.5.23's installed source (`sglang/srt/...`).
 """

@@ -26,7 +26,7 @@ The rules (docs/sglang.md, "Rules SGLang checks only at start-up"):
   (`sglang/srt/mem_cache/kv_cache_configurator.py:3007,3051`). The fraction is `engine.sglang.mem_fraction_static`,
   else the one SGLang resolves for that GPU (`mem_fraction_static(point, gib)`, its heuristic in
   `sglang/srt/arg_groups/memory_hook.py:47-350`: 0.8 for DeepSeek-V3 at tp 8 on an 80 GiB GPU, 0.83 for an 8B GQA
-  model at tp 1); tests/workers/test_sglang_startup_rules.py runs SGLang's own resolution against it.
+  model at tp 1); tests/workers/sglang/test_startup_rules.py runs SGLang's own resolution against it.
 """
 
 from __future__ import annotations

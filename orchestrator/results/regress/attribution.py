@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
+from orchestrator.results.metric_catalogue import EXACT_WATCHED
+
 # Child-run tags that may change between runs of one point (tracking.py, workers/runners.py, workers/telemetry.py);
 # every `sglang.*` tag (SGLang's resolved server args, workers/sglang.py) too.
 ATTRIBUTION_TAGS = ("git_sha", "engine_version", "sglang_version", "gpu_name", "gpu_compute_capability",
@@ -97,7 +99,7 @@ def drafter_or_pipeline(metric: str, falling: Collection[str], points: Sequence[
     """The oracle rule for a commit-length drop (orchestrator/results/diagnosis.py: the oracle must commit
     num_steps + 1): with the oracle's points unchanged the drafter changed, not the pipeline; with them falling too,
     the pipeline (verification, the engine) did. None when it does not apply."""
-    if metric not in ("commit_len_mean", "accept_rate") or not falling:
+    if metric not in EXACT_WATCHED or not falling:  # the acceptance figures, exact at temperature 0
         return None
     oracle = [p for p in points if p.is_oracle]
     fell = [p for p in points if p.key in falling]

@@ -115,7 +115,7 @@ def load_history(client, experiment_id: str, *, include: str | None = None) -> H
 
 
 def settings_of(parent_params: dict[str, str]) -> RegressSettings:
-    """The sweep's `regress.*` settings from its parent-run params (JSON values, `orchestrator.config.schema.param_value`; with or
+    """The sweep's `regress.*` settings from its parent-run params (JSON values, `orchestrator.config.param_encoding.param_value`; with or
     without the `cfg.` prefix); defaults for a parent recorded before they existed."""
     parent_params = config_params(parent_params)
     given: dict[str, Any] = {}

@@ -1,4 +1,5 @@
-"""The report's "Changes since <baseline>" section: the one call `orchestrator/results/report.py` makes.
+"""The report's "Changes since <baseline>" section: the one call the report's build makes
+(`orchestrator/results/report/build.py`).
 
     changes = changes_section(client, parent_run_id, out_dir)
     changes.markdown   the section (top of diagnosis.md); changes.plots: one PNG per flagged metric over time

@@ -25,11 +25,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from orchestrator.config.settings import RegressSettings
+from orchestrator.results.metric_catalogue import EXACT_WATCHED, NOISY_WATCHED, WATCHED
 
-# metric -> +1 when higher is better, -1 when lower is better
-EXACT_METRICS = {"commit_len_mean": +1, "accept_rate": +1}
-NOISY_METRICS = {"decode_tok_s": +1, "throughput_tok_s": +1, "verify_step_ms": -1}
-METRICS = {**EXACT_METRICS, **NOISY_METRICS}
+# metric -> +1 when higher is better, -1 when lower is better: the catalogue's watched metrics
+EXACT_METRICS, NOISY_METRICS, METRICS = EXACT_WATCHED, NOISY_WATCHED, WATCHED
 EXACT_TOLERANCE = 1e-9  # relative: float formatting through MLflow, never a measured difference
 
 REGRESSION, IMPROVEMENT, UNCHANGED, NO_BASELINE = "regression", "improvement", "unchanged", "no baseline"

@@ -15,6 +15,7 @@ from orchestrator.config.settings import Thresholds
 from orchestrator.results.console import print_markdown, print_table
 from orchestrator.results.diagnosis import Diagnosis, Finding, diagnose
 from orchestrator.results.diagnosis_md import render_markdown
+from orchestrator.results.metric_catalogue import HEADLINE_METRICS
 from orchestrator.results.regress.section import changes_section
 from orchestrator.results.report.load import ChildRun, load_children, sweep_run_hashes, with_outputs
 from orchestrator.results.report.plots import build_plots
@@ -104,7 +105,7 @@ def print_report(report: Report) -> None:
         header, body = pivot(finished)
         print_table(header, body, title=f"sweep {report.sweep} ({len(report.children)} runs): commit length / "
                                         "decode tok/s", console=console)
-    cols = ("run", "status", "commit_len_mean", "decode_tok_s", "verify_step_ms")
+    cols = ("run", "status", *HEADLINE_METRICS)
     unfinished = [c for c in report.children if c.status != "FINISHED"]
     if unfinished or not finished:
         idx = [TABLE_COLUMNS.index(c) for c in cols]

@@ -14,10 +14,11 @@ from pathlib import Path
 
 from orchestrator.results.console import print_table
 from orchestrator.results.diagnosis import RunRow
+from orchestrator.results.metric_catalogue import HEADLINE_METRICS
 from orchestrator.results.report.load import load_children, resolve_parent, sweep_run_hashes
 from orchestrator.results.report.tables import md_table, render_csv
 
-COMPARED = ("commit_len_mean", "decode_tok_s", "verify_step_ms")
+COMPARED = HEADLINE_METRICS  # commit_len_mean, decode_tok_s, verify_step_ms
 COLUMNS = ("context_len", "probe", "drafter", "attention", "page_size", "concurrency") + tuple(
     f"{m} {side}" for m in COMPARED for side in ("A", "B", "delta %"))
 PointKey = tuple[int, str, str, str, int, int]

@@ -13,15 +13,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator.results.diagnosis import RunRow
+from orchestrator.results.metric_catalogue import KERNEL_METRICS, SUMMARY_METRICS
 from orchestrator.results.report.load import ChildRun
 
-TABLE_METRICS = ("prompt_tokens", "completion_tokens", "commit_len_mean", "accept_rate", "verify_steps",
-                 "ttft_s", "decode_tok_s", "throughput_tok_s", "verify_step_ms", "kv_bw_gbs", "roofline_frac",
-                 "gpu_util_mean", "continuation_repeat_frac")
+TABLE_METRICS = SUMMARY_METRICS
 TABLE_COLUMNS = ("run", "status", "invocation", "context_len", "probe", "drafter", "attention",
                  "page_size", "concurrency") + TABLE_METRICS
 # Kernel jobs (job=kernel, workers/kernel_job.py): no engine metrics, their own table and no engine diagnosis.
-KERNEL_METRICS = ("time_us", "gbs", "floor_frac", "rel_err")
 KERNEL_COLUMNS = ("run", "status", "invocation") + KERNEL_METRICS
 # The axes besides drafter, probe and context that can tell two points apart (the pivot's rows name them when swept).
 OTHER_AXES = ("attention", "page_size", "concurrency")

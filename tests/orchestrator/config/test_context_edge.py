@@ -2,7 +2,7 @@
 what SGLang 0.5.23's own code does with the request, and `check_context` refuses exactly the points SGLang would
 refuse, abort or cut short.
 
-SGLang's code runs in a process of its own (tests/workers/sglang_cpu_process.py, `context`): for each server argv our
+SGLang's code runs in a process of its own (tests/workers/sglang/cpu_process.py, `context`): for each server argv our
 adapter builds, `prepare_server_args` + `publish`, then per request `TokenizerManager._validate_one_request`,
 `TpModelWorker.get_worker_info`, `Scheduler.init_req_max_new_tokens` and `validate_input_length`.
 """
@@ -17,10 +17,10 @@ from orchestrator.config.plan import build_server
 from orchestrator.config.context import check_context
 from workers.sglang.rules import reserved_tokens
 from specsweep_vocab.sglang_limits import max_req_input_len, sglang_generated
-from workers.sglang.args import build_sglang_argv
+from workers.sglang.argv import build_sglang_argv
 
-from tests.workers.sglang_cpu_process import run_in_sglang_process
-from tests.workers.test_sglang_args import _compose, _require, _sglang_installed, _write_model
+from tests.workers.sglang.cpu_process import run_in_sglang_process
+from tests.workers.sglang.test_argv import _compose, _require, _sglang_installed, _write_model
 
 CONTEXT = 8192
 SERVERS = {  # name: overrides (qwen3-8b, 8192-token server context)
@@ -105,7 +105,7 @@ def test_the_reference_engine_keeps_its_own_edge():
 
 
 def test_the_sglang_lines_the_rule_cites():
-    from tests.workers.sglang_source import sglang_line, sglang_root
+    from tests.workers.sglang.source import sglang_line, sglang_root
 
     _require(sglang_root() is not None, "sglang is not installed (see docs/sglang.md)")
     assert sglang_line("srt/managers/tokenizer_manager.py", "if input_token_num >= self.context_len:") == 1338

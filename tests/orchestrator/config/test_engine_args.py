@@ -1,5 +1,6 @@
 """Flags the orchestrator owns cannot be overridden through extra_args, and the reference engine's own parser
-reads the argv at validation (#32)."""
+reads the argv at validation (`engine.extra_args=[--host,0.0.0.0]` made the engine serve on every interface,
+2026-12-02)."""
 
 from __future__ import annotations
 

@@ -125,7 +125,7 @@ def test_the_sweeper_leaves_composition_to_the_launcher():
 def test_conflicting_overrides_are_refused_naming_the_key_the_values_and_what_is_allowed(overrides, key, value, says):
     """Hydra 1.3.8 keeps the last of `model=tiny model=smollm2-135m` silently and answers `model=tiny
     +model=smollm2-135m` with "model appears more than once in the final defaults list"."""
-    from orchestrator.config.schema import override_key_problems
+    from orchestrator.config.overrides import override_key_problems
 
     problems = override_key_problems(overrides)
     assert any(p.key == key and p.value == value and says in p.allowed for p in problems), problems
@@ -135,13 +135,13 @@ def test_conflicting_overrides_are_refused_naming_the_key_the_values_and_what_is
                                        ["engine=stub", "engine.stub.token_s=0.1"], ["seed=1,2"]])
 def test_what_does_not_conflict_passes(overrides):
     """The same value twice; the command line over a sweep file's choice; a group and a key under it."""
-    from orchestrator.config.schema import override_key_problems
+    from orchestrator.config.overrides import override_key_problems
 
     assert override_key_problems(overrides) == []
 
 
 def test_a_secret_given_twice_is_not_printed():
-    from orchestrator.config.schema import override_key_problems
+    from orchestrator.config.overrides import override_key_problems
     from orchestrator.config.problems import ConfigError
 
     (p,) = override_key_problems(["engine.env.HF_TOKEN=abcdefgh", "engine.env.HF_TOKEN=ijklmnop"])

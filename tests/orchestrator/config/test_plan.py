@@ -91,7 +91,7 @@ def test_plan_is_reproducible():
 
 
 def test_duplicate_points_are_planned_once_with_a_warning(caplog):
-    """#32: the same point twice (an axis value listed twice) is measured once, and the log says so."""
+    """The same point twice (an axis value listed twice) is measured once, and the log says so."""
     from orchestrator.config.jobs import plan_jobs
 
     with caplog.at_level("WARNING"):

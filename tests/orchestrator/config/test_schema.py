@@ -13,8 +13,9 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationErr
 
 from omegaconf import OmegaConf
 
+from orchestrator.config.param_encoding import flatten
 from orchestrator.config.schema import (ClusterConf, DrafterConf, EngineConf, ProbeConf, SpecsweepConf, _from_conf,
-                                        _Problems, absolute_tracking_uri, flatten, register_configs, structured_conf,
+                                        _Problems, absolute_tracking_uri, register_configs, structured_conf,
                                         to_run_config)
 from orchestrator.config.settings import ClusterKind, ClusterSettings, Thresholds
 from specsweep_vocab.spec import Algorithm, AttentionKind, EngineKind, EngineSpec, ProbeKind

@@ -309,7 +309,7 @@ def test_keys_under_a_dict_are_any():
 
 
 def test_override_keys_left_to_hydra():
-    from orchestrator.config.schema import override_key_problems
+    from orchestrator.config.overrides import override_key_problems
 
     assert override_key_problems(["+sweep=smoke", "engine=stub", "hydra/job_logging=disabled", "~tracking",
                                   "hydra.launcher.dry_run=true", "engine.env.X=1", "page_size=1,16"]) == []
@@ -390,7 +390,7 @@ def test_draft_model_must_share_the_targets_vocabulary():
 
 
 # ---------------------------------------------------------------- rules SGLang checks only at start-up
-# (workers/sglang/startup_rules.py; the parser accepts these points: tests/workers/test_sglang_args.py OURS_ONLY)
+# (workers/sglang/startup_rules.py; the parser accepts these points: tests/workers/sglang/test_argv.py OURS_ONLY)
 
 
 def test_fa3_refused_on_architectures_its_factory_asserts_against(caplog):

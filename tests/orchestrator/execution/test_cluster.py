@@ -24,8 +24,8 @@ from orchestrator.config.plan import Plan
 from orchestrator.config.settings import (AcceleratorMatch, ClusterKind, ClusterSettings, ExecutionSettings,
                                           TrackingSettings)
 from specsweep_vocab.spec import FailureReason, RunState
-from tools.testing import (pid_alive, proc_env, ray_cluster, stub_server, stub_starts, tiny_group, tiny_run,
-                                  wait_for_request)
+from tools.testing import pid_alive, proc_env, stub_server, stub_starts, tiny_group, tiny_run, wait_for_request
+from tools.ray_testing import ray_cluster
 
 
 ROOT = Path(__file__).resolve().parents[3]

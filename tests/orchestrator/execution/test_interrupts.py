@@ -1,4 +1,4 @@
-"""#29 / #32 section 2: Ctrl-C and SIGTERM sent to the driver's whole process group, as a terminal's Ctrl-C or a batch
+"""Ctrl-C and SIGTERM sent to the driver's whole process group, as a terminal's Ctrl-C or a batch
 system's `kill -- -PGID` sends them, at three moments: while Ray starts, while the engine starts, while a run is
 probed. Each must end the sweep with one line and no traceback, leave nothing RUNNING in the MLflow store, no process
 of the driver's tree (Ray's, the engine) and no held store lock.

@@ -13,7 +13,8 @@ from orchestrator.execution.plugin_preflight import CHECK_SCRIPT, PluginUnavaila
 from orchestrator.execution.preflight import NodeInfo, Preflight
 from orchestrator.config.settings import AcceleratorMatch, ClusterKind, ClusterSettings
 from specsweep_vocab.spec import AttentionSpec, EngineKind, EngineSpec
-from tools.testing import ray_cluster, tiny_group, tiny_run, tiny_server
+from tools.testing import tiny_group, tiny_run, tiny_server
+from tools.ray_testing import ray_cluster
 
 ARCH = "sm_90"
 

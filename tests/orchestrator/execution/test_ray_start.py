@@ -1,5 +1,6 @@
-"""Ray's own start on a busy host (#32 section 2): the raylet missing its registration is retried once, then one line
-saying what happened and what to do, never a traceback; and no token-auth banner where we start Ray ourselves.
+"""Ray's own start on a busy host (Ray 2.60 waits a hard-coded 30 s for the raylet to register; docs/reliability.md):
+the raylet missing its registration is retried once, then one line saying what happened and what to do, never a
+traceback; and no token-auth banner where we start Ray ourselves.
 
 `python -m orchestrator` as a real subprocess (stub engine, its own HOME, Ray temp dir and store). The stand-in for
 a host too busy for the raylet to register within Ray's hard-coded 30 s (ray/_private/node.py:428-444; a load of
@@ -88,7 +89,7 @@ def _descendants(pid: int) -> set[int]:
 @pytest.mark.parametrize("sig, returncode", [(signal.SIGINT, -signal.SIGINT), (signal.SIGTERM, 143)],
                          ids=["SIGINT", "SIGTERM"])
 def test_an_interrupt_while_ray_starts_ends_in_one_line_and_leaves_no_process(tmp_path, sig, returncode):
-    """#29/#32: Ctrl-C (or SIGTERM) while Ray is starting: one line, no traceback, and none of the Ray processes
+    """Ctrl-C (or SIGTERM) while Ray is starting: one line, no traceback, and none of the Ray processes
     this driver had started survives it. The signal is sent once Ray's GCS runs below the driver."""
     ray_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")
     env = {"COLUMNS": "200", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": PYTHONPATH,

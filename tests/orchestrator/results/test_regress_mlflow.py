@@ -168,7 +168,7 @@ def record_old_layout(tracker: Tracker, groups, metrics_of, base_config) -> str:
     """A sweep as recorded until 2026-12-03: params as plain schema keys (no `cfg.` prefix, no `axis.*`)."""
     from mlflow.entities import Metric, Param
 
-    from orchestrator.config.schema import to_params
+    from orchestrator.config.param_encoding import to_params
 
     c, now = tracker.client, int(time.time() * 1000)
     parent = c.create_run(tracker.experiment_id, run_name="old", tags={"specsweep.role": "parent"}).info.run_id

@@ -1,4 +1,4 @@
-"""The report's views (#29): the pivot, the faceted commit plot, `--compare`, the one-context drafter-quality
+"""The report's views, so the answer reads at a glance: the pivot, the faceted commit plot, `--compare`, the one-context drafter-quality
 verdict, looping continuations, and params read back through the config schema."""
 
 from __future__ import annotations
@@ -87,7 +87,8 @@ def test_repeat_frac_measures_a_loop():
 
 
 def test_params_round_trip_through_the_schema():
-    from orchestrator.config.params import RunParams, decode, to_params
+    from orchestrator.config.param_encoding import to_params
+    from orchestrator.config.params import RunParams, decode
 
     params = to_params({"context_len": 8160, "probe": {"kind": "novel", "concurrency": 4},
                         "drafter": {"name": "ngram", "is_oracle": False, "num_steps": 4, "draft_model_path": None},

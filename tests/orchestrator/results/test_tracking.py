@@ -8,8 +8,7 @@ import pytest
 
 from orchestrator.config.plan import Plan
 from specsweep_vocab.spec import FailureReason, ProbeKind, RunResult, RunState
-from orchestrator.config.schema import flatten
-from orchestrator.config.schema import param_value
+from orchestrator.config.param_encoding import flatten, param_value
 from orchestrator.results.tracking import Tracker
 from tools.testing import tiny_group, tiny_run, tiny_server
 

@@ -40,7 +40,7 @@ def test_shipped_schedules_load():
 def test_schedules_live_outside_hydras_config_root():
     import importlib.resources
 
-    from orchestrator.config.schema import config_groups
+    from orchestrator.config.overrides import config_groups
 
     conf = Path(str(importlib.resources.files("conf")))
     assert default_schedule_dir() == Path(str(importlib.resources.files("orchestrator"))) / "schedules"

@@ -1,4 +1,4 @@
-"""Schedule files refused before anything fires, by name, and a bad file never stops the others (#32)."""
+"""Schedule files refused before anything fires, by name, and a bad file never stops the others."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""#32 section 2: the tracking store's disk fills up while a sweep records. The sweep exits non-zero with one line, no
+"""The tracking store's disk fills up while a sweep records. The sweep exits non-zero with one line, no
 child run stays RUNNING under a FINISHED parent, and the runs it left are closed FAILED `disk_full` as soon as the
 store can be written again (here: by the next run of the same command, which then resumes the rest).
 

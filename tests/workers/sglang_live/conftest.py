@@ -14,7 +14,7 @@ import pytest
 
 from orchestrator.config.plan import build_server
 from specsweep_vocab.spec import ServerSpec
-from tools.testing import compose_run
+from tools.composed_config import compose_run
 from workers.engine import EngineProcess
 from workers.sglang.cpu import read_manifest, sglang_python
 

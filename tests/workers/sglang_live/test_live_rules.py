@@ -13,7 +13,7 @@ import pytest
 
 from orchestrator.config.plan import build_server
 from specsweep_vocab.spec import EngineKind
-from tools.testing import compose_run
+from tools.composed_config import compose_run
 from workers.engine import EngineProcess
 from workers.errors import EngineStartFailed
 from workers.registry import adapter_for

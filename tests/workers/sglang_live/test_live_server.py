@@ -17,7 +17,7 @@ from workers.http_client import ProbeClient
 from workers.probe import run_probe
 from workers.registry import adapter_for
 from workers.reference.tokenizer import load_tokenizer
-from workers.sglang.args import expected_server_args, reported_server_args, server_arg_changes
+from workers.sglang.argv import expected_server_args, reported_server_args, server_arg_changes
 
 from .conftest import CONTEXT
 

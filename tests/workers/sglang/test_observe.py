@@ -22,9 +22,9 @@ from specsweep_vocab.spec import RunState
 from workers.probe import run_probe
 from tools.fake_server import JSON, PROMETHEUS, FakeServer, runner_on
 from workers.sglang.observe import read_server_args
-from workers.sglang.args import SERVER_INFO_FIELDS, build_sglang_argv, expected_server_args, reported_server_args
+from workers.sglang.argv import SERVER_INFO_FIELDS, build_sglang_argv, expected_server_args, reported_server_args
 
-from tests.workers.test_sglang_args import _check, _compose, _require, _sglang_installed, _write_model
+from tests.workers.sglang.test_argv import _check, _compose, _require, _sglang_installed, _write_model
 
 # one request: 64 tokens in 21 verify steps, 2 drafts accepted per step on average (42 of 21 x 4 NGRAM nodes)
 HISTOGRAM = [2, 4, 7, 8]  # verify steps that accepted k = 0..3 drafts: 21 steps, 42 drafts

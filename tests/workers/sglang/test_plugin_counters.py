@@ -16,7 +16,7 @@ from orchestrator.config.plan import build_run
 from specsweep_vocab import plugin_counters as pc
 from specsweep_vocab.spec import RunState
 from tools.fake_server import JSON, PROMETHEUS, FakeServer, runner_on
-from tools.testing import compose_run
+from tools.composed_config import compose_run
 
 LAYERS, STEPS = 36, 21
 

@@ -1,7 +1,7 @@
 """SGLang 0.5.23's own modules, imported and run on CPU in a process of their own; JSON in, JSON out.
 
-    python -m tests.workers.sglang_cpu_process metrics < {"argv": [...], "tp_size": N, "phases": [...]}
-    python -m tests.workers.sglang_cpu_process context < {"servers": [{"argv": [...], "cases": [...]}]}
+    python -m tests.workers.sglang.cpu_process metrics < {"argv": [...], "tp_size": N, "phases": [...]}
+    python -m tests.workers.sglang.cpu_process context < {"servers": [{"argv": [...], "cases": [...]}]}
 
 Why a process of its own: importing `sglang.srt.managers.*` patches transformers and publishes a process-wide runtime
 context (`sglang.srt.runtime_context.publish`); none of it may leak into the test process. SGLang is installed with
@@ -208,8 +208,8 @@ def context(job: dict) -> dict:
 
 def run_in_sglang_process(command: str, job: dict, timeout_s: float = 900.0) -> dict:
     """The test side: `command` on `job` in a new process; its JSON answer."""
-    root = Path(__file__).resolve().parents[2]
-    proc = subprocess.run([sys.executable, "-m", "tests.workers.sglang_cpu_process", command], input=json.dumps(job),
+    root = Path(__file__).resolve().parents[3]
+    proc = subprocess.run([sys.executable, "-m", "tests.workers.sglang.cpu_process", command], input=json.dumps(job),
                           capture_output=True, text=True, cwd=root, timeout=timeout_s,
                           env={**os.environ, "PYTHONPATH": str(root)})
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]

@@ -1,7 +1,7 @@
 """The rules of workers/sglang/startup_rules.py against SGLang 0.5.23's own code, on CPU.
 
 SGLang's parser and resolver accept every one of these points (`prepare_server_args` + `resolve_once()` +
-`check_server_args()`: the OURS_ONLY rules of tests/workers/test_sglang_args.py); they fail later, at start-up.
+`check_server_args()`: the OURS_ONLY rules of tests/workers/sglang/test_argv.py); they fail later, at start-up.
 Here the code that fails is run itself, in a child process (importing SGLang patches transformers):
 - fa3: the registry's factory, with the device capability it reads set to each architecture;
 - hpc_ops: the registry's factory, with and without speculation published;
@@ -28,7 +28,7 @@ from orchestrator.config.schema import register_configs, to_run_config
 from orchestrator.config.settings import ClusterSettings
 from workers.sglang.startup_rules import fa3_problems, speculation_problems
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 CHILD = r"""
 import json, sys
@@ -203,9 +203,9 @@ MEMORY_POINTS = [  # (overrides, GiB): both attention kinds, every memory bracke
 def test_mem_fraction_static_is_the_one_sglang_resolves(tmp_path):
     """Our `mem_fraction_static` (the weights rule's budget) equals SGLang's own resolution on every point."""
     from orchestrator.config.plan import build_server
-    from tests.workers.test_sglang_args import _write_model
-    from tools.testing import compose_run
-    from workers.sglang.args import build_sglang_argv
+    from tests.workers.sglang.test_argv import _write_model
+    from tools.composed_config import compose_run
+    from workers.sglang.argv import build_sglang_argv
     from workers.sglang.startup_rules import mem_fraction_static
 
     if importlib.util.find_spec("sglang") is None:

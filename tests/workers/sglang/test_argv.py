@@ -5,7 +5,7 @@ variants (ATTENTION_VARIANTS), composed through Hydra and our schema, x a tree v
 variant of each drafter, x page sizes 1/16/64 (x drafters needing a draft path without one, for 0.5.23).
 - 0.5.23 (the installed wheel), every point, accepted or not: `prepare_server_args` + `resolve_once()` +
   `check_server_args()`. Our verdict must be SGLang's: a point we accept passes and resolves (`resolved_dict()`,
-  what /server_info reports) to `workers.sglang.args.expected_server_args`; a point we refuse is refused by SGLang,
+  what /server_info reports) to `workers.sglang.argv.expected_server_args`; a point we refuse is refused by SGLang,
   or resolved to something else than it asks (a silent rewrite), or breaks one of the OURS_ONLY rules the parser
   cannot see (each with the reason the run would not measure what its labels say).
 - 0.5.10 (`pip install --no-deps --target .venv/sglang-0.5.10 sglang==0.5.10`), the points we accept:
@@ -13,7 +13,7 @@ variant of each drafter, x page sizes 1/16/64 (x drafters needing a draft path w
 SGLang runs in a child process (workers/sglang/argcheck.py) with `--device cuda` (our argv carries it) and
 model directories holding a hand-written config.json (SGLang's `prepare_server_args`, `sglang/srt/server_args.py:668`, needs no GPU).
 SGLang's answer for a point whose inputs are unchanged since the last run in this checkout comes from pytest's cache
-(tests/workers/sglang_argcache.py); a clean checkout asks SGLang about every point.
+(tests/workers/sglang/argcache.py); a clean checkout asks SGLang about every point.
 
 BAD lists combinations our validation must reject before SGLang sees them; where SGLang itself rejects them on
 a CPU host too, the test checks that it does (so the rule is not ours alone).
@@ -30,15 +30,15 @@ from pathlib import Path
 import pytest
 from orchestrator.config.plan import build_server
 from specsweep_vocab.spec import Algorithm, AttentionKind, ModelSpec
-from tests.workers.sglang_argcache import check_argv
-from tools.testing import compose_run
+from tests.workers.sglang.argcache import check_argv
+from tools.composed_config import compose_run
 from orchestrator.config.validate import validate_run
 from specsweep_vocab.builtin_models import REFERENCE_MODEL_PATHS
 from workers.registry import adapter_for
-from workers.sglang.args import (LONGER_CONTEXT_ENV, SERVER_ARG_KEYS, build_sglang_argv, expected_server_args,
+from workers.sglang.argv import (LONGER_CONTEXT_ENV, SERVER_ARG_KEYS, build_sglang_argv, expected_server_args,
                             reported_server_args, sglang_env)
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SGLANG_0_5_10 = Path(os.environ.get("SPECSWEEP_SGLANG_0_5_10", ROOT / ".venv" / "sglang-0.5.10"))
 PAGE_SIZES = (1, 16, 64)
 TREE = ("drafter.topk=4", "drafter.num_draft_tokens=8")
@@ -178,7 +178,7 @@ def _point(rc, name: str, version: str, tmp: Path, dirs: dict) -> Point:
 def _check(cases, *, cache, label: str, models: Path, sglang_path: Path | None = None) -> dict[str, dict]:
     """cases: [(id, argv, env, version)] -> {id: argcheck result}, plus "_header". SGLang's answer for a case whose
     inputs (argv, env, model config.json files, SGLang, the argcheck) are unchanged since the last run comes from
-    pytest's cache (tests/workers/sglang_argcache.py); a clean checkout runs them all."""
+    pytest's cache (tests/workers/sglang/argcache.py); a clean checkout runs them all."""
     results, ran = check_argv([(cid, argv, env) for cid, argv, env, _ in cases], cache=cache, label=label,
                               models=models, sglang_path=sglang_path)
     print(f"\nargcheck {label}: SGLang ran {ran} of {len(cases)} cases (the rest unchanged since the cached run)")
@@ -300,7 +300,7 @@ BAD = [
      "engine.sglang.mem_fraction_static", False),
     (Q + ("drafter=eagle3", DRAFT, "attention=triton", "drafter.num_draft_tokens=9"), "0.5.23",
      "drafter.num_draft_tokens", False),  # topk 1: SGLang would silently use num_steps + 1
-    # start-up only (workers/sglang/startup_rules.py; tests/workers/test_sglang_startup_rules.py runs SGLang's code)
+    # start-up only (workers/sglang/startup_rules.py; tests/workers/sglang/test_startup_rules.py runs SGLang's code)
     (Q + ("drafter=ngram", "attention=torch_native", "page_size=1"), "0.5.23", "attention.backend", False),
     (Q + ("drafter=none", "attention=fa3", "cluster.accelerator=sm_120"), "0.5.23", "attention.backend", False),
     (Q + ("drafter=ngram", "attention=triton", "+attention.backend=hpc_ops", "page_size=64"), "0.5.23",
@@ -434,7 +434,7 @@ def test_plugin_backend_launches_through_the_wrapper_with_a_triton_draft():
     assert argv[argv.index("--attention-backend") + 1] == "specsweep_verify"
 
 
-# ---------------------------------------------------------------- the cache of SGLang's answers (sglang_argcache)
+# ---------------------------------------------------------------- the cache of SGLang's answers (argcache.py)
 
 
 class _DictCache:
@@ -453,7 +453,7 @@ class _DictCache:
 def test_argcheck_cache_reruns_only_changed_inputs(tmp_path):
     """A second call with the same inputs asks SGLang nothing and answers the same; a changed argv re-runs only that
     case; a changed model config.json (or SGLang, or the argcheck/builder source) changes the fingerprint."""
-    from tests.workers.sglang_argcache import fingerprint
+    from tests.workers.sglang.argcache import fingerprint
 
     _require(_sglang_installed(), "sglang is not installed")
     first, second = tmp_path / "a", tmp_path / "b"

@@ -223,7 +223,7 @@ def test_chat_messages_flatten_text_parts():
 
 def test_smollm2_chat_template_is_the_gguf_one_and_renders_as_transformers():
     """The GGUF's `tokenizer.chat_template`, rendered as transformers renders it, and encoded to the same ids (the
-    conversion cache and the exported tokenizer directory are the user's cache, as in test_ref_gguf)."""
+    conversion cache and the exported tokenizer directory are the user's cache, as in test_gguf_checkpoint)."""
     transformers = pytest.importorskip("transformers")
     template = load_chat_template("smollm2-135m")
     assert template is not None and "<|im_start|>" in template.source
@@ -367,7 +367,7 @@ def _sglang_api_types():
     """SGLang 0.5.23's generated /generate contract (sglang/api/v1/api_types.py), loaded from its file alone."""
     import importlib.util
 
-    from tests.workers.sglang_source import package_dir
+    from tests.workers.sglang.source import package_dir
 
     root = package_dir("sglang")
     if root is None:

@@ -1,4 +1,4 @@
-"""One request never spoils another (#32 section 3): bodies and sampling values that used to answer 500, or fail every
+"""One request never spoils another: bodies and sampling values that answered 500 (tried 2026-12-02), or fail every
 request batched with them, are a 400 for that request alone; every drafter handles contexts of every length.
 
 The HTTP cases run the real engine process (NGRAM, `tiny`, dummy weights) on a real port; the batch cases submit

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 ARGCHECK_MODULE = "workers.sglang.argcheck"
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PLACEHOLDER = "{MODELS}"
 
 
@@ -64,7 +64,7 @@ def _source(module: str) -> bytes:
 
 def fingerprint(models: Path, sglang_path: Path | None) -> str:
     """What every case of one call shares."""
-    from workers.sglang.args import build_sglang_argv  # the argv builder (its module found by import)
+    from workers.sglang.argv import build_sglang_argv  # the argv builder (its module found by import)
 
     sglang_dir = spec.origin if (spec := importlib.util.find_spec("sglang")) else None
     configs = [(str(p.relative_to(models)), p.read_bytes()) for p in sorted(models.rglob("config.json"))]
