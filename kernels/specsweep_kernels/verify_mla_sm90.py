@@ -479,11 +479,12 @@ def _mla_verify_sm90_narrow_kernel(
 
 # The 64-row kernel's tree mask: loaded per tile in a branch only the new-token programs take, not once before the
 # loop as a [64, 64] mask live across every prefix program's loop. That freed registers in a kernel at 255 (T = 9:
-# 255 regs and 2 spills before, 254 and none after) and was, A/B in one process (H200, 2026-12-03, run9 of
+# 255 regs and 2 spills before, 254 and none after) and was, A/B in one process (H200, 2026-12-03, exp_mask.py in
 # docs/measurements/2026-12-03-h200/): 13.3% faster on 8 heads x a 9-node tree at 185k page 1 (154.5 -> 134.0 us),
 # 14.3% at T = 12, 10.2% at T = 17, 7.0% at T = 8, 9.6% at 64k T = 9, 1.2-2.9% on 64 / 128-head and ragged 16-head
-# rows; slower on one row, 16 heads x a 9-node tree at 185k (+2.7%: 178.1 -> 182.9 us); batch-1 grid of run44 within
-# -3.7% .. +0.9% (run10). False restores the old order (the A/B's other arm).
+# rows; slower on one row, 16 heads x a 9-node tree at 185k (+2.7%: 178.1 -> 182.9 us); the batch-1 grid of
+# 2026-12-02 re-run on this code (2026-12-03 10:03 UTC) within -3.7% .. +0.9% of it. False restores the old order
+# (the A/B's other arm).
 MASK_IN_BRANCH = True
 
 # Batch-1 page-1 calls whose last 64-row m-block would hold at most 32 real rows (72 = 8 heads x a 9-node tree, 80,
@@ -515,9 +516,9 @@ def remainder_beside(num_tokens: int, num_q_heads: int, batch: int, page_size: i
     """Rows run by the narrow kernel beside the 64-row kernel's full m-blocks, or 0: at batch 1 (no plan) and page
     size 1, when a call has more than 64 rows and its last m-block would hold at most NARROW_MAX_ROWS real rows
     (8 heads x a 9..12-node tree or T = 17, 16 heads x T = 5 / 9 / 13 / 17: that m-block is mostly padding, yet a
-    second pass over the prefix). Measured (H200, 2026-12-03, run18 of docs/measurements/2026-12-03-h200/): page 1
-    1.4-3.3% faster on all 15 such rows (64k-256k); page 64 -0.6% .. +3.7% (slower at 8 heads x 9), so not there;
-    page 16 not measured, so not there."""
+    second pass over the prefix). Measured (H200, 2026-12-03, exp_remainder.py in
+    docs/measurements/2026-12-03-h200/): page 1 1.4-3.3% faster on all 15 such rows (64k-256k); page 64 -0.6% .. +3.7%
+    (slower at 8 heads x 9), so not there; page 16 not measured, so not there."""
     rows = num_tokens * num_q_heads
     rest = rows % BLOCK_M
     return (rest if REMAINDER_BESIDE and batch == 1 and page_size == 1 and rows > BLOCK_M
