@@ -11,6 +11,7 @@ MIRRORED = ("orchestrator", "workers")
 NOT_A_PACKAGE_FOLDER = {
     "tests/workers/sglang_live": "the live-SGLang tier (make test-sglang), kept apart from the CPU-only tests",
     "tests/workers/reference/fixtures": "test data",
+    "tests/orchestrator/load/fixtures": "test data",
 }
 ENGINES = sorted(p.name for p in (ROOT / "workers").iterdir() if p.is_dir() and (p / "adapter.py").is_file())
 
