@@ -251,7 +251,7 @@ def stop_process(proc: subprocess.Popen, grace_s: float = 15.0) -> int:
 @contextlib.contextmanager
 def reference_process(argv: list[str], ready_s: float = 120.0) -> Iterator[tuple[str, subprocess.Popen]]:
     """The reference engine as a real process on a free port (stdout+stderr piped, text), once /health is 200."""
-    from workers.engine import free_port
+    from workers.engine_process import free_port
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "workers.reference", *argv, "--host", "127.0.0.1",

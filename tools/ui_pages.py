@@ -24,7 +24,7 @@ import requests
 
 from orchestrator.results.mlflow_ui import view_url
 from tools.browser import Browser
-from workers.engine import free_port
+from workers.engine_process import free_port
 
 REPORT_ARTIFACT = "report/summary.html"
 # MLflow 3.17's runs table is an ag-grid: a row's cells carry their column id (`metrics.`commit_len_mean``); a run name

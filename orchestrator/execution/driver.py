@@ -40,7 +40,7 @@ from orchestrator.config.settings import ExecutionSettings
 from orchestrator.execution.signals import Shield
 from orchestrator.execution.stats import ExecutionStats, SlotRecord
 from specsweep_vocab.spec import FailureReason, RunResult, RunSpec, RunState, ServerGroup
-from workers.engine import read_log_tail
+from workers.engine_process import read_log_tail
 from workers.runners import LOG_TAIL_ARTIFACT, EngineInfo, engine_log_path
 
 if TYPE_CHECKING:  # rich: imported by execute_plan, on the driver only

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.engine import free_port
+from workers.engine_process import free_port
 
 
 ray = pytest.importorskip("ray")
