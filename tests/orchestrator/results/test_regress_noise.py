@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from orchestrator.config.settings import RegressSettings
-from orchestrator.results.regress.compare import Comparison, compare
+from orchestrator.results.regress.baseline_compare import Comparison, compare
 from orchestrator.results.regress.history import History, ParentRun, PointRun, select_baseline
 from orchestrator.results.regress.verdict import EXCURSION, NO_SPREAD, REGRESSION, Noise, judge, limit_q, pooled_noise
 
