@@ -81,7 +81,7 @@ def main() -> None:
 
 def _main(argv: list[str]) -> None:
     from orchestrator.config.overrides import override_key_problems
-    from orchestrator.config.problems import ConfigError
+    from orchestrator.config.config_error import ConfigError
     from specsweep_vocab.redact import RedactingStream, override_secrets
 
     overrides = argv_overrides(argv)
@@ -129,7 +129,7 @@ def refusal_message(error: BaseException, overrides: Sequence[str]) -> str | Non
     override = _composing(error)
     if override is None:
         return None
-    from orchestrator.config.problems import ConfigError
+    from orchestrator.config.config_error import ConfigError
     from specsweep_vocab.problem import Problem
 
     key, _, value = override.partition("=")

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from orchestrator.config.jobs import build_settings, convert_and_validate
-from orchestrator.config.problems import ConfigError, Problem
+from orchestrator.config.config_error import ConfigError, Problem
 from orchestrator.config.settings import ExecutionSettings
 from orchestrator.tune import answer as answers
 from orchestrator.tune.robust import Entry, pick

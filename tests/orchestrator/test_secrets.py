@@ -48,7 +48,7 @@ def test_redaction_rules():
 
 
 def test_config_errors_show_no_secret():
-    from orchestrator.config.problems import ConfigError
+    from orchestrator.config.config_error import ConfigError
     from specsweep_vocab.problem import Problem
 
     overrides = (f"engine.env.HF_TOKEN={ENV_SECRET}", f"engine.extra_args=[--api-key,{KEY_SECRET}]", "page_size=0")

@@ -209,7 +209,7 @@ def test_regress_settings_keep_their_declared_domains(override, allowed):
 
     from orchestrator.config.jobs import convert_and_validate
     from orchestrator.config.schema import register_configs
-    from orchestrator.config.problems import ConfigError
+    from orchestrator.config.config_error import ConfigError
 
     register_configs()
     with initialize_config_module("conf", version_base="1.3"):

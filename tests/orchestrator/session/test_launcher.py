@@ -18,7 +18,7 @@ from hydra.plugins.launcher import Launcher
 from hydra_plugins.specsweep_launcher.specsweep_launcher import SpecsweepLauncher
 from orchestrator.config.jobs import expand_grid, plan_jobs
 from orchestrator.config.schema import register_configs
-from orchestrator.config.problems import ConfigError
+from orchestrator.config.config_error import ConfigError
 from orchestrator.session import sweep as sweep_module
 from orchestrator.session.launcher import InvalidConfig
 from orchestrator.session.outcomes import NotRun, outcomes
