@@ -35,7 +35,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from orchestrator.execution.actors import NodeWorker, ServerWorker
 from orchestrator.execution.preflight import Preflight, expected_work
-from orchestrator.execution.ray_session import bounded_ray_call, bundle_nodes
+from orchestrator.execution.ray_connection import bounded_ray_call, bundle_nodes
 from orchestrator.config.settings import ExecutionSettings
 from orchestrator.execution.signals import Shield
 from orchestrator.execution.stats import ExecutionStats, SlotRecord

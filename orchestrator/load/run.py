@@ -77,7 +77,7 @@ def run_curves(configs: Mapping[str, RunConfig], settings: LoadSettings, lim: Li
     from orchestrator.config.plan import build_server, plan_sweep
     from workers.load_curve import LoadCurveOutcome
     from orchestrator.execution.preflight import server_needs
-    from orchestrator.execution.ray_session import ray_session
+    from orchestrator.execution.ray_connection import ray_connection
     from orchestrator.results.tracking import Tracker
 
     first = next(iter(configs.values()))
@@ -85,7 +85,7 @@ def run_curves(configs: Mapping[str, RunConfig], settings: LoadSettings, lim: Li
     tracker = Tracker.from_settings(exec_settings, plan)  # the plan's secrets redacted in all it records
     log_dir = _log_dir(exec_settings)
     curves: list[Curve] = []
-    with ray_session(exec_settings.cluster, plan.groups):
+    with ray_connection(exec_settings.cluster, plan.groups):
         task = _remote_curve()
         for label, rc in configs.items():
             server = build_server(rc)
