@@ -3,7 +3,7 @@ below it (tests/test_import_layers.py holds the order):
 
     config/      what to run: the settings, the schema, the rules (validate.py), Hydra jobs to RunConfigs, the plan
     results/     what a sweep leaves in MLflow: the tracker (layout, claims, store lock), the report, the diagnosis
-    execution/   a plan executed on Ray: the session, actors, driver loop, recording, signals, preflight, progress
+    execution/   a plan executed on Ray: connecting Ray, actors, driver loop, recording, signals, preflight, progress
     session/     the sweep as the launcher runs it: preflight, resume and claims, execution, each job's outcome
     schedules/   cron schedules (the shipped *.yaml) and the daemon that submits them as Ray Jobs
     tune/        a search whose rounds are sweeps: Optuna picks the configurations, the answer per batch size

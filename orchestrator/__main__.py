@@ -15,7 +15,7 @@ its full traceback.
 Ctrl-C exits by SIGINT (130 in a shell) and SIGTERM 143, each with one line on stderr (no traceback), in every
 phase: importing, composing, planning, starting, running. Both first stop every engine and close the runs
 (orchestrator.execution.execute). A signal sent to the whole process group stops the Ray this driver started as
-well; Ray is then abandoned (orchestrator.execution.ray_session) and the process ends with `os._exit` once the runs
+well; Ray is then abandoned (orchestrator.execution.ray_connection) and the process ends with `os._exit` once the runs
 are closed. This module imports only the standard library at its top, so that a Ctrl-C while the rest imports is
 one line too.
 """
@@ -81,7 +81,7 @@ def main() -> None:
 
 def _main(argv: list[str]) -> None:
     from orchestrator.config.overrides import override_key_problems
-    from orchestrator.config.problems import ConfigError
+    from orchestrator.config.config_error import ConfigError
     from specsweep_vocab.redact import RedactingStream, override_secrets
 
     overrides = argv_overrides(argv)
@@ -129,7 +129,7 @@ def refusal_message(error: BaseException, overrides: Sequence[str]) -> str | Non
     override = _composing(error)
     if override is None:
         return None
-    from orchestrator.config.problems import ConfigError
+    from orchestrator.config.config_error import ConfigError
     from specsweep_vocab.problem import Problem
 
     key, _, value = override.partition("=")
@@ -178,8 +178,8 @@ def _interrupted(interrupt: KeyboardInterrupt) -> None:
 
 
 def _ray_abandoned() -> bool:
-    ray_session = sys.modules.get("orchestrator.execution.ray_session")
-    return ray_session is not None and ray_session.ray_abandoned()
+    ray_connection = sys.modules.get("orchestrator.execution.ray_connection")
+    return ray_connection is not None and ray_connection.ray_abandoned()
 
 
 def _exit_now(code: int) -> None:

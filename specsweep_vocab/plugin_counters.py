@@ -9,7 +9,7 @@ its environment before it spawns the schedulers (`sglang/srt/entrypoints/engine.
 `sglang/srt/utils/common.py:2825-2840`); prometheus_client picks its multi-process value class at import from
 that variable, so a counter created in a scheduler is written to that directory and summed over processes (TP
 ranks) on every /metrics read. The server worker scrapes /metrics before and after each run
-(workers/sglang/plugin_counters.py) and records the deltas as the run's metrics `run_metrics` names.
+(workers/sglang/plugin_counter_deltas.py) and records the deltas as the run's metrics `run_metrics` names.
 
 Standard library only: the plugin, the workers and the diagnosis all read these names.
 """

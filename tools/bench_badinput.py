@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Callable
 
 from tools.badinput_cases import CASES, SGLANG as SGLANG, Case
-from workers.engine import free_port
+from workers.engine_process import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = "SPECSWEEP_BADINPUT_CASE"

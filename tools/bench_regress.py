@@ -44,7 +44,7 @@ from pathlib import Path
 from orchestrator.config.plan import Plan
 from orchestrator.config.settings import RegressSettings
 from orchestrator.results.metric_catalogue import NOISY_WATCHED
-from orchestrator.results.regress.compare import Comparison, compare
+from orchestrator.results.regress.baseline_compare import Comparison, compare
 from orchestrator.results.regress.history import load_history, select_baseline
 from orchestrator.results.regress.section import changes_section
 from orchestrator.results.regress.verdict import EXCURSION, NO_SPREAD

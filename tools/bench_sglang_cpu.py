@@ -3,7 +3,7 @@ CPU: the same model (SmolLM2-135M, the GGUF's float32 weights), the same token-e
 without speculation. Per probe text and context: whether SGLang's tokens equal the reference engine's (and the first
 position where they part), and each engine's decode tok/s (median over --repeats requests; the probe's own
 `decode_tok_s`). Both servers are started the way a sweep starts them (config from conf/, the adapters' argv,
-`workers.engine.EngineProcess`), one at a time so they never share the cores.
+`workers.engine_process.EngineProcess`), one at a time so they never share the cores.
 
     python -m tools.bench_sglang_cpu [--contexts 512,2048] [--gen 32] [--repeats 3]
 """
@@ -20,7 +20,7 @@ from orchestrator.config.plan import build_server
 from specsweep_vocab.spec import EngineKind, ProbeKind, ProbeSpec, ServerSpec
 from tools.bench_engine import cpu_name
 from tools.composed_config import compose_run
-from workers.engine import EngineProcess
+from workers.engine_process import EngineProcess
 from workers.http_client import ProbeClient
 from workers.probe import measure
 from workers.prompts import build_prompt

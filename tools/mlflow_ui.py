@@ -1,5 +1,5 @@
 """`make ui`: MLflow's UI on ./mlflow.db, on port 5000 or, when that is taken, a free one; prints the URL and, per
-sweep, the link that opens its runs with the axes and answering columns (orchestrator/results/mlflow_ui.py).
+sweep, the link that opens its runs with the axes and answering columns (orchestrator/results/ui_view.py).
 
     python -m tools.mlflow_ui [--port 5000] [--db mlflow.db]
 """
@@ -13,7 +13,7 @@ import sqlite3
 import sys
 from pathlib import Path
 
-from orchestrator.results.mlflow_ui import view_url
+from orchestrator.results.ui_view import view_url
 from orchestrator.results.store_layout import VIEW_KEY, VIEW_TAG_PREFIX
 
 

@@ -77,7 +77,7 @@ def ray_process(*, num_cpus: int = 4, object_store_mb: int = 128, log: Path | No
     closed, then `Cluster.shutdown()` (KILL of the holder's process group after a scaled 60 s)."""
     env = dict(os.environ, RAY_AUTH_MODE=os.environ.get("RAY_AUTH_MODE", "disabled"))
     err = open(log, "w") if log else subprocess.DEVNULL
-    from workers.engine import free_port
+    from workers.engine_process import free_port
 
     proc = subprocess.Popen([sys.executable, "-c", _RAY_HOLDER, str(num_cpus), str(object_store_mb), str(free_port())],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=env,

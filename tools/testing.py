@@ -40,7 +40,7 @@ from typing import Collection, Iterator
 
 import requests
 
-from orchestrator.config.plan import with_stub_flags
+from orchestrator.config.plan import server_engine
 from orchestrator.config.run_config import RunConfig
 from specsweep_vocab.builtin_models import TINY
 from specsweep_vocab.spec import (Algorithm, AttentionSpec, DrafterSpec, EngineKind, EngineSpec, ProbeKind,
@@ -109,8 +109,8 @@ def stub_server(*, tp_size: int = 1, nnodes: int = 1, token_s: float = StubOptio
     """A ServerSpec for the stub engine (workers/stub/server.py): `device=cuda`, so it takes tp_size / nnodes GPUs
     per node from Ray like a real GPU server. Distinct seeds make distinct servers."""
     timing = StubOptions(token_s=token_s, prefill_s=prefill_s, startup_s=startup_s)
-    engine = with_stub_flags(EngineSpec(kind=EngineKind.STUB, version="0.1.0", device="cuda", startup_timeout_s=60.0,
-                                      request_timeout_s=120.0, extra_args=tuple(extra_args), stub=timing))
+    engine = server_engine(EngineSpec(kind=EngineKind.STUB, version="0.1.0", device="cuda", startup_timeout_s=60.0,
+                                    request_timeout_s=120.0, extra_args=tuple(extra_args), stub=timing))
     return ServerSpec(engine=engine, model=TINY, drafter=tiny_drafter(drafter), attention=AttentionSpec("torch", "torch"),
                       page_size=PAGE_SIZE, server_context_len=TINY.max_context_len, seed=seed, tp_size=tp_size, nnodes=nnodes)
 
@@ -251,7 +251,7 @@ def stop_process(proc: subprocess.Popen, grace_s: float = 15.0) -> int:
 @contextlib.contextmanager
 def reference_process(argv: list[str], ready_s: float = 120.0) -> Iterator[tuple[str, subprocess.Popen]]:
     """The reference engine as a real process on a free port (stdout+stderr piped, text), once /health is 200."""
-    from workers.engine import free_port
+    from workers.engine_process import free_port
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "workers.reference", *argv, "--host", "127.0.0.1",

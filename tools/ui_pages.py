@@ -22,9 +22,9 @@ from pathlib import Path
 
 import requests
 
-from orchestrator.results.mlflow_ui import view_url
+from orchestrator.results.ui_view import view_url
 from tools.browser import Browser
-from workers.engine import free_port
+from workers.engine_process import free_port
 
 REPORT_ARTIFACT = "report/summary.html"
 # MLflow 3.17's runs table is an ag-grid: a row's cells carry their column id (`metrics.`commit_len_mean``); a run name
@@ -110,7 +110,7 @@ def quiet_assistant(browser: Browser, url: str) -> None:
 
 def runs_table(browser: Browser, url: str, experiment_id: str, *, saved_view: bool = True, rows: int = 2,
                timeout_s: float = 120) -> Table:
-    """The sweep's runs table, read once it shows `rows` runs: its saved view (orchestrator/results/mlflow_ui.py)
+    """The sweep's runs table, read once it shows `rows` runs: its saved view (orchestrator/results/ui_view.py)
     (the points as rows) or the experiment's plain runs page (`saved_view=False`: each parent, expanded on a first
     visit, with its points under it)."""
     page = view_url(url, experiment_id) if saved_view else f"{url.rstrip('/')}/#/experiments/{experiment_id}/runs"

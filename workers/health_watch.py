@@ -1,6 +1,6 @@
 """A hung engine: alive, but answering nothing. Watched through its health path while a run is in flight.
 
-    with HealthWatch(engine, timeout_s) as watch:     # engine: a started workers.engine.EngineProcess
+    with HealthWatch(engine, timeout_s) as watch:     # engine: a started workers.engine_process.EngineProcess
         ...                                          # the run's requests
     watch.hung -> str | None                         # the failure message, once the engine was found hung
 
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import requests
 
 if TYPE_CHECKING:
-    from workers.engine import EngineProcess
+    from workers.engine_process import EngineProcess
 
 logger = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ import requests
 
 from specsweep_vocab.load import LoadLevel, LoadSpec
 from specsweep_vocab.spec import ServerSpec
-from workers.engine import EngineProcess
+from workers.engine_process import EngineProcess
 from workers.errors import EngineStartFailed
 from workers.registry import adapter_for
 

@@ -57,7 +57,7 @@ from typing import Protocol, runtime_checkable
 from specsweep_vocab.spec import Algorithm, FailureReason, JobKind, RunResult, RunSpec, RunState, ServerSpec
 from workers.derived import derived_metrics
 from workers.adapter import NodeRank
-from workers.engine import EngineProcess
+from workers.engine_process import EngineProcess
 from workers.registry import adapter_for
 from workers.errors import EngineDied, EngineHung, EngineStartFailed, WorkerError
 from workers.health_watch import HealthWatch

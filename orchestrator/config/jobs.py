@@ -27,7 +27,7 @@ from orchestrator.config.overrides import override_key_problems
 from orchestrator.config.schema import RunConfig, register_configs, to_run_config
 from orchestrator.config.settings import ExecutionSettings
 from orchestrator.config.context import every_point_over_context
-from orchestrator.config.problems import ConfigError
+from orchestrator.config.config_error import ConfigError
 from orchestrator.config.validate import validate_run
 from specsweep_vocab.problem import Problem
 from specsweep_vocab.spec import JobKind, engine_mix_allowed

@@ -11,9 +11,9 @@ decoded by the type its schema field declares (`schema_types`), so the report ne
 `int(float(...))`). Params recorded before this encoding (Python's `True` / `None`) still decode.
 
 In MLflow the resolved config sits under one prefix, `cfg.` (`cfg.context_len`, `cfg.drafter.name`, ...), so that a
-run's ~100 config params sort behind the sweep's axes (`axis.<key>` params and tags, orchestrator/results/
-mlflow_ui.py) and `overrides`. Every reader goes through `config_params`, which also reads runs recorded before the
-prefix (2026-12-03 and earlier: plain schema keys). The prefix is MLflow's layout only: `RunSpec.params`, run_hash and
+run's ~100 config params sort behind the sweep's axes (`axis.<key>` params and tags,
+orchestrator/results/ui_view.py) and `overrides`. Every reader goes through `config_params`, which also reads runs
+recorded before the prefix (2026-12-03 and earlier: plain schema keys). The prefix is MLflow's layout only: `RunSpec.params`, run_hash and
 point_key never see it.
 """
 

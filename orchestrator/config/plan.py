@@ -73,7 +73,7 @@ def build_name(rc: RunConfig) -> str:
     return " ".join(parts)
 
 
-def with_stub_flags(engine: EngineSpec) -> EngineSpec:
+def server_engine(engine: EngineSpec) -> EngineSpec:
     """The EngineSpec a server is started with (this starts nothing), as its engine's adapter says
     (`EngineAdapter.server_engine`: the stub takes its timing as `--stub-*` flags prepended to `extra_args`)."""
     return adapter_for(engine.kind).server_engine(engine)
@@ -81,7 +81,7 @@ def with_stub_flags(engine: EngineSpec) -> EngineSpec:
 
 def build_server(rc: RunConfig) -> ServerSpec:
     """The engine a run needs. No context_len in it: one server covers every context of a sweep."""
-    return ServerSpec(engine=with_stub_flags(rc.engine), model=rc.model, drafter=rc.drafter, attention=rc.attention,
+    return ServerSpec(engine=server_engine(rc.engine), model=rc.model, drafter=rc.drafter, attention=rc.attention,
                       page_size=rc.page_size, server_context_len=server_context_len(rc),
                       seed=rc.seed, tp_size=rc.tp_size, nnodes=rc.nnodes)
 

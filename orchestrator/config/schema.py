@@ -31,7 +31,7 @@ from orchestrator.config.settings import ClusterSettings, RegressSettings, Thres
 from orchestrator.config.keys import LEAF, OPEN, config_key_problems
 from orchestrator.config.param_encoding import to_params
 from orchestrator.config.probe_file import probe_file_problem
-from orchestrator.config.problems import ConfigError
+from orchestrator.config.config_error import ConfigError
 from specsweep_vocab.problem import Problem
 from specsweep_vocab.builtin_models import BUILTIN_MODELS
 from specsweep_vocab.domain import Choice, Int, domain

@@ -19,7 +19,7 @@ import ray
 
 from specsweep_vocab.spec import RunResult, RunSpec, ServerGroup
 from workers.adapter import NodeRank
-from workers.engine import free_port
+from workers.engine_process import free_port
 from workers.runners import EngineInfo, FollowerRunner, JobRunner, Runner, make_runner
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"

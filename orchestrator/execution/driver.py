@@ -35,12 +35,12 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from orchestrator.execution.actors import NodeWorker, ServerWorker
 from orchestrator.execution.preflight import Preflight, expected_work
-from orchestrator.execution.ray_session import bounded_ray_call, bundle_nodes
+from orchestrator.execution.ray_connection import bounded_ray_call, bundle_nodes
 from orchestrator.config.settings import ExecutionSettings
 from orchestrator.execution.signals import Shield
 from orchestrator.execution.stats import ExecutionStats, SlotRecord
 from specsweep_vocab.spec import FailureReason, RunResult, RunSpec, RunState, ServerGroup
-from workers.engine import read_log_tail
+from workers.engine_process import read_log_tail
 from workers.runners import LOG_TAIL_ARTIFACT, EngineInfo, engine_log_path
 
 if TYPE_CHECKING:  # rich: imported by execute_plan, on the driver only

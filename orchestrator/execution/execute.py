@@ -3,7 +3,7 @@ finish.
 
     execute_plan(plan: Plan, settings: ExecutionSettings, on_result: Callable[[RunResult], None] | None = None,
                  *, track: bool = True, stats: ExecutionStats | None = None, multirun_yaml: str | None = None,
-                 tracker: Tracker | None = None, session: RaySession | None = None) -> list[RunResult]
+                 tracker: Tracker | None = None, connection: RayConnection | None = None) -> list[RunResult]
 
 Exactly one RunResult per RunSpec of `plan`, in job order. `on_result` is called on the driver for each result as
 it arrives. With `track` (the default) the results are also recorded in MLflow (`orchestrator.results.tracking`'s
@@ -13,7 +13,7 @@ parent run id) for benchmarks and the report.
 
 The parts, one module each in this package (orchestrator/execution/):
 
-    ray_session.py   connect Ray (or reuse it) and the Ray preflight, once; shut down what was started
+    ray_connection.py connect Ray (or reuse it) and the Ray preflight, once; shut down what was started
     actors.py        `ServerWorker` (rank 0) and `NodeWorker` (rank > 0), thin Ray actors around `workers.runners`'s
                      runners
     driver.py        the slots, the queue (longest first, `cluster.max_concurrent_servers` at once), the `ray.wait`
@@ -23,7 +23,7 @@ The parts, one module each in this package (orchestrator/execution/):
     signals.py       Ctrl-C and SIGTERM as KeyboardInterrupt, held back while a result is recorded
     stats.py         ExecutionStats, SlotRecord, the parent run's metrics
 
-`session`: a `ray_session` the caller opened (the sweep session, `orchestrator.session.sweep`: it connected Ray and
+`connection`: a `ray_connection` the caller opened (the sweep, `orchestrator.session.sweep`: it connected Ray and
 ran the preflight before its resume lookup); without one, `execute_plan` opens its own and closes it before the
 report is awaited.
 
@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Callable, ContextManager, Iterable
 import ray
 
 from orchestrator.execution.driver import Driver
-from orchestrator.execution.ray_session import RaySession, ray_session
+from orchestrator.execution.ray_connection import RayConnection, ray_connection
 from orchestrator.execution.recording import Recorder
 from orchestrator.config.settings import ExecutionSettings
 from orchestrator.execution.signals import driver_signals
@@ -67,7 +67,7 @@ logger = logging.getLogger(__name__)
 
 def execute_plan(plan: Plan, settings: ExecutionSettings, on_result: Callable[[RunResult], None] | None = None, *,
                  track: bool = True, stats: ExecutionStats | None = None, multirun_yaml: str | None = None,
-                 tracker: Tracker | None = None, session: RaySession | None = None) -> list[RunResult]:
+                 tracker: Tracker | None = None, connection: RayConnection | None = None) -> list[RunResult]:
     """Run every RunSpec of `plan`; see the module docstring.
 
     `multirun_yaml`: the text of Hydra's `<sweep dir>/multirun.yaml`, stored on the parent run.
@@ -95,7 +95,7 @@ def execute_plan(plan: Plan, settings: ExecutionSettings, on_result: Callable[[R
                         multirun_yaml=multirun_yaml, ray_up=ray.is_initialized())
     try:
         with driver_signals() as shield, progress, recorder.outcome():
-            with _ray(plan, settings, stats, session) as ray_up:
+            with _ray(plan, settings, stats, connection) as ray_up:
                 log_dir = _engine_log_dir(plan, settings)  # after the preflight: a refused plan leaves no folder
                 logger.info("running %d run(s) on %d server(s); engine logs in %s", plan.num_runs,
                             len(plan.groups), log_dir)
@@ -118,12 +118,12 @@ def execute_plan(plan: Plan, settings: ExecutionSettings, on_result: Callable[[R
 
 
 def _ray(plan: Plan, settings: ExecutionSettings, stats: ExecutionStats,
-         session: RaySession | None) -> ContextManager[RaySession]:
-    """The caller's Ray session, or one of this call's own (connect, preflight; Ray shut down at its end)."""
-    if session is None:
-        return ray_session(settings.cluster, plan.groups, stats)
+         connection: RayConnection | None) -> ContextManager[RayConnection]:
+    """The caller's Ray connection, or one of this call's own (connect, preflight; Ray shut down at its end)."""
+    if connection is None:
+        return ray_connection(settings.cluster, plan.groups, stats)
     stats.mark("ray_up")
-    return contextlib.nullcontext(session)
+    return contextlib.nullcontext(connection)
 
 
 def _engine_log_dir(plan: Plan, settings: ExecutionSettings) -> Path:

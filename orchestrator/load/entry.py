@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator.config.problems import ConfigError, Problem
+from orchestrator.config.config_error import ConfigError, Problem
 from orchestrator.load.settings import KEY_PREFIX, LoadSettings, limits, settings_problems, to_load_settings
 
 if TYPE_CHECKING:

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping
 
-from orchestrator.load import report
+from orchestrator.load import render
 from orchestrator.load.curve import Level, level_figures, level_metrics
 from orchestrator.load.settings import Limits, LoadSettings, load_spec
 from specsweep_vocab.spec import RunState
@@ -77,7 +77,7 @@ def run_curves(configs: Mapping[str, RunConfig], settings: LoadSettings, lim: Li
     from orchestrator.config.plan import build_server, plan_sweep
     from workers.load_curve import LoadCurveOutcome
     from orchestrator.execution.preflight import server_needs
-    from orchestrator.execution.ray_session import ray_session
+    from orchestrator.execution.ray_connection import ray_connection
     from orchestrator.results.tracking import Tracker
 
     first = next(iter(configs.values()))
@@ -85,7 +85,7 @@ def run_curves(configs: Mapping[str, RunConfig], settings: LoadSettings, lim: Li
     tracker = Tracker.from_settings(exec_settings, plan)  # the plan's secrets redacted in all it records
     log_dir = _log_dir(exec_settings)
     curves: list[Curve] = []
-    with ray_session(exec_settings.cluster, plan.groups):
+    with ray_connection(exec_settings.cluster, plan.groups):
         task = _remote_curve()
         for label, rc in configs.items():
             server = build_server(rc)
@@ -177,10 +177,10 @@ def _record(tracker, curve: Curve, outcome, lim: Limits, gpus: int, wall_s: floa
     if outcome.tokenizer:
         client.set_tag(rid, "load.tokenizer", tracker.redact(outcome.tokenizer))
     if curve.levels:
-        curve.table = report.table_markdown(curve.label, curve.levels, lim)
+        curve.table = render.table_markdown(curve.label, curve.levels, lim)
         client.log_text(rid, curve.table, "load/table.md")
-        client.log_figure(rid, report.load_curve_figure(curve.label, curve.levels), "load/load_curve.png")
-        acc = report.accept_figure({curve.label: curve.levels})
+        client.log_figure(rid, render.load_curve_figure(curve.label, curve.levels), "load/load_curve.png")
+        acc = render.accept_figure({curve.label: curve.levels})
         if acc is not None:
             client.log_figure(rid, acc, "load/accept_length.png")
     if errors:
@@ -215,5 +215,5 @@ def log_report(tracker, run_id: str, curves: list[Curve], lim: Limits) -> None:
     client.log_text(run_id, report_markdown(curves, lim), "load/report.md")
     measured = {c.label: c.levels for c in curves if c.levels}
     if measured:
-        client.log_figure(run_id, report.pareto_figure(measured), "load/pareto.png")
+        client.log_figure(run_id, render.pareto_figure(measured), "load/pareto.png")
     _close_figures()

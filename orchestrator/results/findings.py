@@ -61,7 +61,7 @@ class RunRow:
     temperature: float = 0.0  # probe.temperature: a sweep always probes at 0 (not a config key: config/schema.py)
     dtype: str = ""  # model.dtype
     lossless_key: str = ""  # the point without its drafter (specsweep_vocab.point_key.lossless_key); "" = not recorded
-    output: GreedyOutput | None = None  # its output_ids.json (report/load.py `with_outputs`); None = not read
+    output: GreedyOutput | None = None  # its output_ids.json (report/read_back.py `with_outputs`); None = not read
 
     def metric(self, key: str) -> float | None:
         v = self.metrics.get(key)

@@ -5,7 +5,7 @@ exactly, and the views that show it. The lists the rest of the project reads are
     KERNEL_METRICS    the kernel runs' table (report/tables.py) and the live display of a kernel sweep
     WATCHED           the regression watch's metrics, +1 / -1 for the better direction (regress/verdict.py)
     EXACT_WATCHED, NOISY_WATCHED   the same, split by how a verdict judges them
-    UI_METRICS        the MLflow saved view's columns (mlflow_ui.py)
+    UI_METRICS        the MLflow saved view's columns (ui_view.py)
     PROGRESS_METRICS  the live display's columns of an engine sweep (execution/progress.py)
     HEADLINE_METRICS  the narrow tables: `specsweep-report --compare` (report/compare.py) and the console's table of
                       unfinished runs (report/build.py)

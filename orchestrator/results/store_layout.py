@@ -4,7 +4,7 @@ tests/orchestrator/results/test_store_layout.py checks no other module spells th
 
 Experiment: `<sweep_name>`, or `<sweep_name>` + STUB_EXPERIMENT_SUFFIX for a simulated engine's sweep; tagged with
 EXPERIMENT_KIND_TAG = RUNS_VIEW_KIND (the runs view) and a saved view, VIEW_TAG_PREFIX + VIEW_KEY
-(`orchestrator.results.mlflow_ui`).
+(`orchestrator.results.ui_view`).
 Parent run (one per invocation): ROLE_TAG = ROLE_PARENT, AXES_TAG, REGRESSION_TAG (after the regression check);
 artifact RUN_HASHES_ARTIFACT (every point of the sweep, one run_hash a line: what the report covers).
 Child run (one per grid point): PARENT_TAG (MLflow's nesting tag), ROLE_TAG = ROLE_CHILD, RUN_HASH_TAG,

@@ -42,9 +42,9 @@ git sha, host, sweep, the schedule that fired it (`orchestrator.results.provenan
 invocation), `runs_resumed` (skipped: FINISHED earlier); artifacts = `config.yaml`, `overrides.txt`,
 `run_hashes.txt` (every point of the sweep, one run_hash a line, resumed ones included: what the report covers),
 `multirun.yaml` (given, or found in Hydra's sweep dir); `sweep.axes` = the keys the sweep varies. Experiment tags:
-the runs view and a saved view of the axes and answering columns (`orchestrator.results.mlflow_ui`). Child:
+the runs view and a saved view of the axes and answering columns (`orchestrator.results.ui_view`). Child:
 `mlflow.parentRunId`, run name = RunSpec.name, params = `axis.<key>` per swept key, then RunSpec.params under `cfg.`,
-and `overrides`; tags = `mlflow.runType` (the UI opens the parent expanded: orchestrator.results.mlflow_ui),
+and `overrides`; tags = `mlflow.runType` (the UI opens the parent expanded: orchestrator.results.ui_view),
 run_hash, point_key (the
 point's identity across engine versions and nodes: specsweep_vocab.point_key), lossless_key (point_key without the
 drafter: what the diagnosis' lossless check pairs a speculative run with its drafter=none run by), job_index,
@@ -71,7 +71,7 @@ from orchestrator.config.param_encoding import to_params
 from orchestrator.config.settings import ExecutionSettings
 from orchestrator.results import fault_notes
 from orchestrator.results.drivers import HEARTBEAT_S, DriverId
-from orchestrator.results.mlflow_ui import (axis_key, axis_params, axis_tags,
+from orchestrator.results.ui_view import (axis_key, axis_params, axis_tags,
                                            prepare_experiment, publish_view)
 from orchestrator.results.provenance import git_sha, hydra_multirun_yaml, redact_multirun_yaml, schedule_tags
 from orchestrator.results.store_layout import (AXES_TAG, CHILD_UI_TAGS, PARENT_TAG, ROLE_CHILD, ROLE_PARENT, ROLE_TAG,

@@ -133,7 +133,7 @@ def job_server(address: str | None) -> Iterator[str]:
     import ray
 
     from orchestrator.execution.local_ray import LOOPBACK, init_local_ray
-    from workers.engine import free_port
+    from workers.engine_process import free_port
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     temp_dir = tempfile.mkdtemp(prefix="specsweep-ray-")  # its jobs are handed this Ray, not another on the machine

@@ -34,7 +34,7 @@ from omegaconf.errors import InterpolationResolutionError
 from orchestrator.config.grid import compose_grid, hydra_group_test
 from orchestrator.config.jobs import build_settings, convert_and_validate, task_container
 from orchestrator.config.plan import plan_sweep
-from orchestrator.config.problems import ConfigError
+from orchestrator.config.config_error import ConfigError
 from orchestrator.execution.progress import live_status, set_phase
 from orchestrator.session import sweep
 from orchestrator.session.outcomes import NotRun, dry_run_outcomes, outcomes

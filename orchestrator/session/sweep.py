@@ -37,7 +37,7 @@ class ClusterCannotFit(CompactHydraException):
 
 
 class RayDidNotStart(CompactHydraException):
-    """Ray could not start or be reached (orchestrator.execution.ray_session.RayStartFailed): exit 1, one line."""
+    """Ray could not start or be reached (orchestrator.execution.ray_connection.RayStartFailed): exit 1, one line."""
 
 
 class TrackingUnreachable(CompactHydraException):
@@ -104,7 +104,7 @@ def sweep_plan(plan: Plan, settings: ExecutionSettings, *, parent_tags: dict[str
     """Ray and the cluster preflight (ClusterCannotFit before MLflow is touched), then, under the store's lock
     (orchestrator.results.store_lock): close RUNNING runs of drivers that are gone (`driver_lost`), skip run_hashes
     FINISHED (with `resume`) or claimed by another live driver, begin the parent and claim the rest; then the runs,
-    on the same Ray session (`execute_plan` neither connects nor runs the preflight again).
+    on the same Ray connection (`execute_plan` neither connects nor runs the preflight again).
 
     MLflow's import (≈ 1.7 s) runs in a thread while Ray starts; it writes nothing (the store is only opened
     after the preflight). `parent_tags`: extra tags of the parent run (a tune nests each round's parent under its
@@ -112,13 +112,13 @@ def sweep_plan(plan: Plan, settings: ExecutionSettings, *, parent_tags: dict[str
     from orchestrator.execution.execute import execute_plan
     from orchestrator.execution.progress import set_phase
     from orchestrator.execution.preflight import PreflightError
-    from orchestrator.execution.ray_session import RayStartFailed, ray_session
+    from orchestrator.execution.ray_connection import RayStartFailed, ray_connection
     from orchestrator.execution.recording import StoreFull, warm_mlflow
 
     threading.Thread(target=warm_mlflow, args=(settings.tracking_uri,), name="mlflow-import", daemon=True).start()
     set_phase("starting Ray")
     try:
-        with ray_session(settings.cluster, plan.groups) as session:
+        with ray_connection(settings.cluster, plan.groups) as connection:
             from orchestrator.results.tracking import Tracker, experiment_for
 
             set_phase("opening the MLflow store (resume, claims)")
@@ -129,7 +129,7 @@ def sweep_plan(plan: Plan, settings: ExecutionSettings, *, parent_tags: dict[str
                 log.info("nothing to run")
                 return SweepResult([], skipped, todo, held)
             try:
-                results = execute_plan(todo, settings, tracker=tracker, session=session)
+                results = execute_plan(todo, settings, tracker=tracker, connection=connection)
             except StoreFull as e:  # execute_plan closed its runs disk_full, or left the reason to the next driver
                 raise StoreDiskFull(_disk_full_line(e, experiment)) from None
             except BaseException as e:  # execute_plan closes what it was given; this covers a failure before it began

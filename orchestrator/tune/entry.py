@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator.config.problems import ConfigError, Problem
+from orchestrator.config.config_error import ConfigError, Problem
 from orchestrator.tune.search import PipelineBug, TuneRequest, TuneResult, tune
 
 if TYPE_CHECKING:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from orchestrator.config.jobs import build_settings, convert_and_validate
-from orchestrator.config.problems import ConfigError, Problem
+from orchestrator.config.config_error import ConfigError, Problem
 from orchestrator.config.settings import ExecutionSettings
 from orchestrator.tune import answer as answers
 from orchestrator.tune.robust import Entry, pick
@@ -233,13 +233,13 @@ def tune(req: TuneRequest) -> TuneResult:
     name = study_name(settings, some.sweep_name, space, req.base_overrides)
     from orchestrator.config.plan import plan_sweep
     from orchestrator.execution.preflight import PreflightError
-    from orchestrator.execution.ray_session import RayStartFailed, ray_session
+    from orchestrator.execution.ray_connection import RayStartFailed, ray_connection
     from orchestrator.session.sweep import ClusterCannotFit, RayDidNotStart, preflight_before_start
 
     every = plan_sweep(some.sweep_name, [cfg for by_point in space.configs.values() for cfg in by_point.values()])
     preflight_before_start(every, exec_settings, dry_run=False)  # the whole space, before anything starts
     try:  # one Ray for every round (each round's sweep reuses it), placement checked for every candidate's server
-        with ray_session(exec_settings.cluster, every.groups):
+        with ray_connection(exec_settings.cluster, every.groups):
             return _tune_in_ray(req, space, settings, exec_settings, name, some)
     except PreflightError as e:
         raise ClusterCannotFit(str(e)) from None

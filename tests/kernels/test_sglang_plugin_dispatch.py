@@ -7,7 +7,7 @@ layer call ran, all the way to a run's metrics.
 - Counting: the backend's forward methods (SGLang's Triton parent stubbed out: no GPU here) count kernel calls and
   fallbacks by reason, CUDA-graph replays through the hook SGLang calls before them; in a "scheduler" process with
   PROMETHEUS_MULTIPROC_DIR set, read back in another process through SGLang's own /metrics mount
-  (`add_prometheus_middleware`), parsed by workers.sglang.plugin_counters into the run's metrics.
+  (`add_prometheus_middleware`), parsed by workers.sglang.plugin_counter_deltas into the run's metrics.
 
 SGLang runs in child processes (importing it patches transformers).
 """
@@ -27,7 +27,7 @@ import pytest
 
 from specsweep_kernels.sglang_plugin import DispatchCounts, verify_width
 from specsweep_vocab import plugin_counters as pc
-from workers.sglang.plugin_counters import dispatch_counts
+from workers.sglang.plugin_counter_deltas import dispatch_counts
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (ROOT, ROOT / "kernels")))}

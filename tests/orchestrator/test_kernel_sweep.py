@@ -14,7 +14,7 @@ import pytest
 
 from orchestrator.config.jobs import expand_grid, plan_jobs
 from specsweep_vocab.spec import JobKind
-from orchestrator.config.problems import ConfigError
+from orchestrator.config.config_error import ConfigError
 
 CPU_GRID = ("engine.device=cpu", "kernel.layout=gqa-small", "kernel.dtype=float32", "kernel.prefix=33,300",
             "kernel.tokens=1,8", "page_size=16")

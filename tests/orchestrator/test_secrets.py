@@ -48,7 +48,7 @@ def test_redaction_rules():
 
 
 def test_config_errors_show_no_secret():
-    from orchestrator.config.problems import ConfigError
+    from orchestrator.config.config_error import ConfigError
     from specsweep_vocab.problem import Problem
 
     overrides = (f"engine.env.HF_TOKEN={ENV_SECRET}", f"engine.extra_args=[--api-key,{KEY_SECRET}]", "page_size=0")
@@ -115,7 +115,7 @@ MLFLOW_WRITERS = {
     "orchestrator/results/tracking.py": "the boundary: names, params, tags and artifacts of the plan, redacted",
     "orchestrator/results/report/build.py": "the report's files, built from the runs read back from the store",
     "orchestrator/results/regress/section.py": "regression verdicts of runs read back from the store",
-    "orchestrator/results/mlflow_ui.py": "the experiment's kind and saved view (axis names, constants)",
+    "orchestrator/results/ui_view.py": "the experiment's kind and saved view (axis names, constants)",
     "orchestrator/tune/rounds.py": "the tune's own parent run: the study's settings as params, the answer's files",
     "orchestrator/tune/search.py": "the tune's answer (winner table, schedule, load curves) on that run",
     "orchestrator/load/run.py": "a load curve's run: the configuration's params (redacted like the plan's), bench_serving's "

@@ -42,7 +42,7 @@ def _wait_gone(pids, timeout_s: float = 15) -> set[int]:
 def test_shutdown_ray_stops_every_process_of_the_ray_it_started(no_ray):
     import ray._private.worker
 
-    from orchestrator.execution.ray_session import connect_ray, shutdown_ray
+    from orchestrator.execution.ray_connection import connect_ray, shutdown_ray
     from orchestrator.config.settings import ClusterSettings
 
     assert connect_ray(ClusterSettings(num_cpus=1))

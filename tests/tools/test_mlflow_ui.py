@@ -23,7 +23,7 @@ def test_links_name_each_sweep_with_its_saved_view(tmp_path):
     from orchestrator.results.tracking import Tracker
 
     tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "probe")
-    from orchestrator.results.mlflow_ui import publish_view
+    from orchestrator.results.ui_view import publish_view
 
     publish_view(tracker.client, tracker.experiment_id, ("drafter",))
     assert sweep_links(tmp_path / "mlflow.db", "http://127.0.0.1:5001") == [

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from specsweep_vocab.spec import EngineKind, ProbeKind, ProbeSpec
-from workers.engine import EngineProcess
+from workers.engine_process import EngineProcess
 from workers.errors import BadResponse
 from workers.http_client import Generation, ProbeClient
 from workers.probe import measure, measure_all, run_probe

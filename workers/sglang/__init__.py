@@ -7,7 +7,8 @@
     observe.py          what is read around each run: /server_info tags, accept-length cross-check, plugin counters
     cpu.py              engine=sglang_cpu: SGLang's CPU backend in its own interpreter (this host's ISA, the interpreter)
     backports.py        fixes SGLang released after 0.5.18, applied to an installed 0.5.18 (make setup-sglang)
-    plugin_counters.py  the specsweep_verify plugin's dispatch counters from /metrics
+    plugin_counter_deltas.py
+                        the specsweep_verify plugin's dispatch counters read from /metrics, their deltas per run
     launch.py           `python -m workers.sglang.launch`: sglang.launch_server with the kernel plugin registered
     argcheck.py         `python -m workers.sglang.argcheck`: SGLang's own parser over our argv (tests, preflight)
 

@@ -10,7 +10,7 @@ engines export (`workers.adapter.CountersObserver`):
   `engine_accept_length` from meta_info. `/server_info`'s avg_spec_accept_length is not recorded: SGLang reports it
   over complete 40-iteration windows only (workers.meta_info says why);
 - with `attention=specsweep_verify`, the plugin's dispatch counters from `/metrics` before and after each run
-  (`workers.sglang.plugin_counters`): `plugin_kernel_calls`, `plugin_fallback_calls` and the fallbacks by reason.
+  (`workers.sglang.plugin_counter_deltas`): `plugin_kernel_calls`, `plugin_fallback_calls` and the fallbacks by reason.
 
 A failure to read any of them is a note, never a failed run.
 """
@@ -28,7 +28,7 @@ from workers.engine_counters import accept_length_from_counters, scrape_metrics
 from workers.errors import BadResponse, ProbeTimeout
 from workers.http_client import ProbeClient
 from workers.sglang.argv import max_draft_depth, reported_server_args, server_arg_changes, server_arg_tags, uses_plugin
-from workers.sglang.plugin_counters import Counts, read_dispatch, record_dispatch
+from workers.sglang.plugin_counter_deltas import Counts, read_dispatch, record_dispatch
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
     stub_problems(point) -> [Problem]   timing is set through `engine.stub.*`, not smuggled into `engine.extra_args`
 
 The stub takes its timing as `--stub-*` flags (workers/stub/server.py), which the plan prepends to extra_args from
-`engine.stub` (`StubAdapter.server_engine`, through orchestrator/config/plan.py `with_stub_flags`); the timings' ranges are their declared domains
+`engine.stub` (`StubAdapter.server_engine`, through orchestrator/config/plan.py `server_engine`); the timings' ranges are their declared domains
 (specsweep_vocab/spec.py StubOptions).
 """
 

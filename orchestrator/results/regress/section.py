@@ -4,7 +4,7 @@
     changes = changes_section(client, parent_run_id, out_dir)
     changes.markdown   the section (top of diagnosis.md); changes.plots: one PNG per flagged metric over time
 
-It loads the sweep's history, compares (orchestrator/results/regress/compare.py), tags the parent (`regression`:
+It loads the sweep's history, compares (orchestrator/results/regress/baseline_compare.py), tags the parent (`regression`:
 "none" or "<metric> on <n> point(s); ...") and every compared child (`regression`: the metrics that worsened, or
 "none"; `<metric>.interval`: mean ± 95 % over its repeats when it has more than one), and draws the plots.
 A failure here is logged and leaves the rest of the report alone.
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.results.regress.changepoints import change_points
-from orchestrator.results.regress.compare import Comparison, PointResult, compare
+from orchestrator.results.regress.baseline_compare import Comparison, PointResult, compare
 from orchestrator.results.regress.history import BaselineError, History, load_history, point_series, select_baseline
 from orchestrator.results.regress.history import settings_of
 from orchestrator.results.regress.verdict import EXCURSION, NO_BASELINE, NO_SPREAD

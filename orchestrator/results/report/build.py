@@ -17,7 +17,7 @@ from orchestrator.results.diagnosis import Diagnosis, Finding, diagnose
 from orchestrator.results.diagnosis_md import render_markdown
 from orchestrator.results.metric_catalogue import HEADLINE_METRICS
 from orchestrator.results.regress.section import changes_section
-from orchestrator.results.report.load import ChildRun, load_children, sweep_run_hashes, with_outputs
+from orchestrator.results.report.read_back import ChildRun, load_children, sweep_run_hashes, with_outputs
 from orchestrator.results.report.plots import build_plots
 from orchestrator.results.report.sections import SECTIONS, ReportContext, Section, render_sections
 from orchestrator.results.report.tables import (KERNEL_COLUMNS, TABLE_COLUMNS, kernel_rows, pivot, render_csv,

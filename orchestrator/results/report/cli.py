@@ -4,7 +4,7 @@
     specsweep-report --compare A B [--out DIR] [--tracking-uri URI]
 
 With a sweep name it reports the latest parent run of that experiment (a stub-engine sweep's experiment is
-`<sweep name>-stub`). The report covers every point of the sweep, resumed ones included (load.py).
+`<sweep name>-stub`). The report covers every point of the sweep, resumed ones included (read_back.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator.results.report.build import write_report
-from orchestrator.results.report.load import ReportError, resolve_parent
+from orchestrator.results.report.read_back import ReportError, resolve_parent
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from orchestrator.results.console import print_table
 from orchestrator.results.diagnosis import RunRow
 from orchestrator.results.metric_catalogue import HEADLINE_METRICS
-from orchestrator.results.report.load import load_children, resolve_parent, sweep_run_hashes
+from orchestrator.results.report.read_back import load_children, resolve_parent, sweep_run_hashes
 from orchestrator.results.report.tables import md_table, render_csv
 
 COMPARED = HEADLINE_METRICS  # commit_len_mean, decode_tok_s, verify_step_ms

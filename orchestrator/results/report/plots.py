@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.results.diagnosis import RunRow
-from orchestrator.results.report.load import ChildRun
+from orchestrator.results.report.read_back import ChildRun
 from orchestrator.results.report.tables import swept
 
 MARKERS = "osD^vP*Xph<>"

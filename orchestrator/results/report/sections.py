@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.results.diagnosis import Diagnosis, RunRow
-from orchestrator.results.report.load import ChildRun
+from orchestrator.results.report.read_back import ChildRun
 from orchestrator.results.report.tables import render_md_table, render_pivot_md, table_rows
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from orchestrator.results.diagnosis import RunRow
 from orchestrator.results.metric_catalogue import KERNEL_METRICS, SUMMARY_METRICS
-from orchestrator.results.report.load import ChildRun
+from orchestrator.results.report.read_back import ChildRun
 
 TABLE_METRICS = SUMMARY_METRICS
 TABLE_COLUMNS = ("run", "status", "invocation", "context_len", "probe", "drafter", "attention",

@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_module
 from orchestrator.config.domains import schema_leaves
 from orchestrator.config.jobs import convert_and_validate
 from orchestrator.config.schema import SpecsweepConf, register_configs, to_run_config
-from orchestrator.config.problems import ConfigError
+from orchestrator.config.config_error import ConfigError
 from specsweep_vocab.domain import NAME
 
 

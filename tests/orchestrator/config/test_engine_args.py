@@ -11,7 +11,7 @@ from orchestrator.config.engine_args import owned_flags
 from orchestrator.config.jobs import convert_and_validate
 from orchestrator.config.plan import build_server
 from orchestrator.config.schema import register_configs
-from orchestrator.config.problems import ConfigError
+from orchestrator.config.config_error import ConfigError
 
 
 def _jobs(*overrides: str):

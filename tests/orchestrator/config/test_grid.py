@@ -13,7 +13,7 @@ from hydra.errors import HydraException
 from orchestrator.config.jobs import compose_jobs, convert_and_validate, expand_grid
 from orchestrator.config.plan import plan_sweep
 from orchestrator.config.schema import register_configs
-from orchestrator.config.problems import ConfigError
+from orchestrator.config.config_error import ConfigError
 
 FIXED = ("engine=stub", "model=tiny", "gen_tokens=32", "sweep_name=grid-test")
 
@@ -142,7 +142,7 @@ def test_what_does_not_conflict_passes(overrides):
 
 def test_a_secret_given_twice_is_not_printed():
     from orchestrator.config.overrides import override_key_problems
-    from orchestrator.config.problems import ConfigError
+    from orchestrator.config.config_error import ConfigError
 
     (p,) = override_key_problems(["engine.env.HF_TOKEN=abcdefgh", "engine.env.HF_TOKEN=ijklmnop"])
     assert "abcdefgh" not in str(ConfigError([p])) and "ijklmnop" not in str(ConfigError([p]))

@@ -11,7 +11,7 @@ from hydra import compose, initialize_config_module
 
 from orchestrator.config.jobs import convert_and_validate
 from orchestrator.config.schema import register_configs
-from orchestrator.config.problems import ConfigError
+from orchestrator.config.config_error import ConfigError
 from specsweep_vocab.spec import EngineKind
 from workers.registry import adapter_for
 

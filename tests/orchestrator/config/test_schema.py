@@ -19,7 +19,7 @@ from orchestrator.config.schema import (ClusterConf, DrafterConf, EngineConf, Pr
                                         to_run_config)
 from orchestrator.config.settings import ClusterKind, ClusterSettings, Thresholds
 from specsweep_vocab.spec import Algorithm, AttentionKind, EngineKind, EngineSpec, ProbeKind
-from orchestrator.config.problems import ConfigError
+from orchestrator.config.config_error import ConfigError
 
 
 def compose_cfg(*overrides: str):

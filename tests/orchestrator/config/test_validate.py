@@ -6,7 +6,7 @@ import pytest
 from hydra import compose, initialize_config_module
 
 from orchestrator.config.schema import register_configs, to_run_config
-from orchestrator.config.problems import ConfigError
+from orchestrator.config.config_error import ConfigError
 from orchestrator.config.validate import validate_run
 from specsweep_vocab.problem import Problem
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.engine import free_port
+from workers.engine_process import free_port
 
 
 ray = pytest.importorskip("ray")
@@ -96,7 +96,7 @@ def _listening(procs) -> set[tuple[str, str, int]]:
 
 
 def test_the_sweeps_ray_is_its_own_and_listens_on_loopback_only(foreign_ray):
-    from orchestrator.execution.ray_session import connect_ray, shutdown_ray
+    from orchestrator.execution.ray_connection import connect_ray, shutdown_ray
     from orchestrator.config.settings import ClusterSettings
 
     if ray.is_initialized():

@@ -14,7 +14,7 @@ import pytest
 from hydra import compose, initialize_config_module
 
 from orchestrator.config.schema import register_configs, to_run_config
-from orchestrator.config.problems import ConfigError
+from orchestrator.config.config_error import ConfigError
 from orchestrator.execution.preflight import probe_tracking
 from orchestrator.execution.resources import ray_address_problem, work_dir_problem
 

@@ -18,7 +18,7 @@ import pytest
 
 from orchestrator.load.curve import (LATENCIES, Level, accept_lengths, level_figures, level_metrics, pareto_front,
                                      quantile)
-from orchestrator.load.report import accept_figure, load_curve_figure, pareto_figure, table_markdown
+from orchestrator.load.render import accept_figure, load_curve_figure, pareto_figure, table_markdown
 from orchestrator.load.settings import Limits, LoadSettings, limits, load_spec, settings_problems, to_load_settings
 from specsweep_vocab.load import LoadLevel, LoadSpec
 from workers.load_curve import bench_argv

@@ -331,7 +331,7 @@ def test_a_specsweep_verify_run_that_fell_back_or_never_ran_the_kernel_is_flagge
 def test_report_rows_know_plugin_runs_from_engine_and_backends():
     from types import SimpleNamespace
 
-    from orchestrator.results.report.load import row_from_run
+    from orchestrator.results.report.read_back import row_from_run
 
     def run(engine: str, **params: str):
         return SimpleNamespace(info=SimpleNamespace(run_id="r1", run_name="n"),

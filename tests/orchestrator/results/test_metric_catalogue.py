@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from orchestrator.execution import progress
-from orchestrator.results import mlflow_ui
+from orchestrator.results import ui_view
 from orchestrator.results import metric_catalogue as mc
 from orchestrator.results.regress import verdict
 from orchestrator.results.report import compare, tables
@@ -39,7 +39,7 @@ def test_the_readers_lists_are_the_catalogues():
     assert tables.TABLE_COLUMNS[-len(mc.SUMMARY_METRICS):] == mc.SUMMARY_METRICS
     assert verdict.METRICS is mc.WATCHED
     assert verdict.EXACT_METRICS is mc.EXACT_WATCHED and verdict.NOISY_METRICS is mc.NOISY_WATCHED
-    assert mlflow_ui.ANSWER_METRICS is mc.UI_METRICS
+    assert ui_view.ANSWER_METRICS is mc.UI_METRICS
     assert progress.ENGINE_COLUMNS is mc.PROGRESS_METRICS and progress.KERNEL_COLUMNS is mc.KERNEL_METRICS
     assert compare.COMPARED is mc.HEADLINE_METRICS
     # what the lists hold today, so a changed row shows up here as a changed view
@@ -54,7 +54,7 @@ def test_the_readers_lists_are_the_catalogues():
 
 
 def test_the_saved_view_shows_the_ui_metrics():
-    columns = mlflow_ui.view_state(["drafter"])["selectedColumns"]
+    columns = ui_view.view_state(["drafter"])["selectedColumns"]
     assert [c for c in columns if c.startswith("metrics.")] == [f"metrics.`{m}`" for m in mc.UI_METRICS]
 
 

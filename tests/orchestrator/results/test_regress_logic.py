@@ -13,7 +13,7 @@ from orchestrator.results.regress.verdict import (IMPROVEMENT, NO_BASELINE, NO_S
                                                   judge)
 from specsweep_vocab.point_key import point_key
 from specsweep_vocab.spec import ProbeKind, ProbeSpec, stable_hash
-from specsweep_vocab.stats import interval
+from specsweep_vocab.confidence_interval import interval
 from tools.testing import tiny_server
 
 S = RegressSettings()

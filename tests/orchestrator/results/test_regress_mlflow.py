@@ -190,7 +190,7 @@ def test_a_run_recorded_before_the_cfg_prefix_is_the_same_point_with_the_same_se
     """The regression history spans the layout change: an old run (plain param keys) and a new one (`cfg.` keys)
     of one grid point share its point_key, read back as the same grid point, and the parents' `regress.*` settings
     read the same."""
-    from orchestrator.results.regress.compare import grid_point
+    from orchestrator.results.regress.baseline_compare import grid_point
     from orchestrator.results.regress.history import load_history, select_baseline, settings_of
 
     uri, tracker = store

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from orchestrator.config.settings import RegressSettings
-from orchestrator.results.regress.compare import Comparison, compare
+from orchestrator.results.regress.baseline_compare import Comparison, compare
 from orchestrator.results.regress.history import History, ParentRun, PointRun, select_baseline
 from orchestrator.results.regress.verdict import EXCURSION, NO_SPREAD, REGRESSION, Noise, judge, limit_q, pooled_noise
 
@@ -209,7 +209,7 @@ def test_regress_settings_keep_their_declared_domains(override, allowed):
 
     from orchestrator.config.jobs import convert_and_validate
     from orchestrator.config.schema import register_configs
-    from orchestrator.config.problems import ConfigError
+    from orchestrator.config.config_error import ConfigError
 
     register_configs()
     with initialize_config_module("conf", version_base="1.3"):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.results.report.build import write_report
-from orchestrator.results.report.load import ReportError, resolve_parent
+from orchestrator.results.report.read_back import ReportError, resolve_parent
 from orchestrator.report import main
 
 

@@ -103,7 +103,7 @@ def test_params_round_trip_through_the_schema():
 
 
 def test_loop_threshold_has_a_declared_domain():
-    from orchestrator.config.problems import ConfigError
+    from orchestrator.config.config_error import ConfigError
     from tests.orchestrator.config.test_schema import run_config
 
     assert run_config("report.loop_repeat_frac=0.3").report.loop_repeat_frac == 0.3

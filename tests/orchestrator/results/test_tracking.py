@@ -99,7 +99,7 @@ def test_experiment_opens_in_runs_view_with_axes_and_a_saved_view(store):
     import dataclasses
     import json
 
-    from orchestrator.results.mlflow_ui import view_url
+    from orchestrator.results.ui_view import view_url
 
     server = tiny_server("ngram")
     runs = [dataclasses.replace(tiny_run(server, i, kind), overrides=(f"context_len={ctx}", f"probe={kind.value}",
@@ -152,4 +152,4 @@ def test_axes_come_first_and_the_config_sits_under_one_prefix_that_old_runs_lack
     assert dummy_weights_reason(config_params(params)) == dummy_weights_reason(old_layout) != ""
     tags = run.data.tags
     assert tags["run_hash"] == runs[1].run_hash and tags["point_key"] == point_key(server, runs[1].probe)
-    assert tags["mlflow.runType"] == "evaluation"  # the UI opens the parent expanded (mlflow_ui.py)
+    assert tags["mlflow.runType"] == "evaluation"  # the UI opens the parent expanded (ui_view.py)

@@ -19,7 +19,7 @@ from orchestrator.schedules.state import FiringStatus, StateStore, daemon_lock
 from orchestrator.schedules.ray_jobs import RayJobBackend, wait_for_job_server
 from orchestrator.schedules.scheduler import Scheduler
 from tools.testing import scaled
-from workers.engine import free_port
+from workers.engine_process import free_port
 
 T0 = dt.datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 

@@ -18,7 +18,7 @@ from hydra.plugins.launcher import Launcher
 from hydra_plugins.specsweep_launcher.specsweep_launcher import SpecsweepLauncher
 from orchestrator.config.jobs import expand_grid, plan_jobs
 from orchestrator.config.schema import register_configs
-from orchestrator.config.problems import ConfigError
+from orchestrator.config.config_error import ConfigError
 from orchestrator.session import sweep as sweep_module
 from orchestrator.session.launcher import InvalidConfig
 from orchestrator.session.outcomes import NotRun, outcomes
@@ -117,7 +117,7 @@ def test_run_sweep_resume_skips_finished(monkeypatch, tmp_path):
     finished = {plan.groups[0].runs[0].run_hash}
     monkeypatch.setattr(orchestrator.results.tracking.Tracker, "finished_run_hashes", lambda self: finished)
     ran = []
-    monkeypatch.setattr(orchestrator.execution.execute, "execute_plan", lambda p, s, tracker=None, session=None: ran.append(p) or
+    monkeypatch.setattr(orchestrator.execution.execute, "execute_plan", lambda p, s, tracker=None, connection=None: ran.append(p) or
                         [RunResult(run=r, state=RunState.FINISHED) for r in p.runs])
     results, skipped, ran_plan = sweep_module.sweep_plan(plan, settings)
     assert skipped == 1 and len(results) == 1 and ran_plan.num_runs == 1 and ran == [ran_plan]
@@ -129,11 +129,11 @@ def test_run_sweep_resume_skips_finished(monkeypatch, tmp_path):
 
 
 def test_run_sweep_connects_ray_and_runs_the_preflight_once(monkeypatch, tmp_path):
-    """The launcher's Ray session (connect, preflight) is the one `execute_plan` runs on: neither happens twice."""
-    from orchestrator.execution import ray_session
+    """The launcher's Ray connection (connect, preflight) is the one `execute_plan` runs on: neither happens twice."""
+    from orchestrator.execution import ray_connection
 
     calls = {"connect": 0, "preflight": 0}
-    real_connect, real_preflight = ray_session.connect_ray, ray_session.check_placement
+    real_connect, real_preflight = ray_connection.connect_ray, ray_connection.check_placement
 
     def connect(*args, **kw):
         calls["connect"] += 1
@@ -143,8 +143,8 @@ def test_run_sweep_connects_ray_and_runs_the_preflight_once(monkeypatch, tmp_pat
         calls["preflight"] += 1
         return real_preflight(*args, **kw)
 
-    monkeypatch.setattr(ray_session, "connect_ray", connect)
-    monkeypatch.setattr(ray_session, "check_placement", preflight)
+    monkeypatch.setattr(ray_connection, "connect_ray", connect)
+    monkeypatch.setattr(ray_connection, "check_placement", preflight)
     plan, settings = plan_jobs(expand_grid(
         {"context_len": [256, 512]}, "engine=stub", "engine.stub.token_s=0.001", "engine.stub.startup_s=0",
         "sweep_name=once", "gen_tokens=8", "progress=false", "cluster.num_cpus=2"), cwd=str(tmp_path))

@@ -189,7 +189,7 @@ def test_close_ends_the_scheduler_and_later_requests(make_engine):
 def ngram_engine(tmp_path_factory):
     import dataclasses
 
-    from workers.engine import EngineProcess
+    from workers.engine_process import EngineProcess
     from tools.testing import tiny_server
 
     server = tiny_server("ngram", num_steps=4)

@@ -19,7 +19,7 @@ import pytest
 import requests
 from fastapi.testclient import TestClient
 
-from workers.engine import free_port
+from workers.engine_process import free_port
 from workers.reference.args import parse_args
 from workers.reference.chat_template import BYTE_CHAT_TEMPLATE, ChatTemplate, load_chat_template, render_chat
 from workers.reference.engine import Output, SamplingParams

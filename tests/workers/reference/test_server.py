@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from tools.testing import stop_process as stop
-from workers.engine import free_port
+from workers.engine_process import free_port
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -324,7 +324,7 @@ def _bad_point(overrides: tuple[str, ...], version: str):
 @pytest.mark.parametrize("overrides,version,key,sglang_rejects", BAD,
                          ids=[f"{v}:{' '.join(o[2:])}" for o, v, _, _ in BAD])
 def test_bad_combinations_are_rejected_by_our_validation(overrides, version, key, sglang_rejects):
-    from orchestrator.config.problems import ConfigError
+    from orchestrator.config.config_error import ConfigError
 
     try:
         problems = validate_run(_bad_point(overrides, version))

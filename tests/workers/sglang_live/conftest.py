@@ -3,7 +3,7 @@ marked `live_sglang`, and fails, never skips, when SGLang's interpreter is missi
 
 Fixtures start the real server the way a sweep does: the config composed from conf/ (`engine=sglang_cpu`), the
 ServerSpec the planner builds, the argv and environment of `workers.sglang.adapter.SGLangAdapter`, and
-`workers.engine.EngineProcess` (its own process group, stopped at teardown, no orphan)."""
+`workers.engine_process.EngineProcess` (its own process group, stopped at teardown, no orphan)."""
 from __future__ import annotations
 
 import os
@@ -15,7 +15,7 @@ import pytest
 from orchestrator.config.plan import build_server
 from specsweep_vocab.spec import ServerSpec
 from tools.composed_config import compose_run
-from workers.engine import EngineProcess
+from workers.engine_process import EngineProcess
 from workers.sglang.cpu import read_manifest, sglang_python
 
 HERE = Path(__file__).parent

@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from workers.engine import EngineProcess
+from workers.engine_process import EngineProcess
 from workers.errors import EngineDied
 from workers.registry import adapter_for
 

@@ -14,7 +14,7 @@ import pytest
 from orchestrator.config.plan import build_server
 from specsweep_vocab.spec import EngineKind
 from tools.composed_config import compose_run
-from workers.engine import EngineProcess
+from workers.engine_process import EngineProcess
 from workers.errors import EngineStartFailed
 from workers.registry import adapter_for
 from workers.sglang.cpu import cpu_env, host_has_amx, sglang_python

@@ -1,7 +1,7 @@
 """The driver's Ray connection: connected once per invocation, with the Ray preflight, and shut down by whoever
 started it.
 
-    ray_session(cluster, groups, stats=None) -> RaySession   (a context manager)
+    ray_connection(cluster, groups, stats=None) -> RayConnection   (a context manager)
         connect (or reuse) Ray, then the preflight (`orchestrator.execution.preflight.check_placement`: PreflightError before
         MLflow or any engine) and, for specsweep_verify servers, the plugin preflight on each node that could host
         one (`orchestrator.execution.plugin_preflight`); on exit shuts Ray down if this call started it. The launcher opens one and hands it
@@ -74,14 +74,14 @@ class RayStartFailed(RuntimeError):
 
 
 @dataclass(frozen=True)
-class RaySession:
+class RayConnection:
     preflight: Preflight  # how each server is placed on this cluster
-    started: bool  # this process started the Ray (and shuts it down at the end of the session)
+    started: bool  # this process started the Ray (and shuts it down when the connection is closed)
 
 
 @contextlib.contextmanager
-def ray_session(cluster: ClusterSettings, groups: Sequence[ServerGroup],
-                stats: ExecutionStats | None = None) -> Iterator[RaySession]:
+def ray_connection(cluster: ClusterSettings, groups: Sequence[ServerGroup],
+                   stats: ExecutionStats | None = None) -> Iterator[RayConnection]:
     """Connect (or reuse) Ray and run the preflight; shuts down only what it started. `stats` gets `ray_init_s`,
     `ray_shutdown_s` and the marks `ray_up`, `ray_down`."""
     stats = stats if stats is not None else ExecutionStats()
@@ -92,7 +92,7 @@ def ray_session(cluster: ClusterSettings, groups: Sequence[ServerGroup],
     try:
         preflight = check_placement(groups, cluster)
         check_plugin_nodes(groups, cluster, preflight)  # attention=specsweep_verify: SGLang's interpreter, per node
-        yield RaySession(preflight, started)
+        yield RayConnection(preflight, started)
     except BaseException as e:
         if started:
             shutdown_ray(interrupted=isinstance(e, KeyboardInterrupt))

@@ -15,7 +15,7 @@ import requests
 
 from specsweep_vocab.spec import EngineKind
 from tools.testing import tiny_server
-from workers.engine import EngineProcess
+from workers.engine_process import EngineProcess
 from workers.registry import adapter_for, build_engine_argv
 from workers.errors import EngineDied, EngineStartFailed, EngineTimeout
 
@@ -157,7 +157,7 @@ def test_engine_death_is_noticed(tmp_path):
 
 OWNER = textwrap.dedent("""
     import sys, time
-    from workers.engine import EngineProcess
+    from workers.engine_process import EngineProcess
     from tools.testing import tiny_server
     engine = EngineProcess.for_server(tiny_server("none"), sys.argv[1])
     engine.start()
