@@ -158,12 +158,11 @@ def _ask(study: "optuna.Study", settings: TuneSettings, speculates: Callable[[Ma
             view.enqueue_trial(dict(t.params))
             view.ask()
     for _ in range(_DRAWS):
-        params: Mapping[str, Any] | None = suggest(view.ask(), settings.space, speculates)
-        if fresh(params or {}):
+        params: Mapping[str, Any] = suggest(view.ask(), settings.space, speculates)
+        if fresh(params):
             break
     else:
         params = fallback() or params
-    assert params is not None
     study.enqueue_trial(dict(params))
     return study.ask()
 
