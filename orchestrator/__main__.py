@@ -82,12 +82,12 @@ def main() -> None:
 def _main(argv: list[str]) -> None:
     from orchestrator.config.overrides import override_key_problems
     from orchestrator.config.config_error import ConfigError
-    from specsweep_vocab.redact import RedactingStream, override_secrets
+    from specsweep_common.redact import RedactingStream, override_secrets
 
     overrides = argv_overrides(argv)
     if problems := override_key_problems(overrides):
         sys.exit(str(ConfigError(problems)))
-    # the one output boundary for secrets given on the command line (specsweep_vocab.redact.RedactingStream)
+    # the one output boundary for secrets given on the command line (specsweep_common.redact.RedactingStream)
     secrets = override_secrets(overrides)
     sys.stdout, sys.stderr = RedactingStream(sys.stdout, secrets), RedactingStream(sys.stderr, secrets)
     # SIGTERM is an interrupt from the start (while Ray starts too), not only once the sweep runs (driver_signals)
@@ -130,7 +130,7 @@ def refusal_message(error: BaseException, overrides: Sequence[str]) -> str | Non
     if override is None:
         return None
     from orchestrator.config.config_error import ConfigError
-    from specsweep_vocab.problem import Problem
+    from specsweep_common.problem import Problem
 
     key, _, value = override.partition("=")
     reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

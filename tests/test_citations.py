@@ -23,7 +23,7 @@ import pytest
 from tests.workers.sglang.source import package_dir, sglang_root
 
 ROOT = Path(__file__).resolve().parents[1]
-CITING = ("README.md", "docs", "orchestrator", "workers", "kernels", "specsweep_vocab", "tools", "tests", "conf")
+CITING = ("README.md", "docs", "orchestrator", "workers", "kernels", "specsweep_common", "tools", "tests", "conf")
 SUFFIXES = {".md", ".py", ".yaml", ".toml", ".txt"}
 CITATION = re.compile(r"(?<![\w/.\-])((?:[\w.\-]+/)*[\w\-]+\.py):(\d+(?:[-–]\d+)?(?:,\d+(?:[-–]\d+)?)*)")
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"orchestrator": ROOT / "orchestrator", "workers": ROOT / "workers",
-            "specsweep_vocab": ROOT / "specsweep_vocab", "specsweep_kernels": ROOT / "kernels" / "specsweep_kernels",
+            "specsweep_common": ROOT / "specsweep_common", "specsweep_kernels": ROOT / "kernels" / "specsweep_kernels",
             "hydra_plugins": ROOT / "hydra_plugins", "tools": ROOT / "tools", "tests": ROOT / "tests"}
-CODE = ("orchestrator", "workers", "specsweep_vocab", "hydra_plugins", "tools", "kernels", "tests")
+CODE = ("orchestrator", "workers", "specsweep_common", "hydra_plugins", "tools", "kernels", "tests")
 EXT = r"(?:py|md|yaml|yml|json|txt|toml|sh|cfg|ini|csv)"
 PATH = re.compile(r"(?<![\w./<>*{}$-])((?:\.?[\w-]+/)+(?:[\w.-]*\.%s|))(?![\w/*<>{}])" % EXT)
 DOTTED = re.compile(r"(?<![\w./-])((?:%s)(?:\.\w+)+)" % "|".join(PACKAGES))
@@ -28,7 +28,7 @@ TEST_NAME = re.compile(r"`(?:[\w/.]+::)?(test_\w+)(\.\.\.|\*)?")
 # Paths named on purpose although they do not exist: (where, path) -> why.
 ABSENT_ON_PURPOSE = {
     ("docs/schedule.md", "conf/schedule/"): "why schedules are not a Hydra config group",
-    ("specsweep_vocab/builtin_models.py", "conf/model/tiny.yaml"): "the built-in models have no YAML",
+    ("specsweep_common/builtin_models.py", "conf/model/tiny.yaml"): "the built-in models have no YAML",
     ("tests/test_packaging.py", "kernels/__init__.py"): "the file a broken wheel shipped",
     ("orchestrator/results/report/sections.py", "report/summary.md"): "an artifact path in MLflow, not a file here",
     ("orchestrator/load/run.py", "load/table.md"): "an artifact path in MLflow, not a file here",

@@ -1,6 +1,6 @@
 """Imports run one way, and no module takes part in an import cycle.
 
-- specsweep_vocab is the bottom: the standard library and itself only.
+- specsweep_common is the bottom: the standard library and itself only.
 - workers/ and orchestrator/ sit above it and apart: workers/ never imports orchestrator/; the reference engine
   (workers/reference/) imports nothing else from workers/ (its adapter.py only the shared pieces below the engines).
 - Inside workers/, three layers: the shared pieces (SHARED: the engine interface, the HTTP client, meta_info and
@@ -37,7 +37,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = {"specsweep_vocab": ROOT / "specsweep_vocab", "orchestrator": ROOT / "orchestrator",
+PACKAGES = {"specsweep_common": ROOT / "specsweep_common", "orchestrator": ROOT / "orchestrator",
             "workers": ROOT / "workers", "specsweep_kernels": ROOT / "kernels" / "specsweep_kernels",
             "hydra_plugins": ROOT / "hydra_plugins", "tools": ROOT / "tools"}
 OURS = (*PACKAGES, "conf")
@@ -149,9 +149,9 @@ def test_no_import_cycles():
 
 
 def test_vocab_imports_only_the_standard_library_and_itself():
-    bad = {(m, i) for m, names in _imports("specsweep_vocab").items() for i in names
-           if _top(i) != "specsweep_vocab" and _top(i) != "__future__" and _top(i) not in sys.stdlib_module_names}
-    assert _imports("specsweep_vocab") and not bad
+    bad = {(m, i) for m, names in _imports("specsweep_common").items() for i in names
+           if _top(i) != "specsweep_common" and _top(i) != "__future__" and _top(i) not in sys.stdlib_module_names}
+    assert _imports("specsweep_common") and not bad
 
 
 def test_workers_import_nothing_from_orchestrator():
@@ -188,7 +188,7 @@ def _engine_of(name: str) -> str | None:
 
 
 def test_no_module_outside_the_engine_folders_imports_one_but_the_registry():
-    """Generic workers/ modules, orchestrator/, the vocabulary, the kernels and the Hydra plugin reach an engine
+    """Generic workers/ modules, orchestrator/, specsweep_common, the kernels and the Hydra plugin reach an engine
     only through the registry's adapters (tools/, the benchmarks of the reference engine, are not the product)."""
     bad = {(m, i) for m, names in GRAPH.items() if _engine_of(m) is None and _top(m) != "tools"
            for i in names if _engine_of(i) is not None and m != ENGINE_REGISTRY}
@@ -215,7 +215,7 @@ KIND_NAMERS = {
     "workers.registry",
     # the kinds' declaration, with the kind-level facts code reading a stored run needs without the adapters
     # (`EngineKind.simulated`, `.loads_kernel_plugin`) and which engines run on GPUs (`ServerSpec.on_gpu`)
-    "specsweep_vocab.spec",
+    "specsweep_common.spec",
 }
 KIND_NAME = re.compile(r"EngineKind\.(?:" + "|".join(e.upper() for e in ENGINE_FOLDERS) + r")\b"
                        r"|[=!]=\s*[\"'](?:" + "|".join(ENGINE_FOLDERS) + r")[\"']")
@@ -268,13 +268,13 @@ def test_orchestrator_packages_import_only_the_packages_below_them():
 ENGINE_REGISTRY = "workers.registry"
 
 
-def test_config_imports_only_itself_and_the_vocabulary():
+def test_config_imports_only_itself_and_specsweep_common():
     graph = _imports("orchestrator")
     config = {m for m in graph if m == PLANNING or m.startswith(PLANNING + ".")}
     assert {"orchestrator.config.settings", "orchestrator.config.schema", "orchestrator.config.validate",
             "orchestrator.config.plan"} <= config
     bad = {(m, i) for m in config for i in graph[m]
-           if _top(i) in OURS and _top(i) != "specsweep_vocab" and not i.startswith(PLANNING)
+           if _top(i) in OURS and _top(i) != "specsweep_common" and not i.startswith(PLANNING)
            and not (_layer(m) == "config" and i == ENGINE_REGISTRY)}
     assert not bad
 
@@ -320,8 +320,8 @@ def test_only_the_command_lines_import_the_session_and_the_schedules():
 
 def test_settings_is_the_bottom_of_orchestrator_and_the_clis_its_top():
     graph = _imports("orchestrator")
-    # the vocabulary (specsweep_vocab: the declared domains) is below every layer
-    assert not {i for i in graph["orchestrator.config.settings"] if _top(i) in OURS and _top(i) != "specsweep_vocab"}
+    # specsweep_common (the declared domains) is below every layer
+    assert not {i for i in graph["orchestrator.config.settings"] if _top(i) in OURS and _top(i) != "specsweep_common"}
     bad = {(m, i) for m, names in GRAPH.items() for i in names if i in CLIS and m not in CLIS}
     assert not bad
 
@@ -333,10 +333,10 @@ LONG_MODULES: set[str] = set()
 
 
 def test_no_product_module_outside_kernels_is_longer_than_the_limit():
-    """Every module of the product packages (vocabulary, orchestrator, workers, the Hydra plugin) outside kernels/
+    """Every module of the product packages (specsweep_common, orchestrator, workers, the Hydra plugin) outside kernels/
     has at most MAX_MODULE_LINES lines; tests/ and tools/ are not product code."""
     long = {}
-    for name in ("specsweep_vocab", "orchestrator", "workers", "hydra_plugins"):
+    for name in ("specsweep_common", "orchestrator", "workers", "hydra_plugins"):
         for path in sorted(PACKAGES[name].rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
             n = len(path.read_text().splitlines())

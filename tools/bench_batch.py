@@ -23,7 +23,7 @@ import torch
 from workers.reference.args import parse_args
 from tools.bench_engine import ALGORITHMS, cpu_name, markdown_table
 from workers.reference.engine import Engine, Output, SamplingParams
-from specsweep_vocab.builtin_models import BUILTIN_MODELS
+from specsweep_common.builtin_models import BUILTIN_MODELS
 
 logger = logging.getLogger(__name__)
 

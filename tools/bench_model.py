@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from specsweep_vocab.spec import EngineKind, ProbeKind, ProbeSpec
+from specsweep_common.spec import EngineKind, ProbeKind, ProbeSpec
 from workers.prompts import build_prompt
 
 from workers.reference import gguf_checkpoint

@@ -40,7 +40,7 @@ from orchestrator.config.plan import Plan
 from orchestrator.config.settings import ClusterSettings, ExecutionSettings, TrackingSettings
 from orchestrator.execution.stats import ExecutionStats
 from tools.testing import tiny_group, tiny_run, tiny_server
-from specsweep_vocab.spec import ProbeKind, RunState
+from specsweep_common.spec import ProbeKind, RunState
 
 logger = logging.getLogger(__name__)
 

@@ -49,7 +49,7 @@ from orchestrator.results.regress.history import load_history, select_baseline
 from orchestrator.results.regress.section import changes_section
 from orchestrator.results.regress.verdict import EXCURSION, NO_SPREAD
 from orchestrator.results.tracking import Tracker
-from specsweep_vocab.spec import ProbeKind, ProbeSpec, RunSpec, RunState, ServerGroup, stable_hash
+from specsweep_common.spec import ProbeKind, ProbeSpec, RunSpec, RunState, ServerGroup, stable_hash
 from tools.testing import stub_server
 from workers.reference.speculative import ENV_WORSE_NGRAM
 from workers.runners import GroupRunner

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from orchestrator.config.plan import Plan
 from orchestrator.config.settings import ClusterKind, ClusterSettings, ExecutionSettings, TrackingSettings
-from specsweep_vocab.spec import RunState
+from specsweep_common.spec import RunState
 from tools.testing import stub_server, tiny_group, tiny_run
 
 log = logging.getLogger(__name__)

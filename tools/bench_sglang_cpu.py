@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from orchestrator.config.plan import build_server
-from specsweep_vocab.spec import EngineKind, ProbeKind, ProbeSpec, ServerSpec
+from specsweep_common.spec import EngineKind, ProbeKind, ProbeSpec, ServerSpec
 from tools.bench_engine import cpu_name
 from tools.composed_config import compose_run
 from workers.engine_process import EngineProcess

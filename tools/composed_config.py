@@ -50,7 +50,7 @@ def _compose_cache_dir() -> Path | None:
         return None
     h = hashlib.sha256()
     sources = [*sorted((ROOT / "conf").rglob("*.yaml")), *sorted(Path(inspect.getfile(register_configs)).parent.glob("*.py")),
-               *sorted((ROOT / "specsweep_vocab").glob("*.py"))]
+               *sorted((ROOT / "specsweep_common").glob("*.py"))]
     for path in sources:
         h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
     for dist in ("hydra-core", "omegaconf"):

@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, cast
 
-from specsweep_vocab.spec import ServerSpec
+from specsweep_common.spec import ServerSpec
 
 Reply = tuple[int, "str | bytes | dict | list", str]  # (status, body: a dict/list is sent as JSON, content type)
 JSON = "application/json"

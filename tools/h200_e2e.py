@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from specsweep_vocab.spec import kv_bytes_per_token
+from specsweep_common.spec import kv_bytes_per_token
 
 from workers.reference.args import parse_args
 from workers.reference.cuda_graph import bucket_for, replay_summary

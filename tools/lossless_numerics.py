@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from specsweep_vocab.spec import EngineKind, ProbeKind, ProbeSpec
+from specsweep_common.spec import EngineKind, ProbeKind, ProbeSpec
 from workers.prompts import build_prompt
 from workers.reference.args import parse_args
 from workers.reference.engine import Engine, SamplingParams

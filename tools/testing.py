@@ -42,8 +42,8 @@ import requests
 
 from orchestrator.config.plan import server_engine
 from orchestrator.config.run_config import RunConfig
-from specsweep_vocab.builtin_models import TINY
-from specsweep_vocab.spec import (Algorithm, AttentionSpec, DrafterSpec, EngineKind, EngineSpec, ProbeKind,
+from specsweep_common.builtin_models import TINY
+from specsweep_common.spec import (Algorithm, AttentionSpec, DrafterSpec, EngineKind, EngineSpec, ProbeKind,
                                   ProbeSpec, RunSpec, ServerGroup, ServerSpec, StubOptions, stable_hash)
 from workers.engine_counters import parse_scrape
 

@@ -48,9 +48,9 @@ import os
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from specsweep_vocab.plan_point import PlanPoint, Resources, argv_flags, context_limit_words, server_context_len
-from specsweep_vocab.problem import Problem
-from specsweep_vocab.spec import Algorithm, EngineKind, EngineSpec, ModelSpec, ServerSpec
+from specsweep_common.plan_point import PlanPoint, Resources, argv_flags, context_limit_words, server_context_len
+from specsweep_common.problem import Problem
+from specsweep_common.spec import Algorithm, EngineKind, EngineSpec, ModelSpec, ServerSpec
 
 if TYPE_CHECKING:
     from workers.engine_counters import Scrape
@@ -125,7 +125,7 @@ class PromptEncoding:
 
     encode: text -> token ids in the engine's own tokenizer; None: the engine takes text (about
         `workers.prompts.CHARS_PER_TOKEN` chars a token) and its reported prompt_tokens is what gets recorded.
-    frame: probe.task's chat turn around the probe text, (before, after), as text (`specsweep_vocab.chat_frame`).
+    frame: probe.task's chat turn around the probe text, (before, after), as text (`specsweep_common.chat_frame`).
     exact: a tokenizer that gives fewer tokens than asked for any probe text is an error; False: send text instead.
     """
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable, Protocol, cast
 
-from specsweep_vocab.spec import DTYPE_BYTES, ModelSpec
+from specsweep_common.spec import DTYPE_BYTES, ModelSpec
 
 logger = logging.getLogger(__name__)
 

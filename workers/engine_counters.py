@@ -52,7 +52,7 @@ Limits (`Scheduler.get_init_info`, `sglang/srt/managers/scheduler.py:1942-1947`,
 `build_server_info`, `sglang/srt/utils/common.py:3584-3593`): `max_total_num_tokens`, the KV pool's capacity in
 tokens (`sglang/srt/managers/tp_worker.py:576`), and `max_req_input_len`, the prompt length from which the
 scheduler aborts a request (`tp_worker.py:568-573`, `sglang/srt/managers/utils.py:272-287`;
-`specsweep_vocab.sglang_limits` has the whole rule).
+`specsweep_common.sglang_limits` has the whole rule).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ from typing import Any, Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from specsweep_vocab.sglang_facts import (DEVICE_TIMER_ENV, FORWARD_SECONDS, GENERATION_TOKENS, VERIFY_CALLS,
+from specsweep_common.sglang_facts import (DEVICE_TIMER_ENV, FORWARD_SECONDS, GENERATION_TOKENS, VERIFY_CALLS,
                                           VERIFY_CATEGORY)
 from workers.errors import BadResponse, ProbeTimeout
 from workers.http_client import ProbeClient

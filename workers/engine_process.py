@@ -45,8 +45,8 @@ from typing import Callable, Mapping
 
 import requests
 
-from specsweep_vocab.redact import redact_argv
-from specsweep_vocab.spec import ServerSpec
+from specsweep_common.redact import redact_argv
+from specsweep_common.spec import ServerSpec
 from workers.adapter import EngineAdapter, NodeRank, node_rank_argv
 from workers.errors import EngineDied, EngineStartFailed, EngineTimeout
 from workers.registry import adapter_for, build_engine_argv

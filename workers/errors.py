@@ -12,7 +12,7 @@ engine's log tail, so the run that hit it becomes a FAILED record with the reaso
 
 from __future__ import annotations
 
-from specsweep_vocab.spec import FailureReason
+from specsweep_common.spec import FailureReason
 
 
 class WorkerError(RuntimeError):

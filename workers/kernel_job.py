@@ -56,7 +56,7 @@ def _time_us(fn, device) -> float:
 
 
 def run_shape(spec) -> tuple[dict[str, float], str]:
-    """One shape (a specsweep_vocab.spec.KernelSpec) on its device: (metrics time_us, gbs, rel_err, kv_bytes
+    """One shape (a specsweep_common.spec.KernelSpec) on its device: (metrics time_us, gbs, rel_err, kv_bytes
     (+ floor_frac, peak_bw_gbs on CUDA), the attention kernel that ran: "gluon" or "triton")."""
     import torch
 
@@ -101,7 +101,7 @@ def device_name(device: str) -> str:
 
 def one(spec_json: str) -> dict:
     """`--one`: {"metrics": {...}, "device": name, "kernel": "gluon" | "triton"}."""
-    from specsweep_vocab.spec import KernelSpec
+    from specsweep_common.spec import KernelSpec
 
     spec = KernelSpec.from_json(spec_json)
     if spec.device == "cpu" and os.environ.get(INTERPRET_ENV) != "1":

@@ -35,8 +35,8 @@ from typing import Any
 
 import requests
 
-from specsweep_vocab.load import LoadLevel, LoadSpec
-from specsweep_vocab.spec import ServerSpec
+from specsweep_common.load import LoadLevel, LoadSpec
+from specsweep_common.spec import ServerSpec
 from workers.engine_process import EngineProcess
 from workers.errors import EngineStartFailed
 from workers.registry import adapter_for

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Iterable
 
-from specsweep_vocab.spec import RunResult
+from specsweep_common.spec import RunResult
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ names). Below the engine folders: workers/probe.py reads every engine's answers 
         same quantity, exact, per request (workers/reference/spec_counters.py keeps the window as SGLang does).
 
 The per-interval counters of `/metrics` (verify calls, generated tokens) are read by workers/engine_counters.py.
-Names per version: `specsweep_vocab.sglang_facts.SGLANG_VERSIONS`; docs/sglang.md has the table and the tests behind it.
+Names per version: `specsweep_common.sglang_facts.SGLANG_VERSIONS`; docs/sglang.md has the table and the tests behind it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from specsweep_vocab.sglang_facts import SGLANG_VERSIONS, SGLangFacts, sglang_facts
+from specsweep_common.sglang_facts import SGLANG_VERSIONS, SGLangFacts, sglang_facts
 
 
 

@@ -10,7 +10,7 @@ Public API:
     measure(gen: Generation, expect_spec: bool) -> Measurement
         metrics (docs/sglang.md names), series {"commit_len": [...]}, artifacts {"continuation.txt", "steps.csv",
         "output_ids.json" (the output token ids, and without speculation at temperature 0 the top-2 logprobs of each
-        position: specsweep_vocab.greedy_output, what the diagnosis' lossless check compares)}. The
+        position: specsweep_common.greedy_output, what the diagnosis' lossless check compares)}. The
         speculative headline figures (commit_len_mean, emitted_per_verify, engine_accept_length, accept_rate, the
         histogram and accept_at_depth) come from SGLang's meta_info fields on every engine, through one function
         (workers.meta_info.spec_metrics_from_meta_info); the reference engine's extra `spec_steps` give only
@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-from specsweep_vocab.greedy_output import LOSSLESS_TOP_LOGPROBS, OUTPUT_IDS_ARTIFACT, GreedyOutput, parse_top2
-from specsweep_vocab.spec import EngineKind, ProbeSpec
+from specsweep_common.greedy_output import LOSSLESS_TOP_LOGPROBS, OUTPUT_IDS_ARTIFACT, GreedyOutput, parse_top2
+from specsweep_common.spec import EngineKind, ProbeSpec
 from workers.derived import repeat_frac
 from workers.errors import BadResponse
 from workers.http_client import Generation, Prompt, ProbeClient
@@ -239,7 +239,7 @@ def run_probe(base_url: str, probe: ProbeSpec, engine: EngineKind, *, expect_spe
               prompt: Prompt | None = None, version: str | None = None,
               max_depth: int | None = None, repeat: int = 0) -> Measurement:
     """Flush, build the prompt(s), generate (probe.concurrency requests at once), measure. `version`: SGLang's
-    meta_info names (specsweep_vocab.sglang_facts.SGLANG_VERSIONS; None: told apart by the names); `max_depth`: the most
+    meta_info names (specsweep_common.sglang_facts.SGLANG_VERSIONS; None: told apart by the names); `max_depth`: the most
     drafts one verify step can accept, for depth_accept_rate; `repeat`: which of probe.repeats texts (workers.prompts)."""
     # without speculation, at temperature 0: the top-2 logprobs of each output token (the lossless check's ties)
     top = LOSSLESS_TOP_LOGPROBS if not expect_spec and probe.temperature == 0 else None

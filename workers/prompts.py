@@ -25,7 +25,7 @@ import random
 from pathlib import Path
 from typing import Iterator
 
-from specsweep_vocab.spec import EngineKind, ProbeKind, ProbeSpec
+from specsweep_common.spec import EngineKind, ProbeKind, ProbeSpec
 from workers.http_client import Prompt
 from workers.registry import adapter_for
 

@@ -14,7 +14,7 @@ A new engine is one line here and its folder.
 
 from __future__ import annotations
 
-from specsweep_vocab.spec import EngineKind, ServerSpec
+from specsweep_common.spec import EngineKind, ServerSpec
 from workers.adapter import EngineAdapter, NodeRank
 from workers.reference.adapter import ReferenceAdapter
 from workers.sglang.adapter import SGLangAdapter

@@ -7,7 +7,7 @@ would be (its own /metrics counters, derived figures). The combined run records,
 
 - `<metric>`: the mean over the repeats (what every reader of the run sees, as before);
 - with 2 or more repeats, the MLflow metrics `<metric>.ci95_lo`, `<metric>.ci95_hi` (Student's t over the repeats,
-  specsweep_vocab/confidence_interval.py says why not a bootstrap) and `<metric>.n` (how many repeats measured it);
+  specsweep_common/confidence_interval.py says why not a bootstrap) and `<metric>.n` (how many repeats measured it);
 - the tag `<metric>.repeats`: the values, a JSON list in repeat order (what the regression check judges with).
 
 Series, artifacts and the per-step histogram are repeat 0's (one prompt's steps, as before); notes carry their
@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import statistics
 
-from specsweep_vocab.confidence_interval import interval
+from specsweep_common.confidence_interval import interval
 from workers.probe import Measurement
 
 CI_SUFFIXES = (".ci95_lo", ".ci95_hi", ".n")

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from specsweep_vocab.spec import KERNEL_LAYOUTS, kv_bytes_per_token
+from specsweep_common.spec import KERNEL_LAYOUTS, kv_bytes_per_token
 
 __all__ = ["Layout", "Problem", "make_problem", "chain_mask", "random_tree_mask", "GQA_32_8", "MLA_16", "LAYOUTS"]
 
@@ -30,7 +30,7 @@ class Layout:
                                   v_head_dim=self.v_head_dim, elt=elt, mla=self.mla)
 
 
-# The named presets (`kernel.layout` of a sweep, `--layouts` of the bench): specsweep_vocab.spec.KERNEL_LAYOUTS,
+# The named presets (`kernel.layout` of a sweep, `--layouts` of the bench): specsweep_common.spec.KERNEL_LAYOUTS,
 # the same figures planning reads without torch.
 LAYOUTS = {name: Layout(*preset) for name, preset in KERNEL_LAYOUTS.items()}
 GQA_32_8 = LAYOUTS["gqa"]  # Qwen3-8B-like

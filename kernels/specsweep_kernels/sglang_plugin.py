@@ -27,7 +27,7 @@ Sizing: the workspace and the largest T the kernel takes come from `verify_width
 resolved (the parent Triton backend's own per-request width), never from the raw `server_args` field, which
 0.5.23 leaves None under DFLASH (every 16-token verify would then have gone to Triton unseen).
 Counting: every verify / decode layer call is counted by `DispatchCounts` into the prometheus counter
-`specsweep_vocab.plugin_counters.COUNTER` (labels phase, path = kernel | fallback, reason), including CUDA-graph
+`specsweep_common.plugin_counters.COUNTER` (labels phase, path = kernel | fallback, reason), including CUDA-graph
 replays (the hook before each replay re-sends the captured step's counts); SGLang's /metrics sums it over the
 scheduler processes, and the server worker records per-run deltas (`plugin_kernel_calls`, `plugin_fallback_calls`,
 by reason) so a run labelled specsweep_verify proves the kernel ran.
@@ -61,7 +61,7 @@ from typing import Any
 
 import torch
 
-from specsweep_vocab import plugin_counters as pc
+from specsweep_common import plugin_counters as pc
 
 logger = logging.getLogger(__name__)
 
@@ -278,7 +278,7 @@ def verify_width(parent: Any) -> int:
 
 class DispatchCounts:
     """Each layer's attention call of the phases the kernel claims ("verify": TARGET_VERIFY, "decode"), on our
-    kernel or handed to SGLang's Triton backend with a reason (`specsweep_vocab.plugin_counters.FALLBACK_REASONS`),
+    kernel or handed to SGLang's Triton backend with a reason (`specsweep_common.plugin_counters.FALLBACK_REASONS`),
     sent to `sink(phase, path, reason, n)` (the prometheus counter: `prometheus_sink`).
 
     CUDA graphs: a replay runs no Python, so the layers cannot count themselves. Every forward whose layers ran
@@ -322,7 +322,7 @@ class DispatchCounts:
 
 @functools.lru_cache(maxsize=None)
 def prometheus_counter() -> Any:
-    """The process's counter (`specsweep_vocab.plugin_counters.COUNTER`), created on first use: in a scheduler,
+    """The process's counter (`specsweep_common.plugin_counters.COUNTER`), created on first use: in a scheduler,
     after SGLang put PROMETHEUS_MULTIPROC_DIR in the environment, so that SGLang's /metrics sums it over processes.
     Never import prometheus_client earlier in the launcher: it picks its value class once, at import. None when
     prometheus_client is missing."""

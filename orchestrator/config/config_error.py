@@ -1,4 +1,4 @@
-"""`Problem(key, value, allowed)`: one refused config value (`specsweep_vocab.problem`); `ConfigError`: every problem
+"""`Problem(key, value, allowed)`: one refused config value (`specsweep_common.problem`); `ConfigError`: every problem
 of a sweep, by grid point.
 
 Every check before any work (the declared domains, the keys, the rules, the resources) reports with these, so each
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from specsweep_vocab.problem import Problem
-from specsweep_vocab.redact import redact_override
+from specsweep_common.problem import Problem
+from specsweep_common.redact import redact_override
 
 
 class ConfigError(ValueError):

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-from specsweep_vocab.problem import Problem
-from specsweep_vocab.plan_point import server_context_len as server_context_len
-from specsweep_vocab.spec import JobKind
+from specsweep_common.problem import Problem
+from specsweep_common.plan_point import server_context_len as server_context_len
+from specsweep_common.spec import JobKind
 from workers.registry import adapter_for
 
 if TYPE_CHECKING:

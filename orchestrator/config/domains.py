@@ -1,11 +1,11 @@
-"""The one check of every config leaf against the domain its field declares (`specsweep_vocab.domain`).
+"""The one check of every config leaf against the domain its field declares (`specsweep_common.domain`).
 
     domain_problems(config, schema, overrides) -> [Problem]   every leaf of a composed config (plain dicts) outside
                                                               its declared domain: key, value and what is allowed
     schema_leaves(schema) -> [(key, type, Domain | None)]      every value leaf of the schema (a test requires a
                                                               domain on each numeric and string one)
 
-The domains are declared beside the types (`field(metadata=domain(...))` in specsweep_vocab/spec.py,
+The domains are declared beside the types (`field(metadata=domain(...))` in specsweep_common/spec.py,
 orchestrator/config/settings.py, run_config.py and schema.py) and reach the Hydra schema with the fields
 (`schema.structured_conf`); this module knows no key by name. It runs for every grid point, in `to_run_config`,
 before any rule, Ray, MLflow or engine.
@@ -18,8 +18,8 @@ import functools
 import typing
 from typing import Any, Mapping
 
-from specsweep_vocab.problem import Problem
-from specsweep_vocab.domain import Domain, domain_of
+from specsweep_common.problem import Problem
+from specsweep_common.domain import Domain, domain_of
 
 
 @functools.cache

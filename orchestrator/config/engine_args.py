@@ -17,10 +17,10 @@ from __future__ import annotations
 from typing import Sequence
 
 from orchestrator.config.plan import build_server
-from specsweep_vocab.problem import Problem
+from specsweep_common.problem import Problem
 from orchestrator.config.run_config import RunConfig
-from specsweep_vocab.plan_point import argv_flags
-from specsweep_vocab.spec import JobKind, ServerSpec
+from specsweep_common.plan_point import argv_flags
+from specsweep_common.spec import JobKind, ServerSpec
 from workers.registry import adapter_for
 
 

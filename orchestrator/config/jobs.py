@@ -29,8 +29,8 @@ from orchestrator.config.settings import ExecutionSettings
 from orchestrator.config.context import every_point_over_context
 from orchestrator.config.config_error import ConfigError
 from orchestrator.config.validate import validate_run
-from specsweep_vocab.problem import Problem
-from specsweep_vocab.spec import JobKind, engine_mix_allowed
+from specsweep_common.problem import Problem
+from specsweep_common.spec import JobKind, engine_mix_allowed
 
 # Keys that describe the sweep, not a point: one value per sweep.
 SWEEP_LEVEL = ("sweep_name", "cluster", "tracking", "resume", "progress", "report")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import difflib
 from typing import Any, Iterable, Mapping, Sequence
 
-from specsweep_vocab.problem import Problem
-from specsweep_vocab.redact import redact_override
+from specsweep_common.problem import Problem
+from specsweep_common.redact import redact_override
 
 # The schema as a key tree (orchestrator.config.schema.schema_tree): name -> subtree, LEAF for a value, OPEN for a
 # dict-typed key (engine.env, cluster.runtime_env) under which any key is legal.

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from specsweep_vocab.problem import Problem
-from specsweep_vocab.spec import JobKind
+from specsweep_common.problem import Problem
+from specsweep_common.spec import JobKind
 
 if TYPE_CHECKING:
     from orchestrator.config.run_config import RunConfig

@@ -23,7 +23,7 @@ import struct
 from pathlib import Path
 from typing import IO, Any
 
-from specsweep_vocab.problem import Problem
+from specsweep_common.problem import Problem
 from workers.registry import adapter_for
 
 FACTS = ("max_context_len", "num_layers", "hidden_size", "num_q_heads", "num_kv_heads")

@@ -13,7 +13,7 @@ from typing import Sequence
 
 from orchestrator.config.keys import conflicting_override_problems, unknown_key_problem
 from orchestrator.config.schema import schema_tree
-from specsweep_vocab.problem import Problem
+from specsweep_common.problem import Problem
 
 
 def config_groups() -> tuple[str, ...]:

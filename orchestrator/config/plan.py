@@ -10,10 +10,10 @@ import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-from specsweep_vocab.redact import redact_override
-from specsweep_vocab.spec import EngineKind, EngineSpec, JobKind, RunSpec, ServerGroup, ServerSpec, stable_hash
+from specsweep_common.redact import redact_override
+from specsweep_common.spec import EngineKind, EngineSpec, JobKind, RunSpec, ServerGroup, ServerSpec, stable_hash
 from orchestrator.config.context import check_context
-from specsweep_vocab.plan_point import server_context_len
+from specsweep_common.plan_point import server_context_len
 from workers.registry import adapter_for
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ class Plan:
     groups: tuple[ServerGroup, ...]  # one per distinct ServerSpec, deterministic order
     dropped: tuple[tuple[RunSpec | None, str], ...] = ()  # (point, why) left out at planning
     # resolved config of the first job (the parent run's params) and the sweep's command-line overrides, as given:
-    # the Tracker redacts what it records (specsweep_vocab.redact)
+    # the Tracker redacts what it records (specsweep_common.redact)
     base_config: dict[str, Any] | None = None
     overrides: tuple[str, ...] = ()
     resumed: tuple[str, ...] = ()  # run_hashes of grid points left out because already FINISHED (plan_resume)

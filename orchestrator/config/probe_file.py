@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from specsweep_vocab.problem import Problem
+from specsweep_common.problem import Problem
 
 
 def probe_file_problem(key_value: str, name: str, raw: bytes, overrides: tuple[str, ...] = ()) -> Problem | None:

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 from orchestrator.config.settings import (ClusterSettings, ExecutionSettings, RegressSettings, Thresholds,
                                           TrackingSettings)
-from specsweep_vocab.domain import NAME, TOKENS, Int, Items, Text, domain
-from specsweep_vocab.spec import (AttentionSpec, DrafterSpec, EngineSpec, JobKind, KernelSpec, ModelSpec,
+from specsweep_common.domain import NAME, TOKENS, Int, Items, Text, domain
+from specsweep_common.spec import (AttentionSpec, DrafterSpec, EngineSpec, JobKind, KernelSpec, ModelSpec,
                                   ProbeSpec)
 
 

@@ -1,7 +1,7 @@
 """The config schema (structured configs in Hydra's ConfigStore) and the one conversion
 DictConfig → `RunConfig` (frozen dataclasses) done at the entry.
 
-Each config key is declared once, as a field of the dataclass it becomes (`specsweep_vocab.spec` for what a
+Each config key is declared once, as a field of the dataclass it becomes (`specsweep_common.spec` for what a
 run is, `orchestrator.config.settings` for where it runs and is recorded, `RunConfig` for the top level): the `*Conf`
 structured configs are generated from those (`structured_conf`), and `to_run_config` fills them field by field.
 The `*Conf` dataclasses give Hydra the keys and types: an unknown key or a wrong type is Hydra's own error at
@@ -32,11 +32,11 @@ from orchestrator.config.keys import LEAF, OPEN, config_key_problems
 from orchestrator.config.param_encoding import to_params
 from orchestrator.config.probe_file import probe_file_problem
 from orchestrator.config.config_error import ConfigError
-from specsweep_vocab.problem import Problem
-from specsweep_vocab.builtin_models import BUILTIN_MODELS
-from specsweep_vocab.domain import Choice, Int, domain
-from specsweep_vocab.problem import ProblemError, read_file
-from specsweep_vocab.spec import (DTYPES, AttentionSpec, DrafterSpec, EngineKind, EngineSpec, JobKind,
+from specsweep_common.problem import Problem
+from specsweep_common.builtin_models import BUILTIN_MODELS
+from specsweep_common.domain import Choice, Int, domain
+from specsweep_common.problem import ProblemError, read_file
+from specsweep_common.spec import (DTYPES, AttentionSpec, DrafterSpec, EngineKind, EngineSpec, JobKind,
                                   KERNEL_LAYOUTS, KernelSpec, ModelSpec, ProbeKind, ProbeSpec, SGLangOptions,
                                   StubOptions)
 
@@ -166,7 +166,7 @@ SpecsweepConf = structured_conf(RunConfig, "SpecsweepConf", replace={
 def register_configs() -> None:
     """Put the schema in Hydra's ConfigStore (`conf/config.yaml` lists `specsweep_schema` first), and the reference
     engine's built-in models as the `model` group's options `tiny` and `tiny-draft` (declared once, in
-    specsweep_vocab/builtin_models.py; the other options are conf/model/*.yaml)."""
+    specsweep_common/builtin_models.py; the other options are conf/model/*.yaml)."""
     from hydra.core.config_store import ConfigStore
 
     store = ConfigStore.instance()

@@ -10,7 +10,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from specsweep_vocab.domain import FRACTION, IDENT, NAME, TOKENS, Int, Num, Text, domain
+from specsweep_common.domain import FRACTION, IDENT, NAME, TOKENS, Int, Num, Text, domain
 
 
 @dataclass(frozen=True)

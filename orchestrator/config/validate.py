@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.config.context import check_context
 from orchestrator.config.log_pattern_rules import log_pattern_problems
-from specsweep_vocab.problem import Problem
-from specsweep_vocab.spec import EAGLE_FAMILY, NEEDS_DRAFT_PATH, Algorithm, AttentionKind, JobKind, ProbeKind
+from specsweep_common.problem import Problem
+from specsweep_common.spec import EAGLE_FAMILY, NEEDS_DRAFT_PATH, Algorithm, AttentionKind, JobKind, ProbeKind
 from workers.registry import adapter_for
 
 if TYPE_CHECKING:

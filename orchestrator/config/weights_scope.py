@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from specsweep_vocab.builtin_models import BUILTIN_MODELS
+from specsweep_common.builtin_models import BUILTIN_MODELS
 
 RANDOM_WEIGHT_MODELS = tuple(BUILTIN_MODELS)  # the reference engine's built-in models: no checkpoint exists
 JUDGED_RULES = "rules (a) and (b), which judge the pipeline and the drafter,"

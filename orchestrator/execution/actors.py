@@ -17,7 +17,7 @@ import os
 
 import ray
 
-from specsweep_vocab.spec import RunResult, RunSpec, ServerGroup
+from specsweep_common.spec import RunResult, RunSpec, ServerGroup
 from workers.adapter import NodeRank
 from workers.engine_process import free_port
 from workers.runners import EngineInfo, FollowerRunner, JobRunner, Runner, make_runner

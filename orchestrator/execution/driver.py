@@ -39,7 +39,7 @@ from orchestrator.execution.ray_connection import bounded_ray_call, bundle_nodes
 from orchestrator.config.settings import ExecutionSettings
 from orchestrator.execution.signals import Shield
 from orchestrator.execution.stats import ExecutionStats, SlotRecord
-from specsweep_vocab.spec import FailureReason, RunResult, RunSpec, RunState, ServerGroup
+from specsweep_common.spec import FailureReason, RunResult, RunSpec, RunState, ServerGroup
 from workers.engine_process import read_log_tail
 from workers.runners import LOG_TAIL_ARTIFACT, EngineInfo, engine_log_path
 

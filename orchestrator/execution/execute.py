@@ -54,7 +54,7 @@ from orchestrator.execution.recording import Recorder
 from orchestrator.config.settings import ExecutionSettings
 from orchestrator.execution.signals import driver_signals
 from orchestrator.execution.stats import ExecutionStats
-from specsweep_vocab.spec import RunResult
+from specsweep_common.spec import RunResult
 
 if TYPE_CHECKING:
     from orchestrator.config.plan import Plan

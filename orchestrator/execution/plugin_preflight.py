@@ -17,7 +17,7 @@ Ray task pinned to each node (same runtime_env as the actors), which starts that
 
 What the script checks, in a fresh process as SGLang's launcher is: `sglang` is installed; `specsweep_kernels.
 sglang_plugin` imports; the `workers.sglang.launch` wrapper our argv runs (`python -m workers.sglang.launch`) is
-importable; and on SGLang versions with plugin entry points (`specsweep_vocab.sglang_facts`, 0.5.23) the entry point
+importable; and on SGLang versions with plugin entry points (`specsweep_common.sglang_facts`, 0.5.23) the entry point
 `specsweep_verify` exists, loads our `register`, and SGLANG_PLUGINS (when set) does not leave it out.
 """
 
@@ -31,8 +31,8 @@ from typing import Sequence
 
 from orchestrator.execution.preflight import Preflight, PreflightError, describe_nodes
 from orchestrator.config.settings import ClusterSettings
-from specsweep_vocab.sglang_facts import SGLANG_PLUGIN_BACKENDS, SGLANG_VERSIONS
-from specsweep_vocab.spec import ServerGroup, ServerSpec
+from specsweep_common.sglang_facts import SGLANG_PLUGIN_BACKENDS, SGLANG_VERSIONS
+from specsweep_common.spec import ServerGroup, ServerSpec
 
 logger = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from orchestrator.config.settings import AcceleratorMatch, ClusterSettings
-from specsweep_vocab.spec import ServerGroup, ServerSpec
+from specsweep_common.spec import ServerGroup, ServerSpec
 
 ACCELERATOR_RESOURCE_UNIT = 0.001  # per bundle, of a node's {"accelerator_sm_90": 1}: many bundles per node
 

@@ -32,7 +32,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.results.metric_catalogue import KERNEL_METRICS, PROGRESS_METRICS
-from specsweep_vocab.spec import JobKind, RunResult, RunState
+from specsweep_common.spec import JobKind, RunResult, RunState
 
 logger = logging.getLogger(__name__)
 

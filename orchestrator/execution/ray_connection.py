@@ -53,7 +53,7 @@ from orchestrator.execution.preflight import Preflight, check_placement, gpus_pe
 from orchestrator.execution.signals import interrupt_for
 from orchestrator.config.settings import ClusterKind, ClusterSettings
 from orchestrator.execution.stats import ExecutionStats
-from specsweep_vocab.spec import ServerGroup
+from specsweep_common.spec import ServerGroup
 
 logger = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from orchestrator.execution.signals import Shield, sigterm_as_interrupt
 from orchestrator.execution.stats import ExecutionStats, parent_metrics
 from orchestrator.results import fault_notes
 from orchestrator.results.fault_notes import is_disk_full
-from specsweep_vocab.spec import FailureReason, RunResult, RunState
+from specsweep_common.spec import FailureReason, RunResult, RunState
 
 if TYPE_CHECKING:
     from orchestrator.config.plan import Plan

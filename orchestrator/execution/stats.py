@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from specsweep_vocab.spec import RunResult, RunState
+from specsweep_common.spec import RunResult, RunState
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from orchestrator.load.settings import Limits
-from specsweep_vocab.load import LoadLevel
+from specsweep_common.load import LoadLevel
 
 LATENCIES = ("ttft", "tpot", "itl", "e2e_latency")  # bench_serving's `<stat>_<name>_ms` keys
 STATS = ("mean", "median", "p90", "p95", "p99")

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Mapping
 from orchestrator.load import render
 from orchestrator.load.curve import Level, level_figures, level_metrics
 from orchestrator.load.settings import Limits, LoadSettings, load_spec
-from specsweep_vocab.spec import RunState
+from specsweep_common.spec import RunState
 
 if TYPE_CHECKING:
     from orchestrator.config.run_config import RunConfig
@@ -138,7 +138,7 @@ def _begin(tracker, label: str, rc: RunConfig, settings: LoadSettings, spec, par
     params.update({k: str(v) for k, v in rc.params})
     from mlflow.entities import Param
 
-    from specsweep_vocab.redact import redact_param
+    from specsweep_common.redact import redact_param
 
     items = [Param(k[:250], redact_param(k, v, tracker.secrets)[:6000]) for k, v in params.items()]
     for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch

@@ -4,7 +4,7 @@
 
     settings_problems(values) -> [Problem]        every key in its domain, before any server starts
     to_load_settings(values) -> LoadSettings
-    load_spec(settings, gen_tokens, tune_limits) -> LoadSpec   what the node runs (specsweep_vocab/load.py)
+    load_spec(settings, gen_tokens, tune_limits) -> LoadSpec   what the node runs (specsweep_common/load.py)
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from specsweep_vocab.domain import NAME, PATH, TOKENS, Choice, Int, Items, Num, domain
-from specsweep_vocab.load import LoadLevel, LoadSpec
-from specsweep_vocab.problem import Problem
+from specsweep_common.domain import NAME, PATH, TOKENS, Choice, Int, Items, Num, domain
+from specsweep_common.load import LoadLevel, LoadSpec
+from specsweep_common.problem import Problem
 
 KEY_PREFIX = "hydra.sweeper.load."
 CONCURRENCY = Int(1, 4096)

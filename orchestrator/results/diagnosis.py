@@ -46,7 +46,7 @@ from orchestrator.config.settings import Thresholds
 from orchestrator.config.weights_scope import scoped
 from orchestrator.results.findings import Cause, Check, Diagnosis, Finding, Rule, RunRow, Verdict, cite, ctx
 from orchestrator.results.lossless import find_lossless_breach
-from specsweep_vocab.plugin_counters import unproven
+from specsweep_common.plugin_counters import unproven
 
 __all__ = ["Cause", "Check", "Diagnosis", "Finding", "Rule", "RunRow", "Verdict", "diagnose", "find_commit_collapse",
            "find_host_bound", "find_kernel_bound", "find_lossless_breach", "find_oracle_shortfall",

@@ -8,8 +8,8 @@ import enum
 import math
 from dataclasses import dataclass, field
 
-from specsweep_vocab.greedy_output import GreedyOutput
-from specsweep_vocab.spec import EngineKind
+from specsweep_common.greedy_output import GreedyOutput
+from specsweep_common.spec import EngineKind
 
 
 class Cause(str, enum.Enum):
@@ -60,7 +60,7 @@ class RunRow:
     speculative: bool = False  # drafter.algorithm is not NONE
     temperature: float = 0.0  # probe.temperature: a sweep always probes at 0 (not a config key: config/schema.py)
     dtype: str = ""  # model.dtype
-    lossless_key: str = ""  # the point without its drafter (specsweep_vocab.point_key.lossless_key); "" = not recorded
+    lossless_key: str = ""  # the point without its drafter (specsweep_common.point_key.lossless_key); "" = not recorded
     output: GreedyOutput | None = None  # its output_ids.json (report/read_back.py `with_outputs`); None = not read
 
     def metric(self, key: str) -> float | None:

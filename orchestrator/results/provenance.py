@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from specsweep_vocab.redact import redact_config, redact_override, redact_text
+from specsweep_common.redact import redact_config, redact_override, redact_text
 
 # Set by the schedules daemon (orchestrator/schedules/scheduler.py) on the Ray job of each firing; tagged on the
 # parent run.

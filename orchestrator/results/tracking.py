@@ -32,7 +32,7 @@ claim while that driver lives, and marks claims (and parents) of drivers that ar
 runs those points itself. The parent carries `driver_heartbeat` (unix seconds, every `HEARTBEAT_S`).
 
 Secrets: this is the store's one boundary. The plan holds the real values; every name, param (by its key), tag and
-artifact written here goes through `specsweep_vocab.redact` (structure, and the literal secrets of the plan given
+artifact written here goes through `specsweep_common.redact` (structure, and the literal secrets of the plan given
 to `from_settings`, or given as `secrets`, or found in the tracking URI). The other modules that write to MLflow
 write only what they read back from it, or constants (tests/orchestrator/test_secrets.py lists them).
 
@@ -46,7 +46,7 @@ the runs view and a saved view of the axes and answering columns (`orchestrator.
 `mlflow.parentRunId`, run name = RunSpec.name, params = `axis.<key>` per swept key, then RunSpec.params under `cfg.`,
 and `overrides`; tags = `mlflow.runType` (the UI opens the parent expanded: orchestrator.results.ui_view),
 run_hash, point_key (the
-point's identity across engine versions and nodes: specsweep_vocab.point_key), lossless_key (point_key without the
+point's identity across engine versions and nodes: specsweep_common.point_key), lossless_key (point_key without the
 drafter: what the diagnosis' lossless check pairs a speculative run with its drafter=none run by), job_index,
 server_group, engine, engine_version, host, git sha, attempt, engine_start, failure_reason, `axis.<key>` per
 swept key (and `sweep.axes`); metrics in
@@ -78,9 +78,9 @@ from orchestrator.results.store_layout import (AXES_TAG, CHILD_UI_TAGS, PARENT_T
                                                RUN_HASH_TAG, RUN_HASHES_ARTIFACT, STUB_EXPERIMENT_SUFFIX,
                                                POINT_KEY_TAG, LOSSLESS_KEY_TAG, FAILURE_REASON_TAG)
 from orchestrator.results.store_lock import StoreLock
-from specsweep_vocab.point_key import lossless_key, point_key
-from specsweep_vocab.redact import plan_secrets, redact_config, redact_override, redact_param, redact_text, uri_secrets
-from specsweep_vocab.spec import FailureReason, RunResult, RunSpec, RunState, engine_mix_allowed
+from specsweep_common.point_key import lossless_key, point_key
+from specsweep_common.redact import plan_secrets, redact_config, redact_override, redact_param, redact_text, uri_secrets
+from specsweep_common.spec import FailureReason, RunResult, RunSpec, RunState, engine_mix_allowed
 
 if TYPE_CHECKING:
     from orchestrator.config.plan import Plan

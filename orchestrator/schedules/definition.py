@@ -23,7 +23,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import croniter
 
 from orchestrator.results.regress.alert import argv_problem
-from specsweep_vocab.domain import NAME, Num
+from specsweep_common.domain import NAME, Num
 
 UTC = dt.timezone.utc
 ALLOWED_KEYS = ("name", "cron", "timezone", "overrides", "enabled", "misfire_grace", "allow_overlap", "on_regression")

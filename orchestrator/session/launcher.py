@@ -39,7 +39,7 @@ from orchestrator.execution.progress import live_status, set_phase
 from orchestrator.session import sweep
 from orchestrator.session.outcomes import NotRun, dry_run_outcomes, outcomes
 from orchestrator.session.sweep import ClusterCannotFit, ResourceUnusable, TrackingUnreachable, preflight_before_start
-from specsweep_vocab.spec import RunResult, RunState
+from specsweep_common.spec import RunResult, RunState
 
 if TYPE_CHECKING:
     from hydra.types import HydraContext

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from orchestrator.config.plan import Plan
-from specsweep_vocab.spec import RunResult, RunSpec, RunState
+from specsweep_common.spec import RunResult, RunSpec, RunState
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from hydra.errors import CompactHydraException
 
 from orchestrator.config.plan import Plan, plan_resume
 from orchestrator.config.settings import ClusterKind, ExecutionSettings
-from specsweep_vocab.spec import FailureReason, RunResult, RunSpec, RunState
+from specsweep_common.spec import FailureReason, RunResult, RunSpec, RunState
 
 if TYPE_CHECKING:
     from orchestrator.results.tracking import Tracker
@@ -65,7 +65,7 @@ def preflight_before_start(plan: Plan, settings: ExecutionSettings, *, dry_run: 
     the GPUs really on this machine, and (not in a dry run) whether tracking.uri answers within 10 s."""
     from orchestrator.execution.preflight import PreflightError, check_declared, probe_tracking, check_local_placement
     from orchestrator.execution.resources import ray_address_problem, work_dir_problem
-    from specsweep_vocab.redact import redact_text
+    from specsweep_common.redact import redact_text
 
     try:
         if problems := check_declared(plan.groups, settings.cluster):

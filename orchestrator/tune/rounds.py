@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 from orchestrator.config.plan import Plan, plan_sweep
 from orchestrator.config.settings import ExecutionSettings
-from specsweep_vocab.spec import RunState
+from specsweep_common.spec import RunState
 
 if TYPE_CHECKING:
     from orchestrator.config.run_config import RunConfig

@@ -39,7 +39,7 @@ from orchestrator.tune.space import (DRAFTER, Candidate, candidate_overrides, en
                                      fmt_value, job_overrides, workload)
 from orchestrator.tune.loop import Measured, choose_leaders, search_loop
 from orchestrator.tune.study import open_study, storage_url
-from specsweep_vocab.spec import Algorithm, RunState
+from specsweep_common.spec import Algorithm, RunState
 
 if TYPE_CHECKING:
 

@@ -12,13 +12,13 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from specsweep_vocab.domain import FRACTION, NAME, TOKENS, Int, Items, Num, domain
-from specsweep_vocab.problem import Problem
+from specsweep_common.domain import FRACTION, NAME, TOKENS, Int, Items, Num, domain
+from specsweep_common.problem import Problem
 
 KEY_PREFIX = "hydra.sweeper.tune."
 # The workload axes: never searched (the answer is per batch size and context), given as their own fields.
 WORKLOAD_KEYS = {"probe.concurrency": "batch_sizes", "context_len": "context_lens"}
-BATCH = Int(1, 1024)  # probe.concurrency's domain (specsweep_vocab/spec.py ProbeSpec)
+BATCH = Int(1, 1024)  # probe.concurrency's domain (specsweep_common/spec.py ProbeSpec)
 
 
 class SamplerKind(str, enum.Enum):

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from specsweep_kernels.sglang_plugin import DispatchCounts, verify_width
-from specsweep_vocab import plugin_counters as pc
+from specsweep_common import plugin_counters as pc
 from workers.sglang.plugin_counter_deltas import dispatch_counts
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -384,7 +384,7 @@ def test_input_checks_survive_python_O(tmp_path):
 
 
 def test_kernel_layout_presets_and_their_kv_bytes():
-    # the presets are the planning vocabulary's (specsweep_vocab.spec.KERNEL_LAYOUTS), as real models' shapes
+    # the presets are the planner's (specsweep_common.spec.KERNEL_LAYOUTS), as real models' shapes
     from specsweep_kernels.problems import GQA_32_8, LAYOUTS, MLA_16
 
     assert set(LAYOUTS) == {"gqa", "mla", "gqa-small"}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from specsweep_vocab.greedy_output import OUTPUT_IDS_ARTIFACT, GreedyOutput
+from specsweep_common.greedy_output import OUTPUT_IDS_ARTIFACT, GreedyOutput
 from workers.reference.speculative import ENV_FAULT_REPEAT_BONUS
 
 pytestmark = pytest.mark.timeout(600)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config.jobs import expand_grid, plan_jobs
-from specsweep_vocab.spec import JobKind
+from specsweep_common.spec import JobKind
 from orchestrator.config.config_error import ConfigError
 
 CPU_GRID = ("engine.device=cpu", "kernel.layout=gqa-small", "kernel.dtype=float32", "kernel.prefix=33,300",

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config.plan import Plan
-from specsweep_vocab.redact import MASK, redact_argv, redact_config, redact_override, redact_params, redact_text
-from specsweep_vocab.spec import FailureReason, RunResult, RunState
+from specsweep_common.redact import MASK, redact_argv, redact_config, redact_override, redact_params, redact_text
+from specsweep_common.spec import FailureReason, RunResult, RunState
 from tools.testing import engines_under, proc_argv, proc_env, stub_server, stub_starts, tiny_group, tiny_run
 from orchestrator.results.tracking import Tracker
 
@@ -49,7 +49,7 @@ def test_redaction_rules():
 
 def test_config_errors_show_no_secret():
     from orchestrator.config.config_error import ConfigError
-    from specsweep_vocab.problem import Problem
+    from specsweep_common.problem import Problem
 
     overrides = (f"engine.env.HF_TOKEN={ENV_SECRET}", f"engine.extra_args=[--api-key,{KEY_SECRET}]", "page_size=0")
     message = str(ConfigError([Problem("page_size", 0, "an integer >= 1", overrides),
@@ -128,7 +128,7 @@ _MLFLOW_WRITE = ("log_batch(", "log_text(", "log_param(", "log_params(", "set_ta
 
 def test_only_the_listed_modules_write_to_mlflow():
     writers = set()
-    for package in ("orchestrator", "workers", "hydra_plugins", "specsweep_vocab"):
+    for package in ("orchestrator", "workers", "hydra_plugins", "specsweep_common"):
         for path in (ROOT / package).rglob("*.py"):
             text = path.read_text()
             if any(f".{call}" in text for call in _MLFLOW_WRITE):
@@ -226,7 +226,7 @@ def test_sweep_records_no_secret_and_the_engine_gets_every_one(tmp_path, mlflow_
 def test_a_failing_single_run_prints_no_secret_on_any_path(tmp_path):
     """A run that fails (a per-request timeout on the stub) with --api-key and an engine.env token: the
     progress and log lines and the RunFailed message (one message, exit 1: orchestrator/__main__.py) pass the
-    command line's one output boundary (specsweep_vocab.redact.RedactingStream); the store, the engine logs and
+    command line's one output boundary (specsweep_common.redact.RedactingStream); the store, the engine logs and
     Ray's own logs (its temp dir) are searched too. Hydra's own copies of the command line (.hydra/*.yaml, written
     before any of our code runs) are left out, as in the sweep test above."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "RAY_AUTH_MODE": "disabled",

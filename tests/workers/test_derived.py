@@ -6,15 +6,15 @@ import json
 
 import pytest
 
-from specsweep_vocab.builtin_models import TINY as BUILTIN_TINY
-from specsweep_vocab.spec import ModelSpec
+from specsweep_common.builtin_models import TINY as BUILTIN_TINY
+from specsweep_common.spec import ModelSpec
 from workers.derived import derived_metrics
 from workers.registry import adapter_for
-from specsweep_vocab.spec import EngineKind
+from specsweep_common.spec import EngineKind
 
 QWEN8B = ModelSpec(name="qwen3-8b", path="Qwen/Qwen3-8B", max_context_len=131072, num_layers=36, hidden_size=4096,
                    num_q_heads=32, num_kv_heads=8, head_dim=128, v_head_dim=128, dtype="bfloat16")
-TINY = dataclasses.replace(BUILTIN_TINY, max_context_len=2048)  # the built-in geometry (specsweep_vocab/builtin_models.py)
+TINY = dataclasses.replace(BUILTIN_TINY, max_context_len=2048)  # the built-in geometry (specsweep_common/builtin_models.py)
 
 
 def test_cpu_reports_kv_bytes_and_bandwidth_but_no_roofline():

@@ -16,9 +16,9 @@ import pytest
 
 from orchestrator.results.diagnosis import Cause, Rule, RunRow, diagnose
 from orchestrator.config.plan import build_run
-from specsweep_vocab.spec import RunState
+from specsweep_common.spec import RunState
 from workers.derived import derived_metrics
-from specsweep_vocab.sglang_facts import FORWARD_SECONDS, VERIFY_CATEGORY
+from specsweep_common.sglang_facts import FORWARD_SECONDS, VERIFY_CATEGORY
 from workers.engine_counters import (parse_scrape, server_limits,
                                      verify_device_seconds, verify_step_ms, verify_timing)
 from workers.runners import GroupRunner

@@ -13,7 +13,7 @@ import time
 import pytest
 import requests
 
-from specsweep_vocab.spec import EngineKind
+from specsweep_common.spec import EngineKind
 from tools.testing import tiny_server
 from workers.engine_process import EngineProcess
 from workers.registry import adapter_for, build_engine_argv

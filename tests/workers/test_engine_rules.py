@@ -10,9 +10,9 @@ from hydra import compose, initialize_config_module
 
 from orchestrator.config.schema import register_configs, to_run_config
 from orchestrator.config.validate import validate_run
-from specsweep_vocab.plan_point import PlanPoint
-from specsweep_vocab.problem import Problem
-from specsweep_vocab.spec import EngineKind
+from specsweep_common.plan_point import PlanPoint
+from specsweep_common.problem import Problem
+from specsweep_common.spec import EngineKind
 from workers import registry
 from workers.adapter import EngineAdapter
 from workers.registry import adapter_for

@@ -14,7 +14,7 @@ import pytest
 import requests
 
 import workers.runners as sw
-from specsweep_vocab.spec import FailureReason, RunState
+from specsweep_common.spec import FailureReason, RunState
 from tools.testing import pid_alive, scaled, stub_server, tiny_run
 from workers.engine_counters import parse_scrape
 

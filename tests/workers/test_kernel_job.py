@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from specsweep_vocab.spec import KernelSpec
+from specsweep_common.spec import KernelSpec
 from workers.kernel_job import CPU_OVERRIDES, standalone_argv
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path (interpreter); GPU: the H200 run")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-from specsweep_vocab.spec import RunResult, RunState
+from specsweep_common.spec import RunResult, RunState
 from tools.testing import tiny_run, tiny_server
 from workers.log_patterns import LOG_SETTLE_S, apply_log_patterns, follow_log, wait_quiet
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specsweep_vocab.sglang_facts import SGLANG_VERSIONS
+from specsweep_common.sglang_facts import SGLANG_VERSIONS
 from workers.log_patterns import LogPatterns, follow_log
 from workers.engine_counters import accept_length_from_counters, parse_scrape
 from workers.meta_info import spec_metrics_from_meta_info

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from specsweep_vocab.spec import EngineKind, ProbeKind, ProbeSpec
+from specsweep_common.spec import EngineKind, ProbeKind, ProbeSpec
 from workers.engine_process import EngineProcess
 from workers.errors import BadResponse
 from workers.http_client import Generation, ProbeClient
@@ -209,7 +209,7 @@ def test_run_probe_sends_concurrency_requests_at_once(oracle_engine):
 def test_output_ids_are_recorded_with_top2_logprobs_only_where_the_lossless_check_needs_them(oracle_engine):
     """A run without speculation (expect_spec=False) asks for top_logprobs_num=2: output_ids.json carries them; a
     speculative run records its ids only. The ids are the same (the engine is lossless)."""
-    from specsweep_vocab.greedy_output import OUTPUT_IDS_ARTIFACT, GreedyOutput
+    from specsweep_common.greedy_output import OUTPUT_IDS_ARTIFACT, GreedyOutput
 
     probe = ProbeSpec(kind=ProbeKind.NOVEL, context_len=100, gen_tokens=11)
     plain = GreedyOutput.from_json(run_probe(oracle_engine.base_url, probe, REF, expect_spec=False,
@@ -291,7 +291,7 @@ def test_a_task_prompt_is_one_chat_turn_of_exactly_context_len_tokens(n):
 
 
 def test_a_task_on_the_byte_models_uses_their_chatml_and_the_identity_only_moves_with_a_task():
-    from specsweep_vocab.spec import stable_hash
+    from specsweep_common.spec import stable_hash
 
     probe = ProbeSpec(kind=ProbeKind.NOVEL, context_len=300, gen_tokens=4, task="Say hi.")
     ids = build_prompt(probe, REF).input_ids

@@ -10,9 +10,9 @@ import re
 import pytest
 
 import workers.runners as sw
-from specsweep_vocab.point_key import point_key
-from specsweep_vocab.spec import EngineKind, ProbeKind, ProbeSpec, RunState, stable_hash
-from specsweep_vocab.confidence_interval import interval
+from specsweep_common.point_key import point_key
+from specsweep_common.spec import EngineKind, ProbeKind, ProbeSpec, RunState, stable_hash
+from specsweep_common.confidence_interval import interval
 from workers.probe import Measurement
 from workers.prompts import NOVEL_NGRAM, build_prompt, probe_text
 from workers.repeats import combine

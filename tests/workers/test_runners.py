@@ -10,7 +10,7 @@ import time
 import pytest
 
 import workers.runners as sw
-from specsweep_vocab.spec import FailureReason, RunState
+from specsweep_common.spec import FailureReason, RunState
 from tools.testing import tiny_run, tiny_server
 
 

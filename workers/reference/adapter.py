@@ -12,9 +12,9 @@ import logging
 import os
 import sys
 
-from specsweep_vocab.plan_point import PlanPoint, Resources
-from specsweep_vocab.problem import Problem
-from specsweep_vocab.spec import EngineKind, ModelSpec, ServerSpec
+from specsweep_common.plan_point import PlanPoint, Resources
+from specsweep_common.problem import Problem
+from specsweep_common.spec import EngineKind, ModelSpec, ServerSpec
 from workers.adapter import (PLAN_PORT, CountersObserver, EngineAdapter, NodeRank, PromptEncoding, RunObserver,
                              common_flags, with_node_rank)
 from workers.reference import rules

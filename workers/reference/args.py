@@ -5,9 +5,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from specsweep_vocab.builtin_models import GGUF_MODELS
-from specsweep_vocab.sglang_facts import SPEC_MAX_RUNNING_REQUESTS
-from specsweep_vocab.spec import Algorithm
+from specsweep_common.builtin_models import GGUF_MODELS
+from specsweep_common.sglang_facts import SPEC_MAX_RUNNING_REQUESTS
+from specsweep_common.spec import Algorithm
 
 from .config import BUILTIN_CONFIGS, LOAD_FORMATS
 from .gguf_checkpoint import resolve_gguf

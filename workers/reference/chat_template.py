@@ -24,9 +24,9 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from specsweep_vocab.problem import read_file
+from specsweep_common.problem import read_file
 
-from specsweep_vocab.chat_frame import split_frame, task_messages
+from specsweep_common.chat_frame import split_frame, task_messages
 
 # ChatML spelled in plain bytes: the byte tokenizer has no special tokens to mark turns, so each marker is its
 # bytes. The model (random `tiny` weights) was never trained on it: it only gives chat requests a well-defined prompt.

@@ -5,8 +5,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from specsweep_vocab.builtin_models import BUILTIN_MODELS
-from specsweep_vocab.spec import ModelSpec
+from specsweep_common.builtin_models import BUILTIN_MODELS
+from specsweep_common.spec import ModelSpec
 
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")  # --load-format choices, with SGLang's names
 
@@ -62,7 +62,7 @@ def _byte_config(**kw) -> ModelConfig:
 
 
 def _builtin(m: ModelSpec) -> ModelConfig:
-    """A built-in model's config from its one declaration (specsweep_vocab/builtin_models.py); the MLP width,
+    """A built-in model's config from its one declaration (specsweep_common/builtin_models.py); the MLP width,
     which the orchestrator never needs, is the engine's: 3 x hidden_size."""
     return _byte_config(hidden_size=m.hidden_size, intermediate_size=3 * m.hidden_size, num_hidden_layers=m.num_layers,
                         num_attention_heads=m.num_q_heads, num_key_value_heads=m.num_kv_heads, head_dim=m.head_dim,

@@ -1,6 +1,6 @@
 """GGUF checkpoints (llama.cpp's format) for the reference engine: Llama-architecture models only.
 
-    resolve_gguf(model_path) -> Path | None      a .gguf path, or a known name (specsweep_vocab.builtin_models.GGUF_MODELS) -> the file
+    resolve_gguf(model_path) -> Path | None      a .gguf path, or a known name (specsweep_common.builtin_models.GGUF_MODELS) -> the file
     prepare_gguf(path) -> Path                   its cache dir: model.safetensors, config.json, tokenizer.json
 
 The tensors are dequantised with the `gguf` package's own `dequantize`, q/k rows are put back in HF's
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specsweep_vocab.builtin_models import GGUF_MODELS
+from specsweep_common.builtin_models import GGUF_MODELS
 
 from .config import ModelConfig
 

@@ -19,12 +19,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from specsweep_vocab.builtin_models import BUILTIN_MODELS, GGUF_MODELS
-from specsweep_vocab.plan_point import PlanPoint, argv_int, server_context_len
-from specsweep_vocab.problem import Problem, ProblemError
-from specsweep_vocab.sglang_facts import SPEC_MAX_RUNNING_REQUESTS
-from specsweep_vocab.sglang_limits import context_need, sglang_generated
-from specsweep_vocab.spec import Algorithm
+from specsweep_common.builtin_models import BUILTIN_MODELS, GGUF_MODELS
+from specsweep_common.plan_point import PlanPoint, argv_int, server_context_len
+from specsweep_common.problem import Problem, ProblemError
+from specsweep_common.sglang_facts import SPEC_MAX_RUNNING_REQUESTS
+from specsweep_common.sglang_limits import context_need, sglang_generated
+from specsweep_common.spec import Algorithm
 
 from .args import ALGORITHMS as SERVED_ALGORITHMS
 from .config import LOAD_FORMATS
@@ -46,7 +46,7 @@ def same_vocab(path: str) -> list[str]:
 
 def sglang_context_note(point: PlanPoint) -> str | None:
     """This engine serves prompt + gen_tokens up to the context exactly (`Engine.check`); SGLang 0.5.23 keeps two
-    slots more and refuses prompts of context - 6 tokens or more (specsweep_vocab/sglang_limits.py). The reference
+    slots more and refuses prompts of context - 6 tokens or more (specsweep_common/sglang_limits.py). The reference
     engine rehearses SGLang, so a point between the two edges is served here but would be refused (or cut short)
     there: the plan says so."""
     limit, prompt, gen = server_context_len(point), point.probe.context_len, point.probe.gen_tokens

@@ -25,7 +25,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from specsweep_vocab.sglang_facts import FORWARD_SECONDS, GENERATION_TOKENS, VERIFY_CALLS, VERIFY_CATEGORY
+from specsweep_common.sglang_facts import FORWARD_SECONDS, GENERATION_TOKENS, VERIFY_CALLS, VERIFY_CATEGORY
 
 from .request_params import (cancel_on_disconnect, fill_max_new_tokens, is_int, parse_json_body, parse_logprob,
                              parse_sampling)

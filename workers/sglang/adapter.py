@@ -7,11 +7,11 @@ from __future__ import annotations
 import functools
 import logging
 
-from specsweep_vocab.chat_frame import split_frame, task_messages
-from specsweep_vocab.plan_point import PlanPoint, Resources
-from specsweep_vocab.problem import Problem
-from specsweep_vocab.sglang_facts import resolved_backends
-from specsweep_vocab.spec import Algorithm, EngineKind, ServerSpec
+from specsweep_common.chat_frame import split_frame, task_messages
+from specsweep_common.plan_point import PlanPoint, Resources
+from specsweep_common.problem import Problem
+from specsweep_common.sglang_facts import resolved_backends
+from specsweep_common.spec import Algorithm, EngineKind, ServerSpec
 from workers.adapter import EngineAdapter, NodeRank, PromptEncoding, RunObserver, with_node_rank
 from workers.sglang import rules
 from workers.sglang.argv import build_sglang_argv, sglang_env
@@ -72,7 +72,7 @@ class SGLangAdapter(EngineAdapter):
         return super().draft_path_allowed(point) + silently
 
     def run_params(self, point: PlanPoint) -> dict[str, str]:
-        """Which backend runs prefill, decode and verify (not identity: `specsweep_vocab.sglang_facts`)."""
+        """Which backend runs prefill, decode and verify (not identity: `specsweep_common.sglang_facts`)."""
         return resolved_backends(point.attention, point.drafter.algorithm).params()
 
     def resource_estimate(self, point: PlanPoint) -> Resources:

@@ -13,9 +13,9 @@ Public API:
 `__post_init__`). Known rewrites: NGRAM sets num_steps = num_draft_tokens // topk and topk = the max BFS breadth;
 DFLASH forces num_steps = topk = 1; speculation sets max_running_requests = 48 when unset. Split prefill/decode
 backends fall back to --attention-backend; TARGET_VERIFY runs on the prefill backend unless
---speculative-attention-mode decode (`specsweep_vocab.sglang_facts.resolved_backends`).
+--speculative-attention-mode decode (`specsweep_common.sglang_facts.resolved_backends`).
 
-`engine.version` picks the flag names (`specsweep_vocab.sglang_facts.SGLANG_VERSIONS`; docs/sglang.md has the table).
+`engine.version` picks the flag names (`specsweep_common.sglang_facts.SGLANG_VERSIONS`; docs/sglang.md has the table).
 Cross-field rules (what SGLang itself would reject at start-up) are checked at plan time by
 `workers.sglang.rules.sglang_problems`; this module assumes a validated spec and only spells it.
 
@@ -29,9 +29,9 @@ from __future__ import annotations
 import sys
 from typing import Any, Mapping
 
-from specsweep_vocab.spec import Algorithm, ServerSpec, SGLangOptions
+from specsweep_common.spec import Algorithm, ServerSpec, SGLangOptions
 from workers.sglang.cpu import cpu_env, served_model_path, sglang_python
-from specsweep_vocab.sglang_facts import (DEVICE_TIMER_ENV, SGLANG_PLUGIN_BACKENDS, SPEC_MAX_RUNNING_REQUESTS,
+from specsweep_common.sglang_facts import (DEVICE_TIMER_ENV, SGLANG_PLUGIN_BACKENDS, SPEC_MAX_RUNNING_REQUESTS,
                                           SGLangFacts, resolved_backends, sglang_draft_backend, sglang_facts)
 
 LONGER_CONTEXT_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"

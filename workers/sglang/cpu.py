@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specsweep_vocab.plan_point import PlanPoint
-from specsweep_vocab.problem import Problem
-from specsweep_vocab.spec import Algorithm, EngineSpec
+from specsweep_common.plan_point import PlanPoint
+from specsweep_common.problem import Problem
+from specsweep_common.spec import Algorithm, EngineSpec
 
 MANIFEST_NAME = "specsweep-sglang.json"
 PYTHON_ENV = "SPECSWEEP_SGLANG_PYTHON"

@@ -21,8 +21,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from specsweep_vocab.sglang_facts import SGLANG_VERSIONS
-from specsweep_vocab.spec import ServerSpec
+from specsweep_common.sglang_facts import SGLANG_VERSIONS
+from specsweep_common.spec import ServerSpec
 from workers.adapter import CountersObserver
 from workers.engine_counters import accept_length_from_counters, scrape_metrics
 from workers.errors import BadResponse, ProbeTimeout

@@ -5,7 +5,7 @@
     record_dispatch(base_url, before, metrics) -> [note, ...]        after a run: the deltas into `metrics`
 
 What the counter is and why SGLang's /metrics carries it from the scheduler processes:
-`specsweep_vocab.plugin_counters`. The deltas are summed over the server's TP ranks (each rank runs its layers)
+`specsweep_common.plugin_counters`. The deltas are summed over the server's TP ranks (each rank runs its layers)
 and count layer calls, CUDA-graph replays included. A run whose /metrics cannot be read gets no plugin metrics
 and a note; the diagnosis then reports it as unproven.
 """
@@ -17,7 +17,7 @@ import math
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from specsweep_vocab import plugin_counters as pc
+from specsweep_common import plugin_counters as pc
 from workers.engine_counters import read_metrics
 
 logger = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ def read_dispatch(base_url: str) -> Counts | None:
 
 def record_dispatch(base_url: str, before: Counts | None, metrics: dict[str, float]) -> list[str]:
     """After a run: the plugin's kernel / fallback layer calls during it into `metrics`
-    (`specsweep_vocab.plugin_counters.run_metrics`); notes for what could not be read or what fell back."""
+    (`specsweep_common.plugin_counters.run_metrics`); notes for what could not be read or what fell back."""
     after = read_dispatch(base_url)
     if before is None or after is None:
         return ["specsweep_verify counters not recorded: /metrics could not be read"]

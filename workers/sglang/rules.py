@@ -1,5 +1,5 @@
 """What SGLang itself rejects (or silently overrides) at start-up, checked at plan time instead, per version (the
-facts per version: specsweep_vocab/sglang_facts.py), behind `SGLangAdapter.plan_problems` and its estimates.
+facts per version: specsweep_common/sglang_facts.py), behind `SGLangAdapter.plan_problems` and its estimates.
 
     sglang_problems(point) -> [Problem]      every SGLang-specific problem of one grid point (a `PlanPoint`)
     reserved_tokens(point) -> int            context slots SGLang's EAGLE drafts take per request
@@ -15,15 +15,15 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from specsweep_vocab.builtin_models import REFERENCE_MODEL_PATHS
-from specsweep_vocab.plan_point import PlanPoint, argv_flags, context_limit_words, server_context_len
-from specsweep_vocab.problem import Problem
-from specsweep_vocab.sglang_facts import (SGLANG_BACKEND_PAGE_SIZES, SGLANG_DRAFT_BACKENDS,
+from specsweep_common.builtin_models import REFERENCE_MODEL_PATHS
+from specsweep_common.plan_point import PlanPoint, argv_flags, context_limit_words, server_context_len
+from specsweep_common.problem import Problem
+from specsweep_common.sglang_facts import (SGLANG_BACKEND_PAGE_SIZES, SGLANG_DRAFT_BACKENDS,
                                           SGLANG_EAGLE_DRAFT_WORKER_BACKENDS, SGLANG_PLUGIN_BACKENDS,
                                           SGLANG_VERSIONS, SPEC_MAX_RUNNING_REQUESTS, resolved_backends,
                                           sglang_draft_backend)
-from specsweep_vocab.sglang_limits import context_need, sglang_generated
-from specsweep_vocab.spec import EAGLE_FAMILY, Algorithm, AttentionKind
+from specsweep_common.sglang_limits import context_need, sglang_generated
+from specsweep_common.spec import EAGLE_FAMILY, Algorithm, AttentionKind
 from workers.sglang.cpu import SGLANG_CPU_MODELS, cpu_problems, sglang_python
 from workers.sglang.startup_rules import startup_problems
 Bad = Callable[[str, Any, str], None]
@@ -40,7 +40,7 @@ def reserved_tokens(point: PlanPoint) -> int:
 
 
 def context_problem(point: PlanPoint) -> Problem | None:
-    """SGLang (0.5.23, `specsweep_vocab.sglang_limits`, checked against its own code): prompt + max_new_tokens +
+    """SGLang (0.5.23, `specsweep_common.sglang_limits`, checked against its own code): prompt + max_new_tokens +
     max(reserve, 2) <= context and prompt <= context - 7, the reserve being EAGLE/EAGLE3's draft slots; nearer the
     edge it refuses the request (HTTP 400), aborts it, or generates fewer tokens than asked."""
     limit, reserved = server_context_len(point), reserved_tokens(point)

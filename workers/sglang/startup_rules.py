@@ -36,9 +36,9 @@ import math
 import re
 from typing import Any, Callable
 
-from specsweep_vocab.plan_point import ClusterFacts, PlanPoint, argv_int
-from specsweep_vocab.sglang_facts import resolved_backends
-from specsweep_vocab.spec import WEIGHT_BYTES, Algorithm, AttentionKind, ModelSpec
+from specsweep_common.plan_point import ClusterFacts, PlanPoint, argv_int
+from specsweep_common.sglang_facts import resolved_backends
+from specsweep_common.spec import WEIGHT_BYTES, Algorithm, AttentionKind, ModelSpec
 
 logger = logging.getLogger(__name__)
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 
-from specsweep_vocab.plan_point import PlanPoint
-from specsweep_vocab.problem import Problem
-from specsweep_vocab.spec import EngineKind, EngineSpec, ServerSpec
+from specsweep_common.plan_point import PlanPoint
+from specsweep_common.problem import Problem
+from specsweep_common.spec import EngineKind, EngineSpec, ServerSpec
 from workers.adapter import EngineAdapter, NodeRank, common_flags, node_rank_argv
 from workers.stub.rules import stub_problems
 

@@ -4,14 +4,14 @@
 
 The stub takes its timing as `--stub-*` flags (workers/stub/server.py), which the plan prepends to extra_args from
 `engine.stub` (`StubAdapter.server_engine`, through orchestrator/config/plan.py `server_engine`); the timings' ranges are their declared domains
-(specsweep_vocab/spec.py StubOptions).
+(specsweep_common/spec.py StubOptions).
 """
 
 from __future__ import annotations
 
-from specsweep_vocab.plan_point import PlanPoint, argv_flags
-from specsweep_vocab.problem import Problem
-from specsweep_vocab.spec import STUB_FLAGS
+from specsweep_common.plan_point import PlanPoint, argv_flags
+from specsweep_common.problem import Problem
+from specsweep_common.spec import STUB_FLAGS
 
 # each --stub-* flag's engine.stub key, in StubOptions field order
 STUB_KEYS = dict(zip(STUB_FLAGS, ("token_s", "prefill_s", "startup_s", "rendezvous_timeout_s")))

@@ -20,7 +20,7 @@ environment value, so no secret, reaches the engine log.
     python -m orchestrator engine=stub engine.stub.token_s=0.01        # through the orchestrator (conf/engine/stub.yaml)
     tools.testing.stub_server(tp_size=8, nnodes=1, token_s=0.005, seed=0) -> ServerSpec   # tests, benches
 
-Its timing flags are `specsweep_vocab.spec.StubOptions` (`engine.stub.*` in the config), emitted by `StubOptions.argv()`.
+Its timing flags are `specsweep_common.spec.StubOptions` (`engine.stub.*` in the config), emitted by `StubOptions.argv()`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from specsweep_vocab.spec import ProbeSpec, StubOptions
+from specsweep_common.spec import ProbeSpec, StubOptions
 
 SENTENCE = ProbeSpec.sentence.encode()  # the predictable probe's default text, as bytes
 CHARS_PER_TOKEN = 4  # text prompts (no input_ids): a rough token count, as the probe assumes

@@ -25,7 +25,7 @@ from orchestrator.results.regress.history import (Baseline, BaselineError, Histo
                                                   select_baseline)
 from orchestrator.results.regress.verdict import (EXCURSION, METRICS, NO_BASELINE, NO_SPREAD, REGRESSION, Noise,
                                                   Verdict, judge, pooled_noise)
-from specsweep_vocab.confidence_interval import Interval, interval
+from specsweep_common.confidence_interval import Interval, interval
 
 
 @dataclass(frozen=True)

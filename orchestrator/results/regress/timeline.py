@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from orchestrator.results.regress.changepoints import change_points
 from orchestrator.results.regress.history import History, PointRun
 from orchestrator.results.regress.verdict import METRICS
-from specsweep_vocab.confidence_interval import interval
+from specsweep_common.confidence_interval import interval
 from orchestrator.results.store_layout import STUB_EXPERIMENT_SUFFIX
 
 

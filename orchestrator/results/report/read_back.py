@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 from orchestrator.config.params import RunParams, config_params
 from orchestrator.config.weights_scope import dummy_weights_reason
 from orchestrator.results.diagnosis import RunRow
-from specsweep_vocab.greedy_output import OUTPUT_IDS_ARTIFACT, GreedyOutput
-from specsweep_vocab.sglang_facts import SGLANG_PLUGIN_BACKENDS
-from specsweep_vocab.spec import Algorithm, EngineKind
+from specsweep_common.greedy_output import OUTPUT_IDS_ARTIFACT, GreedyOutput
+from specsweep_common.sglang_facts import SGLANG_PLUGIN_BACKENDS
+from specsweep_common.spec import Algorithm, EngineKind
 from orchestrator.results.store_layout import (ENGINE_TAG, FAILURE_REASON_TAG, JOB_TAG, LOSSLESS_KEY_TAG, PARENT_TAG,
                                                RUN_HASH_TAG, RUN_HASHES_ARTIFACT)
 

@@ -1,4 +1,4 @@
-"""The context edge on SGLang: our rule (`specsweep_vocab.sglang_limits`) gives, at every edge,
+"""The context edge on SGLang: our rule (`specsweep_common.sglang_limits`) gives, at every edge,
 what SGLang 0.5.23's own code does with the request, and `check_context` refuses exactly the points SGLang would
 refuse, abort or cut short.
 
@@ -16,7 +16,7 @@ import pytest
 from orchestrator.config.plan import build_server
 from orchestrator.config.context import check_context
 from workers.sglang.rules import reserved_tokens
-from specsweep_vocab.sglang_limits import max_req_input_len, sglang_generated
+from specsweep_common.sglang_limits import max_req_input_len, sglang_generated
 from workers.sglang.argv import build_sglang_argv
 
 from tests.workers.sglang.cpu_process import run_in_sglang_process

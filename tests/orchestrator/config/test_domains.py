@@ -13,7 +13,7 @@ from orchestrator.config.domains import schema_leaves
 from orchestrator.config.jobs import convert_and_validate
 from orchestrator.config.schema import SpecsweepConf, register_configs, to_run_config
 from orchestrator.config.config_error import ConfigError
-from specsweep_vocab.domain import NAME
+from specsweep_common.domain import NAME
 
 
 def _value_type(tp):

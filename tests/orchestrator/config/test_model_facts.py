@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_module
 from orchestrator.config.jobs import convert_and_validate
 from orchestrator.config.schema import register_configs
 from orchestrator.config.config_error import ConfigError
-from specsweep_vocab.spec import EngineKind
+from specsweep_common.spec import EngineKind
 from workers.registry import adapter_for
 
 

@@ -41,7 +41,7 @@ def test_run_hash_is_stable_and_ignores_names():
     a, b = build_run(run_config("drafter=ngram"), 0), build_run(run_config("drafter=ngram"), 7)
     assert a.run_hash == b.run_hash and len(a.run_hash) == 64
     renamed = replace(a.server, model=replace(a.server.model, name="other"))
-    from specsweep_vocab.spec import stable_hash
+    from specsweep_common.spec import stable_hash
     assert stable_hash(renamed, a.probe) == a.run_hash
     assert build_run(run_config("drafter=ngram", "context_len=2048"), 0).server == a.server
     assert build_run(run_config("drafter=ngram", "context_len=2048"), 0).run_hash != a.run_hash

@@ -18,7 +18,7 @@ from orchestrator.config.schema import (ClusterConf, DrafterConf, EngineConf, Pr
                                         _Problems, absolute_tracking_uri, register_configs, structured_conf,
                                         to_run_config)
 from orchestrator.config.settings import ClusterKind, ClusterSettings, Thresholds
-from specsweep_vocab.spec import Algorithm, AttentionKind, EngineKind, EngineSpec, ProbeKind
+from specsweep_common.spec import Algorithm, AttentionKind, EngineKind, EngineSpec, ProbeKind
 from orchestrator.config.config_error import ConfigError
 
 
@@ -206,9 +206,9 @@ def test_each_default_is_declared_once_as_a_field():
 
 
 def test_builtin_models_are_declared_once():
-    """`model=tiny` / `model=tiny-draft` compose to the specs of specsweep_vocab/builtin_models.py (no YAML copy),
+    """`model=tiny` / `model=tiny-draft` compose to the specs of specsweep_common/builtin_models.py (no YAML copy),
     and the reference engine builds the same geometry from them."""
-    from specsweep_vocab.builtin_models import BUILTIN_MODELS
+    from specsweep_common.builtin_models import BUILTIN_MODELS
     from workers.reference.config import BUILTIN_CONFIGS
 
     for name, spec in BUILTIN_MODELS.items():

@@ -8,7 +8,7 @@ from hydra import compose, initialize_config_module
 from orchestrator.config.schema import register_configs, to_run_config
 from orchestrator.config.config_error import ConfigError
 from orchestrator.config.validate import validate_run
-from specsweep_vocab.problem import Problem
+from specsweep_common.problem import Problem
 
 
 def run_config(*overrides: str):
@@ -175,7 +175,7 @@ def test_context_counts_the_server_context_and_eagle_reserve():
     assert "4 tokens SGLang reserves for EAGLE3" in p.allowed and "40960" in p.allowed
     tree = (*EAGLE, "drafter.topk=4", "drafter.num_draft_tokens=8", "page_size=1")  # max(4 * 3, 8) = 12
     assert "context_len" in problems(*tree, "context_len=40885") and problems(*tree, "context_len=40884") == {}
-    # NGRAM reserves nothing, but SGLang's scheduler keeps 2 slots (specsweep_vocab.sglang_limits)
+    # NGRAM reserves nothing, but SGLang's scheduler keeps 2 slots (specsweep_common.sglang_limits)
     assert problems(*SGLANG, "drafter=ngram", "context_len=40894") == {}
     p = problems(*SGLANG, "drafter=ngram", "context_len=40895")["context_len"]
     assert "gen_tokens (64) + 2 (SGLang's scheduler keeps" in p.allowed and "context_len <= 40953" in p.allowed
@@ -496,12 +496,12 @@ def test_load_format_has_a_declared_domain_and_each_engine_its_own():
 
 
 def test_a_file_that_cannot_be_read_is_a_problem_naming_key_and_path(tmp_path):
-    """Every file the plan reads goes through one reader (specsweep_vocab/problem.py read_file): an OSError (EIO from
+    """Every file the plan reads goes through one reader (specsweep_common/problem.py read_file): an OSError (EIO from
     /proc/self/mem: a regular, readable file whose read fails) is a problem with the key, the value and the path."""
     p = problems("probe=file", "probe.path=/proc/self/mem")["probe.path"]
     assert p.value == "/proc/self/mem" and p.allowed.startswith("a readable file (/proc/")  # resolved: /proc/<pid>
     assert p.allowed.endswith("/mem: Input/output error, errno 5)")
-    from specsweep_vocab.problem import ProblemError, read_file
+    from specsweep_common.problem import ProblemError, read_file
 
     with pytest.raises(ProblemError) as e:
         read_file("model.path", "m", str(tmp_path))  # a folder: EISDIR

@@ -23,7 +23,7 @@ import pytest
 from orchestrator.config.plan import Plan
 from orchestrator.config.settings import (AcceleratorMatch, ClusterKind, ClusterSettings, ExecutionSettings,
                                           TrackingSettings)
-from specsweep_vocab.spec import FailureReason, RunState
+from specsweep_common.spec import FailureReason, RunState
 from tools.testing import pid_alive, proc_env, stub_server, stub_starts, tiny_group, tiny_run, wait_for_request
 from tools.ray_testing import ray_cluster
 

@@ -20,7 +20,7 @@ from orchestrator.execution.driver import Driver, _Slot
 from orchestrator.execution.preflight import Preflight
 from orchestrator.execution.stats import ExecutionStats
 from orchestrator.execution.progress import SweepProgress
-from specsweep_vocab.spec import FailureReason, ProbeKind, RunResult, RunState
+from specsweep_common.spec import FailureReason, ProbeKind, RunResult, RunState
 from tools.testing import tiny_group, tiny_run, tiny_server
 from workers.runners import LOG_TAIL_ARTIFACT, EngineInfo, engine_log_path
 

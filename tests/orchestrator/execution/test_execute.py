@@ -13,7 +13,7 @@ import pytest
 
 from orchestrator.config.plan import Plan
 from orchestrator.config.settings import ExecutionSettings, TrackingSettings
-from specsweep_vocab.spec import FailureReason, ProbeKind, RunState
+from specsweep_common.spec import FailureReason, ProbeKind, RunState
 from tools.testing import pid_alive, tiny_group, tiny_run, tiny_server, wait_for_request
 from workers.runners import LOG_TAIL_ARTIFACT
 

@@ -12,7 +12,7 @@ import pytest
 
 from orchestrator.config.plan import Plan
 from orchestrator.config.settings import ClusterKind, ClusterSettings, ExecutionSettings, TrackingSettings
-from specsweep_vocab.spec import FailureReason, RunState
+from specsweep_common.spec import FailureReason, RunState
 from tools.testing import pid_alive, stub_server, tiny_group, tiny_run, wait_for_request
 from tools.ray_testing import ray_cluster
 from workers.runners import LOG_TAIL_ARTIFACT

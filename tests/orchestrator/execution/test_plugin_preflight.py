@@ -12,7 +12,7 @@ import pytest
 from orchestrator.execution.plugin_preflight import CHECK_SCRIPT, PluginUnavailable, check_plugin_nodes, plugin_nodes
 from orchestrator.execution.preflight import NodeInfo, Preflight
 from orchestrator.config.settings import AcceleratorMatch, ClusterKind, ClusterSettings
-from specsweep_vocab.spec import AttentionSpec, EngineKind, EngineSpec
+from specsweep_common.spec import AttentionSpec, EngineKind, EngineSpec
 from tools.testing import tiny_group, tiny_run, tiny_server
 from tools.ray_testing import ray_cluster
 

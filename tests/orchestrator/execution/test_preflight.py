@@ -9,7 +9,7 @@ import time
 
 from orchestrator.execution.preflight import check_declared, check_local, probe_tracking
 from orchestrator.config.settings import ClusterKind, ClusterSettings
-from specsweep_vocab.spec import EngineKind
+from specsweep_common.spec import EngineKind
 from tools.testing import stub_server, tiny_group, tiny_run, tiny_server
 
 

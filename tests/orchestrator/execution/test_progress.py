@@ -6,7 +6,7 @@ from rich.console import Console
 
 from orchestrator.config.jobs import expand_grid, plan_jobs
 from orchestrator.execution.progress import ENGINE_COLUMNS, KERNEL_COLUMNS, SweepProgress
-from specsweep_vocab.spec import FailureReason, RunResult, RunState
+from specsweep_common.spec import FailureReason, RunResult, RunState
 from tools.testing import tiny_run, tiny_server
 
 

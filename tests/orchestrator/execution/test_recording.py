@@ -17,7 +17,7 @@ from orchestrator.execution.progress import SweepProgress
 from orchestrator.execution.recording import Recorder, close_tracking, open_tracker
 from orchestrator.execution.stats import ExecutionStats
 from orchestrator.results.store_layout import PARENT_TAG, ROLE_CHILD, ROLE_TAG, RUN_HASH_TAG
-from specsweep_vocab.spec import FailureReason, ProbeKind, RunResult, RunState
+from specsweep_common.spec import FailureReason, ProbeKind, RunResult, RunState
 from tools.testing import tiny_group, tiny_run, tiny_server
 
 mlflow = pytest.importorskip("mlflow")

@@ -20,7 +20,7 @@ from orchestrator.load.curve import (LATENCIES, Level, accept_lengths, level_fig
                                      quantile)
 from orchestrator.load.render import accept_figure, load_curve_figure, pareto_figure, table_markdown
 from orchestrator.load.settings import Limits, LoadSettings, limits, load_spec, settings_problems, to_load_settings
-from specsweep_vocab.load import LoadLevel, LoadSpec
+from specsweep_common.load import LoadLevel, LoadSpec
 from workers.load_curve import bench_argv
 
 FIXTURES = Path(__file__).with_name("fixtures")

@@ -16,7 +16,7 @@ import pytest
 
 from orchestrator.load.curve import LATENCIES, level_figures, pareto_front
 from orchestrator.load.settings import Limits
-from specsweep_vocab.load import LoadLevel
+from specsweep_common.load import LoadLevel
 
 ROOT = Path(__file__).resolve().parents[3]
 PYTHONPATH = os.pathsep.join([str(ROOT), str(ROOT / "kernels"), *filter(None, [os.environ.get("PYTHONPATH")])])

@@ -11,7 +11,7 @@ import pytest
 from orchestrator.config.settings import Thresholds
 from orchestrator.results.diagnosis import Cause, Rule, RunRow, Verdict, diagnose
 from orchestrator.results.diagnosis_md import render_markdown
-from specsweep_vocab.greedy_output import GreedyOutput
+from specsweep_common.greedy_output import GreedyOutput
 
 CONTEXTS = (1024, 4096, 16384, 65536)
 PEAK_GBS = 4250.0
@@ -301,7 +301,7 @@ def _plugin_sweep(counters: dict[str, dict[str, float] | None]) -> list[RunRow]:
 
 
 def test_a_specsweep_verify_run_that_fell_back_or_never_ran_the_kernel_is_flagged():
-    from specsweep_vocab import plugin_counters as pc
+    from specsweep_common import plugin_counters as pc
 
     ok = pc.run_metrics({}, {("verify", "kernel", ""): 7200.0})
     fell = pc.run_metrics({("verify", "kernel", ""): 10.0},

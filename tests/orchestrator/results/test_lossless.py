@@ -11,7 +11,7 @@ import pytest
 from orchestrator.config.settings import Thresholds
 from orchestrator.results.diagnosis import Cause, Rule, RunRow, Verdict, diagnose, find_lossless_breach
 from orchestrator.results.diagnosis_md import render_markdown
-from specsweep_vocab.greedy_output import GreedyOutput
+from specsweep_common.greedy_output import GreedyOutput
 
 TH = Thresholds()
 IDS = (10, 11, 12, 13, 14, 15, 16, 17)

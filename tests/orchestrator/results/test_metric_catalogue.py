@@ -15,7 +15,7 @@ from orchestrator.results.regress import verdict
 from orchestrator.results.report import compare, tables
 
 ROOT = Path(__file__).resolve().parents[3]
-PACKAGES = ("orchestrator", "workers", "specsweep_vocab", "hydra_plugins", "tools", "kernels/specsweep_kernels")
+PACKAGES = ("orchestrator", "workers", "specsweep_common", "hydra_plugins", "tools", "kernels/specsweep_kernels")
 CATALOGUE_FILE = ROOT / "orchestrator" / "results" / "metric_catalogue.py"
 DERIVED = {"summary": mc.SUMMARY_METRICS, "kernel": mc.KERNEL_METRICS, "ui": mc.UI_METRICS,
            "progress": mc.PROGRESS_METRICS, "headline": mc.HEADLINE_METRICS, "watched": tuple(mc.WATCHED),

@@ -11,9 +11,9 @@ from orchestrator.results.regress.attribution import GridPoint, differences, dra
 from orchestrator.results.regress.changepoints import change_points
 from orchestrator.results.regress.verdict import (IMPROVEMENT, NO_BASELINE, NO_SPREAD, REGRESSION, UNCHANGED, Noise,
                                                   judge)
-from specsweep_vocab.point_key import point_key
-from specsweep_vocab.spec import ProbeKind, ProbeSpec, stable_hash
-from specsweep_vocab.confidence_interval import interval
+from specsweep_common.point_key import point_key
+from specsweep_common.spec import ProbeKind, ProbeSpec, stable_hash
+from specsweep_common.confidence_interval import interval
 from tools.testing import tiny_server
 
 S = RegressSettings()

@@ -15,8 +15,8 @@ from orchestrator.results.report.build import write_report
 from orchestrator.results.tracking import Tracker
 from orchestrator.schedule import EXIT_REGRESSION, regression_exit
 from orchestrator.schedules.definition import ScheduleError, parse_schedule
-from specsweep_vocab.point_key import point_key
-from specsweep_vocab.spec import ProbeKind, ProbeSpec, RunResult, RunSpec, RunState, ServerGroup, stable_hash
+from specsweep_common.point_key import point_key
+from specsweep_common.spec import ProbeKind, ProbeSpec, RunResult, RunSpec, RunState, ServerGroup, stable_hash
 from tools.testing import tiny_server
 
 BASE = {"commit_len_mean": 4.5, "decode_tok_s": 100.0, "verify_step_ms": 10.0}

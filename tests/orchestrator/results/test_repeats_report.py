@@ -14,7 +14,7 @@ from orchestrator.results.regress.section import changes_section
 from orchestrator.results.regress.verdict import NO_SPREAD
 from orchestrator.results.report.build import write_report
 from orchestrator.results.tracking import Tracker
-from specsweep_vocab.spec import ProbeKind, ProbeSpec, RunSpec, RunState, ServerGroup, stable_hash
+from specsweep_common.spec import ProbeKind, ProbeSpec, RunSpec, RunState, ServerGroup, stable_hash
 from tools.testing import stub_server
 from workers.runners import GroupRunner
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from orchestrator.results import store_layout
 
 ROOT = Path(__file__).resolve().parents[3]
-PACKAGES = ("orchestrator", "workers", "specsweep_vocab", "hydra_plugins", "tools")
+PACKAGES = ("orchestrator", "workers", "specsweep_common", "hydra_plugins", "tools")
 LAYOUT = ROOT / "orchestrator" / "results" / "store_layout.py"
 # the names no other module may spell: MLflow's own tags, ours with a dot, the artifact
 DISTINCTIVE = (store_layout.PARENT_TAG, store_layout.EXPERIMENT_KIND_TAG, store_layout.VIEW_TAG_PREFIX,

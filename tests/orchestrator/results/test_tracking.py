@@ -7,7 +7,7 @@ import time
 import pytest
 
 from orchestrator.config.plan import Plan
-from specsweep_vocab.spec import FailureReason, ProbeKind, RunResult, RunState
+from specsweep_common.spec import FailureReason, ProbeKind, RunResult, RunState
 from orchestrator.config.param_encoding import flatten, param_value
 from orchestrator.results.tracking import Tracker
 from tools.testing import tiny_group, tiny_run, tiny_server
@@ -130,7 +130,7 @@ def test_axes_come_first_and_the_config_sits_under_one_prefix_that_old_runs_lack
 
     from orchestrator.config.params import RunParams, config_params
     from orchestrator.config.weights_scope import dummy_weights_reason
-    from specsweep_vocab.point_key import point_key
+    from specsweep_common.point_key import point_key
 
     server = tiny_server("ngram")
     runs = [dataclasses.replace(

@@ -21,7 +21,7 @@ from orchestrator.schedules.definition import UTC, Schedule
 from orchestrator.schedules.ray_jobs import RayJobBackend, job_server
 from orchestrator.schedules.scheduler import Scheduler
 from orchestrator.schedules.state import StateStore
-from specsweep_vocab.spec import RunResult, RunState
+from specsweep_common.spec import RunResult, RunState
 
 T0 = dt.datetime(2026, 1, 1, 2, 0, 30, tzinfo=UTC)
 APPEND = "import sys; open(sys.argv[1], 'a').write(sys.argv[2] + '\\n')"

@@ -22,7 +22,7 @@ from orchestrator.config.config_error import ConfigError
 from orchestrator.session import sweep as sweep_module
 from orchestrator.session.launcher import InvalidConfig
 from orchestrator.session.outcomes import NotRun, outcomes
-from specsweep_vocab.spec import FailureReason, RunResult, RunState
+from specsweep_common.spec import FailureReason, RunResult, RunState
 
 
 def test_discovery():

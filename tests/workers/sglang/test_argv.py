@@ -29,11 +29,11 @@ from pathlib import Path
 
 import pytest
 from orchestrator.config.plan import build_server
-from specsweep_vocab.spec import Algorithm, AttentionKind, ModelSpec
+from specsweep_common.spec import Algorithm, AttentionKind, ModelSpec
 from tests.workers.sglang.argcache import check_argv
 from tools.composed_config import compose_run
 from orchestrator.config.validate import validate_run
-from specsweep_vocab.builtin_models import REFERENCE_MODEL_PATHS
+from specsweep_common.builtin_models import REFERENCE_MODEL_PATHS
 from workers.registry import adapter_for
 from workers.sglang.argv import (LONGER_CONTEXT_ENV, SERVER_ARG_KEYS, build_sglang_argv, expected_server_args,
                             reported_server_args, sglang_env)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config.plan import build_run
-from specsweep_vocab.spec import RunState
+from specsweep_common.spec import RunState
 from workers.probe import run_probe
 from tools.fake_server import JSON, PROMETHEUS, FakeServer, runner_on
 from workers.sglang.observe import read_server_args

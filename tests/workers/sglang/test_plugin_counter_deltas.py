@@ -13,8 +13,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from orchestrator.config.plan import build_run
-from specsweep_vocab import plugin_counters as pc
-from specsweep_vocab.spec import RunState
+from specsweep_common import plugin_counters as pc
+from specsweep_common.spec import RunState
 from tools.fake_server import JSON, PROMETHEUS, FakeServer, runner_on
 from tools.composed_config import compose_run
 

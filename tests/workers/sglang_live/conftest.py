@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config.plan import build_server
-from specsweep_vocab.spec import ServerSpec
+from specsweep_common.spec import ServerSpec
 from tools.composed_config import compose_run
 from workers.engine_process import EngineProcess
 from workers.sglang.cpu import read_manifest, sglang_python

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from orchestrator.config.plan import build_server
-from specsweep_vocab.spec import EngineKind
+from specsweep_common.spec import EngineKind
 from tools.composed_config import compose_run
 from workers.engine_process import EngineProcess
 from workers.errors import EngineStartFailed

@@ -9,8 +9,8 @@ import time
 import pytest
 import requests
 
-from specsweep_vocab.sglang_limits import sglang_generated
-from specsweep_vocab.spec import EngineKind, ProbeKind, ProbeSpec
+from specsweep_common.sglang_limits import sglang_generated
+from specsweep_common.spec import EngineKind, ProbeKind, ProbeSpec
 from tools.testing import reference_process
 from workers.engine_counters import parse_scrape, read_metrics, server_limits
 from workers.http_client import ProbeClient
@@ -49,7 +49,7 @@ def test_server_info_reports_the_args_the_adapter_predicts(live):
 @pytest.mark.parametrize("below_edge", [9, 8, 7, 6, 5, 2])
 def test_context_edge_is_what_sglang_limits_predicts(live, below_edge):
     """A prompt `below_edge` tokens under the context with max_new_tokens 1: generated (how many) or refused,
-    exactly as `specsweep_vocab.sglang_limits.sglang_generated` says (the plan-time context rule)."""
+    exactly as `specsweep_common.sglang_limits.sglang_generated` says (the plan-time context rule)."""
     spec, engine = live
     prompt = CONTEXT - below_edge
     ids = (load_tokenizer(MODEL).encode(TEXT * 20))[:prompt]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from orchestrator.config.jobs import plan_jobs
-from specsweep_vocab.spec import STUB_FLAGS, StubOptions
+from specsweep_common.spec import STUB_FLAGS, StubOptions
 from tools.testing import engines_under, pid_alive, proc_env, stub_server, stub_starts
 from workers.engine_process import EngineProcess
 from workers.registry import build_engine_argv

@@ -13,7 +13,7 @@ figure meaningless: for real commit lengths use model=smollm2-135m (what `make r
 
 from __future__ import annotations
 
-from specsweep_vocab.spec import AttentionKind, ModelSpec
+from specsweep_common.spec import AttentionKind, ModelSpec
 
 TINY = ModelSpec(name="tiny", path="tiny", max_context_len=32768, num_layers=4, hidden_size=256, num_q_heads=8,
                  num_kv_heads=2, head_dim=32, v_head_dim=32, attention_kind=AttentionKind.GQA, dtype="float32",

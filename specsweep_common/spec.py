@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from specsweep_vocab.domain import (ARGV, DELAY_S, IDENT, NAME, PATH, SECONDS, TOKENS, Choice,
+from specsweep_common.domain import (ARGV, DELAY_S, IDENT, NAME, PATH, SECONDS, TOKENS, Choice,
                                      Int, Num, Text, domain)
 
 
@@ -175,7 +175,7 @@ WEIGHT_BYTES = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "float8_e4m3fn"
 # `model.load_format`: every value an engine here takes, SGLang 0.5.23's --load-format choices
 # (`LOAD_FORMAT_CHOICES`, sglang/srt/arg_groups/choices.py:3-28); the reference engine takes auto, safetensors,
 # gguf and dummy (workers/reference/config.py LOAD_FORMATS), SGLang 0.5.10 all but three
-# (specsweep_vocab/sglang_facts.py): the engines' rules refuse the rest per engine.
+# (specsweep_common/sglang_facts.py): the engines' rules refuse the rest per engine.
 LOAD_FORMATS = ("auto", "pt", "safetensors", "instanttensor", "npcache", "dummy", "sharded_state", "presharded",
                 "gguf", "expert_pack", "bitsandbytes", "mistral", "layered", "flash_rl", "remote", "remote_instance",
                 "fastsafetensors", "private", "runai_streamer")
@@ -248,7 +248,7 @@ class AttentionSpec:
     # --speculative-draft-attention-backend
     draft_backend: str | None = field(default=None, metadata=domain(IDENT))
     # SGLang --speculative-attention-mode: which of prefill/decode backend runs TARGET_VERIFY (None: SGLang's
-    # default, prefill). specsweep_vocab.sglang_facts.resolved_backends says which backend verifies.
+    # default, prefill). specsweep_common.sglang_facts.resolved_backends says which backend verifies.
     speculative_attention_mode: str | None = field(default=None, metadata=domain(Choice("prefill", "decode"),
                                                                                 IDENTITY_IF_SET))
 

@@ -4,7 +4,7 @@
     LoadLevel(request_rate=2.0)       bench_serving --request-rate 2.0 (Poisson arrivals), no concurrency cap
     LoadSpec(levels, ...)             the levels and the workload every level sends
 
-Standard library only: the vocabulary is shared by the driver and the workers.
+Standard library only: specsweep_common is shared by the driver and the workers.
 """
 
 from __future__ import annotations

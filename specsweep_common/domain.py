@@ -12,7 +12,7 @@ leaf of the schema has none. None is never judged here: whether a leaf may be nu
     NAME                    a name that becomes a path or an identifier (sweep, schedule, experiment names)
     Items(domain, max_items)   a list whose every item is in `domain`
 
-Standard library only: the vocabulary is shared by the driver and the workers.
+Standard library only: specsweep_common is shared by the driver and the workers.
 """
 
 from __future__ import annotations

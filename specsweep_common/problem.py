@@ -2,8 +2,8 @@
 
 The config layer's checks (`orchestrator/config/`: the declared domains, the keys, the generic rules) and each
 engine's own plan-time rules (`workers/<engine>/rules.py`, reached through `workers.adapter.EngineAdapter`) return
-it, so a refusal always names the key, the value and what is allowed, whichever layer found it. It lives in the
-vocabulary because workers/ never imports orchestrator/.
+it, so a refusal always names the key, the value and what is allowed, whichever layer found it. It lives in
+specsweep_common because workers/ never imports orchestrator/.
 
 `read_file(key, value, path)`: every file a check reads before work is read through it, so that a file that
 cannot be read (any OSError: EIO from /proc/self/mem, EACCES, EISDIR, a vanished file) is a `ProblemError` naming
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from specsweep_vocab.redact import MASK, is_secret_path, redact_text
+from specsweep_common.redact import MASK, is_secret_path, redact_text
 
 
 @dataclass(frozen=True)

@@ -9,19 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from specsweep_vocab.sglang_facts import (SGLANG_PLUGIN_BACKENDS, SGLANG_VERSIONS, resolved_backends,
+from specsweep_common.sglang_facts import (SGLANG_PLUGIN_BACKENDS, SGLANG_VERSIONS, resolved_backends,
                                           sglang_draft_backend, sglang_facts)
-from specsweep_vocab.spec import Algorithm, AttentionSpec
+from specsweep_common.spec import Algorithm, AttentionSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_imports_only_the_standard_library_and_the_vocabulary():
-    code = ("import sys; before = set(sys.modules); import specsweep_vocab.sglang_facts; "
+def test_imports_only_the_standard_library_and_specsweep_common():
+    code = ("import sys; before = set(sys.modules); import specsweep_common.sglang_facts; "
             "print(sorted({m.split('.')[0] for m in set(sys.modules) - before} - set(sys.stdlib_module_names)))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
-    assert proc.returncode == 0 and proc.stdout.strip() == "['specsweep_vocab']", proc.stdout + proc.stderr
+    assert proc.returncode == 0 and proc.stdout.strip() == "['specsweep_common']", proc.stdout + proc.stderr
 
 
 def test_unknown_version_names_the_supported_ones():

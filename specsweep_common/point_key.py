@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from specsweep_vocab.spec import DrafterSpec, ProbeSpec, ServerSpec, stable_hash
+from specsweep_common.spec import DrafterSpec, ProbeSpec, ServerSpec, stable_hash
 
 # What may change between runs of one point (ServerSpec fields set to a constant before hashing).
 NOT_POINT_IDENTITY = ("engine.version", "host")

@@ -15,7 +15,7 @@ config layer hands a RunConfig to an adapter), so a grid of thousands of points 
     argv_flags(args) -> {flag}           the `--flags` of an argv list (`--flag V` and `--flag=V`)
     argv_int(args, flag) -> int | None   the integer value of `flag` in an argv list
 
-Standard library and the vocabulary only.
+Standard library and specsweep_common only.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from specsweep_vocab.spec import AttentionSpec, DrafterSpec, EngineSpec, ModelSpec, ProbeSpec
+from specsweep_common.spec import AttentionSpec, DrafterSpec, EngineSpec, ModelSpec, ProbeSpec
 
 
 class ClusterFacts(Protocol):

@@ -15,7 +15,7 @@ while planning (the plan keeps the real values, and the engine gets them):
 - the store: `orchestrator.results.tracking.Tracker` (every name, param, tag and artifact it writes; the one module
   that writes plan data to MLflow, tests/orchestrator/test_secrets.py checks that no other does);
 - the terminal: `RedactingStream` on the command line's stdout and stderr (`orchestrator/__main__.py`);
-- an engine's argv in its log (`workers/engine_process.py`), and a refusal's text (`specsweep_vocab.problem.Problem`).
+- an engine's argv in its log (`workers/engine_process.py`), and a refusal's text (`specsweep_common.problem.Problem`).
 The one exception is a run's name (`orchestrator.config.plan.build_name`), a label that other processes (the Ray
 actors) log: it is built from redacted overrides. Redaction is structural where the structure is known
 (`redact_config`, `redact_param`, `redact_override`, `redact_argv`) and by value everywhere else: `secret_values`

@@ -15,14 +15,14 @@ Public API:
 Sources: the released wheels (0.5.10 `server_args.py`; 0.5.23
 `arg_groups/{choices,overrides,speculative_hook,attention_hook}.py`, `speculative/draft_utils.py`).
 tests/workers/sglang/test_argv.py feeds every conf/ combination the rules accept to SGLang's own parser, and
-tests/workers/test_meta_info.py reads each version's `meta_info` names. Standard library and the vocabulary only.
+tests/workers/test_meta_info.py reads each version's `meta_info` names. Standard library and specsweep_common only.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specsweep_vocab.spec import LOAD_FORMATS, Algorithm, AttentionSpec
+from specsweep_common.spec import LOAD_FORMATS, Algorithm, AttentionSpec
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specsweep_vocab.spec import stable_hash
+from specsweep_common.spec import stable_hash
 from tools.testing import tiny_server
 
 
@@ -19,8 +19,8 @@ def test_lossless_key_pairs_a_speculative_run_with_its_none_run_and_nothing_else
     (seed, page size, context, probe text, gen_tokens, the model's dtype) makes another key."""
     import dataclasses
 
-    from specsweep_vocab.point_key import lossless_key, point_key
-    from specsweep_vocab.spec import ProbeKind, ProbeSpec
+    from specsweep_common.point_key import lossless_key, point_key
+    from specsweep_common.spec import ProbeKind, ProbeSpec
     from tools.testing import tiny_server
 
     probe = ProbeSpec(kind=ProbeKind.NOVEL, context_len=128, gen_tokens=16)
