@@ -5,7 +5,7 @@
     GreedyOutput.to_json() / from_json(text) the artifact's text, and back (ValueError naming what is malformed)
     GreedyOutput.first_divergence(other)    the first position where two outputs differ (None: equal)
 
-The probe (workers/probe.py) writes it on every run; the report (orchestrator/results/report/read_back.py) reads it back for
+The probe writes it on every run (workers/measurement.py); the report (orchestrator/results/report/read_back.py) reads it back for
 the diagnosis' lossless check (orchestrator/results/diagnosis.py). Standard library only: both sides import it.
 """
 

@@ -35,6 +35,10 @@ ABSENT_ON_PURPOSE = {
     ("orchestrator/load/run.py", "load/report.md"): "an artifact path in MLflow, not a file here",
 }
 
+# Folders that a run makes (git-ignored): what they hold depends on what has run on this checkout, not on the code.
+MADE_AT_RUN_TIME = {".pytest_cache", ".venv", ".venv-sglang", "mlruns", "multirun", "outputs", "test-artifacts",
+                    "bench-results"}
+
 
 def texts() -> Iterator[tuple[Path, str, Path | None]]:
     """(file, text, the folder its paths may be relative to): the docs, then every docstring of the code."""
@@ -111,6 +115,8 @@ def path_resolves(token: str, where: Path | None) -> bool | None:
         bases.append(where)
         where = where.parent
     first = token.split("/")[0]
+    if first in MADE_AT_RUN_TIME:
+        return None
     ours = [b for b in bases if (b / first).exists()]
     if not ours:
         return None

@@ -22,7 +22,7 @@ from tools.bench_engine import cpu_name
 from tools.composed_config import compose_run
 from workers.engine_process import EngineProcess
 from workers.http_client import ProbeClient
-from workers.probe import measure
+from workers.measurement import measure
 from workers.prompts import build_prompt
 
 logger = logging.getLogger("bench-sglang-cpu")

@@ -15,7 +15,7 @@ prefix KV bytes / time, and on CUDA `floor_frac` = floor / time with the floor f
 (specsweep_kernels.roofline, cached per GPU).
 
 `--one` runs in its own process because TRITON_INTERPRET must be set before triton is imported
-(`workers.runners.KernelRunner` sets it for device=cpu).
+(`workers.kernel_runner.KernelRunner` sets it for device=cpu).
 """
 from __future__ import annotations
 

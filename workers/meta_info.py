@@ -1,6 +1,6 @@
 """SGLang's speculative-decoding `meta_info`, by version: the one place the project turns a finished /generate
 request's fields into metrics, for SGLang and the reference engine alike (the reference engine reports SGLang's
-names). Below the engine folders: workers/probe.py reads every engine's answers through it.
+names). Below the engine folders: workers/measurement.py reads every engine's answers through it.
 
     spec_metrics_from_meta_info(meta_info, version=None) -> SpecMetrics
         from the final /generate `meta_info` (the spec fields are on the finishing chunk only). version None:

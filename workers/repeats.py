@@ -20,7 +20,7 @@ import json
 import statistics
 
 from specsweep_common.confidence_interval import interval
-from workers.probe import Measurement
+from workers.measurement import Measurement
 
 CI_SUFFIXES = (".ci95_lo", ".ci95_hi", ".n")
 REPEATS_TAG = ".repeats"

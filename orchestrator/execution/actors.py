@@ -1,4 +1,5 @@
-"""The Ray actors of a server, thin shells around the plain-Python runners of `workers.runners`.
+"""The Ray actors of a server, thin shells around the plain-Python runners of `workers.runners` and
+`workers.kernel_runner`.
 
     ServerWorker    rank 0 (the only rank on one node), bundle 0 of the server's placement group: starts the
                     engine, runs the group's RunSpecs in order, stops it (`GroupRunner` / `KernelRunner`)
@@ -17,12 +18,21 @@ import os
 
 import ray
 
-from specsweep_common.spec import RunResult, RunSpec, ServerGroup
+from specsweep_common.spec import JobKind, RunResult, RunSpec, ServerGroup, ServerSpec
 from workers.adapter import NodeRank
 from workers.engine_process import free_port
-from workers.runners import EngineInfo, FollowerRunner, JobRunner, Runner, make_runner
+from workers.kernel_runner import KernelRunner
+from workers.runners import EngineInfo, FollowerRunner, GroupRunner, JobRunner, Runner
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def runner_for(server: ServerSpec, log_dir: str, *, restarts: int = 1,
+                node_tags: dict[str, str] | None = None) -> JobRunner:
+    """Rank 0's runner for a server: its engine (GroupRunner) or, for `job=kernel`, kernel shapes (KernelRunner)."""
+    if server.job is JobKind.KERNEL:
+        return KernelRunner(server, log_dir, node_tags=node_tags)
+    return GroupRunner(server, log_dir, restarts=restarts, node_tags=node_tags)
 
 
 @ray.remote
@@ -32,7 +42,7 @@ class ServerWorker:
 
     def __init__(self, group: ServerGroup, log_dir: str, restarts: int = 1):
         logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
-        self.runner: JobRunner = make_runner(group.server, log_dir, restarts=restarts, node_tags=node_tags())
+        self.runner: JobRunner = runner_for(group.server, log_dir, restarts=restarts, node_tags=node_tags())
 
     def dist_init_addr(self) -> str:
         """rank 0's rendezvous address for a multi-node server: this node's IP and a free port."""

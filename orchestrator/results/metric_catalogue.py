@@ -28,11 +28,11 @@ from enum import Enum
 class Source(str, Enum):
     """Where a metric's value is read or computed (the module that writes it)."""
 
-    PROBE = "probe"  # the client's clock and counts of the requests it sent (workers/probe.py)
+    PROBE = "probe"  # the client's clock and counts of the requests it sent (workers/measurement.py)
     META_INFO = "meta_info"  # the engine's final answer per request (workers/meta_info.py)
     ENGINE_METRICS = "/metrics"  # Prometheus counter deltas over the run (workers/engine_counters.py)
     SERVER_INFO = "/server_info"  # the engine's limits, once per start (workers/engine_counters.py)
-    STEPS = "spec_steps"  # the reference engine's per-step extras (workers/probe.py)
+    STEPS = "spec_steps"  # the reference engine's per-step extras (workers/measurement.py)
     DERIVED = "derived"  # computed from other metrics and the model's size (workers/derived.py)
     TELEMETRY = "telemetry"  # the GPU's sampled utilisation (workers/telemetry.py)
     KERNEL = "kernel job"  # a verify-kernel benchmark (workers/kernel_job.py)

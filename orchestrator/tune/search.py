@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-OBJECTIVE = "throughput_tok_s"  # output tok/s of a run: all requests' completion tokens / wall time (workers/probe.py)
+OBJECTIVE = "throughput_tok_s"  # output tok/s of a run: all requests' completion tokens / wall time (workers.measurement)
 Point = tuple[int, int]  # (context_len, batch size)
 
 

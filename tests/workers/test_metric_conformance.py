@@ -33,7 +33,7 @@ import torch
 from orchestrator.results.diagnosis import RunRow, find_oracle_shortfall
 from orchestrator.config.settings import Thresholds
 from workers.http_client import Generation
-from workers.probe import accept_at_depth, measure, measure_all
+from workers.measurement import accept_at_depth, measure, measure_all
 from workers.reference.args import parse_args
 from workers.reference.engine import Engine, SamplingParams
 from workers.reference.speculative import Drafter, DraftTree
@@ -281,7 +281,7 @@ def test_reference_meta_info_is_sglangs(answers, name):
 @pytest.mark.parametrize("name", BY_NAME)
 @pytest.mark.parametrize("engine", ["sglang", "reference"])
 def test_every_derived_metric_from_either_engine(answers, engine, name):
-    """What the project records from one answer (workers.probe.measure), against the scenario's counts."""
+    """What the project records from one answer (workers.measurement.measure), against the scenario's counts."""
     s = BY_NAME[name]
     ids, meta = answers[engine, name]
     assert meta["completion_tokens"] == s.completion == len(ids) and meta["finish_reason"]["type"] == s.finish

@@ -13,7 +13,7 @@ import workers.runners as sw
 from specsweep_common.point_key import point_key
 from specsweep_common.spec import EngineKind, ProbeKind, ProbeSpec, RunState, stable_hash
 from specsweep_common.confidence_interval import interval
-from workers.probe import Measurement
+from workers.measurement import Measurement
 from workers.prompts import NOVEL_NGRAM, build_prompt, probe_text
 from workers.repeats import combine
 from tools.testing import tiny_run, tiny_server

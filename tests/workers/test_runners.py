@@ -127,7 +127,7 @@ def test_every_runner_is_behind_the_runner_protocol(tmp_path):
     server = stub_server(tp_size=2, nnodes=2)
     follower = sw.FollowerRunner(server, tmp_path, 1)
     assert isinstance(follower, sw.Runner) and not isinstance(follower, sw.JobRunner)  # never given a RunSpec
-    assert isinstance(sw.make_runner(server, tmp_path), sw.JobRunner)
+    assert isinstance(sw.GroupRunner(server, tmp_path), sw.JobRunner)
     with pytest.raises(ValueError, match="NodeRank"):
         follower.start()  # rank > 0 cannot start without rank 0's rendezvous address
     with pytest.raises(ValueError, match="rank 1"):

@@ -78,7 +78,7 @@ def test_sglang_oracle_whose_last_step_overshoots_is_healthy():
     """SGLang's meta_info for an oracle at gen_tokens=32 (5 a step): 7 verify steps and 28 correct drafts counted,
     32 tokens sent. commit_len_mean comes out 5, so rule (a) holds; the old (completion - 1) / verify_ct gave 4.43."""
     from workers.http_client import Generation
-    from workers.probe import measure
+    from workers.measurement import measure
 
     meta = {"prompt_tokens": 16384, "completion_tokens": 32, "e2e_latency": 1.0, "ttft": 0.2, "spec_verify_ct": 7,
             "spec_num_correct_drafts": 28, "spec_num_proposed_drafts": 28, "spec_accept_rate": 1.0,
