@@ -195,6 +195,26 @@ def test_no_module_outside_the_engine_folders_imports_one_but_the_registry():
     assert not bad
 
 
+# Engine modules that a generic module runs as a command (`python -m <module>`) rather than imports, each for a reason:
+ENGINE_COMMANDS = {
+    # SGLang's own load generator is the client of every engine's load curve, whichever engine serves
+    ("workers.load_curve", "workers.sglang.bench_serving"),
+}
+ENGINE_MODULE_NAME = re.compile(r"workers\.(?:" + "|".join(ENGINE_FOLDERS) + r")(?:\.\w+)+")
+
+
+def test_no_generic_module_runs_an_engine_module_by_name_but_the_listed_ones():
+    """A module name in a string (an argv's `-m workers.sglang.x`) is a dependency the import graph does not see."""
+    named = set()
+    for m, path in MODULES.items():
+        if _engine_of(m) is None and _top(m) not in ("tools", "specsweep_kernels") and m != ENGINE_REGISTRY:
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                        and ENGINE_MODULE_NAME.fullmatch(node.value):
+                    named.add((m, node.value))
+    assert named == ENGINE_COMMANDS
+
+
 def test_no_engine_folder_imports_another():
     bad = {(m, i) for m, names in GRAPH.items() if _engine_of(m) for i in names if _engine_of(i) not in (None, _engine_of(m))}
     assert not bad

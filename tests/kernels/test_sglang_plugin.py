@@ -34,8 +34,8 @@ GQA = Layout(4, 2, 32, 32, mla=False)
 
 CHILD = r"""
 import inspect, json, sys
-from workers.sglang.argcheck import _prepare_imports
-_prepare_imports(None)
+from workers.sglang.argcheck import prepare_sglang_imports
+prepare_sglang_imports(None)
 from sglang.srt.plugins import load_plugins
 load_plugins()                                   # our entry point, as SGLang's launcher would call it
 from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS

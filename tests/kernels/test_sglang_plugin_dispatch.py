@@ -93,8 +93,8 @@ def test_verify_width_takes_the_parent_triton_backends_resolved_width():
 WIDTH_CHILD = r"""
 import json, sys
 from types import SimpleNamespace
-from workers.sglang.argcheck import _prepare_imports, _register_plugins
-_prepare_imports(None)
+from workers.sglang.argcheck import prepare_sglang_imports, _register_plugins
+prepare_sglang_imports(None)
 _register_plugins()
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.runtime_context import get_spec, publish
@@ -191,8 +191,8 @@ SCHEDULER_CHILD = r"""
 import functools, json
 from types import SimpleNamespace
 import torch
-from workers.sglang.argcheck import _prepare_imports
-_prepare_imports(None)
+from workers.sglang.argcheck import prepare_sglang_imports
+prepare_sglang_imports(None)
 from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
@@ -240,8 +240,8 @@ print(json.dumps({"calls": calls}))
 
 METRICS_CHILD = r"""
 import json
-from workers.sglang.argcheck import _prepare_imports
-_prepare_imports(None)
+from workers.sglang.argcheck import prepare_sglang_imports
+prepare_sglang_imports(None)
 from fastapi import FastAPI
 from starlette.testclient import TestClient
 from sglang.srt.utils.common import add_prometheus_middleware

@@ -74,7 +74,9 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         module.__path__ = []
 
 
-def _prepare_imports(sglang_path: str | None) -> None:
+def prepare_sglang_imports(sglang_path: str | None) -> None:
+    """Make SGLang importable in this process: its tree first on sys.path when given, and the torchvision stub
+    where no real torchvision is installed. Call before the first `import sglang...`."""
     if sglang_path:
         sys.path.insert(0, sglang_path)
     # transformers decides once, at import, whether torchvision exists: let it see the truth first.
@@ -137,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parse-only", action="store_true", help="skip resolve_once()/check_server_args()")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
-    _prepare_imports(args.sglang_path)
+    prepare_sglang_imports(args.sglang_path)
     import sglang
 
     version = getattr(sglang, "__version__", "?")

@@ -39,8 +39,8 @@ GREEDY = {"temperature": 0, "ignore_eos": True}
 # SGLang's classes in a child process: (kind, our payload, extra) -> what SGLang's own serialiser makes of it
 SGLANG_CHILD = r"""
 import json, sys
-from workers.sglang.argcheck import _prepare_imports
-_prepare_imports(None)
+from workers.sglang.argcheck import prepare_sglang_imports
+prepare_sglang_imports(None)
 from sglang.srt.entrypoints.openai import protocol
 from sglang.srt.entrypoints.openai.sse_utils import build_sse_content
 from sglang.srt.entrypoints.openai.utils import spec_tokens_details_from_meta_info
@@ -271,8 +271,8 @@ def test_bodies_and_chunks_are_what_sglangs_own_serialisers_make(client):
 
 BENCH = r"""
 import sys
-from workers.sglang.argcheck import _prepare_imports
-_prepare_imports(None)  # torchvision stub: SGLang's multimodal configs import it; this CPU venv has no wheel for it
+from workers.sglang.argcheck import prepare_sglang_imports
+prepare_sglang_imports(None)  # torchvision stub: SGLang's multimodal configs import it; this CPU venv has no wheel for it
 from sglang.benchmark.serving import cli_main
 port, out_dir, backends = sys.argv[1], sys.argv[2], sys.argv[3:]
 for backend in backends:

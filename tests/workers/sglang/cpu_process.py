@@ -40,9 +40,9 @@ from types import SimpleNamespace as NS
 
 
 def _stub_missing_modules() -> None:
-    from workers.sglang.argcheck import _prepare_imports
+    from workers.sglang.argcheck import prepare_sglang_imports
 
-    _prepare_imports(None)  # torchvision
+    prepare_sglang_imports(None)  # torchvision
     if importlib.util.find_spec("setproctitle") is None:
         sys.modules["setproctitle"] = types.ModuleType("setproctitle")
         sys.modules["setproctitle"].setproctitle = lambda *a, **k: None  # type: ignore[attr-defined]

@@ -33,8 +33,8 @@ ROOT = Path(__file__).resolve().parents[3]
 CHILD = r"""
 import json, sys
 from types import SimpleNamespace
-from workers.sglang.argcheck import _prepare_imports
-_prepare_imports(None)
+from workers.sglang.argcheck import prepare_sglang_imports
+prepare_sglang_imports(None)
 import torch
 import sglang.srt.layers.attention.attention_registry as registry
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
@@ -173,8 +173,8 @@ def test_torch_native_fails_on_a_verify_batch_only(sglang_says):
 # (`default_prefill_backend`, sglang/srt/model_executor/cuda_graph_config.py:119-123): what SGLang would run with.
 MEMORY_CHILD = r"""
 import json, sys
-from workers.sglang.argcheck import _prepare_imports
-_prepare_imports(None)
+from workers.sglang.argcheck import prepare_sglang_imports
+prepare_sglang_imports(None)
 import sglang.srt.arg_groups.memory_hook as memory_hook
 import sglang.srt.model_executor.cuda_graph_config as graphs
 from sglang.srt.server_args import prepare_server_args
