@@ -204,7 +204,7 @@ ENGINE_MODULE_NAME = re.compile(r"workers\.(?:" + "|".join(ENGINE_FOLDERS) + r")
 
 
 def test_no_generic_module_runs_an_engine_module_by_name_but_the_listed_ones():
-    """A module name in a string (an argv's `-m workers.sglang.x`) is a dependency the import graph does not see."""
+    """A module name in a string (an argv's `-m workers.sglang.bench_serving`) is a dependency the import graph does not see."""
     named = set()
     for m, path in MODULES.items():
         if _engine_of(m) is None and _top(m) not in ("tools", "specsweep_kernels") and m != ENGINE_REGISTRY:

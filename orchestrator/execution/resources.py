@@ -1,5 +1,5 @@
 """The resources a sweep needs besides the tracking store, opened before Ray starts, each failure one line naming
-its key (the store: `preflight.probe_tracking`).
+its key (the store: `orchestrator.results.store_probe`).
 
     work_dir_problem(work_dir, runs) -> str | None     writable, and room for the sweep's logs and store (the
                                                        estimate is shown)

@@ -63,7 +63,8 @@ def _on_this_machine(settings: ExecutionSettings) -> bool:
 def preflight_before_start(plan: Plan, settings: ExecutionSettings, *, dry_run: bool) -> None:
     """Before Ray or MLflow start: what the config alone rules out (cluster.gpus_per_node), with cluster=local
     the GPUs really on this machine, and (not in a dry run) whether tracking.uri answers within 10 s."""
-    from orchestrator.execution.preflight import PreflightError, check_declared, probe_tracking, check_local_placement
+    from orchestrator.execution.preflight import PreflightError, check_declared, check_local_placement
+    from orchestrator.results.store_probe import probe_tracking
     from orchestrator.execution.resources import ray_address_problem, work_dir_problem
     from specsweep_common.redact import redact_text
 

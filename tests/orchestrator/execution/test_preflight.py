@@ -1,13 +1,12 @@
-"""The checks before Ray or MLflow start: the declared cluster, this machine's real GPUs, the tracking store."""
+"""The checks before Ray or MLflow start: the declared cluster and this machine's real GPUs (the tracking store:
+tests/orchestrator/results/test_store_probe.py)."""
 
 from __future__ import annotations
 
 import dataclasses
-import socket
-import time
 
 
-from orchestrator.execution.preflight import check_declared, check_local, probe_tracking
+from orchestrator.execution.preflight import check_declared, check_local
 from orchestrator.config.settings import ClusterKind, ClusterSettings
 from specsweep_common.spec import EngineKind
 from tools.testing import stub_server, tiny_group, tiny_run, tiny_server
@@ -43,27 +42,3 @@ def test_declared_gpus_per_node():
     (p,) = check_declared([_group(sglang)], ray)
     assert "tp_size=16" in p and "cluster.gpus_per_node=8" in p and "allowed: tp_size / nnodes <= 8" in p
     assert check_declared([_group(_sglang(16, 2))], ray) == []
-
-
-def test_probe_tracking_refused_and_silent():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    assert "Connection refused" in probe_tracking(f"http://127.0.0.1:{port}")
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(4)
-        t0 = time.monotonic()
-        why = probe_tracking(f"http://127.0.0.1:{listener.getsockname()[1]}", budget_s=1.0)
-        assert time.monotonic() - t0 < 3 and ("timed out" in why or "no answer within 1 s" in why)
-
-
-def test_probe_tracking_sqlite(tmp_path):
-    assert probe_tracking(f"sqlite:///{tmp_path}/mlflow.db") is None
-    assert "does not exist" in probe_tracking(f"sqlite:///{tmp_path}/nope/mlflow.db")
-
-
-def test_probe_tracking_answers_for_a_real_mlflow_server(tmp_path, mlflow_ui):
-    with mlflow_ui(f"sqlite:///{tmp_path}/mlflow.db", tmp_path / "artifacts") as url:
-        assert probe_tracking(url) is None
-    assert "Connection refused" in probe_tracking(url)
