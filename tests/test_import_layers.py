@@ -39,6 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"specsweep_common": ROOT / "specsweep_common", "orchestrator": ROOT / "orchestrator",
             "workers": ROOT / "workers", "specsweep_kernels": ROOT / "kernels" / "specsweep_kernels",
+            "specsweep_kernel_bench": ROOT / "kernels" / "specsweep_kernel_bench",
             "hydra_plugins": ROOT / "hydra_plugins", "tools": ROOT / "tools"}
 OURS = (*PACKAGES, "conf")
 # One folder per engine under workers/, each with its adapter and its plan-time rules.

@@ -83,7 +83,7 @@ def test_the_h200_first_choice_would_not_fit_sm120():
     (["--impls", ","], "--impls ','; allowed: a comma list of auto, triton"),
 ])
 def test_workload_bench_refuses_bad_options_before_any_work(argv, message):
-    from specsweep_kernels.bench_workload import main
+    from specsweep_kernel_bench.bench_workload import main
 
     with pytest.raises(SystemExit, match=message.replace("(", r"\(").replace(")", r"\)")):
         main(argv)
@@ -92,7 +92,7 @@ def test_workload_bench_refuses_bad_options_before_any_work(argv, message):
 def test_workload_grid_holds_the_original_shapes():
     """The bench's grid: MLA 8 and 16 heads, T 1..17 with trees of 9, 12, 17, pages 1 and 64, 64k..256k (185k,
     the investigation's own, included), ragged MLA at T 4 and 16, GQA."""
-    from specsweep_kernels.bench_workload import workload_rows
+    from specsweep_kernel_bench.bench_workload import workload_rows
 
     rows = workload_rows(["mla", "ragged", "gqa"])
     mla = [r for r in rows if r.layout.startswith("mla") and not r.mix]
@@ -123,7 +123,7 @@ def test_h200_tiles_are_unchanged():
 
 
 def test_workload_bench_refuses_a_page_size_it_has_no_rows_for():
-    from specsweep_kernels.bench_workload import main
+    from specsweep_kernel_bench.bench_workload import main
 
     with pytest.raises(SystemExit, match="--mla-pages '16'; allowed: 1, 64"):
         main(["--mla-pages", "16"])

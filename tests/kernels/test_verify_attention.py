@@ -413,8 +413,8 @@ def test_impl_is_checked_before_any_work():
 
 
 def test_breakdown_fit_recovers_slope_and_intercept():
-    """specsweep_kernels.breakdown's least-squares split of a kernel's time into µs per tile and a fixed part."""
-    from specsweep_kernels.breakdown import fit
+    """specsweep_kernel_bench.breakdown's least-squares split of a kernel's time into µs per tile and a fixed part."""
+    from specsweep_kernel_bench.breakdown import fit
 
     rows = [{"tiles": n, "attn": 2.9 * n + 7.5} for n in (4, 16, 64)]
     slope, intercept = fit(rows)
@@ -433,7 +433,7 @@ def test_breakdown_fit_recovers_slope_and_intercept():
     (["--flush", "cold"], "argument --flush: invalid choice: 'cold'"),  # argparse lists clean, dirty after it
 ])
 def test_breakdown_refuses_bad_options_before_any_work(argv, message, capsys):
-    from specsweep_kernels.breakdown import main
+    from specsweep_kernel_bench.breakdown import main
 
     with pytest.raises(SystemExit) as exc:
         main(argv)
@@ -444,7 +444,7 @@ def test_breakdown_refuses_bad_options_before_any_work(argv, message, capsys):
 def test_bench_flush_is_checked():
     """bench --flush: clean (a read of 256 MB before each timed run) or dirty (triton's do_bench zeroing); anything
     else is refused by name, before any work."""
-    from specsweep_kernels import bench
+    from specsweep_kernel_bench import bench
 
     with pytest.raises(ValueError, match="flush: 'cold' is not one of clean, dirty"):
         bench.set_flush("cold")
@@ -456,7 +456,7 @@ def test_bench_flush_is_checked():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU message")
 def test_breakdown_needs_a_gpu():
-    from specsweep_kernels.breakdown import main
+    from specsweep_kernel_bench.breakdown import main
 
     with pytest.raises(SystemExit, match="needs a CUDA GPU"):
         main(["--layouts", "mla:64", "--tokens", "1"])
