@@ -35,7 +35,7 @@ def test_peer_kernels_import_from_the_wheel_alone(tmp_path):
             f"e, d = load_peer_kernels({str(wheel)!r}); "
             "print(e.__name__, d.__name__, sys.modules[d.__module__].__file__)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "kernels"),
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[3] / "kernels"),
                                "TRITON_INTERPRET": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     extend, decode, where = proc.stdout.split()
@@ -84,7 +84,7 @@ print(ran, *nan_rows, err_long, zeroed, _rel_err(out, ref), sys.modules[peers[1]
 
 
 def _run_peer(layout: str) -> list[str]:
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     proc = subprocess.run([sys.executable, "-c", _PEER_SCRIPT, str(_installed_verify_ops()), layout],
                           capture_output=True, text=True, timeout=300,
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{root}:{root / 'kernels'}",
