@@ -1,4 +1,4 @@
-"""specsweep_kernel_bench.breakdown on the CPU: its fit, and what it refuses before any work (the timing needs a GPU)."""
+"""specsweep_kernel_bench.breakdown on the CPU: its fit, and what it refuses before any work (timing needs a GPU)."""
 from __future__ import annotations
 
 import pytest
