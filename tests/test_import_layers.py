@@ -249,8 +249,8 @@ def test_kernels_import_nothing_from_orchestrator_or_workers():
 # a server running the plugin never needs. The product modules that import it anyway, each for a reason:
 KERNEL_BENCH = "specsweep_kernel_bench"
 KERNEL_BENCH_USERS = {
-    # the kernel sweep's job (`job: kernel`, run in its own process by workers.runners.KernelRunner) is a benchmark
-    # itself: on CUDA it times each shape with the bench's CUDA-graph timing (bench.graph_us), imported lazily there
+    # the kernel sweep's job (`job: kernel`, each shape run in a process of its own: `python -m workers.kernel_job
+    # --one`) is a benchmark itself: on CUDA it times each shape with the bench's CUDA-graph timing (bench.graph_us)
     "workers.kernel_job",
 }
 
