@@ -87,19 +87,19 @@ SGLANG_WHEEL ?= $(wildcard .whl/sglang-0.5.10.post1-py3-none-any.whl)
 BENCH_ARGS ?=
 
 bench-kernels:
-	PYTHONPATH=$(CURDIR):$(CURDIR)/kernels $(BIN)/python -m specsweep_kernels.bench \
+	PYTHONPATH=$(CURDIR):$(CURDIR)/kernels $(BIN)/python -m specsweep_kernel_bench.bench \
 		$(if $(SGLANG_WHEEL),--sglang-wheel $(SGLANG_WHEEL)) $(BENCH_ARGS)
 
 # the verify-kernel workload grid (docs/kernels.md, "Current figures"): SGLang 0.5.23's verify kernels as peers from its installed source
 SGLANG_VERIFY ?= $(wildcard $(CURDIR)/.venv/lib/python3.11/site-packages/sglang/kernels/ops/attention)
 
 bench-kernels-workload:
-	PYTHONPATH=$(CURDIR):$(CURDIR)/kernels $(BIN)/python -m specsweep_kernels.bench_workload \
+	PYTHONPATH=$(CURDIR):$(CURDIR)/kernels $(BIN)/python -m specsweep_kernel_bench.bench_workload \
 		$(if $(SGLANG_VERIFY),--sglang-verify $(SGLANG_VERIFY)) $(BENCH_ARGS)
 
 # where a batch-1 verify call's time goes (call and merge apart; per-tile slope and intercept), GPU only
 bench-kernels-breakdown:
-	PYTHONPATH=$(CURDIR):$(CURDIR)/kernels $(BIN)/python -m specsweep_kernels.breakdown $(BENCH_ARGS)
+	PYTHONPATH=$(CURDIR):$(CURDIR)/kernels $(BIN)/python -m specsweep_kernel_bench.breakdown $(BENCH_ARGS)
 
 # the reference engine and live SGLang (engine=sglang_cpu) side by side: same model and ids, greedy (docs/sglang.md)
 bench-sglang-cpu:

@@ -19,6 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"orchestrator": ROOT / "orchestrator", "workers": ROOT / "workers",
             "specsweep_common": ROOT / "specsweep_common", "specsweep_kernels": ROOT / "kernels" / "specsweep_kernels",
+            "specsweep_kernel_bench": ROOT / "kernels" / "specsweep_kernel_bench",
             "hydra_plugins": ROOT / "hydra_plugins", "tools": ROOT / "tools", "tests": ROOT / "tests"}
 CODE = ("orchestrator", "workers", "specsweep_common", "hydra_plugins", "tools", "kernels", "tests")
 EXT = r"(?:py|md|yaml|yml|json|txt|toml|sh|cfg|ini|csv)"

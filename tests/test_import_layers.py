@@ -24,6 +24,9 @@
   `__main__`, `schedule`, `report`, the package's own `__init__`), the Hydra plugin (hydra_plugins/), tune (whose
   rounds are sessions' sweeps) and load (the same preflight before its servers) import session or schedules, and nothing imports a command line.
 - Product code imports nothing from tools/ (the test helpers and benchmarks).
+- The kernels' measurement tools (specsweep_kernel_bench: the benchmarks and SGLang's kernels loaded as peers) sit
+  above the product: specsweep_kernels, what a server loads, never imports them, nor does the rest of the product
+  but the few in KERNEL_BENCH_USERS.
 
 Read from the source with ast: every import counts, lazy ones inside functions and `if TYPE_CHECKING:` ones
 included (a cycle hidden behind a lazy import is still a cycle a reader has to hold in their head). Relative
@@ -39,6 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"specsweep_common": ROOT / "specsweep_common", "orchestrator": ROOT / "orchestrator",
             "workers": ROOT / "workers", "specsweep_kernels": ROOT / "kernels" / "specsweep_kernels",
+            "specsweep_kernel_bench": ROOT / "kernels" / "specsweep_kernel_bench",
             "hydra_plugins": ROOT / "hydra_plugins", "tools": ROOT / "tools"}
 OURS = (*PACKAGES, "conf")
 # One folder per engine under workers/, each with its adapter and its plan-time rules.
@@ -256,9 +260,30 @@ def test_product_packages_import_nothing_from_tools():
 
 
 def test_kernels_import_nothing_from_orchestrator_or_workers():
-    bad = {(m, i) for m, names in _imports("specsweep_kernels").items() for i in names
-           if _top(i) in ("orchestrator", "workers")}
+    bad = {(m, i) for package in ("specsweep_kernels", KERNEL_BENCH) for m, names in _imports(package).items()
+           for i in names if _top(i) in ("orchestrator", "workers")}
     assert not bad
+
+
+# kernels/specsweep_kernel_bench/: it times the kernels of specsweep_kernels and imports SGLang's own as peers, which
+# a server running the plugin never needs. The product modules that import it anyway, each for a reason:
+KERNEL_BENCH = "specsweep_kernel_bench"
+KERNEL_BENCH_USERS = {
+    # the kernel sweep's job (`job: kernel`, each shape run in a process of its own: `python -m workers.kernel_job
+    # --one`) is a benchmark itself: on CUDA it times each shape with the bench's CUDA-graph timing (bench.graph_us)
+    "workers.kernel_job",
+}
+
+
+def test_the_product_imports_nothing_from_the_kernel_benchmarks():
+    """specsweep_kernels (the kernels and the SGLang plugin a server loads) never imports specsweep_kernel_bench,
+    and the rest of the product only in KERNEL_BENCH_USERS; tools/ (benchmarks and test helpers) may."""
+    bad = {(m, i) for m, names in GRAPH.items()
+           if _top(m) not in (KERNEL_BENCH, "tools") and m not in KERNEL_BENCH_USERS
+           for i in names if _top(i) == KERNEL_BENCH}
+    assert _imports(KERNEL_BENCH) and not bad
+    # each exception still imports it: a stale entry would let a new importer of that name through unseen
+    assert all(any(_top(i) == KERNEL_BENCH for i in GRAPH[m]) for m in KERNEL_BENCH_USERS)
 
 
 def _layer(name: str) -> str | None:

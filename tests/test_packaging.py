@@ -27,6 +27,7 @@ def test_wheel_ships_specsweep_kernels_not_kernels(tmp_path):
     assert "kernels" not in tops
     assert "specsweep_kernels/verify_attention.py" in names
     assert "specsweep_kernels/sglang_plugin.py" in names
+    assert "specsweep_kernel_bench/bench.py" in names  # a kernel sweep's jobs time with it (workers/kernel_job.py)
     assert "orchestrator/schedules/nightly.yaml" in names and "conf/sweep/longctx.yaml" in names
     assert not any(n.startswith("conf/schedule") for n in names)  # out of Hydra's search path
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
@@ -116,6 +117,7 @@ def test_runtime_code_never_imports_the_dev_tools():
     offenders = []
     for path in sorted([*ROOT.glob("orchestrator/**/*.py"), *ROOT.glob("workers/**/*.py"),
                         *ROOT.glob("specsweep_common/*.py"), *ROOT.glob("kernels/specsweep_kernels/*.py"),
+                        *ROOT.glob("kernels/specsweep_kernel_bench/*.py"),
                         *ROOT.glob("hydra_plugins/**/*.py")]):
         rel = path.relative_to(ROOT).as_posix()
         for node in ast.walk(ast.parse(path.read_text())):

@@ -1,13 +1,15 @@
-"""tests/ mirrors the packages: each test folder under tests/orchestrator/ and tests/workers/ is a folder of the
-package (an engine's tests in tests/workers/<engine>/), but for the few listed with their reason; and no test module
-of tests/workers/ names an engine in its file name (it belongs in that engine's folder)."""
+"""tests/ mirrors the packages: each test folder under tests/orchestrator/, tests/workers/ and tests/kernels/ is a
+folder of the package (an engine's tests in tests/workers/<engine>/; the benchmarks' in
+tests/kernels/specsweep_kernel_bench/, while tests/kernels/ itself holds those of specsweep_kernels, the folder's
+product package), but for the few listed with their reason; and no test module of tests/workers/ names an engine in
+its file name (it belongs in that engine's folder)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MIRRORED = ("orchestrator", "workers")
+MIRRORED = ("orchestrator", "workers", "kernels")
 NOT_A_PACKAGE_FOLDER = {
     "tests/workers/sglang_live": "the live-SGLang tier (make test-sglang), kept apart from the CPU-only tests",
 }

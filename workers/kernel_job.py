@@ -39,9 +39,10 @@ CPU_OVERRIDES = ("engine.device=cpu", "kernel.layout=gqa-small", "kernel.dtype=f
 
 
 def _time_us(fn, device) -> float:
-    """Median µs: CUDA-graph replays on a GPU (specsweep_kernels.bench's timing), wall clock on the CPU interpreter."""
+    """Median µs: CUDA-graph replays on a GPU (specsweep_kernel_bench.bench's timing), wall clock on the CPU
+    interpreter."""
     if device.type == "cuda":
-        from specsweep_kernels.bench import graph_us
+        from specsweep_kernel_bench.bench import graph_us
 
         us, mode = graph_us(fn)
         if mode != "graph":

@@ -1,7 +1,7 @@
 """Where a batch-1 verify call's time goes: the whole call and its merge timed apart (attention = the rest), and the
 attention's cost split into a per-tile slope and a fixed intercept by a fit over prefix lengths (GPU only).
 
-    python -m specsweep_kernels.breakdown --layouts mla,mla:64,mla:128 --tokens 1,16 --pages 64 \
+    python -m specsweep_kernel_bench.breakdown --layouts mla,mla:64,mla:128 --tokens 1,16 --pages 64 \
         --prefixes 8192,32768,131072 [--impl auto|triton|gluon]
 
 Each stage is one CUDA graph replayed (median, L2 flushed between replays as --flush says, bench.graph_us): "call" the whole
@@ -22,8 +22,8 @@ import sys
 
 import torch
 
+from specsweep_kernel_bench.bench import FLUSHES, bench_layout, graph_us, set_flush
 from specsweep_kernels import verify_attention as va
-from specsweep_kernels.bench import FLUSHES, bench_layout, graph_us, set_flush
 from specsweep_kernels.problems import LAYOUTS, make_problem
 from specsweep_kernels.roofline import verify_cost
 
@@ -103,11 +103,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--splits-scale", type=float, default=1.0,
                     help="prefix programs P = round(the heuristic's P x this) (1: as verify_attention picks)")
     ap.add_argument("--flush", default="clean", choices=FLUSHES,
-                    help="L2 before each timed replay, as in specsweep_kernels.bench (clean: a read; dirty: zeroing)")
+                    help="L2 before each timed replay, as in specsweep_kernel_bench.bench (clean: a read; dirty: zeroing)")
     a = ap.parse_args(argv)
     layouts, prefixes, tokens, pages = _checked(ap, a)
     if not torch.cuda.is_available():
-        sys.exit("specsweep_kernels.breakdown needs a CUDA GPU")
+        sys.exit("specsweep_kernel_bench.breakdown needs a CUDA GPU")
     set_flush(a.flush)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     props = torch.cuda.get_device_properties(0)

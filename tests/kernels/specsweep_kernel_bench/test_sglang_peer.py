@@ -1,4 +1,4 @@
-"""specsweep_kernels.sglang_peer: SGLang's Triton kernels for the bench's peer column, unpacked from a wheel file.
+"""specsweep_kernel_bench.sglang_peer: SGLang's Triton kernels for the bench's peer column, unpacked from a wheel file.
 
 The wheel here is built from the SGLang 0.5.10 that `make setup` unpacks into .venv/sglang-0.5.10 (its triton_ops
 import the same two helpers as 0.5.10.post1's); the import runs in a fresh interpreter, where no sglang is loaded."""
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from specsweep_kernels.sglang_peer import TRITON_OPS, VERIFY_FILES, copy_verify_ops, unpack_triton_ops
+from specsweep_kernel_bench.sglang_peer import TRITON_OPS, VERIFY_FILES, copy_verify_ops, unpack_triton_ops
 from tests.workers.sglang.source import sglang_root
 
 SGLANG_0_5_10 = Path(sys.prefix) / "sglang-0.5.10"
@@ -31,11 +31,11 @@ def _wheel(tmp_path: Path, with_ops: bool = True) -> Path:
 @pytest.mark.skipif(not (SGLANG_0_5_10 / TRITON_OPS).is_dir(), reason="make setup unpacks SGLang 0.5.10 there")
 def test_peer_kernels_import_from_the_wheel_alone(tmp_path):
     wheel = _wheel(tmp_path)
-    code = ("import sys; from specsweep_kernels.sglang_peer import load_peer_kernels; "
+    code = ("import sys; from specsweep_kernel_bench.sglang_peer import load_peer_kernels; "
             f"e, d = load_peer_kernels({str(wheel)!r}); "
             "print(e.__name__, d.__name__, sys.modules[d.__module__].__file__)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "kernels"),
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[3] / "kernels"),
                                "TRITON_INTERPRET": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     extend, decode, where = proc.stdout.split()
@@ -61,9 +61,9 @@ def _installed_verify_ops() -> Path | None:
 _PEER_SCRIPT = """
 import sys, torch
 torch.use_deterministic_algorithms(True)  # torch.empty fills floats with NaN: the scratch starts as NaN, not as luck
-from specsweep_kernels.sglang_peer import load_verify_peers, zero_verify_scratch
-from specsweep_kernels.bench_workload import _peer_call
-from specsweep_kernels.bench import _rel_err, bench_layout
+from specsweep_kernel_bench.sglang_peer import load_verify_peers, zero_verify_scratch
+from specsweep_kernel_bench.bench_workload import _peer_call
+from specsweep_kernel_bench.bench import _rel_err, bench_layout
 from specsweep_kernels.problems import make_problem
 from specsweep_kernels.reference import verify_attention_reference
 peers = load_verify_peers(sys.argv[1])
@@ -84,7 +84,7 @@ print(ran, *nan_rows, err_long, zeroed, _rel_err(out, ref), sys.modules[peers[1]
 
 
 def _run_peer(layout: str) -> list[str]:
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     proc = subprocess.run([sys.executable, "-c", _PEER_SCRIPT, str(_installed_verify_ops()), layout],
                           capture_output=True, text=True, timeout=300,
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{root}:{root / 'kernels'}",

@@ -1,7 +1,7 @@
 """The verify workload of the original investigation, judged against ceilings measured in the same run.
 
-    python -m specsweep_kernels.bench_workload [--out bench-results/workload.md] [--sglang-verify DIR]
-                                               [--grid mla,ragged,gqa] [--warm-only --shard I/N]
+    python -m specsweep_kernel_bench.bench_workload [--out bench-results/workload.md] [--sglang-verify DIR]
+                                                    [--grid mla,ragged,gqa] [--warm-only --shard I/N]
 
 Shapes: MLA (576 = 512 + 64, one latent head) with 8 and 16 query heads (a Kimi / GLM-class model at TP 8 and
 16 heads per GPU), T = 1..17 draft tokens (chains; trees of 9, 12 and 17 nodes under a random tree mask), pages 1
@@ -38,11 +38,11 @@ from pathlib import Path
 
 import torch
 
-from specsweep_kernels.bench import _rel_err, bench_layout, graph_us, ragged_mixes
+from specsweep_kernel_bench.bench import _rel_err, bench_layout, graph_us, ragged_mixes
+from specsweep_kernel_bench.sglang_peer import zero_verify_scratch
 from specsweep_kernels.problems import make_problem
 from specsweep_kernels.reference import verify_attention_reference
 from specsweep_kernels.roofline import ReadStream, copy_gbps, matmul_peak_tflops, verify_cost
-from specsweep_kernels.sglang_peer import zero_verify_scratch
 from specsweep_kernels.verify_attention import VerifyConfig, allocate_workspace, verify_attention, verify_kernel
 from specsweep_kernels.verify_config import pick_config
 from specsweep_kernels.verify_targets import SM120
@@ -289,10 +289,10 @@ def main(argv: list[str] | None = None) -> None:
     if any(p not in MLA_PREFIXES for p in pages):
         sys.exit(f"--mla-pages {args.mla_pages!r}; allowed: {', '.join(map(str, MLA_PREFIXES))}")
     if not torch.cuda.is_available():
-        sys.exit("specsweep_kernels.bench_workload needs a CUDA GPU")
+        sys.exit("specsweep_kernel_bench.bench_workload needs a CUDA GPU")
     peers = None
     if args.sglang_verify:
-        from specsweep_kernels.sglang_peer import load_verify_peers
+        from specsweep_kernel_bench.sglang_peer import load_verify_peers
 
         peers = load_verify_peers(args.sglang_verify)
     rows = workload_rows(grids, pages, prefixes)[index::count]

@@ -30,7 +30,7 @@ split's partial and weights a split that did not run (a sequence shorter than th
 exp(-inf) = 0 (verify_splitkv.py:265-277, :330-357), so a NaN or Inf left in that memory by an earlier tensor gives
 0 x NaN = NaN rows; the MLA kernel's combine reads only the splits that ran (verify_mla.py:280-314).
 `zero_verify_scratch(peers)` fills every cached scratch with zeros, so a bench column measures the kernel's
-arithmetic rather than what its memory held (tests/kernels/test_sglang_peer.py shows both).
+arithmetic rather than what its memory held (tests/kernels/specsweep_kernel_bench/test_sglang_peer.py shows both).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Benchmark verify_attention on a GPU: ceilings, then a checked, timed grid beside the torch reference and SGLang.
 
-    python -m specsweep_kernels.bench [--out bench.md] [--sglang-wheel .whl/sglang-0.5.10.post1-py3-none-any.whl] [--tune]
+    python -m specsweep_kernel_bench.bench [--out bench.md] [--sglang-wheel .whl/sglang-0.5.10.post1-py3-none-any.whl] [--tune]
 
 For every (layout, prefix, T, page size): build a fresh random problem (bf16, batch 1, pages on a random
 permutation of the pool), check the kernel against the fp32 reference (relative error), then time it with
@@ -9,7 +9,7 @@ a median over CUDA-graph replays (host launch overhead out, as in a graph-captur
 lines for the timed call to write back); the eager time is in the full table. GB/s = unique prefix KV bytes / time; floor =
 max(bytes / copy bandwidth, FLOPs / matmul rate) from specsweep_kernels.roofline. SGLang's verify path
 (extend_attention_fwd + custom mask) and, at T = 1, its split-KV decode kernel run beside it when the wheel is
-given (unpacked from the wheel by specsweep_kernels.sglang_peer). --tune also times a few
+given (unpacked from the wheel by specsweep_kernel_bench.sglang_peer). --tune also times a few
 tiles and split counts per row and reports the best. The full table goes to --out, a short one is printed last.
 """
 from __future__ import annotations
@@ -169,7 +169,7 @@ def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 def _load_sglang(wheel: str | None):
     if not wheel:
         return None
-    from specsweep_kernels.sglang_peer import load_peer_kernels
+    from specsweep_kernel_bench.sglang_peer import load_peer_kernels
 
     return load_peer_kernels(wheel)
 
@@ -442,7 +442,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--roofline-cache", default=None, help="JSON cache of measured ceilings (default: ~/.cache)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        sys.exit("specsweep_kernels.bench needs a CUDA GPU")
+        sys.exit("specsweep_kernel_bench.bench needs a CUDA GPU")
     set_flush(args.flush)
 
     from specsweep_kernels.roofline import DEFAULT_CACHE
