@@ -15,7 +15,7 @@ from hydra import compose, initialize_config_module
 
 from orchestrator.config.schema import register_configs, to_run_config
 from orchestrator.config.config_error import ConfigError
-from orchestrator.execution.preflight import probe_tracking
+from orchestrator.results.store_probe import probe_tracking
 from orchestrator.execution.resources import ray_address_problem, work_dir_problem
 
 
