@@ -16,7 +16,8 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-HISTORY = re.compile(r"[Ss]essions? [0-9]+|[Ii]ssue #?[0-9]+|\(#[0-9]{2}\b|(?<![\w&/#-])#[0-9]{2,}\b")
+# a session, an issue, a tracker number, or a helper's name in the workplace that built it (helper, then h and a number)
+HISTORY = re.compile(r"[Ss]essions? [0-9]+|[Ii]ssue #?[0-9]+|\(#[0-9]{2}\b|(?<![\w&/#-])#[0-9]{2,}\b|[Hh]elpers? h[0-9]+[a-z]*\b")
 _RUN = r"(?:[Rr]uns?|[Ii]tems?)"
 # in every file: a run / item number as a link's text, in bold or backticks, possessive, parenthesised, "runN of"
 RUN_ITEM = re.compile(
@@ -59,8 +60,10 @@ def test_the_checker_finds_tracker_numbers_and_not_other_numbers(tmp_path):
     hash_ = "#"  # the sample is built, so this file does not spell what it looks for
     f.write_text(f"fixed in session {13}\nsee issue {31}\nas asked ({hash_}32)\nper {hash_}29 section 2\n"
                  "colour #ccc, page #1\n"
-                 "the second session of a sweep, 16 issues a second, run 3 times, [section](#report-and-diagnosis)\n")
-    assert [line.split(":")[1] for line in history_lines(f, "note.md")] == ["1", "2", "3", "4"]
+                 "the second session of a sweep, 16 issues a second, run 3 times, [section](#report-and-diagnosis)\n"
+                 f"measured by {'helper'} h{17}p on the H200\n"  # 7: a helper's name
+                 "the h200 helper tool, H100 80GB HBM3\n")
+    assert [line.split(":")[1] for line in history_lines(f, "note.md")] == ["1", "2", "3", "4", "7"]
 
 
 def test_the_checker_finds_run_and_item_numbers_in_prose_not_in_link_targets(tmp_path):
