@@ -1,13 +1,11 @@
 """Every resource opened before Ray starts, each failure one line naming the key (35 of 46 bad inputs tried on
-2026-12-02 started Ray before any refusal): the tracking store (a read and a write), the working directory,
-cluster.address, the probe file."""
+2026-12-02 started Ray before any refusal): the working directory, cluster.address, the probe file (the tracking
+store: tests/orchestrator/results/test_store_probe.py)."""
 
 from __future__ import annotations
 
-import http.server
 import os
 import socket
-import threading
 import time
 
 import pytest
@@ -15,49 +13,7 @@ from hydra import compose, initialize_config_module
 
 from orchestrator.config.schema import register_configs, to_run_config
 from orchestrator.config.config_error import ConfigError
-from orchestrator.results.store_probe import probe_tracking
 from orchestrator.execution.resources import ray_address_problem, work_dir_problem
-
-
-def test_sqlite_store_is_read_and_written(tmp_path):
-    fake = tmp_path / "mlflow.db"
-    fake.write_text("I am not a database\n" * 100)
-    assert "cannot be read and written as SQLite" in probe_tracking(f"sqlite:///{fake}")
-    (tmp_path / "dir.db").mkdir()
-    assert "is a folder" in probe_tracking(f"sqlite:///{tmp_path}/dir.db")
-    import sqlite3
-
-    sqlite3.connect(tmp_path / "real.db").execute("CREATE TABLE t (x)").connection.commit()
-    assert probe_tracking(f"sqlite:///{tmp_path}/real.db") is None
-
-
-@pytest.mark.parametrize("uri,why", [
-    ("gopher://h/x", "unknown scheme 'gopher'"),
-    ("file:///tmp/mlruns", "file store"),
-    ("./mlruns", "file store"),
-    ("sqlite:///", "names a file"),
-])
-def test_store_uris_refused_without_a_connection(uri, why):
-    assert why in probe_tracking(uri)
-
-
-def test_a_web_server_that_is_not_mlflow_is_refused():
-    class NotFound(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
-            self.send_response(404 if self.path != "/health" else 200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        why = probe_tracking(f"http://127.0.0.1:{server.server_address[1]}")
-    finally:
-        server.shutdown()
-    assert "answered HTTP 404" in why
 
 
 def test_work_dir_writable_with_room(tmp_path):
