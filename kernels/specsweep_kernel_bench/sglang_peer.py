@@ -97,14 +97,20 @@ def copy_verify_ops(folder: str | Path, into: Path) -> Path:
     return into
 
 
+def _put_first_on_path(prefix: str, populate: Callable[[Path], Path]) -> None:
+    """A temporary directory `prefix...` (removed at exit) filled by `populate(root) -> the folder to import from`, first on
+    sys.path. Refused where an `sglang` is already imported: it would shadow the copy."""
+    if "sglang" in sys.modules:
+        raise RuntimeError("sglang is already imported in this process; the peer kernels need a clean import")
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    sys.path.insert(0, str(populate(root)))
+
+
 def load_verify_peers(folder: str | Path) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """(verify_shared_kv_fwd, verify_splitkv_fwd) of SGLang 0.5.23, from the folder holding its verify_mla.py and
     verify_splitkv.py. Refused where an `sglang` is already imported (it would shadow the copy)."""
-    if "sglang" in sys.modules:
-        raise RuntimeError("sglang is already imported in this process; the peer kernels need a clean import")
-    root = Path(tempfile.mkdtemp(prefix="specsweep-sglang-verify-"))
-    atexit.register(shutil.rmtree, root, ignore_errors=True)
-    sys.path.insert(0, str(copy_verify_ops(folder, root)))
+    _put_first_on_path("specsweep-sglang-verify-", lambda root: copy_verify_ops(folder, root))
     from sglang.kernels.ops.attention.verify_mla import verify_shared_kv_fwd
     from sglang.kernels.ops.attention.verify_splitkv import verify_splitkv_fwd
 
@@ -126,11 +132,7 @@ def zero_verify_scratch(peers: tuple[Callable[..., Any], Callable[..., Any]]) ->
 def load_peer_kernels(wheel: str | Path) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """(extend_attention_fwd, decode_attention_fwd) of the wheel. An `sglang` already imported in this process
     would shadow the unpacked one, so that is refused."""
-    if "sglang" in sys.modules:
-        raise RuntimeError("sglang is already imported in this process; the peer kernels need a clean import")
-    root = Path(tempfile.mkdtemp(prefix="specsweep-sglang-peer-"))
-    atexit.register(shutil.rmtree, root, ignore_errors=True)
-    sys.path.insert(0, str(unpack_triton_ops(wheel, root)))
+    _put_first_on_path("specsweep-sglang-peer-", lambda root: unpack_triton_ops(wheel, root))
     from sglang.srt.layers.attention.triton_ops.decode_attention import decode_attention_fwd
     from sglang.srt.layers.attention.triton_ops.extend_attention import extend_attention_fwd
 
