@@ -80,10 +80,9 @@ from triton.runtime.errors import OutOfResources
 
 from specsweep_kernels import verify_merge
 from specsweep_kernels.verify_checks import _check_inputs
-from specsweep_kernels.verify_config import (_OCCUPANCY, _TOO_LARGE, VerifyConfig, _device_index, _device_limits,
+from specsweep_kernels.verify_config import (_TOO_LARGE, VerifyConfig, _device_index, _device_limits,
                                              _gluon_num_splits, _is_pow2, _num_splits, _programs_per_sm, _shape,
                                              candidate_configs, pick_config)
-from specsweep_kernels.verify_merge import merge_tiles
 from specsweep_kernels.verify_plan import (VerifyPlan, VerifyWorkspace, _check_plan, _launch_plan, allocate_workspace,
                                            step_needs_plan)
 from specsweep_kernels.verify_triton import _verify_attention_kernel, kernel_is_interpreted
@@ -100,9 +99,6 @@ _IMPLS = ("auto", "triton", "gluon")  # verify_attention(impl=...)
 
 _last_compiled = None  # the last launched compiled attention kernel (benchmark diagnostics)
 
-
-# the names other modules and tests use through this module (re-exported from where they live)
-_REEXPORTED = (_OCCUPANCY, _TOO_LARGE, _is_pow2, _shape, candidate_configs, merge_tiles, pick_config)
 
 
 def plan_verify(

@@ -12,6 +12,8 @@ from specsweep_kernels.problems import Layout, make_problem
 from tests.kernels.kernel_grid import grid, latin_square
 from specsweep_kernels.reference import verify_attention_reference
 from specsweep_kernels import verify_attention as va
+from specsweep_kernels.verify_config import _gluon_num_splits
+from specsweep_kernels.verify_merge import merge_tiles
 from specsweep_kernels.verify_attention import (VerifyConfig, allocate_workspace, kernel_is_interpreted, plan_verify,
                                                 verify_attention, verify_launch_params)
 
@@ -57,7 +59,7 @@ def test_runs_through_interpreter_on_cpu():
 ])
 def test_gluon_split_count(m_blocks, batch, max_splits, expected):
     """The Gluon MLA kernels' prefix programs per m-block on a 132-SM GPU (one 164-220 KB program per SM)."""
-    assert va._gluon_num_splits(m_blocks=m_blocks, batch=batch, slots=132, max_splits=max_splits) == expected
+    assert _gluon_num_splits(m_blocks=m_blocks, batch=batch, slots=132, max_splits=max_splits) == expected
 
 
 def test_dependent_launch_only_where_compiled_for_sm90():
@@ -148,7 +150,7 @@ def test_merge_folds_parts_over_several_chunks(prefix_lens, num_splits):
     tile = VerifyConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)  # small tiles: many parts, quick
     config, splits = verify_launch_params(**args, **addressing, out=problem.new_out(), workspace=ws,
                                           num_splits=num_splits, config=tile)
-    block_sc, _ = va.merge_tiles(dv=GQA.v_head_dim, num_splits=splits, batch=len(prefix_lens))
+    block_sc, _ = merge_tiles(dv=GQA.v_head_dim, num_splits=splits, batch=len(prefix_lens))
     if len(prefix_lens) > 1:
         plan = plan_verify(workspace=ws, block_n=config.block_n, num_splits=splits, prefix_lens=problem.lens)
         parts = int(plan.req[0, 1])
@@ -161,14 +163,14 @@ def test_merge_folds_parts_over_several_chunks(prefix_lens, num_splits):
 
 def test_merge_tiles():
     """Batch 1: every slice in one load up to 256; batches: about P / B + 1, at least 16; chunk <= 8192 floats."""
-    assert va.merge_tiles(dv=512, num_splits=132, batch=1) == (256, 32)
-    assert va.merge_tiles(dv=512, num_splits=4, batch=1) == (4, 512)
-    assert va.merge_tiles(dv=512, num_splits=600, batch=1) == (256, 32)
-    assert va.merge_tiles(dv=128, num_splits=66, batch=16) == (16, 128)
-    assert va.merge_tiles(dv=512, num_splits=132, batch=4) == (64, 128)
+    assert merge_tiles(dv=512, num_splits=132, batch=1) == (256, 32)
+    assert merge_tiles(dv=512, num_splits=4, batch=1) == (4, 512)
+    assert merge_tiles(dv=512, num_splits=600, batch=1) == (256, 32)
+    assert merge_tiles(dv=128, num_splits=66, batch=16) == (16, 128)
+    assert merge_tiles(dv=512, num_splits=132, batch=4) == (64, 128)
     for p in (1, 7, 132, 528):
         for b in (1, 3, 64):
-            sc, dv = va.merge_tiles(dv=512, num_splits=p, batch=b)
+            sc, dv = merge_tiles(dv=512, num_splits=p, batch=b)
             assert sc * dv <= 8192 or dv == 16, (p, b, sc, dv)
 
 def test_ragged_random_mix_mla_small():
