@@ -28,7 +28,7 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def runner_for(server: ServerSpec, log_dir: str, *, restarts: int = 1,
-                node_tags: dict[str, str] | None = None) -> JobRunner:
+               node_tags: dict[str, str] | None = None) -> JobRunner:
     """Rank 0's runner for a server: its engine (GroupRunner) or, for `job=kernel`, kernel shapes (KernelRunner)."""
     if server.job is JobKind.KERNEL:
         return KernelRunner(server, log_dir, node_tags=node_tags)
@@ -37,8 +37,8 @@ def runner_for(server: ServerSpec, log_dir: str, *, restarts: int = 1,
 
 @ray.remote
 class ServerWorker:
-    """Rank 0 of a server (the only rank on one node): a thin actor around GroupRunner. Methods run on the
-    actor's main thread, one at a time (the engine's parent-death signal follows that thread)."""
+    """Rank 0 of a server (the only rank on one node): a thin actor around its JobRunner (`runner_for`). Methods
+    run on the actor's main thread, one at a time (the engine's parent-death signal follows that thread)."""
 
     def __init__(self, group: ServerGroup, log_dir: str, restarts: int = 1):
         logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
